@@ -1,0 +1,44 @@
+# Everything a fresh machine needs: `make run` and `make test` set up on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PACKAGES := libs/common services/stunnerd services/cds services/operator services/turncat
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup test unit lint format run bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements-dev.txt $(foreach p,$(PACKAGES),$(p)/pyproject.toml)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(foreach p,$(PACKAGES),-e $(p)) -r requirements-dev.txt
+	touch $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy $(foreach p,$(PACKAGES),$(p)/src)
+	$(BIN)/lint-imports
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+# The default suite: everything but tests marked slow.
+test: setup lint
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+unit: setup
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+run: setup
+	$(BIN)/python scripts/run_local.py
+
+bench: setup
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Publishing rendered configs to Redis."""

@@ -1,0 +1,1 @@
+"""Pure rendering of Gateway API objects into stunnerd configs and statuses."""

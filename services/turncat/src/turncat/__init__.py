@@ -1,0 +1,3 @@
+"""STUNner in Python: the TURN tunnel CLI."""
+
+__version__ = "0.1.0"

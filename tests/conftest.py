@@ -1,0 +1,27 @@
+"""Fixtures shared by every suite. Helpers live in tests/support/."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from support.leaks import assert_no_leaked_tasks
+from support.redis_server import RedisServer, redis_server
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real redis-server on a free loopback port, stopped (by PID) after the test."""
+    with redis_server(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail the test if it leaves asyncio tasks running. Request it first in async tests."""
+    before = set(asyncio.all_tasks())
+    yield
+    await assert_no_leaked_tasks(before)

@@ -1,0 +1,61 @@
+"""The shared test support starts and stops real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from support.leaks import assert_no_leaked_tasks
+from support.ports import free_port, free_udp_tcp_port
+from support.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+async def test_redis_fixture_is_a_real_server_that_keeps_data_across_restart(
+    redis: RedisServer,
+) -> None:
+    client = aioredis.Redis.from_url(redis.url)
+    await client.set("k", "v")
+    await client.aclose()
+    pid = redis.proc.pid if redis.proc else 0
+    redis.restart()
+    assert redis.proc is not None
+    assert redis.proc.pid != pid
+    client = aioredis.Redis.from_url(redis.url)
+    assert await client.get("k") == b"v"
+    await client.aclose()
+
+
+def test_redis_server_is_gone_after_stop(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path)
+    server.start()
+    port = server.port
+    server.stop()
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_free_ports_are_bindable() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", free_port()))
+    port = free_udp_tcp_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.bind(("127.0.0.1", port))
+
+
+async def test_leak_check_reports_a_task_left_running() -> None:
+    before = set(asyncio.all_tasks())
+    task = asyncio.create_task(asyncio.sleep(30), name="forgotten")
+    with pytest.raises(AssertionError, match="forgotten"):
+        await assert_no_leaked_tasks(before, grace_s=0.05)
+    assert task.cancelled() or task.cancelling()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_leak_check_passes_when_tasks_finish(no_leaked_tasks: None) -> None:
+    await asyncio.create_task(asyncio.sleep(0))

@@ -1,0 +1,1 @@
+"""Test support shared by every suite: real servers on loopback, free ports, leak checks."""
