@@ -1,1 +1,1 @@
-"""Benchmarks. Each `bench_*.py` module measures us against a peer in the same run and prints ratios."""
+"""Benchmarks: each `bench_*.py` module measures us against a peer in the same run."""
