@@ -6,7 +6,7 @@
       → one stunnerd per rendered Gateway, watching the CDS
       → a UDP echo backend on 127.0.0.1:9001
 
-Everything runs on loopback, logs go to .run/<name>.log, and Ctrl-C stops every process started here.
+Everything runs on loopback, logs go to .run/<name>.log, and Ctrl-C stops every process it started.
 """
 
 from __future__ import annotations
