@@ -1,0 +1,15 @@
+"""The Redis key layout shared by the operator (writer) and the CDS (reader).
+
+One definition so that writer, reader and any other tool agree on the names: a hash of canonical
+configs, a change stream appended in the same atomic step as each hash write, and the global
+revision counter that numbers those changes.
+"""
+
+CONFIGS_HASH = "stunner:configs"
+"""Hash: field ``ns/name`` -> canonical JSON of that Gateway's stunnerd config."""
+
+EVENTS_STREAM = "stunner:events"
+"""Stream: one entry per change with fields ``op`` (upsert|delete), ``id``, ``rev``, ``config``."""
+
+REV_COUNTER = "stunner:rev"
+"""String counter: the global revision, incremented once by every change."""
