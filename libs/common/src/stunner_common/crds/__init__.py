@@ -96,6 +96,7 @@ __all__ = [
     "UDPRouteV1A2",
     "UnsupportedKindError",
     "kind_of",
+    "model_kind",
     "parse_object",
 ]
 
@@ -134,6 +135,11 @@ _STORE_KIND_OF_MODEL: Final[dict[type[K8sObject], str]] = {
 def kind_of(obj: K8sObject) -> str:
     """The store kind of a parsed object (``UDPRoute`` vs ``UDPRouteV1A2`` for the two routes)."""
     return _STORE_KIND_OF_MODEL[type(obj)]
+
+
+def model_kind(model: type[K8sObject]) -> str:
+    """The store kind of a model class."""
+    return _STORE_KIND_OF_MODEL[model]
 
 
 def _group(api_version: str) -> str:
