@@ -1,0 +1,58 @@
+"""Liveness, readiness and the status document, as upstream's health-check server serves them.
+
+Readiness follows upstream's lifecycle: not ready until the first real config is applied, never
+back to not-ready on a later failed reconcile, and 503 for good once draining starts (unless
+`--force-ready-status`). `/status` fills `allocationCount` and `status`, which upstream left
+empty, and never carries credentials or TLS keys.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stunnerd.admin.http import Response
+
+READY_BODY = b'{"status":200,"message":"READY"}'
+NOT_READY_BODY = b'{"status":503,"message":"stunnerd not ready"}'
+
+
+@dataclass(slots=True)
+class Lifecycle:
+    """The process-wide readiness state the health server reports."""
+
+    ready: bool = False
+    draining: bool = False
+    force_ready: bool = False
+    listeners_changed: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def serving_ready(self) -> bool:
+        if self.force_ready:
+            return self.ready or self.draining
+        return self.ready and not self.draining
+
+    @property
+    def status_word(self) -> str:
+        if self.draining:
+            return "TERMINATING"
+        return "READY" if self.ready else "NOT-READY"
+
+
+def health_handler(
+    lifecycle: Lifecycle, status: Callable[[], dict[str, Any]]
+) -> Callable[[str], Response]:
+    def handle(path: str) -> Response:
+        if path == "/live":
+            return Response(200, b"{}\n")
+        if path == "/ready":
+            if lifecycle.serving_ready:
+                return Response(200, READY_BODY)
+            return Response(503, NOT_READY_BODY)
+        if path == "/status":
+            return Response(200, json.dumps(status(), sort_keys=True).encode())
+        return Response(404, b'{"status":404,"message":"not found"}')
+
+    return handle

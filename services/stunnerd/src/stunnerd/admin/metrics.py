@@ -1,0 +1,96 @@
+"""Prometheus metrics with upstream's `stunner_*` names and labels, read at scrape time.
+
+Nothing is counted here: a collector turns the current `StatsSnapshot` (summed over workers) into
+metric families on each scrape, so the packet path never touches prometheus_client. Cluster series
+appear only once a cluster has relayed something, as upstream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from stunnerd.admin.http import Response
+from stunnerd.admin.stats import StatsSnapshot
+
+
+class StunnerCollector(Collector):
+    def __init__(self, snapshot: Callable[[], StatsSnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        active = GaugeMetricFamily("stunner_allocations_active", "Number of active allocations.")
+        active.add_metric([], snap.allocations)
+        yield active
+        per_listener = GaugeMetricFamily(
+            "stunner_listener_allocations_active",
+            "Number of active allocations per listener.",
+            labels=["name"],
+        )
+        conns = GaugeMetricFamily(
+            "stunner_listener_connections",
+            "Number of active downstream connections.",
+            labels=["name"],
+        )
+        conns_total = CounterMetricFamily(
+            "stunner_listener_connections",
+            "Number of downstream connections opened.",
+            labels=["name"],
+        )
+        l_pkts = CounterMetricFamily(
+            "stunner_listener_packets", "Packets on listener sockets.", labels=["name", "direction"]
+        )
+        l_bytes = CounterMetricFamily(
+            "stunner_listener_bytes", "Bytes on listener sockets.", labels=["name", "direction"]
+        )
+        for lst in snap.listeners:
+            per_listener.add_metric([lst.name], lst.allocations)
+            conns.add_metric([lst.name], lst.connections)
+            conns_total.add_metric([lst.name], lst.connections_total)
+            l_pkts.add_metric([lst.name, "rx"], lst.traffic.rx_packets)
+            l_pkts.add_metric([lst.name, "tx"], lst.traffic.tx_packets)
+            l_bytes.add_metric([lst.name, "rx"], lst.traffic.rx_bytes)
+            l_bytes.add_metric([lst.name, "tx"], lst.traffic.tx_bytes)
+        c_pkts = CounterMetricFamily(
+            "stunner_cluster_packets",
+            "Datagrams relayed to and from peers.",
+            labels=["name", "direction"],
+        )
+        c_bytes = CounterMetricFamily(
+            "stunner_cluster_bytes",
+            "Bytes relayed to and from peers.",
+            labels=["name", "direction"],
+        )
+        for cl in snap.clusters:
+            t = cl.traffic
+            if not (t.rx_packets or t.tx_packets):
+                continue
+            c_pkts.add_metric([cl.name, "rx"], t.rx_packets)
+            c_pkts.add_metric([cl.name, "tx"], t.tx_packets)
+            c_bytes.add_metric([cl.name, "rx"], t.rx_bytes)
+            c_bytes.add_metric([cl.name, "tx"], t.tx_bytes)
+        yield from (per_listener, conns, conns_total, l_pkts, l_bytes, c_pkts, c_bytes)
+
+
+def metrics_registry(snapshot: Callable[[], StatsSnapshot]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StunnerCollector(snapshot))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def metrics_handler(registry: CollectorRegistry, path: str = "/") -> Callable[[str], Response]:
+    """Serve the exposition on `path`; `/` (upstream's default) catches every path."""
+
+    def handle(request_path: str) -> Response:
+        if path not in ("", "/") and request_path != path:
+            return Response(404, b'{"status":404,"message":"not found"}')
+        return Response(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+
+    return handle

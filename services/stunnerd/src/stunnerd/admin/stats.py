@@ -1,0 +1,105 @@
+"""Counter snapshots the admin surface reads, decoupled from how the server keeps them.
+
+A snapshot is plain frozen data so that one from each worker process can be summed into the
+figures of the whole stunnerd, and so that serialising it for the supervisor is trivial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficStats:
+    rx_packets: int = 0
+    rx_bytes: int = 0
+    tx_packets: int = 0
+    tx_bytes: int = 0
+
+    def __add__(self, other: TrafficStats) -> TrafficStats:
+        return TrafficStats(
+            self.rx_packets + other.rx_packets,
+            self.rx_bytes + other.rx_bytes,
+            self.tx_packets + other.tx_packets,
+            self.tx_bytes + other.tx_bytes,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerStats:
+    name: str
+    allocations: int = 0
+    connections: int = 0
+    connections_total: int = 0
+    traffic: TrafficStats = field(default_factory=TrafficStats)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStats:
+    name: str
+    traffic: TrafficStats = field(default_factory=TrafficStats)
+
+
+@dataclass(frozen=True, slots=True)
+class StatsSnapshot:
+    listeners: tuple[ListenerStats, ...] = ()
+    clusters: tuple[ClusterStats, ...] = ()
+
+    @property
+    def allocations(self) -> int:
+        return sum(lst.allocations for lst in self.listeners)
+
+    def listener(self, name: str) -> ListenerStats:
+        for lst in self.listeners:
+            if lst.name == name:
+                return lst
+        return ListenerStats(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        def traffic(t: TrafficStats) -> list[int]:
+            return [t.rx_packets, t.rx_bytes, t.tx_packets, t.tx_bytes]
+
+        return {
+            "listeners": [
+                [x.name, x.allocations, x.connections, x.connections_total, traffic(x.traffic)]
+                for x in self.listeners
+            ],
+            "clusters": [[c.name, traffic(c.traffic)] for c in self.clusters],
+        }
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> StatsSnapshot:
+        return StatsSnapshot(
+            listeners=tuple(
+                ListenerStats(str(n), int(a), int(c), int(ct), TrafficStats(*map(int, t)))
+                for n, a, c, ct, t in data.get("listeners", ())
+            ),
+            clusters=tuple(
+                ClusterStats(str(n), TrafficStats(*map(int, t)))
+                for n, t in data.get("clusters", ())
+            ),
+        )
+
+
+def merge_snapshots(snapshots: Iterable[StatsSnapshot]) -> StatsSnapshot:
+    """Sum per-worker snapshots into one, keyed by listener and cluster name."""
+    listeners: dict[str, ListenerStats] = {}
+    clusters: dict[str, ClusterStats] = {}
+    for snap in snapshots:
+        for lst in snap.listeners:
+            prev = listeners.get(lst.name, ListenerStats(lst.name))
+            listeners[lst.name] = ListenerStats(
+                lst.name,
+                prev.allocations + lst.allocations,
+                prev.connections + lst.connections,
+                prev.connections_total + lst.connections_total,
+                prev.traffic + lst.traffic,
+            )
+        for c in snap.clusters:
+            prevc = clusters.get(c.name, ClusterStats(c.name))
+            clusters[c.name] = ClusterStats(c.name, prevc.traffic + c.traffic)
+    return StatsSnapshot(
+        tuple(listeners[n] for n in sorted(listeners)), tuple(clusters[n] for n in sorted(clusters))
+    )

@@ -1,0 +1,99 @@
+"""Origin strings, config ids and the event type shared by every config origin.
+
+Unlike upstream, a bare filesystem path is a file origin (upstream turned `-c /etc/x.conf` into an
+HTTP URL); `host:port` without a scheme still means a CDS server, as upstream.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from stunner_common.config import StunnerConfig
+
+DEFAULT_ORIGIN = ":13478"
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]*):\d{1,5}(/.*)?$")
+
+
+class ConfigOriginError(Exception):
+    """The origin cannot be used: a bad origin string or id, or a one-shot load that failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEvent:
+    """One validated config from an origin; `revision` is the CDS revision when known."""
+
+    config: StunnerConfig
+    origin: str
+    revision: int | None = None
+
+
+class ConfigOrigin(Protocol):
+    """A source of configs. `load` reads once; `watch` follows changes until cancelled."""
+
+    async def load(self) -> ConfigEvent: ...
+
+    def watch(self) -> AsyncIterator[ConfigEvent]: ...
+
+
+OriginKind = Literal["file", "http", "ws"]
+
+
+@dataclass(frozen=True, slots=True)
+class OriginSpec:
+    """A parsed `-c` value. For `file`, `location` is a path; otherwise a base URL."""
+
+    kind: OriginKind
+    location: str
+    tls: bool = False
+
+
+def parse_origin(text: str) -> OriginSpec:
+    """Classify an origin: `file://` or a path → file; http(s) → http; ws(s) → ws."""
+    text = text.strip()
+    if not text:
+        raise ConfigOriginError("empty config origin")
+    if text.startswith("file://"):
+        path = text.removeprefix("file://")
+        if not path:
+            raise ConfigOriginError(f"invalid config origin {text!r}: empty file path")
+        return OriginSpec("file", path)
+    if "://" in text:
+        parts = urlsplit(text)
+        scheme = parts.scheme.lower()
+        if scheme not in ("http", "https", "ws", "wss"):
+            raise ConfigOriginError(f"invalid config origin {text!r}: unknown scheme {scheme!r}")
+        if not parts.netloc:
+            raise ConfigOriginError(f"invalid config origin {text!r}: missing host")
+        kind: OriginKind = "http" if scheme.startswith("http") else "ws"
+        return OriginSpec(kind, f"{scheme}://{parts.netloc}", tls=scheme in ("https", "wss"))
+    if _HOST_PORT.match(text):
+        hostport = text.split("/", 1)[0]
+        if hostport.startswith(":"):
+            hostport = "127.0.0.1" + hostport
+        return OriginSpec("http", f"http://{hostport}")
+    return OriginSpec("file", text)
+
+
+def resolve_id(flag: str | None, env: Mapping[str, str]) -> tuple[str, str]:
+    """The `<namespace>/<name>` identity toward the CDS (flag, env pair, or a default)."""
+    if flag:
+        ident = flag
+    elif env.get("STUNNER_NAMESPACE") and env.get("STUNNER_NAME"):
+        ident = f"{env['STUNNER_NAMESPACE']}/{env['STUNNER_NAME']}"
+    else:
+        try:
+            host = socket.gethostname() or str(uuid.uuid4())
+        except OSError:
+            host = str(uuid.uuid4())
+        ident = f"default/stunnerd-{host}"
+    parts = ident.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigOriginError(f"invalid id {ident!r}: want <namespace>/<name>")
+    return parts[0], parts[1]
