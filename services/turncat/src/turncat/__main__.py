@@ -1,12 +1,8 @@
-"""Command-line entry point for the TURN tunnel CLI."""
+"""`python -m turncat` and the `turncat` console script."""
 
 import sys
 
-
-def main(argv: list[str] | None = None) -> int:
-    print("turncat: not implemented yet", file=sys.stderr)
-    return 1
-
+from turncat.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,135 @@
+"""Resolve `k8s://namespace/gateway:listener` through the config discovery service (CDS).
+
+The CDS serves the stunnerd config of every Gateway (`GET /api/v1/configs/{ns}/{gw}`); the
+listener named in the URI carries the public address, port and protocol a client should use,
+and the config's auth section says how to log in. For ephemeral auth only the shared secret is
+known, so fresh TURN REST credentials are minted for every session, as upstream turncat does.
+Kubernetes port-forward discovery of the CDS is not done here: the address comes from
+`--cds-server-address` or `STUNNER_CDS_ADDR`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from urllib.parse import quote
+
+import httpx
+
+from stunner_common.auth import ephemeral_credentials
+from stunner_common.config import ConfigError, ListenerConfig, StunnerConfig, parse_config
+from turncat.errors import LookupFailedError, UnreachableError
+from turncat.session import Credentials, CredentialSource
+from turncat.uri import TRANSPORT_BY_PROTOCOL, K8sTarget, TurnTarget
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CDS_PORT = 13478
+EPHEMERAL_TTL_S = 3600
+
+
+def cds_base_url(address: str) -> str:
+    """`host[:port]` or an http(s) URL to a base URL; the port defaults to 13478."""
+    url = address if "://" in address else f"http://{address}"
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise LookupFailedError(f"invalid CDS address {address!r}: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise LookupFailedError(
+            f"invalid CDS address {address!r}: expected host:port or http(s)://"
+        )
+    if parsed.port is None and "://" not in address:
+        parsed = parsed.copy_with(port=DEFAULT_CDS_PORT)
+    return str(parsed.copy_with(path="", query=None)).rstrip("/")
+
+
+async def fetch_config(target: K8sTarget, cds_address: str, timeout_s: float) -> StunnerConfig:
+    base = cds_base_url(cds_address)
+    url = f"{base}/api/v1/configs/{quote(target.namespace)}/{quote(target.gateway)}"
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            resp = await client.get(url)
+    except httpx.HTTPError as exc:
+        detail = str(exc) or type(exc).__name__
+        raise UnreachableError(f"cannot reach the CDS at {base}: {detail}") from None
+    if resp.status_code == 404:
+        raise LookupFailedError(
+            f"the CDS at {base} has no config for gateway {target.namespace}/{target.gateway}"
+        )
+    if resp.status_code != 200:
+        raise LookupFailedError(
+            f"the CDS at {base} answered {resp.status_code} for "
+            f"{target.namespace}/{target.gateway}: {resp.text.strip()[:200]}"
+        )
+    try:
+        return parse_config(resp.content)
+    except ConfigError as exc:
+        raise LookupFailedError(
+            f"the CDS sent an invalid config for {target.namespace}/{target.gateway}: {exc}"
+        ) from None
+
+
+def pick_listener(config: StunnerConfig, target: K8sTarget) -> ListenerConfig:
+    """The listener named `<ns>/<gateway>/<listener>` (the operator's naming), or an error."""
+    found = [
+        lst
+        for lst in config.listeners
+        if lst.name == f"{target.namespace}/{target.gateway}/{target.listener}"
+        or (lst.name.count("/") == 2 and lst.name.split("/")[2] == target.listener)
+    ]
+    if not found:
+        names = ", ".join(lst.name for lst in config.listeners) or "none"
+        raise LookupFailedError(
+            f"gateway {target.namespace}/{target.gateway} has no listener {target.listener!r} "
+            f"(listeners: {names})"
+        )
+    if len(found) > 1:
+        raise LookupFailedError(f"found multiple listeners named {target.listener!r}")
+    return found[0]
+
+
+def credential_source(config: StunnerConfig) -> CredentialSource:
+    auth = config.auth
+    creds = auth.credentials
+    if auth.type == "static":
+        user, password = creds.get("username"), creds.get("password")
+        if not user or not password:
+            raise LookupFailedError("static auth in the CDS config lacks username or password")
+        fixed: Credentials = (user, password)
+        return lambda: fixed
+    if auth.type == "ephemeral":
+        secret = creds.get("secret")
+        if not secret:
+            raise LookupFailedError("ephemeral auth in the CDS config lacks the secret")
+        return lambda: ephemeral_credentials(secret, ttl_s=EPHEMERAL_TTL_S, now=time.time())
+    return lambda: None
+
+
+async def resolve_k8s(
+    target: K8sTarget, cds_address: str | None, timeout_s: float
+) -> tuple[TurnTarget, CredentialSource]:
+    """Look the listener up in the CDS and return where to connect and how to log in."""
+    if not cds_address:
+        raise LookupFailedError(
+            "k8s:// needs the CDS address: pass --cds-server-address or set STUNNER_CDS_ADDR"
+        )
+    config = await fetch_config(target, cds_address, timeout_s)
+    listener = pick_listener(config, target)
+    transport = TRANSPORT_BY_PROTOCOL.get(listener.protocol)
+    if not listener.public_address or not listener.public_port or transport is None:
+        raise LookupFailedError(
+            f"listener {listener.name} has no public address/port yet "
+            f"(public_address={listener.public_address!r}, public_port={listener.public_port})"
+        )
+    source = credential_source(config)
+    log.info(
+        "k8s://%s/%s:%s is %s://%s:%d",
+        target.namespace,
+        target.gateway,
+        target.listener,
+        transport,
+        listener.public_address,
+        listener.public_port,
+    )
+    return TurnTarget(listener.public_address, listener.public_port, transport), source

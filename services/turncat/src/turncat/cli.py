@@ -1,0 +1,217 @@
+"""The turncat command: parse the arguments, resolve the server, run the tunnel, map errors.
+
+Everything that can be checked before the first local client arrives is checked at startup:
+the three addresses, the CDS lookup for `k8s://`, name resolution, and one trial session
+(allocate, permit the peer, bind a channel, deallocate). So a wrong password, a forbidden peer
+or a dead server ends turncat at once with one line and its own exit code, instead of as a
+warning when the first packet arrives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from stunner_common.loglevel import apply_log_spec
+from turncat.carrier import TlsOptions
+from turncat.cds import resolve_k8s
+from turncat.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_OK,
+    BadInputError,
+    TurncatError,
+    UnreachableError,
+)
+from turncat.relay import Tunnel
+from turncat.session import CredentialSource, DataCallback, LostCallback, TurnSession
+from turncat.settings import TurncatSettings
+from turncat.uri import K8sTarget, LocalAddress, parse_local, parse_peer, parse_server
+
+log = logging.getLogger("turncat")
+
+USAGE_EXAMPLES = """\
+examples:
+  turncat udp://127.0.0.1:9000 'turn://user1:passwd1@127.0.0.1:3478?transport=udp' udp://10.0.0.5:9001
+  turncat - k8s://stunner/udp-gateway:udp-listener udp://10.0.0.5:9001
+exit codes: 0 ok, 1 other failure, 2 bad input, 3 authentication failed,
+            4 peer forbidden, 5 server unreachable
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="turncat",
+        description="Tunnel a local UDP/TCP socket or stdin/stdout to a UDP peer through a "
+        "TURN server.",
+        epilog=USAGE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("local", help="udp://host:port, tcp://host:port or - (stdin/stdout)")
+    p.add_argument(
+        "server",
+        help="turn://user:pass@host:port?transport=udp|tcp|tls|dtls, turns://… "
+        "or k8s://namespace/gateway:listener",
+    )
+    p.add_argument("peer", help="udp://ip:port")
+    p.add_argument("-l", "--log", default="all:WARN", help="log spec, e.g. all:INFO,turncat:DEBUG")
+    p.add_argument("-v", "--verbose", action="store_true", help="same as --log all:DEBUG")
+    p.add_argument(
+        "-i", "--insecure", action="store_true", help="do not verify TLS/DTLS certificates"
+    )
+    p.add_argument("--sni", help="server name to send and verify for TLS/DTLS")
+    p.add_argument("--ca", metavar="FILE", help="CA bundle to verify the server's certificate")
+    p.add_argument(
+        "--cds-server-address",
+        default=os.environ.get("STUNNER_CDS_ADDR"),
+        help="CDS address (host:port or http://…) for k8s:// URIs [env STUNNER_CDS_ADDR]",
+    )
+    p.add_argument(
+        "-n",
+        "--namespace",
+        default="default",
+        help="namespace for k8s:///gateway:listener (default: default)",
+    )
+    return p
+
+
+def configure_logging(spec: str) -> None:
+    logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        apply_log_spec(spec)
+    except Exception as exc:  # the spec parser's own error type is not ours to name
+        raise BadInputError(f"invalid log spec {spec!r}: {exc}") from None
+
+
+async def resolve_ip(host: str, port: int, what: str) -> tuple[str, int]:
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        if what == "peer":
+            raise BadInputError(f"cannot resolve peer host {host!r}: {exc}") from None
+        raise UnreachableError(f"cannot resolve {what} host {host!r}: {exc}") from None
+    addr = infos[0][4]
+    return str(addr[0]), int(addr[1])
+
+
+async def run(args: argparse.Namespace, settings: TurncatSettings) -> None:
+    local = parse_local(args.local)
+    target = parse_server(args.server, args.namespace)
+    peer_addr = parse_peer(args.peer)
+    tls = TlsOptions(insecure=args.insecure, sni=args.sni, ca_file=args.ca)
+
+    credentials: CredentialSource
+    if isinstance(target, K8sTarget):
+        target, credentials = await resolve_k8s(
+            target, args.cds_server_address, settings.cds_timeout_s
+        )
+    else:
+        fixed = (target.username, target.password)
+        credentials = lambda: fixed if fixed[0] and fixed[1] else None  # noqa: E731
+    server = await resolve_ip(target.host, target.port, "TURN server")
+    peer = await resolve_ip(peer_addr.host, peer_addr.port, "peer")
+    if target.secure and not tls.sni and not tls.insecure and target.host != server[0]:
+        tls = TlsOptions(insecure=False, sni=target.host, ca_file=tls.ca_file)
+    transport = target.transport
+
+    def factory(name: str, on_data: DataCallback, on_lost: LostCallback) -> TurnSession:
+        return TurnSession(
+            transport=transport,
+            server=server,
+            peer=peer,
+            credentials=credentials,
+            tls=tls,
+            settings=settings,
+            on_data=on_data,
+            on_lost=on_lost,
+            name=name,
+        )
+
+    tunnel = Tunnel(local, factory, settings)
+    await serve(tunnel, local)
+
+
+async def serve(tunnel: Tunnel, local: LocalAddress) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        if local.kind == "stdio":
+            work = asyncio.create_task(tunnel.run_stdio(), name="stdio")
+        else:
+            await preflight(tunnel)
+            await tunnel.start()
+            work = asyncio.create_task(stop.wait(), name="wait-for-signal")
+        stopper = asyncio.create_task(stop.wait(), name="signal")
+        try:
+            await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (work, stopper):
+                t.cancel()
+            results = await asyncio.gather(work, stopper, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
+                raise r
+    finally:
+        await tunnel.aclose()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+async def preflight(tunnel: Tunnel) -> None:
+    """Open and close one session so credentials, peer and server are checked up front."""
+    session = tunnel.new_session("preflight", lambda _data: None, lambda _exc: None)
+    try:
+        await session.open()
+    finally:
+        await tunnel.end_session(session)
+
+
+def _run_loop(args: argparse.Namespace, settings: TurncatSettings) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(run(args, settings))
+    else:
+        uvloop.run(run(args, settings))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.ca and not os.path.isfile(args.ca):
+        print(f"turncat: CA file {args.ca!r} does not exist", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        configure_logging("all:DEBUG" if args.verbose else args.log)
+        try:
+            settings = TurncatSettings()
+        except ValidationError as exc:
+            raise BadInputError(f"invalid TURNCAT_* setting: {exc}") from None
+        _run_loop(args, settings)
+    except TurncatError as exc:
+        print(f"turncat: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except Exception as exc:
+        log.debug("unexpected failure", exc_info=True)
+        print(f"turncat: unexpected error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+__all__ = ["EXIT_BAD_INPUT", "build_parser", "main"]

@@ -1,0 +1,57 @@
+"""The turncat error tree and the exit code each branch maps to.
+
+A user scripting turncat needs to tell "I typed the URI wrong" from "the server said no" from
+"nothing answered", so every failure that ends the program is one of these classes, and the CLI
+turns it into one line on stderr and a distinct exit code.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+EXIT_AUTH_FAILED = 3
+EXIT_PEER_FORBIDDEN = 4
+EXIT_UNREACHABLE = 5
+
+
+class TurncatError(Exception):
+    """Base of every error turncat reports; `exit_code` is what the process exits with."""
+
+    exit_code = EXIT_FAILURE
+
+
+class BadInputError(TurncatError):
+    """A malformed or unsupported address, URI or flag (the user called us wrong)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class LookupFailedError(BadInputError):
+    """A `k8s://` URI names a gateway or listener the CDS does not know, or cannot be used."""
+
+
+class TurnError(TurncatError):
+    """The TURN server answered a request with an error we cannot recover from."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class AuthFailedError(TurnError):
+    """The server rejected our credentials (401 after a credentialed request)."""
+
+    exit_code = EXIT_AUTH_FAILED
+
+
+class PeerForbiddenError(TurnError):
+    """The server refused a permission or channel to the peer (403 Forbidden)."""
+
+    exit_code = EXIT_PEER_FORBIDDEN
+
+
+class UnreachableError(TurncatError):
+    """The TURN server (or the CDS) could not be reached or stopped answering."""
+
+    exit_code = EXIT_UNREACHABLE

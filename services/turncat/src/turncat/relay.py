@@ -1,0 +1,327 @@
+"""The local side of the tunnel: accept local clients and give each its own TURN session.
+
+A UDP client is a source address on the local socket; a TCP client is an accepted connection;
+stdin/stdout is a single client. Each gets a fresh `TurnSession` (its own allocation and its own
+credentials, as upstream turncat does). Datagrams that arrive while a UDP client's allocation is
+being set up wait in a short queue. A TCP client's byte stream is relayed as it is read, one
+datagram per read of at most 1500 bytes, and datagrams from the peer are written back to the
+stream unframed, which is what upstream turncat does too. A UDP client that falls silent for
+`client_idle_timeout_s` is deallocated. Every background task is owned by the `Tunnel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import stat
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
+
+from turncat.errors import TurncatError
+from turncat.session import DataCallback, LostCallback, TurnSession
+from turncat.settings import TurncatSettings
+from turncat.uri import LocalAddress
+
+log = logging.getLogger(__name__)
+
+READ_BYTES = 1500
+CLOSE_SUFFIX = "-close"
+
+SessionFactory = Callable[[str, DataCallback, LostCallback], TurnSession]
+
+
+class Tunnel:
+    """Runs the local listener and owns every client's session and task."""
+
+    def __init__(
+        self, local: LocalAddress, factory: SessionFactory, settings: TurncatSettings
+    ) -> None:
+        self._local = local
+        self._factory = factory
+        self._settings = settings
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._sessions: set[TurnSession] = set()
+        self._udp: _UdpClients | None = None
+        self._server: asyncio.Server | None = None
+        self.bound_address: tuple[str, int] | None = None
+
+    # -- task ownership --------------------------------------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+    def new_session(self, name: str, on_data: DataCallback, on_lost: LostCallback) -> TurnSession:
+        session = self._factory(name, on_data, on_lost)
+        self._sessions.add(session)
+        return session
+
+    async def end_session(self, session: TurnSession) -> None:
+        self._sessions.discard(session)
+        await session.close()
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+    # -- modes -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the local UDP socket or TCP listener (not used in stdio mode)."""
+        loop = asyncio.get_running_loop()
+        local = self._local
+        try:
+            if local.kind == "udp":
+                transport, udp = await loop.create_datagram_endpoint(
+                    lambda: _UdpClients(self),
+                    local_addr=(local.host, local.port),
+                    reuse_port=False,
+                )
+                self._udp = udp
+                self.bound_address = transport.get_extra_info("sockname")[:2]
+            elif local.kind == "tcp":
+                self._server = await asyncio.start_server(
+                    self._tcp_client, local.host, local.port, reuse_address=True
+                )
+                self.bound_address = self._server.sockets[0].getsockname()[:2]
+        except OSError as exc:
+            raise TurncatError(
+                f"cannot listen on {local.kind}://{local.host}:{local.port}: {exc}"
+            ) from None
+        log.info("listening on %s://%s:%s", local.kind, *(self.bound_address or ("-", "-")))
+
+    async def aclose(self) -> None:
+        """Stop accepting, deallocate every session concurrently (each one is bounded in time),
+        then cancel what is still running."""
+        if self._udp is not None:
+            self._udp.stop()
+        if self._server is not None:
+            self._server.close()
+        sessions = list(self._sessions)
+        self._sessions.clear()
+        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+        for task in list(self._tasks):
+            if not task.get_name().endswith(CLOSE_SUFFIX):
+                task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    # -- TCP -------------------------------------------------------------------------------
+
+    async def _tcp_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # asyncio runs this callback as its own task; register it so shutdown can cancel it.
+        me = asyncio.current_task()
+        if me is not None:
+            self._tasks.add(me)
+            me.add_done_callback(self._task_done)
+        addr = writer.get_extra_info("peername")
+        name = f"tcp:{addr[0]}:{addr[1]}"
+        lost = asyncio.Event()
+
+        def on_data(data: bytes) -> None:
+            if not writer.is_closing():
+                writer.write(data)
+
+        def on_lost(exc: Exception | None) -> None:
+            lost.set()
+            writer.close()
+
+        session = self.new_session(name, on_data, on_lost)
+        try:
+            await session.open()
+            log.info("%s: new client", name)
+            while not lost.is_set():
+                data = await reader.read(READ_BYTES)
+                if not data:
+                    break
+                session.send(data)
+        except TurncatError as exc:
+            log.warning("%s: dropping client: %s", name, exc)
+        except OSError as exc:
+            log.debug("%s: client connection error: %s", name, exc)
+        finally:
+            await self.end_session(session)
+            writer.close()
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                await writer.wait_closed()
+            log.info("%s: client gone", name)
+
+    # -- stdio -----------------------------------------------------------------------------
+
+    async def run_stdio(self) -> None:
+        """Relay stdin to the peer and the peer's datagrams to stdout until stdin ends.
+
+        The session is opened first, so its errors (auth, 403, unreachable) end the program.
+        After end of input, replies are still printed until the peer is quiet for
+        `stdin_linger_s`.
+        """
+        reply = asyncio.Event()
+        lost = asyncio.Event()
+        out = sys.stdout.buffer
+
+        def on_data(data: bytes) -> None:
+            out.write(data)
+            out.flush()
+            reply.set()
+
+        def on_lost(exc: Exception | None) -> None:
+            lost.set()
+
+        session = self.new_session("stdio", on_data, on_lost)
+        try:
+            await session.open()
+            read = await _stdin_reader()
+            while not lost.is_set():
+                data = await read()
+                if not data:
+                    break
+                session.send(data)
+            while not lost.is_set():
+                reply.clear()
+                try:
+                    async with asyncio.timeout(self._settings.stdin_linger_s):
+                        await reply.wait()
+                except TimeoutError:
+                    break
+        finally:
+            await self.end_session(session)
+        if lost.is_set():
+            raise TurncatError("the TURN session was lost")
+
+
+async def _stdin_reader() -> Callable[[], Coroutine[Any, Any, bytes]]:
+    """A reader of stdin chunks: a pipe transport where possible, a thread for regular files."""
+    fd = sys.stdin.fileno()
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+
+        async def read_file() -> bytes:
+            return await asyncio.to_thread(os.read, fd, READ_BYTES)
+
+        return read_file
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 16)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+
+    async def read_pipe() -> bytes:
+        return await reader.read(READ_BYTES)
+
+    return read_pipe
+
+
+class _UdpLink:
+    """One UDP local client: its address, session, pending queue and idle timer."""
+
+    __slots__ = ("addr", "idle_handle", "last_seen", "pending", "session")
+
+    def __init__(self, addr: tuple[str, int], now: float, queue_len: int) -> None:
+        self.addr = addr
+        self.session: TurnSession | None = None
+        self.pending: collections.deque[bytes] | None = collections.deque(maxlen=queue_len)
+        self.last_seen = now
+        self.idle_handle: asyncio.TimerHandle | None = None
+
+
+class _UdpClients(asyncio.DatagramProtocol):
+    """The shared local UDP socket: demultiplexes datagrams by source address."""
+
+    def __init__(self, tunnel: Tunnel) -> None:
+        self._tunnel = tunnel
+        self._settings = tunnel._settings
+        self._links: dict[tuple[str, int], _UdpLink] = {}
+        self._transport: asyncio.DatagramTransport | None = None
+        self._loop = asyncio.get_running_loop()
+        self._stopped = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        link = self._links.get(addr)
+        if link is None:
+            if self._stopped:
+                return
+            link = _UdpLink(addr, self._loop.time(), self._settings.pending_datagrams)
+            self._links[addr] = link
+            self._tunnel.spawn(self._open(link), name=f"udp:{addr[0]}:{addr[1]}-open")
+        else:
+            link.last_seen = self._loop.time()
+        if link.pending is not None:
+            link.pending.append(data)
+        else:
+            link.session.send(data)  # type: ignore[union-attr]
+
+    async def _open(self, link: _UdpLink) -> None:
+        addr = link.addr
+        name = f"udp:{addr[0]}:{addr[1]}"
+        transport = self._transport
+        assert transport is not None
+
+        def on_data(data: bytes) -> None:
+            transport.sendto(data, addr)
+
+        def on_lost(exc: Exception | None) -> None:
+            self._drop(link, "relay lost")
+
+        session = self._tunnel.new_session(name, on_data, on_lost)
+        link.session = session
+        try:
+            await session.open()
+        except TurncatError as exc:
+            log.warning("%s: dropping client: %s", name, exc)
+            self._links.pop(addr, None)
+            await self._tunnel.end_session(session)
+            return
+        log.info("%s: new client", name)
+        pending, link.pending = link.pending, None
+        for data in pending or ():
+            session.send(data)
+        self._arm_idle(link)
+
+    def _arm_idle(self, link: _UdpLink) -> None:
+        link.idle_handle = self._loop.call_at(
+            link.last_seen + self._settings.client_idle_timeout_s, self._check_idle, link
+        )
+
+    def _check_idle(self, link: _UdpLink) -> None:
+        if self._links.get(link.addr) is not link:
+            return
+        if self._loop.time() - link.last_seen >= self._settings.client_idle_timeout_s:
+            self._drop(link, "idle")
+        else:
+            self._arm_idle(link)
+
+    def _drop(self, link: _UdpLink, why: str) -> None:
+        if self._links.get(link.addr) is link:
+            del self._links[link.addr]
+        if link.idle_handle is not None:
+            link.idle_handle.cancel()
+        if link.session is not None:
+            log.info("udp:%s:%s: client %s, deallocating", link.addr[0], link.addr[1], why)
+            name = f"udp:{link.addr[0]}:{link.addr[1]}{CLOSE_SUFFIX}"
+            self._tunnel.spawn(self._tunnel.end_session(link.session), name=name)
+
+    def stop(self) -> None:
+        self._stopped = True
+        for link in list(self._links.values()):
+            if link.idle_handle is not None:
+                link.idle_handle.cancel()
+        self._links.clear()
+        if self._transport is not None:
+            self._transport.close()
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("local UDP socket: %s", exc)

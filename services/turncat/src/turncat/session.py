@@ -1,0 +1,346 @@
+"""One TURN allocation that carries one local client's datagrams to one peer.
+
+A session opens its own connection to the TURN server, allocates a UDP relay (RFC 8656 §7),
+installs a permission for the peer (§9) and binds a channel to it (§12), then moves data as
+ChannelData both ways. It refreshes the allocation before it expires and re-sends the permission
+and the channel binding before theirs do, and on close it deletes the allocation with a Refresh
+of lifetime 0 (§7.3). Only the configured peer's data reaches the local client: ChannelData on our
+channel, or a Data indication whose XOR-PEER-ADDRESS is the peer; everything else is dropped.
+
+Long-term credentials follow RFC 8489 §9.2: the first request goes unsigned, the 401 brings the
+realm and nonce, every later request is signed; a 438 brings a fresh nonce and a retry. A 401
+to a signed request means the credentials are wrong, and a 403 to a permission or channel means
+the peer is not allowed; both end the session with their own error class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from turncat.carrier import Carrier, TlsOptions, open_carrier
+from turncat.errors import (
+    AuthFailedError,
+    PeerForbiddenError,
+    TurncatError,
+    TurnError,
+    UnreachableError,
+)
+from turncat.settings import TurncatSettings
+from turncat.uri import Transport
+from turncat.wire import (
+    CHANNEL_MIN,
+    REQUESTED_TRANSPORT_UDP,
+    Class,
+    LongTermAuth,
+    Message,
+    Method,
+    build_request,
+    error_of,
+    integrity_ok,
+    parse_stun,
+)
+
+log = logging.getLogger(__name__)
+
+Credentials = tuple[str, str]
+CredentialSource = Callable[[], Credentials | None]
+DataCallback = Callable[[bytes], None]
+LostCallback = Callable[[Exception | None], None]
+
+MAX_AUTH_ROUNDS = 4
+DEFAULT_LIFETIME_S = 600
+_PAD = (b"", b"\x00\x00\x00", b"\x00\x00", b"\x00")
+
+
+class TurnSession:
+    """A TURN allocation with a permission and a channel to one peer."""
+
+    def __init__(
+        self,
+        *,
+        transport: Transport,
+        server: tuple[str, int],
+        peer: tuple[str, int],
+        credentials: CredentialSource,
+        tls: TlsOptions,
+        settings: TurncatSettings,
+        on_data: DataCallback,
+        on_lost: LostCallback | None = None,
+        name: str = "session",
+    ) -> None:
+        self._transport_kind = transport
+        self._server = server
+        self._peer = (str(ipaddress.ip_address(peer[0])), peer[1])
+        self._credentials = credentials
+        self._creds: Credentials | None = None
+        self._tls = tls
+        self._settings = settings
+        self._on_data = on_data
+        self._on_lost = on_lost
+        self.name = name
+        self._carrier: Carrier | None = None
+        self._auth: LongTermAuth | None = None
+        self._pending: dict[bytes, asyncio.Future[Message]] = {}
+        self._channel = CHANNEL_MIN
+        self._chan_hdr = self._channel.to_bytes(2, "big")
+        self._pad = False
+        self._refresher: asyncio.Task[None] | None = None
+        self._allocated = False
+        self._open = False
+        self._closing = False
+        self._lost_reported = False
+        self.relayed_address: tuple[str, int] | None = None
+        self.mapped_address: tuple[str, int] | None = None
+        self.lifetime_s = DEFAULT_LIFETIME_S
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Allocate, permit the peer and bind a channel; raise a `TurncatError` on failure."""
+        try:
+            self._carrier = await open_carrier(
+                self._transport_kind,
+                self._server,
+                self,
+                self._tls,
+                self._settings.connect_timeout_s,
+            )
+            self._pad = self._carrier.reliable
+            self._creds = self._credentials()
+            attrs: dict[str, Any] = {"REQUESTED-TRANSPORT": REQUESTED_TRANSPORT_UDP}
+            if self._settings.allocation_lifetime_s:
+                attrs["LIFETIME"] = self._settings.allocation_lifetime_s
+            resp = await self._request(Method.ALLOCATE, attrs)
+            self._allocated = True
+            self.relayed_address = resp.attributes.get("XOR-RELAYED-ADDRESS")
+            self.mapped_address = resp.attributes.get("XOR-MAPPED-ADDRESS")
+            self.lifetime_s = int(resp.attributes.get("LIFETIME", DEFAULT_LIFETIME_S))
+            await self._install_peer()
+        except BaseException:
+            await self.close()
+            raise
+        self._open = True
+        self._refresher = asyncio.create_task(self._refresh_loop(), name=f"{self.name}-refresh")
+        self._refresher.add_done_callback(self._refresher_done)
+        log.info(
+            "%s: relay %s via %s %s:%d to peer %s:%d",
+            self.name,
+            self.relayed_address,
+            self._transport_kind,
+            *self._server,
+            *self._peer,
+        )
+
+    async def close(self) -> None:
+        """Stop refreshing, delete the allocation (bounded in time) and close the connection."""
+        if self._closing:
+            return
+        self._closing = True
+        self._open = False
+        if self._refresher is not None and self._refresher is not asyncio.current_task():
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        if self._allocated and self._carrier is not None and not self._lost_reported:
+            try:
+                async with asyncio.timeout(self._settings.close_timeout_s):
+                    await self._request(Method.REFRESH, {"LIFETIME": 0})
+                log.debug("%s: allocation deleted", self.name)
+            except (TurncatError, TimeoutError) as exc:
+                log.debug("%s: deallocation failed: %s", self.name, exc)
+        self._allocated = False
+        if self._carrier is not None:
+            self._carrier.close()
+        self._fail_pending(UnreachableError("session closed"))
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    # -- data path -------------------------------------------------------------------------
+
+    def send(self, payload: bytes) -> None:
+        """Relay one datagram to the peer as ChannelData (dropped if the session is not open)."""
+        if not self._open:
+            return
+        n = len(payload)
+        frame = self._chan_hdr + n.to_bytes(2, "big") + payload
+        if self._pad and n & 3:
+            frame += _PAD[n & 3]
+        self._carrier.send(frame)  # type: ignore[union-attr]
+
+    def frame_received(self, frame: bytes) -> None:
+        if frame[0] & 0xC0 == 0x40:
+            if frame[0:2] == self._chan_hdr and len(frame) >= 4:
+                n = int.from_bytes(frame[2:4], "big")
+                if self._open and len(frame) >= 4 + n:
+                    self._on_data(frame[4 : 4 + n])
+            return
+        msg = parse_stun(frame)
+        if msg is None:
+            return
+        if msg.message_class in (Class.RESPONSE, Class.ERROR):
+            fut = self._pending.get(msg.transaction_id)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif msg.message_class == Class.INDICATION and msg.message_method == Method.DATA:
+            # RFC 8656 §11.6: a Data indication from anyone but our peer is dropped.
+            data = msg.attributes.get("DATA")
+            if (
+                self._open
+                and data is not None
+                and msg.attributes.get("XOR-PEER-ADDRESS") == (self._peer)
+            ):
+                self._on_data(data)
+
+    def carrier_lost(self, exc: Exception | None) -> None:
+        err = UnreachableError(
+            f"connection to TURN server {self._server[0]}:{self._server[1]} lost"
+            + (f": {exc}" if exc else "")
+        )
+        self._fail_pending(err)
+        if self._closing or self._lost_reported:
+            return
+        self._lost_reported = True
+        was_open = self._open
+        self._open = False
+        if was_open and self._on_lost is not None:
+            self._on_lost(exc)
+
+    # -- transactions ----------------------------------------------------------------------
+
+    def _fail_pending(self, exc: Exception) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+
+    async def _exchange(self, msg: Message) -> Message:
+        """Send a request and wait for its answer, retransmitting on UDP (RFC 8489 §6.2.1)."""
+        carrier = self._carrier
+        if carrier is None or self._lost_reported:
+            raise UnreachableError(f"no connection to TURN server {self._server[0]}")
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._pending[msg.transaction_id] = fut
+        data = bytes(msg)
+        method = msg.message_method.name
+        try:
+            async with asyncio.timeout(self._settings.request_timeout_s):
+                rto = self._settings.initial_rto_s
+                while True:
+                    carrier.send(data)
+                    if carrier.reliable:
+                        return await fut
+                    done, _ = await asyncio.wait({fut}, timeout=rto)
+                    if done:
+                        return fut.result()
+                    rto *= 2
+        except TimeoutError:
+            raise UnreachableError(
+                f"TURN server {self._server[0]}:{self._server[1]} did not answer {method} "
+                f"within {self._settings.request_timeout_s:g} s"
+            ) from None
+        finally:
+            self._pending.pop(msg.transaction_id, None)
+            if not fut.done():
+                fut.cancel()
+            elif not fut.cancelled():
+                fut.exception()  # mark retrieved
+
+    async def _request(
+        self, method: Method, attrs: dict[str, Any], *, about_peer: bool = False
+    ) -> Message:
+        """A transaction with long-term authentication; raise the matching error on failure."""
+        for _ in range(MAX_AUTH_ROUNDS):
+            resp = await self._exchange(build_request(method, attrs, self._auth))
+            if self._auth is not None and not integrity_ok(resp, self._auth.key):
+                raise AuthFailedError(
+                    f"{method.name} response from the TURN server failed its integrity check"
+                )
+            if resp.message_class == Class.RESPONSE:
+                return resp
+            code, reason = error_of(resp)
+            if code == 401:
+                if self._auth is not None:
+                    raise AuthFailedError(
+                        f"authentication failed: the TURN server rejected user "
+                        f"{self._auth.username!r} in realm {self._auth.realm!r} (401 {reason})",
+                        code,
+                    )
+                self._auth = self._challenge(resp, method)
+                continue
+            if code == 438 and self._auth is not None:
+                nonce = resp.attributes.get("NONCE")
+                realm = resp.attributes.get("REALM", self._auth.realm)
+                if nonce is None or self._creds is None:
+                    break
+                self._auth = LongTermAuth.derive(self._creds[0], self._creds[1], realm, nonce)
+                continue
+            if code == 403 and about_peer:
+                raise PeerForbiddenError(
+                    f"peer {self._peer[0]}:{self._peer[1]} is not allowed by the TURN server "
+                    f"({method.name}: 403 {reason})",
+                    code,
+                )
+            raise TurnError(f"{method.name} failed: {code} {reason}", code)
+        raise TurnError(f"{method.name} failed: the server kept asking for credentials")
+
+    def _challenge(self, resp: Message, method: Method) -> LongTermAuth:
+        realm = resp.attributes.get("REALM")
+        nonce = resp.attributes.get("NONCE")
+        if realm is None or nonce is None:
+            raise AuthFailedError(f"{method.name}: 401 without REALM and NONCE")
+        if self._creds is None:
+            raise AuthFailedError(
+                f"the TURN server requires credentials (realm {realm!r}) and none were given"
+            )
+        return LongTermAuth.derive(self._creds[0], self._creds[1], str(realm), nonce)
+
+    async def _install_peer(self) -> None:
+        peer_attr = {"XOR-PEER-ADDRESS": self._peer}
+        await self._request(Method.CREATE_PERMISSION, peer_attr, about_peer=True)
+        await self._request(
+            Method.CHANNEL_BIND,
+            {"CHANNEL-NUMBER": self._channel, **peer_attr},
+            about_peer=True,
+        )
+
+    # -- refresh ---------------------------------------------------------------------------
+
+    async def _refresh_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        s = self._settings
+        alloc_every = s.allocation_refresh_s or max(self.lifetime_s / 2, 1.0)
+        next_alloc = loop.time() + alloc_every
+        next_peer = loop.time() + s.permission_refresh_s
+        while True:
+            await asyncio.sleep(max(0.0, min(next_alloc, next_peer) - loop.time()))
+            now = loop.time()
+            if now >= next_alloc:
+                attrs: dict[str, Any] = {}
+                if s.allocation_lifetime_s:
+                    attrs["LIFETIME"] = s.allocation_lifetime_s
+                resp = await self._request(Method.REFRESH, attrs)
+                self.lifetime_s = int(resp.attributes.get("LIFETIME", self.lifetime_s))
+                alloc_every = s.allocation_refresh_s or max(self.lifetime_s / 2, 1.0)
+                next_alloc = now + alloc_every
+                log.debug("%s: allocation refreshed (lifetime %d s)", self.name, self.lifetime_s)
+            if now >= next_peer:
+                await self._install_peer()
+                next_peer = now + s.permission_refresh_s
+                log.debug("%s: permission and channel refreshed", self.name)
+
+    def _refresher_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self._closing:
+            return
+        exc = task.exception()
+        log.warning("%s: refresh failed, dropping the client: %s", self.name, exc)
+        self._open = False
+        if not self._lost_reported:
+            self._lost_reported = True
+            if self._on_lost is not None:
+                self._on_lost(exc if isinstance(exc, Exception) else None)
