@@ -47,6 +47,8 @@ class FileOrigin:
         self._env = env
         self._poll_interval_s = poll_interval_s
         self._suppress_delete = suppress_delete
+        self.skipped = 0
+        """File versions seen but not emitted (empty, unreadable, invalid or a delete)."""
 
     @property
     def name(self) -> str:
@@ -90,16 +92,20 @@ class FileOrigin:
             text = self.path.read_text()
         except OSError as exc:
             log.warning("cannot read config file %s: %s", self.path, exc)
+            self.skipped += 1
             return None
         if not text.strip():
             log.debug("config file %s is empty, waiting for content", self.path)
+            self.skipped += 1
             return None
         try:
             config = parse_config(text, env=self._env)
         except ConfigError as exc:
             log.warning("ignoring invalid config file %s: %s", self.path, exc)
+            self.skipped += 1
             return None
         if self._suppress_delete and is_zero_config(config):
             log.info("ignoring delete configuration update from %s", self.path)
+            self.skipped += 1
             return None
         return ConfigEvent(config, self.name)

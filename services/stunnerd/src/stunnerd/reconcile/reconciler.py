@@ -100,7 +100,13 @@ class Reconciler:
                 self.revision = revision if revision is not None else self.revision
                 return ReconcileResult(plan, applied=True, revision=self.revision)
             try:
-                await self._execute(plan, previous, config)
+                self._check(plan, config)
+            except Exception as exc:
+                self.failed_count += 1
+                log.error("config rejected, running configuration unchanged: %s", exc)
+                raise ReconcileError(str(exc)) from exc
+            try:
+                await self._execute(plan, config)
             except Exception as exc:
                 self.failed_count += 1
                 log.error("applying config failed, running configuration unchanged: %s", exc)
@@ -121,13 +127,15 @@ class Reconciler:
                 log.info("config applied in %.1f ms: %s", duration * 1e3, plan.describe())
             return ReconcileResult(plan, applied=True, duration_s=duration, revision=self.revision)
 
-    async def _execute(
-        self, plan: Plan, previous: StunnerConfig | None, new: StunnerConfig
-    ) -> None:
+    def _check(self, plan: Plan, new: StunnerConfig) -> None:
+        """Everything that can fail without side effects fails here, before any change."""
+        listeners = {lst.name: lst for lst in new.listeners}
+        for name in (*plan.restart_listeners, *plan.add_listeners, *plan.rotate_certs):
+            self._target.check_listener(listeners[name])
+
+    async def _execute(self, plan: Plan, new: StunnerConfig) -> None:
         listeners = {lst.name: lst for lst in new.listeners}
         to_start = [*plan.restart_listeners, *plan.add_listeners]
-        for name in (*to_start, *plan.rotate_certs):
-            self._target.check_listener(listeners[name])
         self._target.apply_policies(new)
         for name in (*plan.remove_listeners, *plan.restart_listeners):
             await self._target.remove_listener(name)

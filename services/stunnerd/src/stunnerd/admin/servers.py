@@ -1,0 +1,159 @@
+"""The health and metrics HTTP servers, rebound only when their endpoint changes.
+
+This is the admin half of a reconcile: it owns both servers, applies the log level from the
+config (unless the command line pinned one), and builds the `/status` document. The status names
+listeners, allocations and the config revision, and deliberately leaves out credentials, secrets
+and TLS material.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from stunner_common.config import StunnerConfig
+from stunner_common.loglevel import apply_log_spec
+from stunnerd.admin.endpoint import (
+    DEFAULT_HEALTH_PORT,
+    DEFAULT_METRICS_PORT,
+    BindAddress,
+    parse_admin_endpoint,
+)
+from stunnerd.admin.health import Lifecycle, health_handler
+from stunnerd.admin.http import HttpServer
+from stunnerd.admin.metrics import metrics_handler, metrics_registry
+from stunnerd.admin.stats import StatsSnapshot, TrafficStats
+from stunnerd.reconcile.plan import Plan
+
+log = logging.getLogger(__name__)
+
+
+def _traffic(t: TrafficStats) -> dict[str, dict[str, int]]:
+    return {
+        "rx": {"pkts": t.rx_packets, "bytes": t.rx_bytes},
+        "tx": {"pkts": t.tx_packets, "bytes": t.tx_bytes},
+    }
+
+
+def status_document(
+    config: StunnerConfig | None,
+    stats: StatsSnapshot,
+    lifecycle: Lifecycle,
+    revision: int | None,
+) -> dict[str, Any]:
+    """The `/status` body: upstream's shape, secrets redacted, counts and state filled in."""
+    doc: dict[str, Any] = {
+        "version": "v1",
+        "allocationCount": stats.allocations,
+        "status": lifecycle.status_word,
+        "revision": revision,
+    }
+    if config is None:
+        return doc
+    admin = config.admin
+    doc["admin"] = {
+        "name": admin.name,
+        "loglevel": admin.loglevel,
+        "metrics_endpoint": admin.metrics_endpoint,
+        "healthcheck_endpoint": admin.healthcheck_endpoint,
+        "quota": str(admin.user_quota),
+        "offload": f"{admin.offload_engine}[{','.join(admin.offload_interfaces) or 'all'}]",
+    }
+    doc["auth"] = {"type": config.auth.type, "realm": config.auth.realm}
+    doc["listeners"] = [
+        {
+            "name": lst.name,
+            "protocol": lst.protocol,
+            "address": lst.address,
+            "port": lst.port,
+            "public_address": lst.public_address,
+            "public_port": lst.public_port,
+            "routes": list(lst.routes),
+            "allocations": stats.listener(lst.name).allocations,
+            "connections": stats.listener(lst.name).connections,
+            "stats": _traffic(stats.listener(lst.name).traffic),
+        }
+        for lst in config.listeners
+    ]
+    cluster_stats = {c.name: c.traffic for c in stats.clusters}
+    doc["clusters"] = [
+        {
+            "name": c.name,
+            "type": c.type,
+            "protocol": c.protocol,
+            "endpoints": list(c.endpoints),
+            "stats": _traffic(cluster_stats.get(c.name, TrafficStats())),
+        }
+        for c in config.clusters
+    ]
+    return doc
+
+
+class AdminServers:
+    """Owns the health and metrics servers of one stunnerd process."""
+
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        stats: Callable[[], StatsSnapshot],
+        *,
+        log_override: str | None = None,
+    ) -> None:
+        self.lifecycle = lifecycle
+        self._stats = stats
+        self._log_override = log_override
+        self._config: StunnerConfig | None = None
+        self.revision: Callable[[], int | None] = lambda: None
+        self.health: HttpServer | None = None
+        self.metrics: HttpServer | None = None
+        self._health_at: BindAddress | None = None
+        self._metrics_at: BindAddress | None = None
+        self._registry = metrics_registry(stats)
+
+    def status(self) -> dict[str, Any]:
+        return status_document(self._config, self._stats(), self.lifecycle, self.revision())
+
+    async def start_health(self, endpoint: str | None) -> None:
+        """Bring the health server up before any config (watch mode bootstrap)."""
+        await self._rebind_health(parse_admin_endpoint(endpoint, DEFAULT_HEALTH_PORT))
+
+    async def apply_admin(self, config: StunnerConfig, plan: Plan) -> None:
+        health_at = parse_admin_endpoint(config.admin.healthcheck_endpoint, DEFAULT_HEALTH_PORT)
+        metrics_at = parse_admin_endpoint(config.admin.metrics_endpoint, DEFAULT_METRICS_PORT)
+        if health_at != self._health_at or (self.health is None and health_at is not None):
+            await self._rebind_health(health_at)
+        if metrics_at != self._metrics_at or (self.metrics is None and metrics_at is not None):
+            await self._rebind_metrics(metrics_at)
+        apply_log_spec(self._log_override or config.admin.loglevel)
+        self._config = config
+
+    async def _rebind_health(self, at: BindAddress | None) -> None:
+        if self.health is not None:
+            await self.health.close()
+            self.health = None
+        self._health_at = at
+        if at is not None:
+            server = HttpServer(
+                "health", at.host, at.port, health_handler(self.lifecycle, self.status)
+            )
+            await server.start()
+            self.health = server
+
+    async def _rebind_metrics(self, at: BindAddress | None) -> None:
+        if self.metrics is not None:
+            await self.metrics.close()
+            self.metrics = None
+        self._metrics_at = at
+        if at is not None:
+            server = HttpServer(
+                "metrics", at.host, at.port, metrics_handler(self._registry, at.path)
+            )
+            await server.start()
+            self.metrics = server
+
+    async def close(self) -> None:
+        for server in (self.health, self.metrics):
+            if server is not None:
+                await server.close()
+        self.health = self.metrics = None

@@ -1,0 +1,200 @@
+"""The reconciler's order of operations and its rollback, against an in-memory dataplane.
+
+The target here records what it is asked to do and keeps a table of running listeners, so the
+tests can assert exactly which listeners were touched and what runs after a failure. The same
+reconciler drives the real server in tests/integration/dataplane.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from stunner_common.config import (
+    ListenerConfig,
+    StunnerConfig,
+    parse_config,
+    self_signed_pair,
+    zero_config,
+)
+from stunnerd.reconcile.plan import Plan
+from stunnerd.reconcile.reconciler import ReconcileError, Reconciler
+
+
+class TableTarget:
+    def __init__(self) -> None:
+        self.running: dict[str, ListenerConfig] = {}
+        self.ops: list[str] = []
+        self.policies: StunnerConfig | None = None
+        self.fail_add: set[str] = set()
+        self.fail_check: set[str] = set()
+        self.can_rotate = True
+
+    def check_listener(self, listener: ListenerConfig) -> None:
+        if listener.name in self.fail_check:
+            raise ValueError(f"cannot load cert/key pair for {listener.name}")
+
+    def apply_policies(self, config: StunnerConfig) -> None:
+        self.ops.append("policies")
+        self.policies = config
+
+    async def add_listener(self, listener: ListenerConfig, config: StunnerConfig) -> None:
+        if listener.name in self.fail_add:
+            raise OSError(f"address in use: {listener.port}")
+        self.ops.append(f"add {listener.name}")
+        self.running[listener.name] = listener
+
+    async def remove_listener(self, name: str) -> None:
+        self.ops.append(f"remove {name}")
+        self.running.pop(name, None)
+
+    def update_listener(self, listener: ListenerConfig, config: StunnerConfig) -> None:
+        self.ops.append(f"update {listener.name}")
+        self.running[listener.name] = listener
+
+    def rotate_certificate(self, listener: ListenerConfig) -> bool:
+        self.ops.append(f"rotate {listener.name}")
+        if self.can_rotate:
+            self.running[listener.name] = listener
+        return self.can_rotate
+
+
+class RecordingAdmin:
+    def __init__(self) -> None:
+        self.applied: list[tuple[str, Plan]] = []
+
+    async def apply_admin(self, config: StunnerConfig, plan: Plan) -> None:
+        self.applied.append((config.admin.loglevel, plan))
+
+
+def config(**listener_ports: int) -> StunnerConfig:
+    data: dict[str, Any] = {
+        "version": "v1",
+        "admin": {"name": "ns/gw"},
+        "auth": {"type": "static", "credentials": {"username": "u", "password": "p"}},
+        "listeners": [
+            {"name": name, "protocol": "TURN-UDP", "address": "127.0.0.1", "port": port}
+            for name, port in listener_ports.items()
+        ],
+        "clusters": [],
+    }
+    return parse_config(data)
+
+
+def edited(cfg: StunnerConfig, **changes: Any) -> StunnerConfig:
+    data = copy.deepcopy(cfg.to_dict())
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        data[section][field] = value
+    return parse_config(data)
+
+
+async def test_the_first_config_starts_every_listener_after_installing_policies() -> None:
+    target, admin = TableTarget(), RecordingAdmin()
+    rec = Reconciler(target, admin)
+    result = await rec.apply(config(a=3478, b=3479), revision=7)
+    assert result.applied
+    assert target.ops == ["policies", "add a", "add b"]
+    assert sorted(target.running) == ["a", "b"]
+    assert rec.revision == 7
+    assert len(admin.applied) == 1
+
+
+async def test_an_identical_config_touches_nothing() -> None:
+    target = TableTarget()
+    rec = Reconciler(target, RecordingAdmin())
+    await rec.apply(config(a=3478))
+    target.ops.clear()
+    result = await rec.apply(config(a=3478))
+    assert result.plan.is_noop
+    assert target.ops == []
+
+
+async def test_the_zero_config_is_ignored_and_the_running_config_stays() -> None:
+    target = TableTarget()
+    rec = Reconciler(target)
+    first = config(a=3478)
+    await rec.apply(first)
+    target.ops.clear()
+    result = await rec.apply(zero_config("ns/gw"))
+    assert result.ignored
+    assert target.ops == []
+    assert rec.running == first
+
+
+async def test_a_port_change_removes_then_restarts_only_that_listener() -> None:
+    target = TableTarget()
+    rec = Reconciler(target)
+    await rec.apply(config(a=3478, b=3479))
+    target.ops.clear()
+    result = await rec.apply(config(a=3478, b=4000))
+    assert result.restarted == ("listener: b",)
+    assert target.ops == ["policies", "remove b", "add b"]
+    assert target.running["b"].port == 4000
+
+
+async def test_a_failed_start_rolls_back_to_the_previous_listeners_and_reports_the_error() -> None:
+    target = TableTarget()
+    rec = Reconciler(target)
+    before = config(a=3478, b=3479)
+    await rec.apply(before)
+    target.fail_add = {"c"}
+    with pytest.raises(ReconcileError, match="address in use"):
+        await rec.apply(config(a=3478, b=4000, c=5000))
+    assert rec.running == before
+    assert {name: lst.port for name, lst in target.running.items()} == {"a": 3478, "b": 3479}
+    assert target.policies == before
+    assert rec.failed_count == 1
+
+
+async def test_a_bad_certificate_aborts_before_any_side_effect() -> None:
+    target = TableTarget()
+    rec = Reconciler(target)
+    await rec.apply(config(a=3478))
+    target.ops.clear()
+    target.fail_check = {"b"}
+    with pytest.raises(ReconcileError, match="cannot load cert/key pair"):
+        await rec.apply(config(a=3478, b=3479))
+    assert target.ops == []
+    assert sorted(target.running) == ["a"]
+
+
+async def test_a_loglevel_change_reaches_the_admin_surface_without_touching_listeners() -> None:
+    target, admin = TableTarget(), RecordingAdmin()
+    rec = Reconciler(target, admin)
+    first = config(a=3478)
+    await rec.apply(first)
+    target.ops.clear()
+    await rec.apply(edited(first, admin__loglevel="all:DEBUG"))
+    assert admin.applied[-1][0] == "all:DEBUG"
+    assert [op for op in target.ops if op != "policies"] == []
+
+
+async def test_a_transport_that_cannot_rotate_certificates_is_restarted_instead() -> None:
+    def tls(host: str) -> StunnerConfig:
+        cert, key = self_signed_pair(host)
+        data = {
+            "version": "v1",
+            "admin": {"name": "ns/gw"},
+            "auth": {"type": "static", "credentials": {"username": "u", "password": "p"}},
+            "listeners": [
+                {
+                    "name": "tls",
+                    "protocol": "TURN-TLS",
+                    "port": 443,
+                    "cert": cert,
+                    "key": key,
+                }
+            ],
+        }
+        return parse_config(data)
+
+    target = TableTarget()
+    rec = Reconciler(target)
+    await rec.apply(tls("one.example"))
+    target.ops.clear()
+    target.can_rotate = False
+    await rec.apply(tls("two.example"))
+    assert target.ops == ["policies", "rotate tls", "remove tls", "add tls"]
