@@ -1,0 +1,230 @@
+"""The STUN/TURN wire format: the one module that touches aioice's codec.
+
+aioice 0.13 parses and builds STUN messages (RFC 8489) and knows most TURN attributes, but it
+skips unknown attributes silently and lacks a few that a TURN server must recognise
+(REQUESTED-ADDRESS-FAMILY, EVEN-PORT, RESERVATION-TOKEN, UNKNOWN-ATTRIBUTES). They are registered
+here, and the raw attribute types are scanned so that the engine can answer 420 for unknown
+comprehension-required attributes (RFC 8489 §7.3.1). ChannelData framing (RFC 8656 §12.5) is plain
+byte arithmetic and lives here too, so the engine never imports aioice directly.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from aioice import stun
+
+COOKIE = stun.COOKIE
+HEADER_LENGTH = stun.HEADER_LENGTH
+CHANNEL_MIN = 0x4000
+CHANNEL_MAX = 0x4FFF
+
+Method = stun.Method
+Class = stun.Class
+Message = stun.Message
+
+_HEADER = struct.Struct("!HHI12s")
+_ATTR_HEADER = struct.Struct("!HH")
+CHANNEL_HEADER = struct.Struct("!HH")
+
+TRANSPORT_UDP = 17 << 24  # REQUESTED-TRANSPORT carries the protocol number in its top byte
+FAMILY_IPV4 = 0x01
+FAMILY_IPV6 = 0x02
+
+
+def _pack_attr_types(value: Iterable[int]) -> bytes:
+    return b"".join(struct.pack("!H", t) for t in value)
+
+
+def _unpack_attr_types(data: bytes) -> tuple[int, ...]:
+    return tuple(struct.unpack("!H", data[i : i + 2])[0] for i in range(0, len(data) - 1, 2))
+
+
+def _pack_family(value: int) -> bytes:
+    return struct.pack("!B3x", value)
+
+
+def _unpack_family(data: bytes) -> int:
+    if len(data) != 4:
+        raise ValueError("REQUESTED-ADDRESS-FAMILY must be 4 bytes")
+    return int(data[0])
+
+
+def _pack_even_port(value: int) -> bytes:
+    return struct.pack("!B", value)
+
+
+def _unpack_even_port(data: bytes) -> int:
+    if len(data) != 1:
+        raise ValueError("EVEN-PORT must be 1 byte")
+    return int(data[0])
+
+
+_EXTRA_ATTRIBUTES: list[stun.AttributeEntry] = [
+    (0x000A, "UNKNOWN-ATTRIBUTES", _pack_attr_types, _unpack_attr_types),
+    (0x0017, "REQUESTED-ADDRESS-FAMILY", _pack_family, _unpack_family),
+    (0x0018, "EVEN-PORT", _pack_even_port, _unpack_even_port),
+    (0x0022, "RESERVATION-TOKEN", stun.pack_bytes, stun.unpack_bytes),
+]
+for _entry in _EXTRA_ATTRIBUTES:
+    if _entry[0] not in stun.ATTRIBUTES_BY_TYPE:
+        stun.ATTRIBUTES.append(_entry)
+        stun.ATTRIBUTES_BY_TYPE[_entry[0]] = _entry
+        stun.ATTRIBUTES_BY_NAME[_entry[1]] = _entry
+
+KNOWN_ATTRIBUTE_TYPES = frozenset(stun.ATTRIBUTES_BY_TYPE)
+_KNOWN_METHODS = frozenset(int(m) for m in Method)
+
+
+class StunDecodeError(ValueError):
+    """The bytes are not a STUN message we can answer (the caller drops them)."""
+
+
+class StunBadRequestError(ValueError):
+    """A well-framed STUN request whose content is malformed: worth a 400 answer."""
+
+    def __init__(self, method: int, transaction_id: bytes, reason: str) -> None:
+        super().__init__(reason)
+        self.method = method
+        self.transaction_id = transaction_id
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A parsed STUN message plus the comprehension-required attribute types we do not know."""
+
+    message: Message
+    unknown_required: tuple[int, ...]
+    peers: tuple[tuple[str, int], ...]  # every XOR-PEER-ADDRESS before MESSAGE-INTEGRITY
+
+
+def looks_like_stun(data: bytes) -> bool:
+    """RFC 8489 §6: two zero bits, a length that is a multiple of 4, the magic cookie."""
+    return (
+        len(data) >= HEADER_LENGTH
+        and data[0] & 0xC0 == 0
+        and data[3] & 0x03 == 0
+        and data[4:8] == b"\x21\x12\xa4\x42"
+    )
+
+
+def decode(data: bytes) -> Decoded:
+    """Parse one STUN message. Raises StunDecodeError (drop) or StunBadRequestError (answer 400)."""
+    if not looks_like_stun(data):
+        raise StunDecodeError("not a STUN message")
+    msg_type, length, _cookie, tid = _HEADER.unpack_from(data)
+    if len(data) != HEADER_LENGTH + length:
+        raise StunDecodeError("STUN length does not match the datagram")
+    method = msg_type & 0x3EEF
+    is_request = msg_type & 0x0110 == 0
+    unknown: list[int] = []
+    peers: list[tuple[str, int]] = []
+    integrity_seen = False
+    pos = HEADER_LENGTH
+    end = len(data)
+    while pos + 4 <= end:
+        attr_type, attr_len = _ATTR_HEADER.unpack_from(data, pos)
+        if pos + 4 + attr_len > end:
+            if is_request:
+                raise StunBadRequestError(method, tid, "attribute overruns the message")
+            raise StunDecodeError("attribute overruns the message")
+        if attr_type < 0x8000 and attr_type not in KNOWN_ATTRIBUTE_TYPES:
+            unknown.append(attr_type)
+        elif attr_type == 0x0012 and not integrity_seen:
+            try:
+                ip, port = stun.unpack_xor_address(data[pos + 4 : pos + 4 + attr_len], tid)
+            except ValueError as exc:
+                if is_request:
+                    raise StunBadRequestError(method, tid, f"bad XOR-PEER-ADDRESS: {exc}") from exc
+                raise StunDecodeError(str(exc)) from exc
+            peers.append((ip, port))
+        elif attr_type == 0x0008:
+            integrity_seen = True
+        pos += 4 + attr_len + (-attr_len % 4)
+    if method not in _KNOWN_METHODS:
+        if is_request:
+            raise StunBadRequestError(method, tid, "unknown method")
+        raise StunDecodeError("unknown method")
+    try:
+        message = stun.parse_message(data)
+    except (ValueError, IndexError, UnicodeDecodeError, struct.error) as exc:
+        if is_request:
+            raise StunBadRequestError(method, tid, f"malformed attribute: {exc}") from exc
+        raise StunDecodeError(str(exc)) from exc
+    return Decoded(message, tuple(unknown), tuple(peers))
+
+
+def encode(
+    method: int,
+    klass: Class,
+    transaction_id: bytes,
+    attributes: dict[str, Any],
+    *,
+    key: bytes | None = None,
+    software: str | None = None,
+) -> bytes:
+    """Build a message; with `key`, MESSAGE-INTEGRITY; always FINGERPRINT (RFC 8489 §14.7)."""
+    attrs = dict(attributes)
+    if software:
+        attrs["SOFTWARE"] = software
+    kind = Method(method) if method in _KNOWN_METHODS else cast(Method, method)
+    message = Message(kind, klass, transaction_id, attrs)
+    if key is not None:
+        message.add_message_integrity(key)
+    else:
+        message.add_fingerprint()
+    return bytes(message)
+
+
+def error_response(
+    method: int,
+    transaction_id: bytes,
+    code: int,
+    reason: str,
+    *,
+    extra: dict[str, Any] | None = None,
+    key: bytes | None = None,
+    software: str | None = None,
+) -> bytes:
+    attrs: dict[str, Any] = {"ERROR-CODE": (code, reason)}
+    if extra:
+        attrs.update(extra)
+    return encode(method, Class.ERROR, transaction_id, attrs, key=key, software=software)
+
+
+def check_integrity(message: Message, key: bytes) -> bool:
+    return bool(message.check_message_integrity(key))
+
+
+def channel_data(channel: int, payload: bytes, *, stream: bool) -> bytes:
+    """ChannelData framing; over stream transports the frame is padded to 4 bytes (§12.5)."""
+    frame = CHANNEL_HEADER.pack(channel, len(payload)) + payload
+    if stream and len(payload) % 4:
+        frame += bytes(-len(payload) % 4)
+    return frame
+
+
+def parse_channel_data(data: bytes) -> tuple[int, bytes] | None:
+    """Return (channel, payload) or None when the frame is short or its length lies."""
+    if len(data) < 4:
+        return None
+    channel, length = CHANNEL_HEADER.unpack_from(data)
+    if length > len(data) - 4:
+        return None
+    return channel, data[4 : 4 + length]
+
+
+def stream_frame_length(buf: bytes | bytearray, offset: int = 0) -> int:
+    """Bytes the next frame takes on a stream (ChannelData padded); 0 = need more, -1 = bad."""
+    if len(buf) - offset < 4:
+        return 0
+    first = buf[offset]
+    length = (buf[offset + 2] << 8) | buf[offset + 3]
+    if 0x40 <= first <= 0x7F:
+        return 4 + length + (-length % 4)
+    if first & 0xC0 == 0:
+        return HEADER_LENGTH + length
+    return -1

@@ -1,0 +1,207 @@
+"""The decisions the engine delegates: who may authenticate, which peers are reachable, quotas.
+
+Policies are small immutable objects injected into each `TurnEngine`; a config change builds new
+ones and swaps them in (`TurnEngine.set_policies`) without touching live allocations. The config →
+policy conversion lives outside this package (`stunnerd.policy`), so this module stays free of
+pydantic and of any I/O. Nonces are minted here too: an opaque, verifiable, time-limited token
+(RFC 8489 §9.2) keyed by a secret the edge draws once per engine.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+NONCE_LIFETIME_S = 3600.0
+
+
+def long_term_key(username: str, realm: str, password: str) -> bytes:
+    """RFC 8489 §9.2.2: MD5(username ":" realm ":" password), no SASLprep (as upstream)."""
+    return hashlib.md5(f"{username}:{realm}:{password}".encode(), usedforsecurity=False).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    user_id: str
+    key: bytes
+
+
+class Authenticator(Protocol):
+    """Maps a USERNAME to the integrity key, or None to refuse. `None` policy = TURN disabled."""
+
+    @property
+    def realm(self) -> str: ...
+
+    @property
+    def enabled(self) -> bool: ...
+
+    def lookup(self, username: str, unix_now: float) -> Credential | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StaticAuthenticator:
+    realm: str
+    username: str
+    password: str
+    enabled: bool = True
+    _key: bytes = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_key", long_term_key(self.username, self.realm, self.password))
+
+    def lookup(self, username: str, unix_now: float) -> Credential | None:
+        if username != self.username:
+            return None
+        return Credential(username, self._key)
+
+
+def parse_ephemeral_username(username: str) -> tuple[int, str] | None:
+    """TURN REST usernames (upstream §3.4): (expiry unix seconds, user id) or None if malformed.
+
+    The first ':'-separated part that is a decimal integer is the expiry; the user id is the
+    second part of a two-part name whose first part is the timestamp, else the whole name.
+    """
+    parts = username.split(":")
+    for index, part in enumerate(parts):
+        text = part[1:] if part[:1] in "+-" else part
+        if text.isdigit() and text.isascii():
+            expiry = int(part)
+            if expiry == 0:
+                return None
+            user_id = parts[1] if len(parts) == 2 and index == 0 else username
+            return expiry, user_id
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class EphemeralAuthenticator:
+    realm: str
+    secret: str
+    enabled: bool = True
+
+    def password(self, username: str) -> str:
+        mac = hmac.new(self.secret.encode(), username.encode(), hashlib.sha1).digest()
+        return base64.b64encode(mac).decode()
+
+    def lookup(self, username: str, unix_now: float) -> Credential | None:
+        parsed = parse_ephemeral_username(username)
+        if parsed is None:
+            return None
+        expiry, user_id = parsed
+        if expiry < int(unix_now):
+            return None
+        return Credential(user_id, long_term_key(username, self.realm, self.password(username)))
+
+
+@dataclass(frozen=True, slots=True)
+class NoAuthenticator:
+    """Auth type `none`: STUN Binding only, every TURN method is refused (upstream behaviour)."""
+
+    realm: str = "stunner.l7mp.io"
+    enabled: bool = False
+
+    def lookup(self, username: str, unix_now: float) -> Credential | None:
+        return None
+
+
+class PeerPolicy(Protocol):
+    """Peer admission (routes → clusters → endpoints) for one listener."""
+
+    def admits_ip(self, ip: str) -> bool:
+        """May a permission or channel be installed for this IP (port ignored)?"""
+        ...
+
+    def admits(self, ip: str, port: int) -> bool:
+        """May a datagram flow to or from this transport address?"""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AllowAllPeers:
+    def admits_ip(self, ip: str) -> bool:
+        return True
+
+    def admits(self, ip: str, port: int) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class PredicatePeerPolicy:
+    """Admission from two predicates; handy for tests and for the config-built policy."""
+
+    ip_predicate: Callable[[str], bool]
+    addr_predicate: Callable[[str, int], bool]
+
+    def admits_ip(self, ip: str) -> bool:
+        return self.ip_predicate(ip)
+
+    def admits(self, ip: str, port: int) -> bool:
+        return self.addr_predicate(ip, port)
+
+
+@dataclass(frozen=True, slots=True)
+class UserQuota:
+    """`admin.user_quota`: at most `limit` live allocations per user id (0 = unlimited)."""
+
+    limit: int = 0
+
+    def allows(self, user_id: str, usage: Mapping[str, int]) -> bool:
+        return self.limit <= 0 or usage.get(user_id, 0) < self.limit
+
+
+class UserUsage:
+    """Live allocation counts per user id, shared by every listener of the process."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def add(self, user_id: str) -> None:
+        self.counts[user_id] = self.counts.get(user_id, 0) + 1
+
+    def remove(self, user_id: str) -> None:
+        left = self.counts.get(user_id, 0) - 1
+        if left > 0:
+            self.counts[user_id] = left
+        else:
+            self.counts.pop(user_id, None)
+
+
+_NONCE_TS = struct.Struct("!Q")
+
+
+class NonceMint:
+    """Nonces = hex(issue time) + truncated HMAC; valid for `lifetime_s`, never from the future."""
+
+    __slots__ = ("_secret", "lifetime_s")
+
+    def __init__(self, secret: bytes, lifetime_s: float = NONCE_LIFETIME_S) -> None:
+        if len(secret) < 16:
+            raise ValueError("nonce secret must be at least 16 bytes")
+        self._secret = secret
+        self.lifetime_s = lifetime_s
+
+    def _mac(self, stamp: bytes) -> str:
+        return hmac.new(self._secret, stamp, hashlib.sha256).hexdigest()[:24]
+
+    def issue(self, now: float) -> bytes:
+        stamp = _NONCE_TS.pack(int(now * 1000))
+        return (stamp.hex() + self._mac(stamp)).encode()
+
+    def valid(self, nonce: bytes, now: float) -> bool:
+        if len(nonce) != 40:
+            return False
+        try:
+            stamp = bytes.fromhex(nonce[:16].decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            return False
+        if not hmac.compare_digest(self._mac(stamp).encode(), nonce[16:]):
+            return False
+        issued = int.from_bytes(stamp, "big") / 1000
+        return issued <= now + 1.0 and now - issued < self.lifetime_s
