@@ -1,0 +1,540 @@
+"""The stunnerd config v1 as frozen pydantic models: one definition for writer and reader.
+
+The operator renders these, the CDS stores and serves them, stunnerd reconciles against them, so
+an instance is always *validated and canonical*: defaults filled in, enums normalised, legacy
+aliases mapped (``plaintext``→``static``, bare ``UDP``→``TURN-UDP``), routes, endpoints and
+interfaces sorted, listeners and clusters sorted by name. Two configs that mean the same thing
+are therefore equal, and `StunnerConfig.canonical_json` gives equal bytes for them.
+
+Input keys match case-insensitively and unknown keys are ignored, like Go's JSON decoder that
+upstream stunnerd uses; ``null`` means "use the default". Constructing a model with bad values
+raises `ConfigValidationError` (never pydantic's ValidationError) whose message follows upstream's
+text and names the field path, e.g. ``listeners[0].protocol: unknown listener protocol: "foo"``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from stunner_common.config.endpoint import MAX_PORT, parse_endpoint
+from stunner_common.config.errors import ConfigError, ConfigValidationError
+from stunner_common.config.tls import decode_pem, strip_base64
+
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_HEALTHCHECK_ENDPOINT",
+    "DEFAULT_LOGLEVEL",
+    "DEFAULT_PORT",
+    "DEFAULT_REALM",
+    "DEFAULT_STUNNER_NAME",
+    "TLS_PROTOCOLS",
+    "AdminConfig",
+    "AuthConfig",
+    "AuthType",
+    "ClusterConfig",
+    "ClusterProtocol",
+    "ClusterType",
+    "LicenseConfig",
+    "ListenerConfig",
+    "ListenerProtocol",
+    "OffloadEngine",
+    "StunnerConfig",
+    "config_error_from",
+]
+
+API_VERSION: Final = "v1"
+DEFAULT_STUNNER_NAME: Final = "default-stunnerd"
+DEFAULT_LOGLEVEL: Final = "all:INFO"
+DEFAULT_HEALTHCHECK_ENDPOINT: Final = "http://:8086"
+DEFAULT_REALM: Final = "stunner.l7mp.io"
+DEFAULT_PORT: Final = 3478
+
+AuthType = Literal["static", "ephemeral", "none"]
+ListenerProtocol = Literal["TURN-UDP", "TURN-TCP", "TURN-TLS", "TURN-DTLS"]
+ClusterType = Literal["STATIC", "STRICT_DNS"]
+ClusterProtocol = Literal["UDP", "TCP"]
+OffloadEngine = Literal["None", "XDP", "TC", "Auto"]
+
+TLS_PROTOCOLS: Final = frozenset({"TURN-TLS", "TURN-DTLS"})
+
+# auth.type is case-sensitive upstream; the others are not.
+_AUTH_TYPES: Final[Mapping[str, AuthType]] = {
+    "static": "static",
+    "plaintext": "static",
+    "ephemeral": "ephemeral",
+    "longterm": "ephemeral",
+    "none": "none",
+}
+_LISTENER_PROTOCOLS: Final[Mapping[str, ListenerProtocol]] = {
+    "UDP": "TURN-UDP",
+    "TCP": "TURN-TCP",
+    "TLS": "TURN-TLS",
+    "DTLS": "TURN-DTLS",
+    "TURN-UDP": "TURN-UDP",
+    "TURN-TCP": "TURN-TCP",
+    "TURN-TLS": "TURN-TLS",
+    "TURN-DTLS": "TURN-DTLS",
+}
+_CLUSTER_TYPES: Final[Mapping[str, ClusterType]] = {"STATIC": "STATIC", "STRICT_DNS": "STRICT_DNS"}
+_CLUSTER_PROTOCOLS: Final[Mapping[str, ClusterProtocol]] = {"UDP": "UDP", "TCP": "TCP"}
+_OFFLOAD_ENGINES: Final[Mapping[str, OffloadEngine]] = {
+    "none": "None",
+    "xdp": "XDP",
+    "tc": "TC",
+    "auto": "Auto",
+}
+
+_GO_INT = re.compile(r"^[+-]?[0-9]{1,19}$")
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_MAX_REPR = 80
+
+
+class _RuleError(ValueError):
+    """A broken config rule; raised inside validators so pydantic records where it happened."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
+
+
+def _loc_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def config_error_from(exc: ValidationError) -> ConfigValidationError:
+    """Turn pydantic's error into ours: the first error, with its field path and value."""
+    errors = exc.errors(include_url=False)
+    if not errors:  # pragma: no cover - pydantic always reports at least one
+        return ConfigValidationError("", None, str(exc))
+    err = errors[0]
+    loc = tuple(err["loc"])
+    path = _loc_path(loc)
+    value = err.get("input")
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, _RuleError):
+        message = cause.message
+    elif err["type"] == "missing" and loc and loc[-1] == "name":
+        kind = "cluster" if "clusters" in loc or exc.title == "ClusterConfig" else "listener"
+        message = f"missing name in {kind} configuration"
+        value = None
+    elif err["type"] == "missing":
+        message = "missing required field"
+        value = None
+    else:
+        message = f"{err['msg']} (got {_short(value)})"
+    return ConfigValidationError(path, value, message)
+
+
+def _go_int(value: Any) -> Any:
+    """Ints as Go's decoder takes them, plus decimal strings (env placeholders in int fields)."""
+    if isinstance(value, bool):
+        raise _RuleError(f"expected an integer, got {_short(value)}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and _GO_INT.match(value.strip()):
+        return int(value.strip())
+    raise _RuleError(f"expected an integer, got {_short(value)}")
+
+
+GoInt = Annotated[int, BeforeValidator(_go_int)]
+
+
+def _check_url(value: str, what: str) -> str:
+    if value == "":
+        return value
+    problem = ""
+    if _CONTROL.search(value):
+        problem = "invalid control character in URL"
+    elif _BAD_ESCAPE.search(value):
+        problem = "invalid URL escape"
+    else:
+        try:
+            parts = urlsplit(value)
+            _ = parts.port
+        except ValueError as exc:
+            problem = str(exc)
+        else:
+            if parts.scheme.lower() not in ("http", "https"):
+                problem = "the scheme must be http://"
+    if problem:
+        raise _RuleError(f"invalid {what} endpoint URL {value}: {problem}")
+    return value
+
+
+def _enum(value: Any, table: Mapping[str, str], message: str, *, fold: str = "upper") -> str:
+    if not isinstance(value, str):
+        raise _RuleError(f'{message}: "{_short(value)}"')
+    key = value.upper() if fold == "upper" else value.lower() if fold == "lower" else value
+    found = table.get(key)
+    if found is None:
+        raise _RuleError(f'{message}: "{value}"')
+    return found
+
+
+class _Model(BaseModel):
+    """Frozen, case-insensitive on input keys, unknown keys ignored, errors mapped to ours."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_keys(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        fields = cls.model_fields
+        folded = {name.casefold(): name for name in fields}
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if not isinstance(key, str):
+                continue
+            name = key if key in fields else folded.get(key.casefold())
+            if name is None:
+                continue
+            if value is None:
+                out.pop(name, None)
+            else:
+                out[name] = value
+        return out
+
+    if not TYPE_CHECKING:
+
+        def __init__(self, /, **data: Any) -> None:
+            try:
+                super().__init__(**data)
+            except ValidationError as exc:
+                raise config_error_from(exc) from None
+
+        # Tell pydantic this wrapper behaves like BaseModel.__init__, so nested models are
+        # still validated inside pydantic-core (keeping the full error path) instead of
+        # through this Python-level wrapper.
+        __init__.__pydantic_base_init__ = True
+
+        @classmethod
+        def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().model_validate(obj, *args, **kwargs)
+            except ValidationError as exc:
+                raise config_error_from(exc) from None
+
+        @classmethod
+        def model_validate_json(cls, data: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().model_validate_json(data, *args, **kwargs)
+            except ValidationError as exc:
+                raise config_error_from(exc) from None
+            except ValueError as exc:
+                raise ConfigError(f"cannot parse config: {exc}") from None
+
+        def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False):
+            """A copy; with `update`, the result is validated and normalised again."""
+            if not update:
+                return super().model_copy(deep=deep)
+            values = {name: getattr(self, name) for name in type(self).model_fields}
+            values.update(update)
+            return type(self).model_validate(values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data with the upstream field names."""
+        return self.model_dump(mode="json")
+
+
+class LicenseConfig(_Model):
+    """Licensing info passed through to the (open-source: no-op) license manager."""
+
+    key: StrictStr = ""
+    hmac: StrictStr = ""
+
+
+class AdminConfig(_Model):
+    """Process-wide settings: identity, logging, health and metrics servers, quota, offload."""
+
+    name: StrictStr = DEFAULT_STUNNER_NAME
+    loglevel: StrictStr = DEFAULT_LOGLEVEL
+    metrics_endpoint: StrictStr = ""
+    healthcheck_endpoint: StrictStr | None = DEFAULT_HEALTHCHECK_ENDPOINT
+    user_quota: GoInt = 0
+    offload_engine: OffloadEngine = "None"
+    offload_interfaces: tuple[StrictStr, ...] = ()
+    license_config: LicenseConfig | None = None
+
+    @field_validator("name", mode="after")
+    @classmethod
+    def _default_name(cls, value: str) -> str:
+        return value or DEFAULT_STUNNER_NAME
+
+    @field_validator("loglevel", mode="after")
+    @classmethod
+    def _default_loglevel(cls, value: str) -> str:
+        return value or DEFAULT_LOGLEVEL
+
+    @field_validator("metrics_endpoint", mode="after")
+    @classmethod
+    def _check_metrics(cls, value: str) -> str:
+        return _check_url(value, "metric server")
+
+    @field_validator("healthcheck_endpoint", mode="after")
+    @classmethod
+    def _check_health(cls, value: str | None) -> str:
+        if value is None:
+            return DEFAULT_HEALTHCHECK_ENDPOINT
+        return _check_url(value, "health-check server")
+
+    @field_validator("user_quota", mode="after")
+    @classmethod
+    def _clamp_quota(cls, value: int) -> int:
+        return max(value, 0)
+
+    @field_validator("offload_engine", mode="before")
+    @classmethod
+    def _offload(cls, value: Any) -> Any:
+        if value == "":
+            return "None"
+        return _enum(value, _OFFLOAD_ENGINES, "unknown offload mode", fold="lower")
+
+    @field_validator("offload_interfaces", mode="after")
+    @classmethod
+    def _sort_interfaces(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(sorted(value))
+
+
+class AuthConfig(_Model):
+    """TURN authentication: ``static`` user/password, ``ephemeral`` TURN REST secret, or none.
+
+    `credentials` is a plain dict for upstream compatibility; treat it as read-only.
+    """
+
+    type: AuthType = "static"
+    realm: StrictStr = DEFAULT_REALM
+    credentials: dict[StrictStr, StrictStr] = Field(default_factory=dict, validate_default=True)
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _auth_type(cls, value: Any) -> Any:
+        if value == "":
+            return "static"
+        return _enum(value, _AUTH_TYPES, "unknown authentication type", fold="none")
+
+    @field_validator("realm", mode="after")
+    @classmethod
+    def _default_realm(cls, value: str) -> str:
+        return value or DEFAULT_REALM
+
+    @field_validator("credentials", mode="after")
+    @classmethod
+    def _check_credentials(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        auth_type = info.data.get("type")
+        if auth_type == "static" and ("username" not in value or "password" not in value):
+            raise _RuleError("static: empty username or password")
+        if auth_type == "ephemeral" and "secret" not in value:
+            raise _RuleError("no secret found in ephemeral auth config")
+        return dict(sorted(value.items()))
+
+    def __hash__(self) -> int:
+        return hash((self.type, self.realm, tuple(sorted(self.credentials.items()))))
+
+
+class ListenerConfig(_Model):
+    """One TURN listener. `address` is the relay IP advertised to clients (often "$STUNNER_ADDR"
+    before env substitution), so any string is kept; stunnerd checks it is an IP."""
+
+    name: StrictStr
+    protocol: ListenerProtocol = "TURN-UDP"
+    address: StrictStr = "0.0.0.0"
+    port: GoInt = DEFAULT_PORT
+    public_address: StrictStr = ""
+    public_port: GoInt = 0
+    cert: StrictStr = Field(default="", validate_default=True)
+    key: StrictStr = Field(default="", validate_default=True)
+    routes: tuple[StrictStr, ...] = ()
+
+    @field_validator("name", mode="after")
+    @classmethod
+    def _name_required(cls, value: str) -> str:
+        if not value:
+            raise _RuleError("missing name in listener configuration")
+        return value
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _protocol(cls, value: Any) -> Any:
+        if value == "":
+            return "TURN-UDP"
+        return _enum(value, _LISTENER_PROTOCOLS, "unknown listener protocol")
+
+    @field_validator("address", mode="after")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value == "":
+            return "0.0.0.0"
+        if value.lower() == "localhost":
+            return "127.0.0.1"
+        return value
+
+    @field_validator("port", mode="after")
+    @classmethod
+    def _port(cls, value: int) -> int:
+        if value == 0:
+            return DEFAULT_PORT
+        if not 1 <= value <= MAX_PORT:
+            raise _RuleError(f"invalid port: {value}")
+        return value
+
+    @field_validator("public_port", mode="after")
+    @classmethod
+    def _public_port(cls, value: int) -> int:
+        if not 0 <= value <= MAX_PORT:
+            raise _RuleError(f"invalid public port: {value}")
+        return value
+
+    @field_validator("cert", "key", mode="after")
+    @classmethod
+    def _tls_material(cls, value: str, info: ValidationInfo) -> str:
+        protocol = info.data.get("protocol")
+        if protocol not in TLS_PROTOCOLS:
+            return value
+        what = info.field_name or "cert"
+        if not value.strip():
+            label = "cert" if what == "cert" else "key"
+            raise _RuleError(f"empty TLS {label} for {protocol} listener")
+        try:
+            decode_pem(value, what=what)
+        except ValueError as exc:
+            raise _RuleError(str(exc)) from None
+        return strip_base64(value)
+
+    @field_validator("routes", mode="after")
+    @classmethod
+    def _sort_routes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(sorted(value))
+
+
+class ClusterConfig(_Model):
+    """A set of peers: STATIC endpoints (prefix + port range) or STRICT_DNS names."""
+
+    name: StrictStr
+    type: ClusterType = "STATIC"
+    protocol: ClusterProtocol = "UDP"
+    endpoints: tuple[StrictStr, ...] = ()
+
+    @field_validator("name", mode="after")
+    @classmethod
+    def _name_required(cls, value: str) -> str:
+        if not value:
+            raise _RuleError("missing name in cluster configuration")
+        return value
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _type(cls, value: Any) -> Any:
+        if value == "":
+            return "STATIC"
+        return _enum(value, _CLUSTER_TYPES, "unknown cluster type")
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _protocol(cls, value: Any) -> Any:
+        if value == "":
+            return "UDP"
+        return _enum(value, _CLUSTER_PROTOCOLS, "unknown cluster protocol")
+
+    @field_validator("endpoints", mode="after")
+    @classmethod
+    def _endpoints(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        if info.data.get("type", "STATIC") != "STATIC":
+            return tuple(sorted(value))
+        canonical = []
+        for text in value:
+            try:
+                canonical.append(str(parse_endpoint(text)))
+            except ConfigValidationError as exc:
+                raise _RuleError(exc.message) from None
+        return tuple(sorted(canonical))
+
+
+def _unique_names(items: tuple[ListenerConfig, ...] | tuple[ClusterConfig, ...], kind: str) -> None:
+    seen: set[str] = set()
+    for item in items:
+        if item.name in seen:
+            raise _RuleError(f'duplicate {kind} name: "{item.name}"')
+        seen.add(item.name)
+
+
+class StunnerConfig(_Model):
+    """A whole stunnerd config, validated and in canonical form."""
+
+    version: StrictStr = API_VERSION
+    admin: AdminConfig = Field(default_factory=AdminConfig)
+    auth: AuthConfig
+    listeners: tuple[ListenerConfig, ...] = ()
+    clusters: tuple[ClusterConfig, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auth_present(cls, data: Any) -> Any:
+        # A missing auth section is an empty one, which fails with upstream's message (static
+        # auth without credentials) instead of a bare "field required".
+        if not isinstance(data, Mapping):
+            return data
+        for key, value in data.items():
+            if isinstance(key, str) and key.casefold() == "auth" and value is not None:
+                return data
+        return {**data, "auth": {}}
+
+    @field_validator("version", mode="after")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if value != API_VERSION:
+            raise _RuleError(f'unsupported API version: "{value}"')
+        return value
+
+    @field_validator("listeners", mode="after")
+    @classmethod
+    def _sort_listeners(cls, value: tuple[ListenerConfig, ...]) -> tuple[ListenerConfig, ...]:
+        _unique_names(value, "listener")
+        return tuple(sorted(value, key=lambda item: item.name))
+
+    @field_validator("clusters", mode="after")
+    @classmethod
+    def _sort_clusters(cls, value: tuple[ClusterConfig, ...]) -> tuple[ClusterConfig, ...]:
+        _unique_names(value, "cluster")
+        return tuple(sorted(value, key=lambda item: item.name))
+
+    def canonical_json(self) -> str:
+        """Byte-stable JSON: sorted keys, no spaces. Equal configs give equal strings."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def listener(self, name: str) -> ListenerConfig | None:
+        """The listener called `name`, if any."""
+        return next((item for item in self.listeners if item.name == name), None)
+
+    def cluster(self, name: str) -> ClusterConfig | None:
+        """The cluster called `name`, if any."""
+        return next((item for item in self.clusters if item.name == name), None)
