@@ -1,0 +1,225 @@
+"""The CDS wire formats: upstream v1 frames and bodies, and the ``stunner.cds.v2`` envelopes.
+
+The v1 formats are a contract with unmodified upstream stunnerd and stunnerctl, so this module
+reproduces Go's ``encoding/json`` output for a ``StunnerConfig``: struct fields in declaration
+order, ``omitempty`` fields dropped when empty, and the exact bytes of the "zero config" that
+signals a delete. The v2 envelopes are our own delta protocol; their pydantic models live here so
+that the CDS (writer) and every client (reader) share one definition.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+CDS_V2_SUBPROTOCOL = "stunner.cds.v2"
+"""WebSocket subprotocol a client offers to get delta envelopes instead of full v1 frames."""
+
+REV_HEADER = "x-stunner-rev"
+"""Handshake response header: the server's revision when the watch started."""
+
+RESYNC_HEADER = "x-stunner-resync"
+"""Handshake response header: ``delta`` when ``since`` was honoured, else ``full``."""
+
+ZERO_CONFIG_REALM = "stunner.l7mp.io"
+ZERO_CONFIG_USERNAME = "dummy-username"
+ZERO_CONFIG_PASSWORD = "dummy-password"
+
+# Go struct field order (pkg/apis/v1) and which fields are sent even when empty.
+_TOP_ORDER = ("version", "admin", "auth", "listeners", "clusters")
+_ADMIN_ORDER = (
+    "name",
+    "loglevel",
+    "metrics_endpoint",
+    "healthcheck_endpoint",
+    "user_quota",
+    "offload_engine",
+    "offload_interfaces",
+    "license_config",
+)
+_AUTH_ORDER = ("type", "realm", "credentials")
+_LISTENER_ORDER = (
+    "name",
+    "protocol",
+    "public_address",
+    "public_port",
+    "address",
+    "port",
+    "cert",
+    "key",
+    "routes",
+)
+_CLUSTER_ORDER = ("name", "type", "protocol", "endpoints")
+_LICENSE_ORDER = ("key", "hmac")
+
+_DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == "" or value == 0 or value == [] or value == {}
+
+
+def _ordered(
+    obj: Mapping[str, Any],
+    order: tuple[str, ...],
+    *,
+    always: frozenset[str] = frozenset(),
+    keep_empty_string: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in (*order, *sorted(k for k in obj if k not in order)):
+        if key not in obj:
+            continue
+        value = obj[key]
+        keep_empty = key in always or (key in keep_empty_string and value == "")
+        if keep_empty or not _empty(value):
+            out[key] = value
+    return out
+
+
+def go_ordered(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``config`` as Go would marshal it: field order and ``omitempty`` applied."""
+    top: dict[str, Any] = dict(config)
+    admin = top.get("admin")
+    if isinstance(admin, Mapping):
+        admin_out = dict(admin)
+        lic = admin_out.get("license_config")
+        if isinstance(lic, Mapping):
+            admin_out["license_config"] = _ordered(lic, _LICENSE_ORDER)
+        # healthcheck_endpoint is a *string in Go: absent when nil, sent (even "") otherwise.
+        top["admin"] = _ordered(
+            admin_out, _ADMIN_ORDER, keep_empty_string=frozenset({"healthcheck_endpoint"})
+        )
+    else:
+        top["admin"] = {}
+    auth = top.get("auth")
+    auth_map: dict[str, Any] = dict(auth) if isinstance(auth, Mapping) else {}
+    creds = auth_map.get("credentials")
+    if isinstance(creds, Mapping):
+        auth_map["credentials"] = dict(sorted(creds.items()))  # Go sorts map keys
+    # credentials has no omitempty: a nil map is sent as null.
+    top["auth"] = _ordered(
+        {"credentials": None, **auth_map}, _AUTH_ORDER, always=frozenset({"credentials"})
+    )
+    listeners = top.get("listeners")
+    if isinstance(listeners, list):
+        top["listeners"] = [
+            _ordered(item, _LISTENER_ORDER) if isinstance(item, Mapping) else item
+            for item in listeners
+        ]
+    clusters = top.get("clusters")
+    if isinstance(clusters, list):
+        top["clusters"] = [
+            _ordered(item, _CLUSTER_ORDER, always=frozenset({"name"}))
+            if isinstance(item, Mapping)
+            else item
+            for item in clusters
+        ]
+    return _ordered(top, _TOP_ORDER, always=frozenset({"admin", "auth"}))
+
+
+def encode_v1_config(config: Mapping[str, Any]) -> str:
+    """One upstream v1 frame: Go's ``json.Marshal`` of the config, no trailing newline."""
+    return _DUMPS(go_ordered(config))
+
+
+def zero_config_dict(config_id: str) -> dict[str, Any]:
+    """Upstream's unvalidated ``ZeroConfig(id)``: the config a CDS sends when ``id`` is deleted."""
+    return {
+        "version": "v1",
+        "admin": {"name": config_id},
+        "auth": {
+            "type": "static",
+            "realm": ZERO_CONFIG_REALM,
+            "credentials": {
+                "password": ZERO_CONFIG_PASSWORD,
+                "username": ZERO_CONFIG_USERNAME,
+            },
+        },
+    }
+
+
+def encode_v1_delete(config_id: str) -> str:
+    """The exact v1 delete frame for ``config_id`` (the zero config, byte-for-byte upstream)."""
+    return encode_v1_config(zero_config_dict(config_id))
+
+
+def encode_config_list(configs: list[Mapping[str, Any]]) -> str:
+    """A ``ConfigList`` body as upstream's ``json.Encoder`` writes it (trailing newline)."""
+    items = ",".join(encode_v1_config(c) for c in configs)
+    return '{"version":"v1","items":[' + items + "]}\n"
+
+
+def encode_error(code: int, message: str) -> str:
+    return _DUMPS({"code": code, "message": message}) + "\n"
+
+
+def encode_snapshot(config_id: str, rev: int, config: Mapping[str, Any]) -> str:
+    return _DUMPS({"type": "snapshot", "id": config_id, "rev": rev, "config": config})
+
+
+def encode_patch(config_id: str, rev: int, patch: list[dict[str, Any]]) -> str:
+    return _DUMPS({"type": "patch", "id": config_id, "rev": rev, "patch": patch})
+
+
+def encode_delete(config_id: str, rev: int) -> str:
+    return _DUMPS({"type": "delete", "id": config_id, "rev": rev})
+
+
+# --- pydantic models: OpenAPI documentation and client-side parsing -----------------------------
+
+
+class ErrorBody(BaseModel):
+    """Every error the CDS answers with (upstream's ``Error`` schema)."""
+
+    code: int = Field(description="The HTTP status code, repeated.")
+    message: str = Field(description="What went wrong, naming the offending value.")
+
+
+class ConfigListBody(BaseModel):
+    """Upstream's ``ConfigList``: every matching config (``items`` is never null)."""
+
+    version: Literal["v1"] = "v1"
+    items: list[dict[str, Any]]
+
+
+class SnapshotEnvelope(BaseModel):
+    """The full config of ``id`` at revision ``rev``; replaces whatever the client held."""
+
+    model_config = ConfigDict(frozen=True)
+    type: Literal["snapshot"]
+    id: str
+    rev: int
+    config: dict[str, Any]
+
+
+class PatchEnvelope(BaseModel):
+    """An RFC 6902 JSON Patch from the client's previous config of ``id`` to revision ``rev``."""
+
+    model_config = ConfigDict(frozen=True)
+    type: Literal["patch"]
+    id: str
+    rev: int
+    patch: list[dict[str, Any]]
+
+
+class DeleteEnvelope(BaseModel):
+    """``id`` was deleted at revision ``rev``."""
+
+    model_config = ConfigDict(frozen=True)
+    type: Literal["delete"]
+    id: str
+    rev: int
+
+
+Envelope = Annotated[SnapshotEnvelope | PatchEnvelope | DeleteEnvelope, Field(discriminator="type")]
+
+_ENVELOPE: TypeAdapter[SnapshotEnvelope | PatchEnvelope | DeleteEnvelope] = TypeAdapter(Envelope)
+
+
+def parse_envelope(text: str | bytes) -> SnapshotEnvelope | PatchEnvelope | DeleteEnvelope:
+    """Parse one v2 frame; raises ``pydantic.ValidationError`` on anything malformed."""
+    return _ENVELOPE.validate_json(text)
