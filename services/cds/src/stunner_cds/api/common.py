@@ -1,0 +1,94 @@
+"""What every route shares: the service context, JSON errors, the token check, Go booleans."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from starlette.requests import HTTPConnection
+from starlette.responses import Response
+
+from stunner_cds.metrics import CdsMetrics
+from stunner_cds.settings import CdsSettings
+from stunner_cds.store.feed import RedisFeed
+from stunner_cds.store.hub import Hub
+from stunner_common.cds import encode_error
+
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+@dataclass(frozen=True, slots=True)
+class CdsContext:
+    settings: CdsSettings
+    hub: Hub
+    feed: RedisFeed
+    metrics: CdsMetrics
+
+
+class ApiError(Exception):
+    """An error answered as ``{"code": N, "message": ...}`` with HTTP status N."""
+
+    def __init__(self, code: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.headers = headers
+
+
+def error_response(code: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        encode_error(code, message),
+        status_code=code,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+def parse_go_bool(name: str, value: str | None) -> bool:
+    """Go's ``strconv.ParseBool``, as upstream parses ``watch``; absent means false."""
+    if value is None:
+        return False
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ApiError(
+        400, f"Invalid format for parameter {name}: {value!r} is not a boolean (use true or false)"
+    )
+
+
+def context_of(conn: HTTPConnection) -> CdsContext:
+    ctx: CdsContext = conn.app.state.cds
+    return ctx
+
+
+def check_token(conn: HTTPConnection) -> None:
+    """Raise a 401 ``ApiError`` unless the bearer token matches (when one is configured)."""
+    token = context_of(conn).settings.token
+    if token is None:
+        return
+    header = conn.headers.get("authorization", "")
+    scheme, _, offered = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        offered.strip().encode(), token.get_secret_value().encode()
+    ):
+        raise ApiError(
+            401,
+            "missing or invalid bearer token" if header else "a bearer token is required",
+            {"WWW-Authenticate": 'Bearer realm="stunner-cds"'},
+        )
+
+
+def _context(request: Request) -> CdsContext:
+    return context_of(request)
+
+
+def _authorized(request: Request) -> None:
+    check_token(request)
+
+
+Context = Annotated[CdsContext, Depends(_context)]
+Authorized = Depends(_authorized)

@@ -1,0 +1,160 @@
+"""WebSocket watches on the config paths: upstream v1 frames, or ``stunner.cds.v2`` envelopes.
+
+Everything that can be refused is refused before the upgrade and before subscribing (upstream
+leaks a subscription when the upgrade fails): bad token 401, foreign Origin 403, ``watch`` not
+true or bad ``since`` 400, not yet synchronised 503 — each as a JSON body. Once accepted, a writer
+task drains the watcher's queue with a send timeout and a reader task discards what the client
+sends, noticing the close; keepalive pings (every ``ping_interval_s``, dropping a client silent
+for ``ping_interval_s + ping_timeout_s``) are uvicorn's. A watcher the hub dropped as too slow is
+closed with code 1013 and the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from stunner_cds.api.common import ApiError, CdsContext, check_token, context_of, parse_go_bool
+from stunner_cds.store.hub import Mode, Topic, Watcher
+from stunner_common.cds import CDS_V2_SUBPROTOCOL, RESYNC_HEADER, REV_HEADER, encode_error
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/api/v1")
+
+CLOSE_TRY_AGAIN_LATER = 1013
+CLOSE_GOING_AWAY = 1001
+
+
+def _check_origin(ws: WebSocket) -> None:
+    """Like gorilla's default: an Origin header, when present, must name the Host we serve."""
+    origin = ws.headers.get("origin")
+    if not origin:
+        return
+    origin_host = urlsplit(origin).netloc.lower()
+    host = ws.headers.get("host", "").lower()
+    if origin_host != host:
+        raise ApiError(403, f"origin {origin!r} does not match host {host!r}")
+
+
+def _since(ws: WebSocket, mode: Mode) -> int | None:
+    raw = ws.query_params.get("since")
+    if raw is None or mode is Mode.V1:
+        return None
+    try:
+        since = int(raw)
+    except ValueError:
+        since = -1
+    if since < 0:
+        raise ApiError(400, f"Invalid format for parameter since: {raw!r} is not a revision")
+    return since
+
+
+async def _deny(ws: WebSocket, error: ApiError) -> None:
+    from starlette.responses import Response
+
+    await ws.send_denial_response(
+        Response(
+            encode_error(error.code, error.message),
+            status_code=error.code,
+            media_type="application/json",
+            headers=error.headers,
+        )
+    )
+
+
+async def _serve(ws: WebSocket, topic: Topic) -> None:
+    ctx = context_of(ws)
+    try:
+        check_token(ws)
+        _check_origin(ws)
+        if not parse_go_bool("watch", ws.query_params.get("watch")):
+            raise ApiError(400, "a WebSocket on this path needs watch=true")
+        mode = Mode.V2 if CDS_V2_SUBPROTOCOL in ws.scope.get("subprotocols", ()) else Mode.V1
+        since = _since(ws, mode)
+        if not ctx.hub.mirror.loaded:
+            raise ApiError(503, "not yet synchronised with the config store")
+    except ApiError as error:
+        await _deny(ws, error)
+        return
+    node = ws.query_params.get("node") or None
+    watcher, delta = ctx.hub.subscribe(topic, mode, since=since, node=node)
+    ctx.metrics.watchers.labels(mode.value).inc()
+    try:
+        headers = [(REV_HEADER.encode(), str(ctx.hub.mirror.rev).encode())]
+        if mode is Mode.V2:
+            headers.append((RESYNC_HEADER.encode(), b"delta" if delta else b"full"))
+        await ws.accept(
+            subprotocol=CDS_V2_SUBPROTOCOL if mode is Mode.V2 else None, headers=headers
+        )
+        await _pump(ws, ctx, watcher)
+    except (WebSocketDisconnect, OSError, RuntimeError) as exc:
+        log.debug("watcher of %s went away: %r", topic, exc)
+    finally:
+        ctx.hub.unsubscribe(watcher)
+        ctx.metrics.watchers.labels(mode.value).dec()
+
+
+async def _pump(ws: WebSocket, ctx: CdsContext, watcher: Watcher) -> None:
+    """Run the writer and the reader until either ends, then stop the other."""
+    async with asyncio.TaskGroup() as tasks:
+        writer = tasks.create_task(_write(ws, ctx, watcher), name=f"cds-write {watcher.topic}")
+        reader = tasks.create_task(_read(ws), name=f"cds-read {watcher.topic}")
+        await asyncio.wait((writer, reader), return_when=asyncio.FIRST_COMPLETED)
+        writer.cancel()
+        reader.cancel()
+
+
+async def _read(ws: WebSocket) -> None:
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        while True:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+
+
+async def _write(ws: WebSocket, ctx: CdsContext, watcher: Watcher) -> None:
+    frames_sent = ctx.metrics.frames_sent.labels(watcher.mode.value)
+    timeout_s = ctx.settings.send_timeout_s
+    try:
+        while True:
+            batch = await watcher.next_batch()
+            if watcher.closed_reason is not None:
+                reason = watcher.closed_reason
+                code = CLOSE_GOING_AWAY if reason.startswith("server") else CLOSE_TRY_AGAIN_LATER
+                if code == CLOSE_TRY_AGAIN_LATER:
+                    ctx.metrics.watchers_dropped.labels("slow").inc()
+                async with asyncio.timeout(timeout_s):
+                    await ws.close(code=code, reason=reason[:120])
+                return
+            for frame in batch:
+                async with asyncio.timeout(timeout_s):
+                    await ws.send_text(frame)
+                frames_sent.inc()
+    except TimeoutError:
+        ctx.metrics.watchers_dropped.labels("send_timeout").inc()
+        log.warning(
+            "dropping a %s watcher of %s: send timed out", watcher.mode.value, watcher.topic
+        )
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        return
+
+
+@router.websocket("/configs")
+async def watch_all(websocket: WebSocket) -> None:
+    await _serve(websocket, Topic())
+
+
+@router.websocket("/configs/{namespace}")
+async def watch_namespace(websocket: WebSocket, namespace: str) -> None:
+    await _serve(websocket, Topic(namespace))
+
+
+@router.websocket("/configs/{namespace}/{name}")
+async def watch_config(websocket: WebSocket, namespace: str, name: str) -> None:
+    await _serve(websocket, Topic(namespace, name))

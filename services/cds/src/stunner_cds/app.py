@@ -1,0 +1,105 @@
+"""The CDS application factory: settings in, a FastAPI app out, nothing built at import time.
+
+The lifespan owns the Redis client and the feed task that keeps the mirror in sync; shutdown
+closes every watcher with a reason, cancels the feed and closes Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from stunner_cds import __version__
+from stunner_cds.api import configs, health, watch
+from stunner_cds.api.common import ApiError, CdsContext, error_response
+from stunner_cds.metrics import CdsMetrics
+from stunner_cds.settings import CdsSettings
+from stunner_cds.store.feed import RedisFeed, event_lag_s, redis_client
+from stunner_cds.store.hub import Hub
+from stunner_common.store import StoreEvent
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """
+The STUNner config discovery service: serves the stunnerd configs the operator renders into
+Redis, as plain JSON and as WebSocket watches (`?watch=true`) on the same paths. Without a
+subprotocol a watch speaks upstream STUNner's v1 format (one text frame per full config, the zero
+config on delete); with the subprotocol `stunner.cds.v2` it sends JSON envelopes with RFC 6902
+patches and accepts `since=REV` to resume. Errors are `{"code": N, "message": "..."}`.
+"""
+
+
+def create_app(settings: CdsSettings) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        metrics = CdsMetrics()
+
+        def observed(event: StoreEvent) -> None:
+            metrics.event_lag.observe(event_lag_s(event))
+
+        hub = Hub(max_queue=settings.queue_size)
+        redis = redis_client(
+            settings.redis_url, timeout_s=settings.redis_timeout_s, block_ms=settings.redis_block_ms
+        )
+        feed = RedisFeed(
+            redis,
+            hub,
+            block_ms=settings.redis_block_ms,
+            timeout_s=settings.redis_timeout_s,
+            min_backoff_s=settings.reconnect_min_s,
+            max_backoff_s=settings.reconnect_max_s,
+            on_event=observed,
+            on_reload=metrics.reloads.inc,
+        )
+        app.state.cds = CdsContext(settings, hub, feed, metrics)
+        feed_task = asyncio.create_task(feed.run(), name="cds-redis-feed")
+        feed_task.add_done_callback(_log_unexpected_exit)
+        try:
+            yield
+        finally:
+            hub.close_all("server shutting down")
+            feed_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feed_task
+            await redis.aclose()
+
+    app = FastAPI(
+        title="STUNner config discovery service",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.include_router(configs.router)
+    app.include_router(watch.router)
+    app.include_router(health.router)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> Response:
+        return error_response(exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        headers = dict(exc.headers) if exc.headers else None
+        return error_response(exc.status_code, str(exc.detail), headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+            for e in exc.errors()
+        )
+        return error_response(400, f"invalid request: {problems}")
+
+    return app
+
+
+def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the Redis feed stopped: %r", task.exception())

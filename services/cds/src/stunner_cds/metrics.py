@@ -1,0 +1,43 @@
+"""Prometheus metrics of one CDS process, in a registry of its own (one per app instance)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class CdsMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.watchers = Gauge(
+            "stunner_cds_watchers", "Open watch connections.", ["mode"], registry=self.registry
+        )
+        self.frames_sent = Counter(
+            "stunner_cds_frames_sent", "WebSocket frames sent.", ["mode"], registry=self.registry
+        )
+        self.watchers_dropped = Counter(
+            "stunner_cds_watchers_dropped",
+            "Watchers closed by the server.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.event_lag = Histogram(
+            "stunner_cds_event_lag_seconds",
+            "Time from the Redis write of a change to the CDS applying it.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=self.registry,
+        )
+        self.queue_depth = Gauge(
+            "stunner_cds_watcher_queue_depth_max",
+            "Frames waiting in the fullest watcher queue.",
+            registry=self.registry,
+        )
+        self.revision = Gauge(
+            "stunner_cds_revision", "Store revision the CDS holds.", registry=self.registry
+        )
+        self.redis_up = Gauge(
+            "stunner_cds_redis_up", "1 when Redis is reachable and in sync.", registry=self.registry
+        )
+        self.reloads = Counter(
+            "stunner_cds_snapshot_reloads", "Snapshot loads from Redis.", registry=self.registry
+        )
+        self.configs = Gauge("stunner_cds_configs", "Configs held.", registry=self.registry)

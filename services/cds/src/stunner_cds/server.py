@@ -1,0 +1,59 @@
+"""Running the app under uvicorn with the CDS's keepalive, TLS and shutdown settings."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from stunner_cds.app import create_app
+from stunner_cds.settings import CdsSettings
+
+
+class _DenialLogFilter(logging.Filter):
+    """Drop uvicorn's error line after a WebSocket denial response.
+
+    uvicorn's websockets-sansio protocol sends the denial correctly but then reports the ASGI
+    app as having "returned without completing handshake"; every refused watch would log it.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "returned without completing handshake" not in record.getMessage()
+
+
+_DENIAL_FILTER = _DenialLogFilter()
+
+
+def build_server(
+    settings: CdsSettings, *, log_config: dict[str, object] | None = None
+) -> uvicorn.Server:
+    """A uvicorn server for the CDS; ``port=0`` picks a free port (read it after startup)."""
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        ws="websockets-sansio",
+        ws_ping_interval=settings.ping_interval_s,
+        ws_ping_timeout=settings.ping_timeout_s,
+        ws_max_size=64 * 1024,
+        ws_per_message_deflate=False,
+        ssl_certfile=settings.tls_cert_file,
+        ssl_keyfile=settings.tls_key_file,
+        timeout_graceful_shutdown=int(max(1, settings.shutdown_timeout_s)),
+        lifespan="on",
+        log_config=log_config,
+        access_log=False,
+        backlog=4096,
+    )
+    error_log = logging.getLogger("uvicorn.error")
+    if _DENIAL_FILTER not in error_log.filters:
+        error_log.addFilter(_DENIAL_FILTER)
+    return uvicorn.Server(config)
+
+
+def bound_port(server: uvicorn.Server) -> int:
+    """The port a started server listens on."""
+    for srv in server.servers:
+        for sock in srv.sockets:
+            return int(sock.getsockname()[1])
+    raise RuntimeError("server is not listening")

@@ -1,0 +1,44 @@
+"""Settings of the config discovery service, built once in ``__main__`` and passed down.
+
+Environment: ``CDS_*`` (``CDS_HOST``, ``CDS_PORT``, ``CDS_TOKEN``, ...) and ``REDIS_URL``. Every
+timeout carries its unit in its name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_PORT = 13478
+
+
+class CdsSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CDS_", frozen=True, populate_by_name=True)
+
+    host: str = "0.0.0.0"
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("redis_url", "REDIS_URL", "CDS_REDIS_URL"),
+    )
+    token: SecretStr | None = Field(None, description="Bearer token required on the API.")
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    ping_interval_s: float = Field(5.0, gt=0)
+    ping_timeout_s: float = Field(10.0, gt=0)
+    queue_size: int = Field(256, ge=1)
+    send_timeout_s: float = Field(10.0, gt=0)
+    redis_block_ms: int = Field(1000, ge=1)
+    redis_timeout_s: float = Field(5.0, gt=0)
+    reconnect_min_s: float = Field(0.05, gt=0)
+    reconnect_max_s: float = Field(2.0, gt=0)
+    shutdown_timeout_s: float = Field(5.0, gt=0)
+    log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> CdsSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file must be given together")
+        return self

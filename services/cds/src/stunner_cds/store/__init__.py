@@ -1,0 +1,1 @@
+"""The CDS's view of the config store: mirror (pure), hub (fan-out) and Redis feed."""

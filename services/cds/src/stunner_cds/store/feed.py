@@ -1,0 +1,140 @@
+"""Keeps the hub's mirror in step with Redis: snapshot first, then the change stream.
+
+The feed loads a consistent snapshot, tails ``stunner:events`` from the last stream id it holds,
+and on any Redis error reconnects with backoff and jitter. On reconnect it checks that the stream
+still continues at ``rev + 1`` after that id; when it does not (trimmed past us, or Redis came back
+with less than we had) it reloads the snapshot and publishes only what differs, so watchers see
+every change exactly once. ``ready`` is what ``/readyz`` reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from stunner_cds.store.hub import Hub
+from stunner_cds.store.mirror import Change, StreamGapError
+from stunner_common.store import ConfigReader, StoreEvent, stream_id_ms
+
+log = logging.getLogger(__name__)
+
+
+def redis_client(url: str, *, timeout_s: float, block_ms: int) -> aioredis.Redis:
+    """A client whose socket timeout outlasts a blocking XREAD, and which never retries itself."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s + block_ms / 1000,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+class RedisFeed:
+    """Owns the Redis connection of one CDS process and feeds every change into the hub."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        hub: Hub,
+        *,
+        block_ms: int = 1000,
+        timeout_s: float = 5.0,
+        min_backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
+        on_event: Callable[[StoreEvent], None] | None = None,
+        on_reload: Callable[[], None] | None = None,
+    ) -> None:
+        self._reader = ConfigReader(redis)
+        self.hub = hub
+        self._block_ms = block_ms
+        self._timeout_s = timeout_s
+        self._min_backoff_s = min_backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._on_event = on_event
+        self._on_reload = on_reload
+        self.ready = False
+        self.synced = asyncio.Event()
+
+    async def run(self) -> None:
+        """Run until cancelled; never raises for Redis trouble."""
+        backoff_s = self._min_backoff_s
+        while True:
+            try:
+                await self._resync()
+                self.ready = True
+                self.synced.set()
+                backoff_s = self._min_backoff_s
+                await self._tail()
+            except (RedisError, OSError, TimeoutError) as exc:
+                if self.ready:
+                    log.warning("lost Redis (%s); serving the last configs while reconnecting", exc)
+                else:
+                    log.info("Redis not reachable (%s); retrying in %.2f s", exc, backoff_s)
+                self.ready = False
+                await asyncio.sleep(backoff_s * (0.5 + random.random()))
+                backoff_s = min(self._max_backoff_s, backoff_s * 2)
+
+    async def _resync(self) -> None:
+        mirror = self.hub.mirror
+        if not mirror.loaded:
+            await self._reload("initial load")
+            return
+        async with asyncio.timeout(self._timeout_s):
+            current = await self._reader.current_rev()
+            if current == mirror.rev:
+                return
+            if current > mirror.rev:
+                following = await self._reader.events_after(mirror.last_event_id)
+                if following and following[0][1] == mirror.rev + 1:
+                    return
+        await self._reload(f"store at revision {current}, mirror at {mirror.rev}")
+
+    async def _reload(self, why: str) -> None:
+        async with asyncio.timeout(self._timeout_s):
+            snapshot = await self._reader.load_snapshot()
+        changes = self.hub.mirror.load(snapshot)
+        log.info(
+            "loaded %d configs at revision %d (%s); %d changed",
+            len(snapshot.configs),
+            snapshot.rev,
+            why,
+            len(changes),
+        )
+        if self._on_reload:
+            self._on_reload()
+        self.hub.publish(changes)
+
+    async def _tail(self) -> None:
+        mirror = self.hub.mirror
+        while True:
+            async with asyncio.timeout(self._timeout_s + self._block_ms / 1000):
+                events = await self._reader.read_events(
+                    mirror.last_event_id, block_ms=self._block_ms
+                )
+            changes: list[Change] = []
+            try:
+                for event in events:
+                    change = mirror.apply(event)
+                    if self._on_event:
+                        self._on_event(event)
+                    if change is not None:
+                        changes.append(change)
+            except StreamGapError as exc:
+                self.hub.publish(changes)
+                await self._reload(str(exc))
+                continue
+            self.hub.publish(changes)
+
+
+def event_lag_s(event: StoreEvent) -> float:
+    """Seconds from the Redis write (its stream id timestamp) to now."""
+    return max(0.0, time.time() - stream_id_ms(event.event_id) / 1000)

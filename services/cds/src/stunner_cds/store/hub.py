@@ -1,0 +1,275 @@
+"""Fan-out from the config mirror to every watcher, without ever waiting on one.
+
+Each watcher has a topic (all configs, one namespace, or one id), a wire mode (upstream v1 full
+frames or ``stunner.cds.v2`` envelopes) and a bounded queue. A change is encoded at most once per
+mode and the same string is queued for every matching watcher; a watcher whose queue is full is
+unsubscribed on the spot and told why, so one slow reader never delays the rest (upstream blocks
+every writer on a full 256-slot channel). Subscribing takes the snapshot and registers the watcher
+in one synchronous step on the event loop, so no change falls between the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import jsonpatch
+
+from stunner_cds.store.mirror import Change, ConfigMirror, Entry
+from stunner_common.cds import (
+    encode_delete,
+    encode_patch,
+    encode_snapshot,
+    encode_v1_config,
+    encode_v1_delete,
+)
+
+log = logging.getLogger(__name__)
+
+NODE_ADDRESS_PLACEHOLDER = '"__node_address_placeholder"'
+NODE_ADDRESS_FROM_ENV = '"$STUNNER_ADDR"'
+
+
+class Mode(enum.Enum):
+    V1 = "v1"
+    V2 = "v2"
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    """All configs (both None), one namespace (``name`` None), or one config."""
+
+    namespace: str | None = None
+    name: str | None = None
+
+    def matches(self, config_id: str) -> bool:
+        if self.namespace is None:
+            return True
+        namespace, _, name = config_id.partition("/")
+        return namespace == self.namespace and (self.name is None or name == self.name)
+
+    def __str__(self) -> str:
+        if self.namespace is None:
+            return "all"
+        return f"{self.namespace}/{self.name if self.name is not None else '*'}"
+
+
+def patch_for_node(frame: str, node: str | None) -> str:
+    """Upstream's node patcher without node data: the placeholder becomes ``$STUNNER_ADDR``."""
+    if node and NODE_ADDRESS_PLACEHOLDER in frame:
+        return frame.replace(NODE_ADDRESS_PLACEHOLDER, NODE_ADDRESS_FROM_ENV)
+    return frame
+
+
+class Watcher:
+    """One subscription: a bounded queue of encoded frames and the reason it was closed."""
+
+    def __init__(self, topic: Topic, mode: Mode, max_queue: int, node: str | None = None) -> None:
+        self.topic = topic
+        self.mode = mode
+        self.node = node if topic.name is not None else None
+        self.max_queue = max_queue
+        self.frames: deque[str] = deque()
+        self.closed_reason: str | None = None
+        self._wakeup = asyncio.Event()
+
+    def offer(self, frame: str) -> bool:
+        if self.closed_reason is not None:
+            return False
+        if len(self.frames) >= self.max_queue:
+            return False
+        self.frames.append(patch_for_node(frame, self.node) if self.node else frame)
+        self._wakeup.set()
+        return True
+
+    def close(self, reason: str) -> None:
+        if self.closed_reason is None:
+            self.closed_reason = reason
+        self._wakeup.set()
+
+    async def next_batch(self) -> list[str]:
+        """Wait for frames (or a close); return and clear the pending frames."""
+        while not self.frames and self.closed_reason is None:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        batch = list(self.frames)
+        self.frames.clear()
+        return batch
+
+
+class _Encoded:
+    """A change with its v1 frame and v2 envelope encoded lazily, once each."""
+
+    __slots__ = ("_v1", "_v2", "change")
+
+    def __init__(self, change: Change) -> None:
+        self.change = change
+        self._v1: str | None = None
+        self._v2: str | None = None
+
+    def frame(self, mode: Mode) -> str:
+        c = self.change
+        if mode is Mode.V1:
+            if self._v1 is None:
+                self._v1 = encode_v1_delete(c.id) if c.new is None else encode_v1_config(c.new)
+            return self._v1
+        if self._v2 is None:
+            if c.new is None:
+                self._v2 = encode_delete(c.id, c.rev)
+            elif c.old is None:
+                self._v2 = encode_snapshot(c.id, c.rev, c.new)
+            else:
+                ops: list[dict[str, Any]] = jsonpatch.make_patch(c.old, c.new).patch
+                self._v2 = encode_patch(c.id, c.rev, ops)
+                snapshot = encode_snapshot(c.id, c.rev, c.new)
+                if len(snapshot) <= len(self._v2):
+                    self._v2 = snapshot
+        return self._v2
+
+
+class Hub:
+    """The mirror plus its watchers. Every method is synchronous and never blocks."""
+
+    def __init__(
+        self,
+        mirror: ConfigMirror | None = None,
+        *,
+        max_queue: int = 256,
+        on_dropped: Callable[[Watcher], None] | None = None,
+        on_frames: Callable[[int], None] | None = None,
+    ) -> None:
+        self.mirror = mirror if mirror is not None else ConfigMirror()
+        self.max_queue = max_queue
+        self._all: set[Watcher] = set()
+        self._by_namespace: dict[str, set[Watcher]] = {}
+        self._by_id: dict[str, set[Watcher]] = {}
+        self._on_dropped = on_dropped
+        self._on_frames = on_frames
+
+    # --- subscriptions -------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        topic: Topic,
+        mode: Mode,
+        *,
+        since: int | None = None,
+        node: str | None = None,
+        max_queue: int | None = None,
+    ) -> tuple[Watcher, bool]:
+        """Register a watcher with its initial frames queued; also return True for a delta resync.
+
+        A v2 ``since`` is honoured when it is not ahead of the mirror (then only what changed
+        after it is queued); otherwise the watcher gets the full snapshot. The queue may exceed
+        ``max_queue`` with the initial frames, so that a large snapshot never drops a watcher.
+        """
+        watcher = Watcher(topic, mode, max_queue or self.max_queue, node)
+        mirror = self.mirror
+        delta = mode is Mode.V2 and since is not None and 0 <= since <= mirror.rev
+        if delta:
+            assert since is not None
+            changed, deleted = mirror.changed_since(since)
+            for config_id, rev in deleted:
+                if topic.matches(config_id):
+                    watcher.frames.append(encode_delete(config_id, rev))
+            for config_id, entry in changed:
+                if topic.matches(config_id):
+                    watcher.frames.append(encode_snapshot(config_id, entry.rev, entry.config))
+        else:
+            for config_id, entry in self.matching(topic):
+                frame = (
+                    encode_v1_config(entry.config)
+                    if mode is Mode.V1
+                    else encode_snapshot(config_id, entry.rev, entry.config)
+                )
+                watcher.frames.append(patch_for_node(frame, watcher.node))
+        if topic.namespace is None:
+            self._all.add(watcher)
+        elif topic.name is None:
+            self._by_namespace.setdefault(topic.namespace, set()).add(watcher)
+        else:
+            self._by_id.setdefault(f"{topic.namespace}/{topic.name}", set()).add(watcher)
+        if self._on_frames and watcher.frames:
+            self._on_frames(len(watcher.frames))
+        return watcher, delta
+
+    def unsubscribe(self, watcher: Watcher) -> None:
+        topic = watcher.topic
+        if topic.namespace is None:
+            self._all.discard(watcher)
+        elif topic.name is None:
+            group = self._by_namespace.get(topic.namespace)
+            if group is not None:
+                group.discard(watcher)
+                if not group:
+                    del self._by_namespace[topic.namespace]
+        else:
+            key = f"{topic.namespace}/{topic.name}"
+            group = self._by_id.get(key)
+            if group is not None:
+                group.discard(watcher)
+                if not group:
+                    del self._by_id[key]
+
+    def watchers(self) -> Iterable[Watcher]:
+        yield from self._all
+        for group in self._by_namespace.values():
+            yield from group
+        for group in self._by_id.values():
+            yield from group
+
+    def watcher_count(self) -> int:
+        return (
+            len(self._all)
+            + sum(len(g) for g in self._by_namespace.values())
+            + sum(len(g) for g in self._by_id.values())
+        )
+
+    def close_all(self, reason: str) -> None:
+        for watcher in list(self.watchers()):
+            watcher.close(reason)
+            self.unsubscribe(watcher)
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def matching(self, topic: Topic) -> list[tuple[str, Entry]]:
+        return sorted((i, e) for i, e in self.mirror.entries.items() if topic.matches(i))
+
+    # --- fan-out -------------------------------------------------------------------------------
+
+    def publish(self, changes: Iterable[Change]) -> int:
+        """Queue each change for every matching watcher; return the number of frames queued."""
+        queued = 0
+        for change in changes:
+            encoded = _Encoded(change)
+            namespace = change.id.partition("/")[0]
+            targets = [
+                *self._all,
+                *self._by_namespace.get(namespace, ()),
+                *self._by_id.get(change.id, ()),
+            ]
+            for watcher in targets:
+                if watcher.offer(encoded.frame(watcher.mode)):
+                    queued += 1
+                elif watcher.closed_reason is None:
+                    self._drop(watcher)
+        if self._on_frames and queued:
+            self._on_frames(queued)
+        return queued
+
+    def _drop(self, watcher: Watcher) -> None:
+        log.warning(
+            "dropping a slow %s watcher of %s: %d frames queued",
+            watcher.mode.value,
+            watcher.topic,
+            len(watcher.frames),
+        )
+        watcher.close(f"watcher too slow: more than {watcher.max_queue} frames queued")
+        self.unsubscribe(watcher)
+        if self._on_dropped:
+            self._on_dropped(watcher)
