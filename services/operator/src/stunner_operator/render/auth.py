@@ -1,0 +1,100 @@
+"""GatewayConfig → ``auth`` of the stunnerd config (reference §7).
+
+Credentials come either inline from the GatewayConfig or, when ``authRef`` is set, exclusively
+from that Secret (no fallback to the inline fields). Upstream's type aliases apply in both places:
+``static``/``plaintext`` and ``ephemeral``/``timewindowed``/``longterm``. Any problem is critical
+for the Gateway, and the message names the object and field to fix.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from stunner_common.config import AuthConfig, AuthType, ConfigError
+from stunner_common.crds import GatewayConfig, Secret
+from stunner_operator.render.store import View
+
+_ALIASES = {
+    "static": "static",
+    "plaintext": "static",
+    "ephemeral": "ephemeral",
+    "timewindowed": "ephemeral",
+    "longterm": "ephemeral",
+}
+
+
+class AuthError(Exception):
+    """A critical auth problem: ``reason`` is the condition reason, the text says what to fix."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _normalise(auth_type: str, where: str) -> str:
+    kind = _ALIASES.get(auth_type)
+    if kind is None:
+        raise AuthError(
+            "InvalidAuthType",
+            f"{where}: unknown auth type {auth_type!r} (use static or ephemeral)",
+        )
+    return kind
+
+
+def render_auth(view: View, gwconfig: GatewayConfig) -> AuthConfig:
+    spec = gwconfig.spec
+    gcid = f"{gwconfig.metadata.namespace}/{gwconfig.metadata.name}"
+    realm = spec.realm
+    credentials: dict[str, str]
+    if spec.auth_ref is not None:
+        ref = spec.auth_ref
+        if (ref.group or "") not in ("", "v1") or (ref.kind or "Secret") != "Secret":
+            raise AuthError(
+                "ExternalAuthCredentialsNotFound",
+                f"GatewayConfig {gcid}: authRef must point to a Secret, "
+                f"not group {ref.group!r} kind {ref.kind!r}",
+            )
+        ns = ref.namespace or gwconfig.metadata.namespace
+        secret = view.get(Secret, ns, ref.name)
+        if secret is None:
+            raise AuthError("ExternalAuthCredentialsNotFound", f"Secret {ns}/{ref.name} not found")
+        where = f"Secret {ns}/{ref.name}"
+        values = {k: v.decode("utf-8", errors="replace") for k, v in secret.values().items()}
+        kind = _normalise(values.get("type", "static"), where)
+        if kind == "static":
+            if not values.get("username") or not values.get("password"):
+                raise AuthError(
+                    "InvalidUsernamePassword",
+                    f"{where}: static auth needs the keys username and password",
+                )
+            credentials = {"username": values["username"], "password": values["password"]}
+        else:
+            secret_value = values.get("secret") or values.get("sharedSecret")
+            if not secret_value:
+                raise AuthError(
+                    "InvalidSharedSecret", f"{where}: ephemeral auth needs the key secret"
+                )
+            credentials = {"secret": secret_value}
+    else:
+        where = f"GatewayConfig {gcid}"
+        kind = _normalise(spec.auth_type, where)
+        if kind == "static":
+            if not spec.user_name or not spec.password:
+                raise AuthError(
+                    "InvalidUsernamePassword",
+                    f"{where}: static auth needs spec.userName and spec.password "
+                    "(or an authRef Secret)",
+                )
+            credentials = {"username": spec.user_name, "password": spec.password}
+        else:
+            if not spec.shared_secret:
+                raise AuthError(
+                    "InvalidSharedSecret",
+                    f"{where}: ephemeral auth needs spec.sharedSecret (or an authRef Secret)",
+                )
+            credentials = {"secret": spec.shared_secret}
+    try:
+        return AuthConfig(type=cast(AuthType, kind), realm=realm, credentials=credentials)
+    except (ConfigError, ValueError) as err:
+        raise AuthError("InvalidAuthConfig", f"{where}: invalid auth config: {err}") from None

@@ -1,0 +1,173 @@
+"""UDPRoute backends → one stunnerd cluster per route (reference §11.2).
+
+A cluster admits peers: the addresses of a route's backend Services (EndpointSlice addresses plus
+the ClusterIP) or the prefixes of its StaticServices, each optionally narrowed to a port range.
+Every backend that cannot be resolved is reported with what to fix, and the cluster keeps
+whatever did resolve; endpoints are validated, deduplicated and sorted so the output is stable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+from stunner_common.config import ClusterConfig, ClusterType, ConfigError, parse_endpoint
+from stunner_common.crds import (
+    STUNNER_GROUP,
+    BackendRef,
+    Service,
+    StaticService,
+    UDPRoute,
+)
+from stunner_operator.render.options import RenderOptions
+from stunner_operator.render.store import Route, View
+
+MAX_PORT = 65535
+
+
+@dataclass(frozen=True, slots=True)
+class BackendProblem:
+    reason: str  # "InvalidKind" | "BackendNotFound"
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRender:
+    cluster: ClusterConfig | None
+    problems: tuple[BackendProblem, ...]
+
+
+def route_id(route: Route) -> str:
+    return f"{route.metadata.namespace}/{route.metadata.name}"
+
+
+def _port_range(ref: BackendRef, route: Route) -> tuple[int, int]:
+    # Gateway API v1alpha2 routes require a port but STUNner ignores it there.
+    if not isinstance(route, UDPRoute) or ref.port is None:
+        return (1, MAX_PORT)
+    lo = ref.port
+    hi = ref.end_port if ref.end_port is not None and ref.end_port >= lo else lo
+    return (lo, hi)
+
+
+def _with_range(addr: str, lo: int, hi: int) -> str:
+    if (lo, hi) == (1, MAX_PORT):
+        return addr
+    return f"{addr}:<{lo}-{hi}>"
+
+
+def _service_endpoints(
+    view: View, ns: str, name: str, options: RenderOptions
+) -> tuple[list[str], list[BackendProblem]]:
+    problems: list[BackendProblem] = []
+    addrs: list[str] = []
+    for eps in view.slices_of(ns, name):
+        for ep in eps.endpoints:
+            # Not-ready and terminating endpoints stay admitted so that calls drain gracefully.
+            addrs.extend(ep.addresses)
+    svc = view.get(Service, ns, name)
+    if svc is None:
+        problems.append(BackendProblem("BackendNotFound", f"Service {ns}/{name} not found"))
+    elif options.relay_to_cluster_ip:
+        cip = svc.spec.cluster_ip
+        if cip in ("", "None"):
+            problems.append(
+                BackendProblem(
+                    "BackendNotFound", f"Service {ns}/{name} has no cluster IP (headless)"
+                )
+            )
+        else:
+            addrs.append(cip)
+    if svc is not None and not addrs:
+        problems.append(BackendProblem("BackendNotFound", f"Service {ns}/{name} has no endpoints"))
+    return addrs, problems
+
+
+def render_cluster(view: View, route: Route, options: RenderOptions) -> ClusterRender:
+    """The cluster for ``route`` and the problems found with its backends."""
+    rns = route.metadata.namespace
+    problems: list[BackendProblem] = []
+    endpoints: set[str] = set()
+    ctype: str | None = None
+    for rule in route.spec.rules:
+        for ref in rule.backend_refs:
+            group = ref.group or ""
+            kind = ref.kind or "Service"
+            ns = ref.namespace or rns
+            if group not in ("", STUNNER_GROUP):
+                problems.append(
+                    BackendProblem(
+                        "InvalidKind", f"backend {ref.name}: unsupported group {group!r}"
+                    )
+                )
+                continue
+            if kind not in ("Service", "StaticService"):
+                problems.append(
+                    BackendProblem("InvalidKind", f"backend {ref.name}: unsupported kind {kind!r}")
+                )
+                continue
+            lo, hi = _port_range(ref, route)
+            if kind == "StaticService":
+                if group != STUNNER_GROUP:
+                    problems.append(
+                        BackendProblem(
+                            "InvalidKind",
+                            f"backend {ref.name}: StaticService needs group {STUNNER_GROUP}",
+                        )
+                    )
+                    continue
+                btype = "STATIC"
+                ssvc = view.get(StaticService, ns, ref.name)
+                if ssvc is None:
+                    problems.append(
+                        BackendProblem(
+                            "BackendNotFound", f"StaticService {ns}/{ref.name} not found"
+                        )
+                    )
+                    continue
+                addrs = list(ssvc.spec.prefixes)
+                origin = f"StaticService {ns}/{ref.name}"
+            elif options.endpoint_discovery:
+                btype = "STATIC"
+                addrs, found = _service_endpoints(view, ns, ref.name, options)
+                problems.extend(found)
+                origin = f"Service {ns}/{ref.name}"
+            else:
+                btype = "STRICT_DNS"
+                if view.get(Service, ns, ref.name) is None:
+                    problems.append(
+                        BackendProblem("BackendNotFound", f"Service {ns}/{ref.name} not found")
+                    )
+                addrs = [f"{ref.name}.{ns}.svc.cluster.local"]
+                origin = f"Service {ns}/{ref.name}"
+            if ctype is not None and btype != ctype:
+                problems.append(
+                    BackendProblem(
+                        "BackendNotFound",
+                        f"{origin}: cannot mix {btype} and {ctype} backends in one route",
+                    )
+                )
+                continue
+            ctype = btype
+            for addr in addrs:
+                text = _with_range(addr, lo, hi) if btype == "STATIC" else addr
+                if btype == "STATIC":
+                    try:
+                        text = str(parse_endpoint(text))
+                    except ConfigError:
+                        problems.append(
+                            BackendProblem("BackendNotFound", f"{origin}: invalid address {addr!r}")
+                        )
+                        continue
+                endpoints.add(text)
+    try:
+        cluster = ClusterConfig(
+            name=route_id(route),
+            type=cast(ClusterType, ctype or "STATIC"),
+            protocol="UDP",
+            endpoints=tuple(sorted(endpoints)),
+        )
+    except (ConfigError, ValueError) as err:
+        problems.append(BackendProblem("BackendNotFound", f"invalid cluster: {err}"))
+        cluster = None
+    return ClusterRender(cluster, tuple(problems))

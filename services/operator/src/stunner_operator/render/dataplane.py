@@ -1,0 +1,293 @@
+"""The per-Gateway LoadBalancer Service and stunnerd Deployment, as plain Kubernetes manifests.
+
+The renderer only computes what these objects should look like (reference §10 and §13): the
+cluster controller applies them, merging with fields owned by others. Every
+``stunner.l7mp.io/*`` annotation of GATEWAY.md is interpreted here, read from the GatewayConfig's
+``loadBalancerServiceAnnotations`` overridden by the Gateway's own annotations.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from stunner_common.crds import Dataplane, Gateway, GatewayConfig, Listener, Service
+from stunner_operator.render.options import RenderOptions, cds_server_uri
+
+OWNED_BY_LABEL = "stunner.l7mp.io/owned-by"
+OWNED_BY_VALUE = "stunner"
+RELATED_GATEWAY_NAME = "stunner.l7mp.io/related-gateway-name"
+RELATED_GATEWAY_NAMESPACE = "stunner.l7mp.io/related-gateway-namespace"
+APP_LABEL = "app"
+APP_VALUE = "stunner"
+
+SERVICE_TYPE = "stunner.l7mp.io/service-type"
+MIXED_PROTOCOL = "stunner.l7mp.io/enable-mixed-protocol-lb"
+EXTERNAL_TRAFFIC_POLICY = "stunner.l7mp.io/external-traffic-policy"
+DISABLE_MANAGED_DATAPLANE = "stunner.l7mp.io/disable-managed-dataplane"
+NODEPORT = "stunner.l7mp.io/nodeport"
+TARGETPORT = "stunner.l7mp.io/targetport"
+DISABLE_HEALTH_CHECK_EXPOSE = "stunner.l7mp.io/disable-health-check-expose"
+DISABLE_SESSION_AFFINITY = "stunner.l7mp.io/disable-session-affinity"
+
+SERVICE_TYPES = ("ClusterIP", "NodePort", "ExternalName", "LoadBalancer")
+HEALTH_CHECK_PORT_NAME = "gateway-health-check"
+_HEALTH_PORT_RE = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*port$")
+_HEALTH_PROTO_RE = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*protocol$")
+
+CONTAINER_NAME = "stunner-daemon"
+HEALTH_PORT = 8086
+METRICS_PORT = 8080
+
+
+@dataclass(frozen=True, slots=True)
+class ExposedListener:
+    """A listener the Service may expose: its spec and its Service protocol (UDP or TCP)."""
+
+    listener: Listener
+    service_protocol: str
+
+
+def is_true(value: str | None) -> bool:
+    return value is not None and value.strip().lower() == "true"
+
+
+def merged_annotations(gw: Gateway, gwconfig: GatewayConfig) -> dict[str, str]:
+    """GatewayConfig LB annotations overridden by the Gateway's annotations."""
+    out = dict(gwconfig.spec.load_balancer_service_annotations)
+    out.update(gw.metadata.annotations)
+    return out
+
+
+def port_map(annotations: dict[str, str], key: str) -> dict[str, int]:
+    """The JSON ``{"listener": port}`` map of a nodeport/targetport annotation; junk is ignored."""
+    raw = annotations.get(key)
+    if raw is None:
+        return {}
+    data: Any = None
+    for text in (raw, "{" + raw + "}"):
+        try:
+            data = json.loads(text)
+            break
+        except json.JSONDecodeError:
+            continue
+    if not isinstance(data, dict):
+        return {}
+    out: dict[str, int] = {}
+    for name, port in data.items():
+        if isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535:
+            out[str(name)] = port
+    return out
+
+
+def service_type(annotations: dict[str, str]) -> str:
+    value = annotations.get(SERVICE_TYPE, "")
+    return value if value in SERVICE_TYPES else "LoadBalancer"
+
+
+def exposed_listeners(
+    candidates: list[ExposedListener], annotations: dict[str, str]
+) -> list[ExposedListener]:
+    """Without the mixed-protocol annotation only the first valid listener's protocol is exposed."""
+    if not candidates or is_true(annotations.get(MIXED_PROTOCOL)):
+        return list(candidates)
+    proto = candidates[0].service_protocol
+    return [c for c in candidates if c.service_protocol == proto]
+
+
+def _health_check_port(annotations: dict[str, str]) -> int | None:
+    if is_true(annotations.get(DISABLE_HEALTH_CHECK_EXPOSE)):
+        return None
+    port = next((v for k, v in sorted(annotations.items()) if _HEALTH_PORT_RE.match(k)), None)
+    proto = next((v for k, v in sorted(annotations.items()) if _HEALTH_PROTO_RE.match(k)), None)
+    if port is None or proto is None or proto.strip().upper() not in ("TCP", "HTTP"):
+        return None
+    try:
+        value = int(port)
+    except ValueError:
+        return None
+    return value if 1 <= value <= 65535 else None
+
+
+def owner_reference(gw: Gateway) -> dict[str, Any]:
+    ref: dict[str, Any] = {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "name": gw.metadata.name,
+    }
+    if gw.metadata.uid:
+        ref["uid"] = gw.metadata.uid
+    return ref
+
+
+def render_service(
+    gw: Gateway,
+    exposed: list[ExposedListener],
+    annotations: dict[str, str],
+    existing: Service | None,
+) -> dict[str, Any] | None:
+    """The desired LB Service of ``gw``, or None when no listener can be exposed."""
+    if not exposed:
+        return None
+    ns, name = gw.metadata.namespace, gw.metadata.name
+    svc_type = service_type(annotations)
+    nodeports = port_map(annotations, NODEPORT)
+    targetports = port_map(annotations, TARGETPORT)
+    old_ports = {p.name: p for p in existing.spec.ports} if existing is not None else {}
+    ports: list[dict[str, Any]] = []
+    for item in exposed:
+        ls = item.listener
+        port: dict[str, Any] = {"name": ls.name, "protocol": item.service_protocol, "port": ls.port}
+        old = old_ports.get(ls.name)
+        if ls.name in targetports:
+            port["targetPort"] = targetports[ls.name]
+        elif old is not None and old.target_port is not None:
+            port["targetPort"] = old.target_port
+        if ls.name in nodeports:
+            port["nodePort"] = nodeports[ls.name]
+        elif old is not None and old.node_port:
+            port["nodePort"] = old.node_port
+        ports.append(port)
+    if svc_type == "LoadBalancer" and (hc := _health_check_port(annotations)) is not None:
+        ports.append({"name": HEALTH_CHECK_PORT_NAME, "protocol": "TCP", "port": hc})
+    spec: dict[str, Any] = {
+        "type": svc_type,
+        "selector": {
+            APP_LABEL: APP_VALUE,
+            RELATED_GATEWAY_NAME: name,
+            RELATED_GATEWAY_NAMESPACE: ns,
+        },
+        "ports": ports,
+    }
+    if is_true(annotations.get(DISABLE_SESSION_AFFINITY)):
+        spec["sessionAffinity"] = "None"
+    else:
+        spec["sessionAffinity"] = "ClientIP"
+    if annotations.get(EXTERNAL_TRAFFIC_POLICY, "").strip().lower() == "local" and svc_type in (
+        "NodePort",
+        "LoadBalancer",
+    ):
+        spec["externalTrafficPolicy"] = "Local"
+    if gw.spec.addresses:
+        addr = gw.spec.addresses[0]
+        if (addr.type or "IPAddress") == "IPAddress" and addr.value:
+            spec["loadBalancerIP"] = addr.value
+            spec["externalIPs"] = [addr.value]
+    svc_annotations = dict(annotations)
+    svc_annotations[RELATED_GATEWAY_NAME] = f"{ns}/{name}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {
+                OWNED_BY_LABEL: OWNED_BY_VALUE,
+                RELATED_GATEWAY_NAME: name,
+                RELATED_GATEWAY_NAMESPACE: ns,
+            },
+            "annotations": dict(sorted(svc_annotations.items())),
+            "ownerReferences": [owner_reference(gw)],
+        },
+        "spec": spec,
+    }
+
+
+def render_deployment(gw: Gateway, dataplane: Dataplane, options: RenderOptions) -> dict[str, Any]:
+    """The desired stunnerd Deployment of ``gw`` from the Dataplane template (reference §13)."""
+    ns, name = gw.metadata.namespace, gw.metadata.name
+    dp = dataplane.spec
+    labels = {k: v for k, v in gw.metadata.labels.items() if k not in options.label_filter}
+    labels.update(
+        {OWNED_BY_LABEL: OWNED_BY_VALUE, RELATED_GATEWAY_NAME: name, RELATED_GATEWAY_NAMESPACE: ns}
+    )
+    annotations = dict(gw.metadata.annotations)
+    annotations[RELATED_GATEWAY_NAME] = f"{ns}/{name}"
+    pod_labels = dict(dp.labels)
+    pod_labels.update(
+        {APP_LABEL: APP_VALUE, RELATED_GATEWAY_NAME: name, RELATED_GATEWAY_NAMESPACE: ns}
+    )
+    pod_annotations = dict(dp.annotations)
+    pod_annotations[RELATED_GATEWAY_NAME] = f"{ns}/{name}"
+    env: list[dict[str, Any]] = [
+        {"name": "STUNNER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "STUNNER_NAME", "value": name},
+        {"name": "STUNNER_NAMESPACE", "value": ns},
+        {"name": "STUNNER_NODENAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "STUNNER_CONFIG_ORIGIN", "value": cds_server_uri(options.cds_address)},
+        *(dict(e) for e in dp.env),
+    ]
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": dp.image or options.default_image,
+        "imagePullPolicy": dp.image_pull_policy or "Always",
+        "command": list(dp.command) or ["stunnerd"],
+        "args": list(dp.args) or ["-w", "--udp-thread-num=16"],
+        "env": env,
+        "resources": dp.resources
+        if dp.resources is not None
+        else {"limits": {"memory": "20M"}, "requests": {"cpu": "250m"}},
+        "ports": [{"name": "metrics-port", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+    }
+    if not dp.disable_health_check:
+        for probe, path in (("livenessProbe", "/live"), ("readinessProbe", "/ready")):
+            container[probe] = {
+                "httpGet": {"path": path, "port": HEALTH_PORT, "scheme": "HTTP"},
+                "periodSeconds": 15,
+                "timeoutSeconds": 1,
+                "successThreshold": 1,
+                "failureThreshold": 3,
+            }
+    if dp.container_security_context is not None:
+        container["securityContext"] = dp.container_security_context
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": dp.termination_grace_period_seconds
+        if dp.termination_grace_period_seconds is not None
+        else 3600,
+        "hostNetwork": dp.host_network,
+    }
+    for key, value in (
+        ("affinity", dp.affinity),
+        ("tolerations", dp.tolerations),
+        ("securityContext", dp.security_context),
+        ("imagePullSecrets", dp.image_pull_secrets or None),
+        ("topologySpreadConstraints", dp.topology_spread_constraints),
+    ):
+        if value is not None:
+            pod_spec[key] = list(value) if isinstance(value, tuple) else value
+    selector_labels = {
+        APP_LABEL: APP_VALUE,
+        RELATED_GATEWAY_NAME: name,
+        RELATED_GATEWAY_NAMESPACE: ns,
+    }
+    deployment: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": dict(sorted(labels.items())),
+            "annotations": dict(sorted(annotations.items())),
+            "ownerReferences": [owner_reference(gw)],
+        },
+        "spec": {
+            "selector": {
+                "matchExpressions": [
+                    {"key": k, "operator": "In", "values": [v]} for k, v in selector_labels.items()
+                ]
+            },
+            "template": {
+                "metadata": {
+                    "labels": dict(sorted(pod_labels.items())),
+                    "annotations": dict(sorted(pod_annotations.items())),
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+    if dp.replicas is not None:
+        deployment["spec"]["replicas"] = dp.replicas
+    return deployment

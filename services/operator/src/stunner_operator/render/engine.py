@@ -1,0 +1,321 @@
+"""The incremental renderer: objects in, per-Gateway configs and object statuses out.
+
+Every render of a Gateway, a route status or a class status records the keys it read (see
+``store.View``); the engine keeps the reverse index from each key to the renders that read it.
+An event (objects upserted or deleted) touches a few keys, and only the renders that read them
+run again. ``render_all`` renders everything, which is what a fresh start does. The engine is
+pure: no I/O, no clock; the result of ``apply`` is the delta the caller publishes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stunner_common.config import StunnerConfig
+from stunner_common.crds import Gateway, GatewayClass, K8sObject, UDPRoute, UDPRouteV1A2
+from stunner_operator.render.clusters import ClusterRender, render_cluster
+from stunner_operator.render.gateway import (
+    PROTOCOLS,
+    GatewayRender,
+    class_status,
+    render_gateway,
+    resolve_hierarchy,
+)
+from stunner_operator.render.options import RenderOptions
+from stunner_operator.render.routes import (
+    is_masked,
+    parent_is_gateway,
+    ref_attaches,
+    rejection_reason,
+)
+from stunner_operator.render.status import (
+    GatewayClassStatus,
+    ParentRef,
+    RouteParentStatus,
+    RouteStatus,
+    Status,
+    false,
+    true,
+)
+from stunner_operator.render.store import ObjectStore, ObjKey, Route, View, key_of
+
+ROUTE_KINDS = ("UDPRoute", "UDPRouteV1A2")
+
+
+@dataclass(frozen=True, slots=True)
+class RenderDelta:
+    """What one ``apply``/``render_all`` changed.
+
+    ``configs`` holds new or changed configs by id ("ns/gateway"), ``deleted`` the ids that no
+    longer have one. ``statuses`` maps object keys to their new status (None: we no longer set
+    one). ``services``/``deployments`` map Gateway ids to the desired object (None: none wanted),
+    and ``resource_deletes`` lists the Services/Deployments that should not exist.
+    """
+
+    configs: Mapping[str, StunnerConfig] = field(default_factory=dict)
+    deleted: frozenset[str] = frozenset()
+    statuses: Mapping[ObjKey, Status | None] = field(default_factory=dict)
+    services: Mapping[str, dict[str, Any] | None] = field(default_factory=dict)
+    deployments: Mapping[str, dict[str, Any] | None] = field(default_factory=dict)
+    resource_deletes: frozenset[ObjKey] = frozenset()
+    rendered_gateways: int = 0
+
+    @property
+    def configs_changed(self) -> bool:
+        return bool(self.configs or self.deleted)
+
+
+class Renderer:
+    """Holds the object store and the last render of every Gateway, route and class."""
+
+    def __init__(self, options: RenderOptions | None = None) -> None:
+        self.options = options or RenderOptions()
+        self.store = ObjectStore()
+        self._gateways: dict[ObjKey, GatewayRender] = {}
+        self._config_json: dict[str, str] = {}
+        self._route_status: dict[ObjKey, RouteStatus | None] = {}
+        self._class_status: dict[ObjKey, GatewayClassStatus | None] = {}
+        self._deps: dict[ObjKey, frozenset[ObjKey]] = {}  # render key -> keys it read
+        self._rev: dict[ObjKey, set[ObjKey]] = defaultdict(set)  # key read -> render keys
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def configs(self) -> dict[str, StunnerConfig]:
+        """Every current config by id ("ns/gateway")."""
+        return {r.config_id: r.config for r in self._gateways.values() if r.config is not None}
+
+    def gateway(self, namespace: str, name: str) -> GatewayRender | None:
+        return self._gateways.get(("Gateway", namespace, name))
+
+    def statuses(self) -> dict[ObjKey, Status]:
+        out: dict[ObjKey, Status] = {}
+        for key, render in self._gateways.items():
+            if render.status is not None:
+                out[key] = render.status
+        for key, rstatus in self._route_status.items():
+            if rstatus is not None:
+                out[key] = rstatus
+        for key, cstatus in self._class_status.items():
+            if cstatus is not None:
+                out[key] = cstatus
+        return out
+
+    # -- updates ---------------------------------------------------------------------------
+
+    def apply(
+        self, upserts: Iterable[K8sObject] = (), deletes: Iterable[ObjKey] = ()
+    ) -> RenderDelta:
+        """Store the changes, re-render what they affect, and return what changed."""
+        touched: set[ObjKey] = set()
+        for obj in upserts:
+            touched |= self.store.upsert(obj)
+        for key in deletes:
+            touched |= self.store.delete(key)
+        return self._render(touched, everything=False)
+
+    def render_all(self) -> RenderDelta:
+        return self._render(set(), everything=True)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _render(self, touched: set[ObjKey], *, everything: bool) -> RenderDelta:
+        store = self.store
+        dirty: set[ObjKey] = set()
+        for key in touched:
+            dirty.update(self._rev.get(key, ()))
+        if everything:
+            dirty.update(("Gateway", ns, n) for ns, n in store.keys("Gateway"))
+            dirty.update(self._gateways)
+            for kind in ROUTE_KINDS:
+                dirty.update((kind, ns, n) for ns, n in store.keys(kind))
+            dirty.update(("GatewayClass", ns, n) for ns, n in store.keys("GatewayClass"))
+        dirty.update(k for k in touched if k[0] in ("Gateway", "GatewayClass", *ROUTE_KINDS))
+
+        memo: dict[ObjKey, tuple[ClusterRender, frozenset[ObjKey]]] = {}
+
+        def cluster_for(view: View, route: Route) -> ClusterRender:
+            rkey = key_of(route)
+            hit = memo.get(rkey)
+            if hit is None:
+                sub = View(store)
+                hit = (render_cluster(sub, route, self.options), frozenset(sub.deps))
+                memo[rkey] = hit
+            view.deps.update(hit[1])
+            return hit[0]
+
+        configs: dict[str, StunnerConfig] = {}
+        deleted: set[str] = set()
+        statuses: dict[ObjKey, Status | None] = {}
+        services: dict[str, dict[str, Any] | None] = {}
+        deployments: dict[str, dict[str, Any] | None] = {}
+        resource_deletes: set[ObjKey] = set()
+        rendered = 0
+
+        # Gateways first: route statuses read the Gateway renders.
+        for key in sorted(k for k in dirty if k[0] == "Gateway"):
+            old = self._gateways.get(key)
+            gw = store.get(Gateway, key[1], key[2])
+            new: GatewayRender | None = None
+            if gw is None:
+                self._gateways.pop(key, None)
+                self._set_deps(key, frozenset())
+            else:
+                new = render_gateway(View(store), gw, self.options, cluster_for)
+                rendered += 1
+                self._gateways[key] = new
+                self._set_deps(key, new.deps)
+            cid = f"{key[1]}/{key[2]}"
+            text = new.config.canonical_json() if new is not None and new.config else None
+            if text is None:
+                if self._config_json.pop(cid, None) is not None:
+                    deleted.add(cid)
+            elif self._config_json.get(cid) != text:
+                self._config_json[cid] = text
+                assert new is not None
+                assert new.config is not None
+                configs[cid] = new.config
+            old_status = old.status if old is not None else None
+            new_status = new.status if new is not None else None
+            if old_status != new_status:
+                statuses[key] = new_status
+            old_svc = old.service if old is not None else None
+            new_svc = new.service if new is not None else None
+            if old_svc != new_svc:
+                services[cid] = new_svc
+            old_dep = old.deployment if old is not None else None
+            new_dep = new.deployment if new is not None else None
+            if old_dep != new_dep:
+                deployments[cid] = new_dep
+            if new is not None:
+                resource_deletes.update(new.deletes)
+            for render in (old, new):
+                if render is not None:
+                    dirty.update(render.referencing_routes)
+
+        for key in sorted(k for k in dirty if k[0] in ROUTE_KINDS):
+            model: type[Route] = UDPRoute if key[0] == "UDPRoute" else UDPRouteV1A2
+            route = store.get(model, key[1], key[2])
+            rstatus: RouteStatus | None = None
+            if route is None:
+                self._set_deps(key, frozenset())
+            else:
+                view = View(store)
+                rstatus = self._route_status_of(view, route, cluster_for)
+                self._set_deps(key, frozenset(view.deps))
+            if self._route_status.get(key) != rstatus:
+                statuses[key] = rstatus
+            if rstatus is None:
+                self._route_status.pop(key, None)
+            else:
+                self._route_status[key] = rstatus
+
+        for key in sorted(k for k in dirty if k[0] == "GatewayClass"):
+            cstatus: GatewayClassStatus | None = None
+            if store.get(GatewayClass, "", key[2]) is None:
+                self._set_deps(key, frozenset())
+            else:
+                view = View(store)
+                hierarchy = resolve_hierarchy(view, key[2], self.options)
+                cstatus = class_status(hierarchy, self.options) if hierarchy else None
+                self._set_deps(key, frozenset(view.deps))
+            if self._class_status.get(key) != cstatus:
+                statuses[key] = cstatus
+            if cstatus is None:
+                self._class_status.pop(key, None)
+            else:
+                self._class_status[key] = cstatus
+
+        return RenderDelta(
+            configs=configs,
+            deleted=frozenset(deleted),
+            statuses=statuses,
+            services=services,
+            deployments=deployments,
+            resource_deletes=frozenset(resource_deletes),
+            rendered_gateways=rendered,
+        )
+
+    def _set_deps(self, render_key: ObjKey, deps: frozenset[ObjKey]) -> None:
+        old = self._deps.get(render_key, frozenset())
+        for key in old - deps:
+            users = self._rev.get(key)
+            if users is not None:
+                users.discard(render_key)
+                if not users:
+                    del self._rev[key]
+        for key in deps - old:
+            self._rev[key].add(render_key)
+        if deps:
+            self._deps[render_key] = deps
+        else:
+            self._deps.pop(render_key, None)
+
+    def _route_status_of(self, view: View, route: Route, cluster_for: Any) -> RouteStatus | None:
+        rns = route.metadata.namespace
+        masked = is_masked(view, route)
+        parents: list[RouteParentStatus] = []
+        ours = False
+        problems: tuple[Any, ...] | None = None
+        seen: set[ParentRef] = set()
+        for ref in route.spec.parent_refs:
+            if not parent_is_gateway(ref):
+                continue
+            pref = ParentRef(
+                name=ref.name,
+                namespace=ref.namespace,
+                section_name=ref.section_name,
+                group=ref.group if ref.group not in (None, "gateway.networking.k8s.io") else None,
+                kind=ref.kind if ref.kind not in (None, "Gateway") else None,
+            )
+            if pref in seen:
+                continue
+            seen.add(pref)
+            gns = ref.namespace or rns
+            gid = f"{gns}/{ref.name}"
+            gw = view.get(Gateway, gns, ref.name)
+            if gw is None:
+                accepted = false("Accepted", "NoMatchingParent", f"parent {gid} does not exist")
+            else:
+                render = self._gateways.get(("Gateway", gns, ref.name))
+                if render is None or render.status is None:
+                    continue  # another controller's Gateway: its status is not ours to write
+                ours = True
+                if masked:
+                    accepted = false(
+                        "Accepted",
+                        "Pending",
+                        "GwAPI.v1 UDPRoute masked by a STUNnerV1 UDPRoute of the same name",
+                    )
+                elif render.error is not None:
+                    accepted = false(
+                        "Accepted", "Pending", f"parent {gid} is invalid: {render.error}"
+                    )
+                elif any(
+                    PROTOCOLS.get(ls.protocol.upper()) is not None
+                    and ref_attaches(view, ref, route, gw, ls)
+                    for ls in gw.spec.listeners
+                ):
+                    accepted = true("Accepted", "Accepted", f"parent {gid} accepted the route")
+                else:
+                    accepted = false(
+                        "Accepted", "NotAllowedByListeners", rejection_reason(view, ref, route, gw)
+                    )
+            if problems is None:
+                problems = cluster_for(view, route).problems
+            if problems:
+                resolved = false(
+                    "ResolvedRefs",
+                    problems[-1].reason,
+                    "; ".join(p.message for p in problems),
+                )
+            else:
+                resolved = true(
+                    "ResolvedRefs", "ResolvedRefs", "all backend references successfully resolved"
+                )
+            parents.append(RouteParentStatus(pref, (accepted, resolved)))
+        if not ours:
+            return None
+        return RouteStatus(route.metadata.generation, rns, tuple(parents))

@@ -1,0 +1,566 @@
+"""One Gateway → one stunnerd config, its status, and its desired Service and Deployment.
+
+This follows reference §5-§10: the GatewayClass → GatewayConfig → Dataplane hierarchy must
+resolve, auth must render, then each listener is checked (protocol, port conflicts, TLS), given a
+public address, and given the routes attached to it; the routes' clusters complete the config.
+A broken hierarchy or auth invalidates the Gateway: it gets a status that says why, no config
+(so the dataplane's config is deleted), and its Service and Deployment are marked for deletion.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from stunner_common.config import (
+    AdminConfig,
+    ClusterConfig,
+    ConfigError,
+    ListenerConfig,
+    OffloadEngine,
+    StunnerConfig,
+)
+from stunner_common.crds import (
+    STUNNER_GROUP,
+    Dataplane,
+    Gateway,
+    GatewayClass,
+    GatewayConfig,
+    Listener,
+    Secret,
+    Service,
+)
+from stunner_operator.render.auth import AuthError, render_auth
+from stunner_operator.render.clusters import ClusterRender, route_id
+from stunner_operator.render.dataplane import (
+    DISABLE_MANAGED_DATAPLANE,
+    MIXED_PROTOCOL,
+    TARGETPORT,
+    ExposedListener,
+    exposed_listeners,
+    is_true,
+    merged_annotations,
+    port_map,
+    render_deployment,
+    render_service,
+)
+from stunner_operator.render.options import RenderOptions
+from stunner_operator.render.routes import is_masked, parent_names, ref_attaches
+from stunner_operator.render.status import (
+    Condition,
+    GatewayClassStatus,
+    GatewayStatus,
+    ListenerStatus,
+    false,
+    true,
+    unknown,
+)
+from stunner_operator.render.store import ObjKey, Route, View, key_of
+
+PROTOCOLS = {
+    "TURN-UDP": "TURN-UDP",
+    "TURN-TCP": "TURN-TCP",
+    "TURN-TLS": "TURN-TLS",
+    "TURN-DTLS": "TURN-DTLS",
+    "UDP": "TURN-UDP",
+    "TCP": "TURN-TCP",
+    "TLS": "TURN-TLS",
+    "DTLS": "TURN-DTLS",
+}
+UDP_FAMILY = frozenset({"TURN-UDP", "TURN-DTLS"})
+TLS_PROTOCOLS = frozenset({"TURN-TLS", "TURN-DTLS"})
+LISTENER_ADDRESS = "$STUNNER_ADDR"
+DEFAULT_HEALTHCHECK = "http://:8086"
+METRICS_ENDPOINT = "http://:8080/metrics"
+_REALM_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SERVICE_TYPE_RANK = {"LoadBalancer": 0, "ExternalName": 1, "NodePort": 2, "ClusterIP": 3}
+
+ClusterFn = Callable[[View, Route], ClusterRender]
+
+
+@dataclass(frozen=True, slots=True)
+class Hierarchy:
+    """A GatewayClass of ours and what it resolves to; ``error`` invalidates all its Gateways."""
+
+    gwclass: GatewayClass
+    gwconfig: GatewayConfig | None
+    dataplane: Dataplane | None
+    error: str | None
+
+
+def resolve_hierarchy(view: View, class_name: str, options: RenderOptions) -> Hierarchy | None:
+    """None when the class does not exist or belongs to another controller."""
+    gwclass = view.get(GatewayClass, "", class_name)
+    if gwclass is None or gwclass.spec.controller_name != options.controller_name:
+        return None
+    ref = gwclass.spec.parameters_ref
+    if ref is None:
+        return Hierarchy(
+            gwclass, None, None, "spec.parametersRef is missing: point it at a GatewayConfig"
+        )
+    if (ref.group or STUNNER_GROUP) != STUNNER_GROUP or (ref.kind or "GatewayConfig") != (
+        "GatewayConfig"
+    ):
+        return Hierarchy(
+            gwclass,
+            None,
+            None,
+            f"spec.parametersRef must reference a {STUNNER_GROUP} GatewayConfig, "
+            f"not group {ref.group!r} kind {ref.kind!r}",
+        )
+    if not ref.name or not ref.namespace:
+        return Hierarchy(gwclass, None, None, "spec.parametersRef needs both name and namespace")
+    gwconfig = view.get(GatewayConfig, ref.namespace, ref.name)
+    if gwconfig is None:
+        return Hierarchy(gwclass, None, None, f"GatewayConfig {ref.namespace}/{ref.name} not found")
+    if not _REALM_RE.match(gwconfig.spec.realm):
+        return Hierarchy(
+            gwclass,
+            gwconfig,
+            None,
+            f"GatewayConfig {ref.namespace}/{ref.name}: invalid realm {gwconfig.spec.realm!r} "
+            "(lower-case alphanumerics, '-' and '.')",
+        )
+    dp_name = gwconfig.spec.dataplane or "default"
+    dataplane = view.get(Dataplane, "", dp_name)
+    if dataplane is None:
+        return Hierarchy(
+            gwclass,
+            gwconfig,
+            None,
+            f"Dataplane {dp_name!r} not found (named by GatewayConfig {ref.namespace}/{ref.name})",
+        )
+    return Hierarchy(gwclass, gwconfig, dataplane, None)
+
+
+def class_status(h: Hierarchy, options: RenderOptions) -> GatewayClassStatus:
+    ctl = options.controller_name
+    if h.error is None:
+        cond = true("Accepted", "Accepted", f'GatewayClass is now managed by controller "{ctl}"')
+    else:
+        cond = false(
+            "Accepted",
+            "InvalidParameters",
+            f'controller "{ctl}" failed to process GatewayClass: {h.error}',
+        )
+    return GatewayClassStatus(h.gwclass.metadata.generation, (cond,))
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayRender:
+    """Everything one Gateway renders to. ``status is None`` means the Gateway is not ours."""
+
+    key: ObjKey
+    config: StunnerConfig | None
+    status: GatewayStatus | None
+    service: dict[str, Any] | None
+    deployment: dict[str, Any] | None
+    deletes: tuple[ObjKey, ...]
+    error: str | None
+    deps: frozenset[ObjKey]
+    referencing_routes: frozenset[ObjKey]
+
+    @property
+    def config_id(self) -> str:
+        return f"{self.key[1]}/{self.key[2]}"
+
+
+@dataclass(slots=True)
+class _ListenerState:
+    spec: Listener
+    protocol: str | None
+    conflict: str | None = None
+    cert: tuple[str, str] | None = None
+    tls_error: str | None = None
+    public: tuple[str, str, int] | None = None
+    exposed: bool = False
+    attached: int = 0
+    routes: set[str] = field(default_factory=set)
+
+    @property
+    def renderable(self) -> bool:
+        return self.protocol is not None and self.conflict is None and self.tls_error is None
+
+
+def _tls_material(view: View, gw: Gateway, ls: Listener) -> tuple[tuple[str, str] | None, str]:
+    """The (cert, key) of the first usable certificateRef, base64 of the PEM; else why not."""
+    tls = ls.tls
+    if tls is None or not tls.certificate_refs:
+        return None, f"listener {ls.name} needs tls.certificateRefs"
+    if tls.mode not in (None, "Terminate"):
+        return None, f"listener {ls.name}: tls.mode {tls.mode} is not supported, use Terminate"
+    problem = ""
+    for ref in tls.certificate_refs:
+        if (ref.group or "") not in ("", "v1") or (ref.kind or "Secret") != "Secret":
+            problem = f"listener {ls.name}: certificateRef {ref.name} must be a Secret"
+            continue
+        ns = ref.namespace or gw.metadata.namespace
+        secret = view.get(Secret, ns, ref.name)
+        if secret is None:
+            problem = f"Secret {ns}/{ref.name} not found"
+            continue
+        values = secret.values()
+        cert = next((values[k] for k in ("tls.crt", "crt", "cert") if k in values), None)
+        key = next((values[k] for k in ("tls.key", "key") if k in values), None)
+        if not cert or not key:
+            problem = f"Secret {ns}/{ref.name} needs the keys tls.crt and tls.key"
+            continue
+        return (base64.b64encode(cert).decode(), base64.b64encode(key).decode()), ""
+    return None, problem
+
+
+def _public_service(view: View, gw: Gateway) -> Service | None:
+    """The Service the operator made for ``gw`` (annotated and owner-referenced to it)."""
+    candidates = []
+    for svc in view.services_of(gw.metadata.namespace, gw.metadata.name):
+        if svc.metadata.namespace != gw.metadata.namespace:
+            continue
+        owners = svc.metadata.owner_references
+        if owners and not any(
+            o.kind == "Gateway"
+            and o.name == gw.metadata.name
+            and (not o.uid or not gw.metadata.uid or o.uid == gw.metadata.uid)
+            for o in owners
+        ):
+            continue
+        candidates.append(svc)
+    if not candidates:
+        return None
+    return min(candidates, key=lambda s: (_SERVICE_TYPE_RANK.get(s.spec.type, 9), s.metadata.name))
+
+
+def _node_address(view: View) -> tuple[str, str] | None:
+    nodes = view.nodes()
+    for wanted, addr_type in (("ExternalIP", "IPAddress"), ("ExternalDNS", "Hostname")):
+        for node in nodes:
+            for addr in node.status.addresses:
+                if addr.type == wanted and addr.address:
+                    return addr_type, addr.address
+    return None
+
+
+def _public_address(
+    view: View,
+    gw: Gateway,
+    ls: Listener,
+    svc_proto: str,
+    stored: Service | None,
+    desired: dict[str, Any] | None,
+) -> tuple[str, str, int] | None:
+    """(type, address, port) clients use to reach ``ls`` (reference §9)."""
+    node_port: int | None
+    if stored is not None:
+        sport = next(
+            (p for p in stored.spec.ports if p.port == ls.port and p.protocol.upper() == svc_proto),
+            None,
+        )
+        if sport is None:
+            return None
+        port, node_port, svc_type = sport.port, sport.node_port, stored.spec.type
+    else:
+        # Nothing applied yet (or local mode): the Service this render asks for is what counts.
+        if desired is None:
+            return None
+        dport = next((p for p in desired["spec"]["ports"] if p["name"] == ls.name), None)
+        if dport is None:
+            return None
+        port, node_port, svc_type = dport["port"], dport.get("nodePort"), desired["spec"]["type"]
+    if gw.spec.addresses and gw.spec.addresses[0].value:
+        hint = gw.spec.addresses[0]
+        return hint.type or "IPAddress", hint.value, port
+    if stored is not None and svc_type == "LoadBalancer":
+        ingress = stored.status.load_balancer.ingress
+        match = next(
+            (
+                ing
+                for ing in ingress
+                if any(p.port == port and p.protocol.upper() == svc_proto for p in ing.ports)
+            ),
+            ingress[0] if ingress else None,
+        )
+        if match is not None and (match.ip or match.hostname):
+            return ("IPAddress", match.ip, port) if match.ip else ("Hostname", match.hostname, port)
+    if node_port:
+        node = _node_address(view)
+        if node is not None:
+            return node[0], node[1], node_port
+    return None
+
+
+def _invalidated(
+    gw: Gateway,
+    key: ObjKey,
+    error: str,
+    options: RenderOptions,
+    view: View,
+    refs: frozenset[ObjKey],
+) -> GatewayRender:
+    listeners = tuple(
+        ListenerStatus(
+            ls.name,
+            0,
+            (
+                unknown("Accepted", "Pending", "gateway is invalid"),
+                false("Conflicted", "NoConflicts"),
+                true("ResolvedRefs", "ResolvedRefs"),
+            ),
+        )
+        for ls in gw.spec.listeners
+    )
+    status = GatewayStatus(
+        gw.metadata.generation,
+        (
+            false("Accepted", "Pending", error),
+            false(
+                "Programmed",
+                "Invalid",
+                f"error processing gateway by controller {options.controller_name}: {error}",
+            ),
+        ),
+        listeners,
+    )
+    ns, name = key[1], key[2]
+    return GatewayRender(
+        key,
+        None,
+        status,
+        None,
+        None,
+        (("Service", ns, name), ("Deployment", ns, name)),
+        error,
+        frozenset(view.deps),
+        refs,
+    )
+
+
+def render_gateway(
+    view: View, gw: Gateway, options: RenderOptions, cluster_for: ClusterFn
+) -> GatewayRender:
+    ns, name = gw.metadata.namespace, gw.metadata.name
+    key: ObjKey = ("Gateway", ns, name)
+    view.deps.add(key)
+    hierarchy = resolve_hierarchy(view, gw.spec.gateway_class_name, options)
+    routes = view.routes_of(ns, name)
+    refs = frozenset(key_of(r) for r in routes)
+    if hierarchy is None:
+        return GatewayRender(key, None, None, None, None, (), None, frozenset(view.deps), refs)
+    if hierarchy.error is not None:
+        return _invalidated(gw, key, hierarchy.error, options, view, refs)
+    gwconfig, dataplane = hierarchy.gwconfig, hierarchy.dataplane
+    assert gwconfig is not None
+    assert dataplane is not None
+    try:
+        auth = render_auth(view, gwconfig)
+    except AuthError as err:
+        return _invalidated(gw, key, err.message, options, view, refs)
+
+    annotations = merged_annotations(gw, gwconfig)
+    targetports = port_map(annotations, TARGETPORT)
+
+    # Listeners in spec order: protocol, then port conflicts per transport family, then TLS.
+    states: list[_ListenerState] = []
+    used: dict[tuple[bool, int], str] = {}
+    for ls in gw.spec.listeners:
+        st = _ListenerState(ls, PROTOCOLS.get(ls.protocol.upper()))
+        states.append(st)
+        if st.protocol is None:
+            continue
+        slot = (st.protocol in UDP_FAMILY, ls.port)
+        if slot in used:
+            family = "UDP" if slot[0] else "TCP"
+            st.conflict = f"port {ls.port}/{family} is already used by listener {used[slot]}"
+            continue
+        used[slot] = ls.name
+        if st.protocol in TLS_PROTOCOLS:
+            st.cert, problem = _tls_material(view, gw, ls)
+            if st.cert is None:
+                st.tls_error = problem
+
+    candidates = [
+        ExposedListener(st.spec, "UDP" if st.protocol in UDP_FAMILY else "TCP")
+        for st in states
+        if st.protocol is not None and st.conflict is None
+    ]
+    exposed = exposed_listeners(candidates, annotations)
+    stored_svc = _public_service(view, gw)
+    service = render_service(gw, exposed, annotations, stored_svc)
+    for item in exposed:
+        st = next(s for s in states if s.spec is item.listener)
+        st.exposed = True
+        st.public = _public_address(
+            view, gw, item.listener, item.service_protocol, stored_svc, service
+        )
+
+    # Route attachment: every (route, parentRef) pair a listener accepts counts once.
+    attached: dict[str, Route] = {}
+    for route in routes:
+        if is_masked(view, route):
+            continue
+        for ref in route.spec.parent_refs:
+            if not parent_names(ref, route, gw):
+                continue
+            for st in states:
+                if st.protocol is None or st.tls_error is not None:
+                    continue
+                if not ref_attaches(view, ref, route, gw, st.spec):
+                    continue
+                st.attached += 1
+                if st.renderable:
+                    rid = route_id(route)
+                    st.routes.add(rid)
+                    attached[rid] = route
+
+    listener_cfgs = []
+    for st in states:
+        if not st.renderable:
+            continue
+        try:
+            listener_cfgs.append(_listener_config(ns, name, st, targetports))
+        except (ConfigError, ValueError) as err:
+            if st.cert is None:
+                return _invalidated(
+                    gw, key, f"listener {st.spec.name} is invalid: {err}", options, view, refs
+                )
+            st.tls_error = f"listener {st.spec.name}: unusable TLS certificate or key ({err})"
+            st.attached = 0
+    clusters: list[ClusterConfig] = []
+    for rid in sorted({r for cfg in listener_cfgs for r in cfg.routes}):
+        cluster = cluster_for(view, attached[rid]).cluster
+        if cluster is not None:
+            clusters.append(cluster)
+    try:
+        config = StunnerConfig(
+            version="v1",
+            admin=_admin(ns, name, gwconfig, dataplane),
+            auth=auth,
+            listeners=tuple(sorted(listener_cfgs, key=lambda c: c.name)),
+            clusters=tuple(clusters),
+        )
+    except (ConfigError, ValueError) as err:
+        return _invalidated(
+            gw, key, f"rendered dataplane config is invalid: {err}", options, view, refs
+        )
+
+    status = _gateway_status(gw, states, options, stored_svc)
+    deletes: tuple[ObjKey, ...] = ()
+    deployment: dict[str, Any] | None = render_deployment(gw, dataplane, options)
+    if is_true(annotations.get(DISABLE_MANAGED_DATAPLANE)):
+        deployment = None
+        deletes = (("Deployment", ns, name),)
+    return GatewayRender(
+        key, config, status, service, deployment, deletes, None, frozenset(view.deps), refs
+    )
+
+
+def _admin(ns: str, name: str, gwconfig: GatewayConfig, dataplane: Dataplane) -> AdminConfig:
+    dp = dataplane.spec
+    return AdminConfig(
+        name=f"{ns}/{name}",
+        loglevel=gwconfig.spec.log_level or "all:INFO",
+        metrics_endpoint=METRICS_ENDPOINT if dp.enable_metrics_endpoint else "",
+        healthcheck_endpoint="" if dp.disable_health_check else DEFAULT_HEALTHCHECK,
+        offload_engine=cast(OffloadEngine, dp.offload_engine or "None"),
+        offload_interfaces=tuple(sorted(dp.offload_interfaces)),
+    )
+
+
+def _listener_config(
+    ns: str, name: str, st: _ListenerState, targetports: dict[str, int]
+) -> ListenerConfig:
+    ls = st.spec
+    assert st.protocol is not None
+    fields: dict[str, Any] = {
+        "name": f"{ns}/{name}/{ls.name}",
+        "protocol": st.protocol,
+        "address": LISTENER_ADDRESS,
+        "port": targetports.get(ls.name, ls.port),
+        "routes": tuple(sorted(st.routes)),
+    }
+    if st.public is not None:
+        fields["public_address"] = st.public[1]
+        fields["public_port"] = st.public[2]
+    if st.cert is not None:
+        fields["cert"], fields["key"] = st.cert
+    return ListenerConfig(**fields)
+
+
+def _listener_status(st: _ListenerState) -> ListenerStatus:
+    ls = st.spec
+    conds: tuple[Condition, ...]
+    if st.protocol is None:
+        conds = (
+            false(
+                "Accepted",
+                "UnsupportedProtocol",
+                f"listener {ls.name}: unsupported protocol {ls.protocol!r} "
+                "(use TURN-UDP, TURN-TCP, TURN-TLS or TURN-DTLS)",
+            ),
+            false("Conflicted", "NoConflicts"),
+            true("ResolvedRefs", "ResolvedRefs"),
+        )
+        return ListenerStatus(ls.name, 0, conds)
+    if st.conflict is not None:
+        conds = (
+            false("Accepted", "PortUnavailable", f"listener {ls.name}: {st.conflict}"),
+            true("Conflicted", "ProtocolConflict", f"listener {ls.name}: {st.conflict}"),
+            true("ResolvedRefs", "ResolvedRefs"),
+        )
+        return ListenerStatus(ls.name, st.attached, conds)
+    if st.tls_error is not None:
+        conds = (
+            true("Accepted", "Accepted", "listener accepted"),
+            false("Conflicted", "NoConflicts"),
+            false("ResolvedRefs", "InvalidCertificateRef", st.tls_error),
+        )
+        return ListenerStatus(ls.name, 0, conds)
+    conds = (
+        true("Accepted", "Accepted", "listener accepted"),
+        false("Conflicted", "NoConflicts"),
+        true("ResolvedRefs", "ResolvedRefs", "listener object references resolved"),
+    )
+    return ListenerStatus(ls.name, st.attached, conds)
+
+
+def _gateway_status(
+    gw: Gateway, states: list[_ListenerState], options: RenderOptions, stored: Service | None
+) -> GatewayStatus:
+    accepted = true(
+        "Accepted", "Accepted", f"gateway accepted by controller {options.controller_name}"
+    )
+    missing = [st for st in states if st.public is None]
+    if not missing:
+        programmed = true(
+            "Programmed", "Programmed", "dataplane configuration successfully rendered"
+        )
+    else:
+        hints = []
+        unexposed = [st.spec.name for st in missing if st.protocol is not None and not st.exposed]
+        waiting = [st.spec.name for st in missing if st.exposed]
+        invalid = [st.spec.name for st in missing if st.protocol is None]
+        if unexposed:
+            hints.append(
+                f"listener(s) {', '.join(unexposed)} not exposed by the Service "
+                f'(set the {MIXED_PROTOCOL}: "true" annotation to expose UDP and TCP together)'
+            )
+        if waiting:
+            svc = f"{gw.metadata.namespace}/{gw.metadata.name}"
+            hints.append(
+                f"listener(s) {', '.join(waiting)} waiting for a public address on Service {svc} "
+                "(or set spec.addresses)"
+            )
+        if invalid:
+            hints.append(f"listener(s) {', '.join(invalid)} invalid")
+        programmed = false("Programmed", "AddressNotAssigned", "; ".join(hints))
+    addresses: tuple[tuple[str, str], ...] = ()
+    for st in states:
+        if st.public is not None:
+            addresses = ((st.public[0], st.public[1]),)
+    return GatewayStatus(
+        gw.metadata.generation,
+        (accepted, programmed),
+        tuple(_listener_status(st) for st in states),
+        addresses,
+    )
