@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-import jsonpatch
 from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidURI, WebSocketException
@@ -30,8 +29,9 @@ from websockets.typing import Origin, Subprotocol
 
 from stunner_common.cds import (
     CDS_V2_SUBPROTOCOL,
-    PatchEnvelope,
-    SnapshotEnvelope,
+    RESYNC_HEADER,
+    CdsProtocolError,
+    DeltaState,
     parse_envelope,
 )
 from stunner_common.config import ConfigError, is_zero_config, parse_config, zero_config
@@ -44,10 +44,6 @@ CDS_CONNECT_TIMEOUT_S = 10.0
 CDS_PING_INTERVAL_S = 5.0
 CDS_PONG_TIMEOUT_S = 8.0
 MAX_HTTP_RESPONSE_BYTES = 16 * 1024 * 1024
-
-
-class CdsProtocolError(Exception):
-    """The server sent something the delta protocol cannot continue from."""
 
 
 class CdsOrigin:
@@ -85,11 +81,20 @@ class CdsOrigin:
         self._pong_timeout_s = pong_timeout_s
         self._offer_v2 = offer_v2
         self._suppress_delete = suppress_delete
-        # Delta-protocol state: the raw config at `revision`, kept across reconnects.
-        self._base: dict[str, Any] | None = None
-        self.revision: int | None = None
+        # Delta-protocol state: the raw config as the server holds it, kept across reconnects.
+        self._state = DeltaState()
         self.connected = asyncio.Event()
         self.connects = 0
+        self.attempts = 0
+
+    @property
+    def ident(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def revision(self) -> int | None:
+        """The CDS revision of the config held (delta protocol only)."""
+        return self._state.rev if self.ident in self._state.configs else None
 
     @property
     def path(self) -> str:
@@ -165,7 +170,7 @@ class CdsOrigin:
                 log.warning("CDS watch %s failed: %r", self._netloc, exc)
             except CdsProtocolError as exc:
                 log.warning("CDS watch %s: %s; resyncing from a fresh snapshot", self._netloc, exc)
-                self._base, self.revision = None, None
+                self._state.reset()
             finally:
                 self.connected.clear()
             delay = self._backoff.delay_s(attempt, self._rand)
@@ -174,7 +179,8 @@ class CdsOrigin:
             await asyncio.sleep(delay)
 
     async def _session(self) -> AsyncIterator[ConfigEvent]:
-        since = self.revision if self._base is not None else None
+        since = self.revision
+        self.attempts += 1
         url = self.ws_url(since)
         origin = f"{'https' if self._tls else 'http'}://{self._netloc}"
         ctx = ssl.create_default_context() if self._tls else None
@@ -195,6 +201,8 @@ class CdsOrigin:
             self.connects += 1
             self.connected.set()
             v2 = ws.subprotocol == CDS_V2_SUBPROTOCOL
+            if v2 and (ws.response is None or ws.response.headers.get(RESYNC_HEADER) != "delta"):
+                self._state.reset()  # a full snapshot follows
             log.info("CDS watch %s connected (%s)", url, "delta" if v2 else "full-config")
             async for frame in ws:
                 if not isinstance(frame, str):
@@ -226,31 +234,17 @@ class CdsOrigin:
         try:
             envelope = parse_envelope(frame)
         except ValidationError as exc:
-            raise CdsProtocolError(f"malformed envelope: {exc.errors()[:1]}") from exc
-        if envelope.id != f"{self.namespace}/{self.name}":
+            log.warning("ignoring a malformed CDS frame: %s", exc.errors()[:1])
+            return None
+        if envelope.id != self.ident:
             log.debug("ignoring envelope for %s", envelope.id)
             return None
-        if isinstance(envelope, SnapshotEnvelope):
-            self._base, self.revision = envelope.config, envelope.rev
-            return self._accept(envelope.config, envelope.rev)
-        if isinstance(envelope, PatchEnvelope):
-            if self._base is None:
-                raise CdsProtocolError("patch before any snapshot")
-            try:
-                patched = jsonpatch.apply_patch(self._base, envelope.patch, in_place=False)
-            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
-                raise CdsProtocolError(
-                    f"patch to rev {envelope.rev} does not apply: {exc}"
-                ) from exc
-            except (TypeError, ValueError, KeyError, IndexError) as exc:
-                raise CdsProtocolError(f"malformed patch to rev {envelope.rev}: {exc}") from exc
-            if not isinstance(patched, dict):
-                raise CdsProtocolError("patch did not produce a config object")
-            self._base, self.revision = patched, envelope.rev
-            return self._accept(patched, envelope.rev)
-        # A delete: forget the base (the next frame is a snapshot) and keep serving.
-        self._base, self.revision = None, envelope.rev
-        if self._suppress_delete:
-            log.info("ignoring delete configuration update (rev %d)", envelope.rev)
+        change = self._state.apply(envelope)  # raises CdsProtocolError when out of sync
+        if change is None:
             return None
-        return self._accept(zero_config(envelope.id).canonical_json(), envelope.rev)
+        if change.config is None:
+            if self._suppress_delete:
+                log.info("ignoring delete configuration update (rev %d)", change.rev)
+                return None
+            return self._accept(zero_config(self.ident).canonical_json(), change.rev)
+        return self._accept(change.config, change.rev)
