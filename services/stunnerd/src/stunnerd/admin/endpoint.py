@@ -36,7 +36,7 @@ def parse_admin_endpoint(value: str | None, default_port: int) -> BindAddress | 
         raise EndpointError(f"admin endpoint {value!r}: only http is supported")
     host = parts.hostname or "0.0.0.0"
     try:
-        port = parts.port or default_port
+        port = default_port if parts.port is None else parts.port
     except ValueError as exc:
         raise EndpointError(f"admin endpoint {value!r}: {exc}") from exc
     return BindAddress(host, port, parts.path or "/")
