@@ -1,11 +1,146 @@
-"""Command-line entry point for the gateway operator."""
+"""Command-line entry point: ``stunner-operator --manifests DIR [--redis-url URL]``.
 
+Local mode renders a folder of Gateway API YAML into Redis and follows the folder. ``--print``
+renders the folder once and prints the configs (canonical JSON, one per line) without Redis,
+which is handy to check manifests. Kubernetes mode (watching a cluster) is not available yet,
+so the command insists on ``--manifests``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
 import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from stunner_operator.manifests.local import LocalOperator
+from stunner_operator.publish import RedisConfigSink
+from stunner_operator.render.options import RenderOptions
+from stunner_operator.settings import OperatorSettings
+
+log = logging.getLogger("stunner_operator")
+
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stunner-operator",
+        description="Render Gateway API objects into stunnerd configs in Redis.",
+    )
+    p.add_argument("--manifests", type=Path, help="folder (or file) of YAML manifests: local mode")
+    p.add_argument("--redis-url", help="Redis URL (env REDIS_URL)")
+    p.add_argument("--kubeconfig", type=Path, help="kubeconfig for Kubernetes mode")
+    p.add_argument("--cds-address", help="host[:port] of the CDS the dataplane pods use")
+    p.add_argument("--print", dest="print_only", action="store_true", help="render once, print")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    return p
+
+
+def _configure_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler()
+    if fmt == "json":
+
+        class _Json(logging.Formatter):
+            def format(self, record: logging.LogRecord) -> str:
+                return json.dumps(
+                    {
+                        "time": self.formatTime(record),
+                        "level": record.levelname,
+                        "logger": record.name,
+                        "message": record.getMessage(),
+                    }
+                )
+
+        handler.setFormatter(_Json())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+async def _run_local(settings: OperatorSettings, root: Path) -> int:
+    options = RenderOptions(
+        controller_name=settings.controller_name,
+        cds_address=settings.cds_address,
+        endpoint_discovery=settings.endpoint_discovery,
+    )
+    sink = RedisConfigSink(settings.redis_url, timeout_s=settings.redis_timeout_s)
+    operator = LocalOperator(
+        root,
+        sink,
+        options=options,
+        debounce_ms=settings.watch_debounce_ms,
+        retry_s=settings.publish_retry_s,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    log.info("local mode: watching %s, publishing to %s", root, settings.redis_url)
+    try:
+        await operator.run(stop)
+    finally:
+        await sink.aclose()
+    return 0
+
+
+def _print_once(settings: OperatorSettings, root: Path) -> int:
+    options = RenderOptions(
+        controller_name=settings.controller_name,
+        cds_address=settings.cds_address,
+        endpoint_discovery=settings.endpoint_discovery,
+    )
+    operator = LocalOperator(root, None, options=options)
+    operator.sync()
+    for _cid, config in sorted(operator.renderer.configs().items()):
+        print(config.canonical_json())
+    return 1 if operator.manifests.errors else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("stunner_operator: not implemented yet", file=sys.stderr)
-    return 1
+    args = _parser().parse_args(argv)
+    overrides = {
+        k: v
+        for k, v in {
+            "manifests": args.manifests,
+            "kubeconfig": args.kubeconfig,
+            "redis_url": args.redis_url,
+            "cds_address": args.cds_address,
+            "log_level": args.log_level,
+        }.items()
+        if v is not None
+    }
+    try:
+        settings = OperatorSettings(**overrides)
+    except ValidationError as err:
+        print(f"stunner-operator: invalid settings: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    _configure_logging(settings.log_level, settings.log_format)
+    if settings.manifests is None:
+        print(
+            "stunner-operator: Kubernetes mode is not available in this version; "
+            "run local mode with --manifests DIR",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if not settings.manifests.exists():
+        print(f"stunner-operator: {settings.manifests}: no such file or folder", file=sys.stderr)
+        return EXIT_USAGE
+    if args.print_only:
+        return _print_once(settings, settings.manifests)
+    try:
+        return asyncio.run(_run_local(settings, settings.manifests))
+    except KeyboardInterrupt:
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,1 +1,41 @@
-"""Publishing rendered configs to Redis."""
+"""Publishing rendered configs to Redis, for the CDS to serve.
+
+The operator writes the complete desired set after each render with ``replace_all`` (the shared
+``ConfigPublisher``), which touches only configs whose canonical JSON changed and deletes the
+ones that are gone, atomically. ``RedisConfigSink`` adds a timeout per write and maps Redis
+failures to one error type, so the caller can keep the set and retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from stunner_common.config import StunnerConfig
+from stunner_common.store import ConfigPublisher, PublishResult, StoreError
+
+
+class PublishError(Exception):
+    """A write to Redis failed or timed out; the configs were not (all) published."""
+
+
+class RedisConfigSink:
+    """Writes the full set of configs; owns its Redis connection."""
+
+    def __init__(self, redis_url: str, *, timeout_s: float = 5.0) -> None:
+        self._redis = aioredis.Redis.from_url(redis_url)
+        self._publisher = ConfigPublisher(self._redis)
+        self._timeout_s = timeout_s
+
+    async def publish(self, configs: Mapping[str, StunnerConfig]) -> PublishResult:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await self._publisher.replace_all(configs)
+        except (RedisError, OSError, StoreError, TimeoutError) as err:
+            raise PublishError(f"{type(err).__name__}: {err}") from err
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()

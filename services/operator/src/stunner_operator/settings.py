@@ -1,0 +1,34 @@
+"""Settings of the operator, built once in ``__main__`` and passed down.
+
+Environment: ``OPERATOR_*`` (``OPERATOR_MANIFESTS``, ``OPERATOR_CDS_ADDRESS``, ...) and
+``REDIS_URL``; command-line flags override both. Every timeout carries its unit in its name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from stunner_operator.render.options import DEFAULT_CDS_ADDRESS
+from stunner_operator.render.status import CONTROLLER_NAME
+
+
+class OperatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OPERATOR_", frozen=True, populate_by_name=True)
+
+    manifests: Path | None = None
+    kubeconfig: Path | None = None
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("redis_url", "REDIS_URL", "OPERATOR_REDIS_URL"),
+    )
+    controller_name: str = CONTROLLER_NAME
+    cds_address: str = DEFAULT_CDS_ADDRESS
+    endpoint_discovery: bool = True
+    redis_timeout_s: float = Field(5.0, gt=0)
+    publish_retry_s: float = Field(1.0, gt=0)
+    watch_debounce_ms: int = Field(50, ge=1)
+    log_level: str = "INFO"
+    log_format: str = Field("text", pattern="^(text|json)$")
