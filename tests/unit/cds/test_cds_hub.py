@@ -1,0 +1,128 @@
+"""Fan-out: topics, modes, initial snapshots, resume, and slow watchers dropped alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stunner_cds.store.hub import Hub, Mode, Topic
+from stunner_cds.store.mirror import ConfigMirror
+from stunner_common.cds import encode_v1_delete
+from stunner_common.store import Snapshot, StoreEvent
+
+
+def hub_with(configs: dict[str, dict[str, object]], *, max_queue: int = 16) -> Hub:
+    mirror = ConfigMirror()
+    texts = {i: json.dumps(c) for i, c in configs.items()}
+    mirror.load(Snapshot(texts, dict.fromkeys(texts, 1), 1, "1-0"))
+    return Hub(mirror, max_queue=max_queue)
+
+
+def cfg(config_id: str, realm: str = "r") -> dict[str, object]:
+    return {"version": "v1", "admin": {"name": config_id}, "auth": {"realm": realm}}
+
+
+def change(hub: Hub, config_id: str, text: str | None) -> None:
+    rev = hub.mirror.rev + 1
+    op = "delete" if text is None else "upsert"
+    event = StoreEvent(f"{rev}-1", op, config_id, rev, text or "")  # type: ignore[arg-type]
+    c = hub.mirror.apply(event)
+    hub.publish([c] if c else [])
+
+
+@pytest.mark.parametrize(
+    ("topic", "ids"),
+    [
+        (Topic(), ["a/x", "a/y", "b/x"]),
+        (Topic("a"), ["a/x", "a/y"]),
+        (Topic("a", "y"), ["a/y"]),
+        (Topic("c", "x"), []),
+    ],
+)
+def test_subscribing_queues_a_snapshot_of_the_topic(topic: Topic, ids: list[str]) -> None:
+    hub = hub_with({i: cfg(i) for i in ("a/x", "a/y", "b/x")})
+    watcher, _ = hub.subscribe(topic, Mode.V1)
+    assert [json.loads(f)["admin"]["name"] for f in watcher.frames] == ids
+
+
+def test_changes_reach_only_matching_watchers() -> None:
+    hub = hub_with({})
+    everything, _ = hub.subscribe(Topic(), Mode.V1)
+    namespace_a, _ = hub.subscribe(Topic("a"), Mode.V1)
+    only_b, _ = hub.subscribe(Topic("b", "x"), Mode.V1)
+    change(hub, "a/x", json.dumps(cfg("a/x")))
+    change(hub, "b/x", json.dumps(cfg("b/x")))
+    change(hub, "a/x", None)
+    assert len(everything.frames) == 3
+    assert len(namespace_a.frames) == 2
+    assert namespace_a.frames[-1] == encode_v1_delete("a/x")
+    assert [json.loads(f)["admin"]["name"] for f in only_b.frames] == ["b/x"]
+
+
+def test_v2_watchers_get_patches_for_updates_and_envelopes_for_deletes() -> None:
+    hub = hub_with({"a/x": cfg("a/x", "one")})
+    watcher, delta = hub.subscribe(Topic(), Mode.V2)
+    assert not delta
+    change(hub, "a/x", json.dumps(cfg("a/x", "two")))
+    change(hub, "a/x", None)
+    frames = [json.loads(f) for f in watcher.frames]
+    assert [f["type"] for f in frames] == ["snapshot", "patch", "delete"]
+    assert frames[1]["patch"] == [{"op": "replace", "path": "/auth/realm", "value": "two"}]
+    assert [f["rev"] for f in frames] == [1, 2, 3]
+
+
+def test_v2_resume_sends_only_what_changed_after_since() -> None:
+    hub = hub_with({"a/x": cfg("a/x"), "a/y": cfg("a/y")})
+    change(hub, "a/x", json.dumps(cfg("a/x", "new")))
+    change(hub, "a/y", None)
+    watcher, delta = hub.subscribe(Topic("a"), Mode.V2, since=1)
+    assert delta
+    frames = [json.loads(f) for f in watcher.frames]
+    assert [(f["type"], f["id"], f["rev"]) for f in frames] == [
+        ("delete", "a/y", 3),
+        ("snapshot", "a/x", 2),
+    ]
+    nothing, delta = hub.subscribe(Topic("a"), Mode.V2, since=3)
+    assert delta
+    assert not nothing.frames
+
+
+def test_v2_resume_from_a_revision_the_hub_never_had_gets_a_full_snapshot() -> None:
+    hub = hub_with({"a/x": cfg("a/x")})
+    watcher, delta = hub.subscribe(Topic(), Mode.V2, since=99)
+    assert not delta
+    assert [json.loads(f)["type"] for f in watcher.frames] == ["snapshot"]
+
+
+def test_a_slow_watcher_is_dropped_with_a_reason_and_the_others_get_everything() -> None:
+    hub = hub_with({}, max_queue=4)
+    slow, _ = hub.subscribe(Topic(), Mode.V1)
+    fast, _ = hub.subscribe(Topic(), Mode.V1)
+    for i in range(10):
+        change(hub, "a/x", json.dumps(cfg("a/x", str(i))))
+        fast.frames.clear()  # the fast watcher keeps up
+    assert slow.closed_reason is not None
+    assert "too slow" in slow.closed_reason
+    assert fast.closed_reason is None
+    assert hub.watcher_count() == 1
+    change(hub, "a/x", json.dumps(cfg("a/x", "last")))
+    assert json.loads(fast.frames[-1])["auth"]["realm"] == "last"
+
+
+def test_unsubscribed_watchers_get_nothing_more() -> None:
+    hub = hub_with({})
+    watcher, _ = hub.subscribe(Topic("a", "x"), Mode.V1)
+    hub.unsubscribe(watcher)
+    change(hub, "a/x", json.dumps(cfg("a/x")))
+    assert not watcher.frames
+    assert hub.watcher_count() == 0
+
+
+def test_node_watchers_get_the_node_address_placeholder_rewritten() -> None:
+    config = cfg("a/x") | {"listeners": [{"name": "l", "address": "__node_address_placeholder"}]}
+    hub = hub_with({"a/x": config})
+    with_node, _ = hub.subscribe(Topic("a", "x"), Mode.V1, node="worker-1")
+    without, _ = hub.subscribe(Topic("a", "x"), Mode.V1)
+    assert '"address":"$STUNNER_ADDR"' in with_node.frames[0]
+    assert '"address":"__node_address_placeholder"' in without.frames[0]
