@@ -102,6 +102,13 @@ def _load_text(data: str | bytes) -> Any:
             raise ConfigParseError(f"config is not UTF-8 text: {exc.reason}") from None
     if not data.strip():
         raise ConfigParseError("empty config")
+    if data.lstrip().startswith("{"):
+        # JSON is (nearly) a subset of YAML and parses to the same values; reading it as JSON
+        # first is several times faster for the configs the CDS streams.
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError):
+            pass
     try:
         return yaml.load(data, Loader=_YamlLoader)
     except (yaml.YAMLError, RecursionError, ValueError, TypeError) as yaml_error:
