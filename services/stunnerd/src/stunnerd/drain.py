@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from stunnerd.admin.health import Lifecycle
@@ -29,8 +29,8 @@ class DrainOutcome:
 async def drain(
     lifecycle: Lifecycle,
     *,
-    allocations: Callable[[], int],
-    stop_accepting: Callable[[], None],
+    allocations: Callable[[], Awaitable[int]],
+    stop_accepting: Callable[[], Awaitable[None]],
     grace_period_s: float,
     abort: asyncio.Event | None = None,
     check_interval_s: float = DRAIN_CHECK_INTERVAL_S,
@@ -39,8 +39,8 @@ async def drain(
     loop = asyncio.get_running_loop()
     started = loop.time()
     lifecycle.draining = True
-    stop_accepting()
-    left = allocations()
+    await stop_accepting()
+    left = await allocations()
     log.info("draining: %d allocation(s) left, grace period %.0f s", left, grace_period_s)
     deadline = started + grace_period_s
     while left > 0:
@@ -60,6 +60,6 @@ async def drain(
                 pass
         else:
             await asyncio.sleep(wait)
-        left = allocations()
+        left = await allocations()
     log.info("drained: no allocations left")
     return DrainOutcome(True, 0, loop.time() - started)

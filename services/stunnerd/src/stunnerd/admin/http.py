@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class Response:
     content_type: str = "application/json; charset=utf-8"
 
 
-Handler = Callable[[str], Response]
+Handler = Callable[[str], Response | Awaitable[Response]]
 
 
 class HttpServer:
@@ -103,7 +104,8 @@ class HttpServer:
             else:
                 path = request_line[1].split("?", 1)[0]
                 try:
-                    response = self._handler(path)
+                    result = self._handler(path)
+                    response = await result if inspect.isawaitable(result) else result
                 except Exception:
                     log.exception("%s handler failed for %s", self.name, path)
                     response = Response(500, b'{"status":500,"message":"internal error"}')

@@ -8,8 +8,9 @@ and TLS material.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from stunner_common.config import StunnerConfig
@@ -21,12 +22,14 @@ from stunnerd.admin.endpoint import (
     parse_admin_endpoint,
 )
 from stunnerd.admin.health import Lifecycle, health_handler
-from stunnerd.admin.http import HttpServer
+from stunnerd.admin.http import HttpServer, Response
 from stunnerd.admin.metrics import metrics_handler, metrics_registry
 from stunnerd.admin.stats import StatsSnapshot, TrafficStats
 from stunnerd.reconcile.plan import Plan
 
 log = logging.getLogger(__name__)
+
+REFRESH_TIMEOUT_S = 2.0
 
 
 def _traffic(t: TrafficStats) -> dict[str, dict[str, int]]:
@@ -99,9 +102,11 @@ class AdminServers:
         stats: Callable[[], StatsSnapshot],
         *,
         log_override: str | None = None,
+        refresh: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.lifecycle = lifecycle
         self._stats = stats
+        self._refresh = refresh
         self._log_override = log_override
         self._config: StunnerConfig | None = None
         self.revision: Callable[[], int | None] = lambda: None
@@ -151,6 +156,22 @@ class AdminServers:
             )
             await server.start()
             self.metrics = server
+
+    def _refreshing(
+        self, handler: Callable[[str], Response], only_path: str | None
+    ) -> Callable[[str], Awaitable[Response]]:
+        """Refresh the counters (e.g. from worker processes) before answering a scrape."""
+
+        async def handle(path: str) -> Response:
+            if self._refresh is not None and (only_path is None or path == only_path):
+                try:
+                    async with asyncio.timeout(REFRESH_TIMEOUT_S):
+                        await self._refresh()
+                except TimeoutError:
+                    log.warning("stats refresh timed out; serving the last known counters")
+            return handler(path)
+
+        return handle
 
     async def close(self) -> None:
         for server in (self.health, self.metrics):
