@@ -17,6 +17,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from support.ports import LOOPBACK, free_udp_tcp_port
 from support.processes import ServerProcess, wait_for_tcp, which
@@ -151,7 +152,8 @@ class Coturn:
 
     def uri(self, transport: str = "udp", user: str = USER, password: str = PASSWORD) -> str:
         port = self.tls_port if transport in ("tls", "dtls") else self.port
-        return f"turn://{user}:{password}@{LOOPBACK}:{port}?transport={transport}"
+        userinfo = f"{quote(user, safe='')}:{quote(password, safe='')}"
+        return f"turn://{userinfo}@{LOOPBACK}:{port}?transport={transport}"
 
 
 def turnserver_binary() -> str | None:
@@ -216,6 +218,7 @@ class Turncat:
         self.proc = proc
         self.lines: list[str] = []
         self._listening = asyncio.Event()
+        self._new_line = asyncio.Event()
         self._reader = asyncio.create_task(self._read(), name="turncat-stderr")
 
     async def _read(self) -> None:
@@ -223,6 +226,7 @@ class Turncat:
         async for raw in self.proc.stderr:
             line = raw.decode(errors="replace").rstrip()
             self.lines.append(line)
+            self._new_line.set()
             if "listening on" in line:
                 self._listening.set()
 
@@ -243,6 +247,15 @@ class Turncat:
         if not self._listening.is_set():
             await self._drain()
             raise AssertionError(f"turncat exited {self.proc.returncode}:\n{self.stderr}")
+
+    async def wait_for_line(self, text: str, count: int = 1, timeout_s: float = 20.0) -> None:
+        """Wait until `count` stderr lines contain `text`."""
+        async with asyncio.timeout(timeout_s):
+            while sum(text in line for line in self.lines) < count:
+                if self.proc.returncode is not None:
+                    raise AssertionError(f"turncat exited waiting for {text!r}:\n{self.stderr}")
+                self._new_line.clear()
+                await self._new_line.wait()
 
     async def _drain(self) -> None:
         with contextlib.suppress(TimeoutError):

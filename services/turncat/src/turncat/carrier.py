@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 STREAM_WRITE_LIMIT_BYTES = 1 << 20
 DTLS_READ_BYTES = 1 << 16
 UDP_RCVBUF_BYTES = 1 << 20
+DTLS1_2_VERSION = 0xFEFD  # OpenSSL's DTLS1_2_VERSION; pyOpenSSL does not export it
 
 
 class FrameSink(Protocol):
@@ -206,7 +207,7 @@ class DtlsCarrier(asyncio.DatagramProtocol):
         self._wakeup: asyncio.Event = asyncio.Event()
         self._error: Exception | None = None
         ctx = SSL.Context(SSL.DTLS_CLIENT_METHOD)
-        ctx.set_min_proto_version(SSL.DTLS1_2_VERSION)
+        ctx.set_min_proto_version(DTLS1_2_VERSION)
         if tls.insecure:
             ctx.set_verify(SSL.VERIFY_NONE)
         else:

@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -92,6 +93,15 @@ def configure_logging(spec: str) -> None:
         raise BadInputError(f"invalid log spec {spec!r}: {exc}") from None
 
 
+def _static_credentials(username: str | None, password: str | None) -> CredentialSource:
+    fixed = (username, password) if username and password else None
+
+    def source() -> tuple[str, str] | None:
+        return fixed
+
+    return source
+
+
 async def resolve_ip(host: str, port: int, what: str) -> tuple[str, int]:
     loop = asyncio.get_running_loop()
     try:
@@ -116,8 +126,7 @@ async def run(args: argparse.Namespace, settings: TurncatSettings) -> None:
             target, args.cds_server_address, settings.cds_timeout_s
         )
     else:
-        fixed = (target.username, target.password)
-        credentials = lambda: fixed if fixed[0] and fixed[1] else None  # noqa: E731
+        credentials = _static_credentials(target.username, target.password)
     server = await resolve_ip(target.host, target.port, "TURN server")
     peer = await resolve_ip(peer_addr.host, peer_addr.port, "peer")
     if target.secure and not tls.sni and not tls.insecure and target.host != server[0]:
@@ -148,6 +157,7 @@ async def serve(tunnel: Tunnel, local: LocalAddress) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
+        work: asyncio.Task[Any]
         if local.kind == "stdio":
             work = asyncio.create_task(tunnel.run_stdio(), name="stdio")
         else:

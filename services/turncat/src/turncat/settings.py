@@ -14,25 +14,25 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class TurncatSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TURNCAT_", frozen=True)
 
-    connect_timeout_s: float = Field(5.0, gt=0)
+    connect_timeout_s: float = Field(default=5.0, gt=0)
     """Opening the transport to the TURN server, including the TLS/DTLS handshake."""
-    request_timeout_s: float = Field(5.0, gt=0)
+    request_timeout_s: float = Field(default=5.0, gt=0)
     """One TURN transaction, retransmissions included (RFC 8489 §6.2.1 allows far longer)."""
-    initial_rto_s: float = Field(0.25, gt=0)
+    initial_rto_s: float = Field(default=0.25, gt=0)
     """First retransmission timeout on UDP and DTLS; doubles on each retry."""
-    allocation_lifetime_s: int = Field(600, ge=0)
+    allocation_lifetime_s: int = Field(default=600, ge=0)
     """LIFETIME asked for in Allocate and Refresh (0: let the server pick)."""
-    allocation_refresh_s: float | None = Field(None, gt=0)
+    allocation_refresh_s: float | None = Field(default=None, gt=0)
     """Refresh the allocation this often; by default at half the granted lifetime."""
-    permission_refresh_s: float = Field(240.0, gt=0)
+    permission_refresh_s: float = Field(default=240.0, gt=0)
     """Re-send CreatePermission and ChannelBind this often (permissions last 300 s)."""
-    client_idle_timeout_s: float = Field(300.0, gt=0)
+    client_idle_timeout_s: float = Field(default=300.0, gt=0)
     """Deallocate a UDP local client that has sent nothing for this long."""
-    stdin_linger_s: float = Field(1.0, ge=0)
+    stdin_linger_s: float = Field(default=1.0, ge=0)
     """After stdin ends, keep printing replies until the peer is silent for this long."""
-    close_timeout_s: float = Field(2.0, gt=0)
+    close_timeout_s: float = Field(default=2.0, gt=0)
     """Bound on the deallocation (Refresh with lifetime 0) when a session ends."""
-    cds_timeout_s: float = Field(5.0, gt=0)
+    cds_timeout_s: float = Field(default=5.0, gt=0)
     """Bound on the CDS request that resolves a k8s:// URI."""
-    pending_datagrams: int = Field(256, ge=1)
+    pending_datagrams: int = Field(default=256, ge=1)
     """Datagrams held per local client while its allocation is being set up."""
