@@ -90,6 +90,10 @@ class Renderer:
     def gateway(self, namespace: str, name: str) -> GatewayRender | None:
         return self._gateways.get(("Gateway", namespace, name))
 
+    def gateway_renders(self) -> list[GatewayRender]:
+        """The last render of every Gateway in the store, sorted by key."""
+        return [self._gateways[key] for key in sorted(self._gateways)]
+
     def statuses(self) -> dict[ObjKey, Status]:
         out: dict[ObjKey, Status] = {}
         for key, render in self._gateways.items():
