@@ -1,0 +1,32 @@
+"""Fixtures for the CDS integration tests: real redis-server, real uvicorn CDS on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+from cds_helpers import RunningCds, running_cds
+
+from stunner_common.store import ConfigPublisher
+from support.redis_server import RedisServer
+
+
+@pytest.fixture
+async def store(redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def publisher(store: aioredis.Redis) -> ConfigPublisher:
+    return ConfigPublisher(store)
+
+
+@pytest.fixture
+async def cds(redis: RedisServer) -> AsyncIterator[RunningCds]:
+    async with running_cds(redis.url) as running:
+        yield running

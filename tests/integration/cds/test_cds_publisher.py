@@ -1,0 +1,119 @@
+"""The Redis publisher writes the SPEC §4 layout atomically and only when a config changed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis.asyncio as aioredis
+from cds_helpers import config
+
+from stunner_common.config import parse_config
+from stunner_common.redis_keys import CONFIGS_HASH, EVENTS_STREAM, REV_COUNTER
+from stunner_common.store import (
+    REVS_HASH,
+    ConfigPublisher,
+    ConfigReader,
+    InvalidConfigIdError,
+    StoreError,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def stream(store: aioredis.Redis) -> list[dict[str, str]]:
+    entries = await store.xrange(EVENTS_STREAM)
+    return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
+
+
+async def test_upsert_writes_hash_stream_and_counter_together(
+    store: aioredis.Redis, publisher: ConfigPublisher
+) -> None:
+    stunner_config = parse_config(config("ns/gw"))
+    result = await publisher.upsert("ns/gw", stunner_config)
+    assert result.changes == {"ns/gw": 1}
+    canonical = stunner_config.canonical_json()
+    assert await store.hget(CONFIGS_HASH, "ns/gw") == canonical.encode()
+    assert await store.get(REV_COUNTER) == b"1"
+    assert await store.hget(REVS_HASH, "ns/gw") == b"1"
+    assert await stream(store) == [{"op": "upsert", "id": "ns/gw", "rev": "1", "config": canonical}]
+
+
+async def test_identical_upsert_is_a_no_op(
+    store: aioredis.Redis, publisher: ConfigPublisher
+) -> None:
+    assert (await publisher.upsert("ns/gw", parse_config(config("ns/gw")))).changed
+    assert not (await publisher.upsert("ns/gw", parse_config(config("ns/gw")))).changed
+    raw = config("ns/raw")
+    assert (await publisher.upsert("ns/raw", json.dumps(raw))).changed
+    reordered = json.dumps(dict(reversed(list(raw.items()))))
+    assert not (await publisher.upsert("ns/raw", reordered)).changed
+    assert await store.get(REV_COUNTER) == b"2"
+    assert len(await stream(store)) == 2
+
+
+async def test_delete_removes_the_config_and_records_the_revision(
+    store: aioredis.Redis, publisher: ConfigPublisher
+) -> None:
+    await publisher.upsert("ns/gw", config("ns/gw"))
+    assert (await publisher.delete("ns/gw")).changes == {"ns/gw": 2}
+    assert not (await publisher.delete("ns/gw")).changed
+    assert not (await publisher.delete("ns/never")).changed
+    assert await store.hexists(CONFIGS_HASH, "ns/gw") is False
+    assert await store.hget(REVS_HASH, "ns/gw") == b"2"
+    assert (await stream(store))[-1] == {"op": "delete", "id": "ns/gw", "rev": "2", "config": ""}
+
+
+async def test_replace_all_upserts_changed_and_deletes_missing_configs(
+    store: aioredis.Redis, publisher: ConfigPublisher
+) -> None:
+    await publisher.replace_all({"a/one": config("a/one"), "a/two": config("a/two")})
+    result = await publisher.replace_all(
+        {
+            "a/one": config("a/one"),
+            "a/two": config("a/two", realm="new"),
+            "b/three": config("b/three"),
+        }
+    )
+    assert result.changes == {"a/two": 3, "b/three": 4}
+    result = await publisher.replace_all({"b/three": config("b/three")})
+    assert result.changes == {"a/one": 5, "a/two": 6}
+    assert set(await store.hkeys(CONFIGS_HASH)) == {b"b/three"}
+    revs = [int(e["rev"]) for e in await stream(store)]
+    assert revs == list(range(1, 7))
+    assert not (await publisher.replace_all({"b/three": config("b/three")})).changed
+
+
+@pytest.mark.parametrize("bad_id", ["", "ns", "/gw", "ns/", "a/b/c"])
+async def test_ids_that_are_not_namespace_slash_name_are_refused(
+    store: aioredis.Redis, publisher: ConfigPublisher, bad_id: str
+) -> None:
+    with pytest.raises(InvalidConfigIdError, match="namespace/name"):
+        await publisher.upsert(bad_id, config("x/y"))
+    with pytest.raises(InvalidConfigIdError):
+        await publisher.replace_all({"ok/id": config("ok/id"), bad_id: config("x/y")})
+    assert await store.exists(CONFIGS_HASH, REV_COUNTER, EVENTS_STREAM) == 0
+
+
+@pytest.mark.parametrize("bad", ["not json", "[1, 2]", "42"])
+async def test_configs_that_are_not_json_objects_are_refused(
+    store: aioredis.Redis, publisher: ConfigPublisher, bad: str
+) -> None:
+    with pytest.raises(StoreError, match="JSON"):
+        await publisher.upsert("ns/gw", bad)
+    assert await store.exists(CONFIGS_HASH) == 0
+
+
+async def test_reader_snapshot_and_events_line_up(
+    store: aioredis.Redis, publisher: ConfigPublisher
+) -> None:
+    reader = ConfigReader(store)
+    await publisher.upsert("ns/a", config("ns/a"))
+    snapshot = await reader.load_snapshot()
+    assert snapshot.rev == 1
+    assert set(snapshot.configs) == {"ns/a"}
+    await publisher.upsert("ns/b", config("ns/b"))
+    await publisher.delete("ns/a")
+    events = await reader.read_events(snapshot.last_event_id)
+    assert [(e.op, e.id, e.rev) for e in events] == [("upsert", "ns/b", 2), ("delete", "ns/a", 3)]
+    assert await reader.events_after(snapshot.last_event_id) == [(events[0].event_id, 2)]
