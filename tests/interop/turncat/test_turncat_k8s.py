@@ -42,6 +42,7 @@ pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(
 
 GATEWAY_ID = "stunner/udp-gateway"
 READY_TIMEOUT_S = 15.0
+POLL_S = 0.05
 
 
 def gateway_config(server: Coturn, auth: dict[str, Any], *, public: bool = True) -> dict[str, Any]:
@@ -106,8 +107,11 @@ async def wait_served(cds_addr: str) -> None:
     """Poll (bounded) until the CDS serves the published gateway."""
     url = f"http://{cds_addr}/api/v1/configs/{GATEWAY_ID}"
     async with httpx.AsyncClient(timeout=2) as http, asyncio.timeout(READY_TIMEOUT_S):
-        while (await http.get(url)).status_code != 200:
-            await asyncio.sleep(0.05)
+        for _ in range(int(READY_TIMEOUT_S / POLL_S)):
+            if (await http.get(url)).status_code == 200:
+                return
+            await asyncio.sleep(POLL_S)
+    raise TimeoutError(f"the CDS never served {GATEWAY_ID}")
 
 
 def _udp_local() -> str:
