@@ -155,3 +155,13 @@ def test_a_metrics_path_other_than_the_configured_one_is_not_found() -> None:
     handler = metrics_handler(metrics_registry(StatsSnapshot), "/metrics")
     assert handler("/other").status == 404
     assert metrics_handler(metrics_registry(StatsSnapshot), "/")("/anything").status == 200
+
+
+def test_packet_and_byte_series_are_left_out_when_the_server_does_not_count_them() -> None:
+    snap = StatsSnapshot((ListenerStats("udp", 1, 1, 1),), (), traffic_measured=False)
+    body = metrics_handler(metrics_registry(lambda: snap), "/")("/").body.decode()
+    assert 'stunner_listener_allocations_active{name="udp"} 1.0' in body
+    assert "stunner_listener_packets_total" not in body
+    assert "stunner_cluster_bytes_total" not in body
+    merged = merge_snapshots([snap, StatsSnapshot()])
+    assert merged.traffic_measured is False

@@ -53,6 +53,8 @@ class StunnerCollector(Collector):
             per_listener.add_metric([lst.name], lst.allocations)
             conns.add_metric([lst.name], lst.connections)
             conns_total.add_metric([lst.name], lst.connections_total)
+            if not snap.traffic_measured:
+                continue
             l_pkts.add_metric([lst.name, "rx"], lst.traffic.rx_packets)
             l_pkts.add_metric([lst.name, "tx"], lst.traffic.tx_packets)
             l_bytes.add_metric([lst.name, "rx"], lst.traffic.rx_bytes)
@@ -75,7 +77,9 @@ class StunnerCollector(Collector):
             c_pkts.add_metric([cl.name, "tx"], t.tx_packets)
             c_bytes.add_metric([cl.name, "rx"], t.rx_bytes)
             c_bytes.add_metric([cl.name, "tx"], t.tx_bytes)
-        yield from (per_listener, conns, conns_total, l_pkts, l_bytes, c_pkts, c_bytes)
+        yield from (per_listener, conns, conns_total)
+        if snap.traffic_measured:
+            yield from (l_pkts, l_bytes, c_pkts, c_bytes)
 
 
 def metrics_registry(snapshot: Callable[[], StatsSnapshot]) -> CollectorRegistry:

@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 REFRESH_TIMEOUT_S = 2.0
 
 
-def _traffic(t: TrafficStats) -> dict[str, dict[str, int]]:
+def _traffic(t: TrafficStats, measured: bool) -> dict[str, dict[str, int]] | None:
+    if not measured:
+        return None
     return {
         "rx": {"pkts": t.rx_packets, "bytes": t.rx_bytes},
         "tx": {"pkts": t.tx_packets, "bytes": t.tx_bytes},
@@ -75,7 +77,7 @@ def status_document(
             "routes": list(lst.routes),
             "allocations": stats.listener(lst.name).allocations,
             "connections": stats.listener(lst.name).connections,
-            "stats": _traffic(stats.listener(lst.name).traffic),
+            "stats": _traffic(stats.listener(lst.name).traffic, stats.traffic_measured),
         }
         for lst in config.listeners
     ]
@@ -86,7 +88,7 @@ def status_document(
             "type": c.type,
             "protocol": c.protocol,
             "endpoints": list(c.endpoints),
-            "stats": _traffic(cluster_stats.get(c.name, TrafficStats())),
+            "stats": _traffic(cluster_stats.get(c.name, TrafficStats()), stats.traffic_measured),
         }
         for c in config.clusters
     ]

@@ -44,8 +44,15 @@ class ClusterStats:
 
 @dataclass(frozen=True, slots=True)
 class StatsSnapshot:
+    """Counters of one process (or the sum over workers).
+
+    `traffic_measured` is False when the server does not count packets and bytes; the packet and
+    byte series are then left out rather than reported as zero.
+    """
+
     listeners: tuple[ListenerStats, ...] = ()
     clusters: tuple[ClusterStats, ...] = ()
+    traffic_measured: bool = True
 
     @property
     def allocations(self) -> int:
@@ -67,6 +74,7 @@ class StatsSnapshot:
                 for x in self.listeners
             ],
             "clusters": [[c.name, traffic(c.traffic)] for c in self.clusters],
+            "traffic_measured": self.traffic_measured,
         }
 
     @staticmethod
@@ -87,7 +95,9 @@ def merge_snapshots(snapshots: Iterable[StatsSnapshot]) -> StatsSnapshot:
     """Sum per-worker snapshots into one, keyed by listener and cluster name."""
     listeners: dict[str, ListenerStats] = {}
     clusters: dict[str, ClusterStats] = {}
+    measured = True
     for snap in snapshots:
+        measured = measured and snap.traffic_measured
         for lst in snap.listeners:
             prev = listeners.get(lst.name, ListenerStats(lst.name))
             listeners[lst.name] = ListenerStats(
@@ -101,5 +111,7 @@ def merge_snapshots(snapshots: Iterable[StatsSnapshot]) -> StatsSnapshot:
             prevc = clusters.get(c.name, ClusterStats(c.name))
             clusters[c.name] = ClusterStats(c.name, prevc.traffic + c.traffic)
     return StatsSnapshot(
-        tuple(listeners[n] for n in sorted(listeners)), tuple(clusters[n] for n in sorted(clusters))
+        tuple(listeners[n] for n in sorted(listeners)),
+        tuple(clusters[n] for n in sorted(clusters)),
+        measured,
     )
