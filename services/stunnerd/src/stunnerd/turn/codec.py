@@ -20,7 +20,9 @@ from aioice import stun
 COOKIE = stun.COOKIE
 HEADER_LENGTH = stun.HEADER_LENGTH
 CHANNEL_MIN = 0x4000
-CHANNEL_MAX = 0x4FFF
+# RFC 8656 §12 narrowed channels to 0x4000-0x4FFF, but RFC 5766 clients (coturn's uclient among
+# them) still pick from 0x4000-0x7FFF, and pion accepts that range: so do we.
+CHANNEL_MAX = 0x7FFF
 
 Method = stun.Method
 Class = stun.Class

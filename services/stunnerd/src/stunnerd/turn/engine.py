@@ -204,7 +204,7 @@ class TurnEngine:
         if not data:
             return out
         first = data[0]
-        if 0x40 <= first <= 0x4F:
+        if 0x40 <= first <= 0x7F:
             self._channel_data(data, client, out)
             return out
         try:

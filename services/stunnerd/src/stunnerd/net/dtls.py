@@ -1,0 +1,285 @@
+"""TURN-DTLS: TURN over DTLS on one UDP socket, with pyOpenSSL and memory BIOs (as aiortc does).
+
+Each client transport address gets its own `SSL.Connection` in accept state. Datagrams from the
+client are written into its BIO; decrypted records (one STUN message or ChannelData frame each)
+go to the same fast path / engine as TURN-UDP; anything the connection wants to send is read back
+from the BIO and sent as a datagram. Handshake retransmissions follow OpenSSL's DTLS timer
+(`DTLSv1_get_timeout`). A close_notify, a fatal alert or a long idle period without an allocation
+ends the session, and with it the allocation (RFC 8656 §3.1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from OpenSSL import SSL
+from stunner_common.config import TlsPair
+
+from stunnerd.net.listener import Address, Listener, SendTo, tune_udp_socket
+
+log = logging.getLogger(__name__)
+
+DTLS_MTU_BYTES = 1400
+IDLE_TIMEOUT_S = 60.0
+MAX_SESSIONS = 10_000
+_RECORD_HANDSHAKE = 22
+
+
+def dtls_context(pair: TlsPair) -> SSL.Context:
+    ctx = SSL.Context(SSL.DTLS_METHOD)
+    chain = x509.load_pem_x509_certificates(pair.cert_pem)
+    ctx.use_certificate(chain[0])
+    for extra in chain[1:]:
+        ctx.add_extra_chain_cert(extra)
+    key = serialization.load_pem_private_key(pair.key_pem, password=None)
+    ctx.use_privatekey(key)  # type: ignore[arg-type]
+    ctx.check_privatekey()
+    ctx.set_options(SSL.OP_NO_QUERY_MTU)
+    return ctx
+
+
+class DtlsSession:
+    """One client's DTLS association over the shared listener socket."""
+
+    __slots__ = (
+        "addr",
+        "client",
+        "conn",
+        "established",
+        "idle_handle",
+        "last_seen",
+        "listener",
+        "timer",
+    )
+
+    def __init__(self, listener: DtlsListener, addr: Any) -> None:
+        self.listener = listener
+        self.addr = addr
+        self.client: Address = (addr[0], addr[1])
+        self.conn = SSL.Connection(listener.context, None)
+        self.conn.set_accept_state()
+        self.conn.set_ciphertext_mtu(DTLS_MTU_BYTES)
+        self.established = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.idle_handle: asyncio.TimerHandle | None = None
+        self.last_seen = listener.loop.time()
+
+    def feed(self, data: bytes) -> None:
+        self.last_seen = self.listener.loop.time()
+        conn = self.conn
+        try:
+            conn.bio_write(data)
+            if not self.established:
+                try:
+                    conn.do_handshake()
+                except SSL.WantReadError:
+                    self.flush()
+                    self._arm_timer()
+                    return
+                self.established = True
+                self._cancel_timer()
+                self.listener.session_established(self)
+            while True:
+                try:
+                    record = conn.recv(65536)
+                except SSL.WantReadError:
+                    break
+                self.listener.client_record(record, self.client)
+        except SSL.ZeroReturnError:
+            self.listener.drop_session(self, "closed by the client")
+            return
+        except SSL.Error as exc:
+            self.flush()  # send the alert, if any
+            self.listener.drop_session(self, f"DTLS error: {exc}")
+            return
+        self.flush()
+
+    def send(self, data: bytes, _addr: Any = None) -> None:
+        try:
+            self.conn.send(data)
+        except SSL.Error:
+            return
+        self.flush()
+
+    def flush(self) -> None:
+        sendto = self.listener.sendto
+        if sendto is None:
+            return
+        while True:
+            try:
+                out = self.conn.bio_read(65536)
+            except SSL.WantReadError:
+                return
+            sendto(out, self.addr)
+
+    def _arm_timer(self) -> None:
+        self._cancel_timer()
+        timeout = self.conn.DTLSv1_get_timeout()
+        if timeout is not None:
+            self.timer = self.listener.loop.call_later(timeout, self._on_timer)
+
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        try:
+            self.conn.DTLSv1_handle_timeout()
+        except SSL.Error:
+            self.listener.drop_session(self, "handshake failed")
+            return
+        self.flush()
+        if not self.established:
+            self._arm_timer()
+
+    def close(self, notify: bool) -> None:
+        self._cancel_timer()
+        if self.idle_handle is not None:
+            self.idle_handle.cancel()
+            self.idle_handle = None
+        if notify:
+            try:
+                self.conn.shutdown()
+            except SSL.Error:
+                pass
+            self.flush()
+
+
+class DtlsListenerProtocol(asyncio.DatagramProtocol):
+    def __init__(self, listener: DtlsListener) -> None:
+        self.listener = listener
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        session = self.listener.sessions.get(addr)
+        if session is None:
+            if not data or data[0] != _RECORD_HANDSHAKE:
+                return
+            session = self.listener.new_session(addr)
+            if session is None:
+                return
+        session.feed(data)
+
+    def error_received(self, exc: Exception) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("DTLS listener socket error: %s", exc)
+
+
+class DtlsListener(Listener):
+    """TURN-DTLS: relays are UDP; ChannelData is not padded (datagram transport)."""
+
+    stream = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.spec.tls is None:
+            raise ValueError(f"listener {self.name}: TURN-DTLS needs a certificate")
+        self.context = dtls_context(self.spec.tls)
+        self.sessions: dict[Any, DtlsSession] = {}
+        self.transport: asyncio.DatagramTransport | None = None
+        self.sendto: SendTo | None = None
+
+    async def start(self) -> None:
+        family = socket.AF_INET6 if ":" in self.spec.bind_host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            sock.bind((self.spec.bind_host, self.spec.port))
+            tune_udp_socket(sock)
+            transport, _ = await self.loop.create_datagram_endpoint(
+                lambda: DtlsListenerProtocol(self), sock=sock
+            )
+        except BaseException:
+            sock.close()
+            raise
+        self.transport = transport
+        self.sendto = transport.sendto
+
+    def rotate_certificate(self, pair: TlsPair) -> bool:
+        """New sessions use the new certificate; established ones keep theirs."""
+        self.context = dtls_context(pair)
+        return True
+
+    @property
+    def bound_port(self) -> int:
+        assert self.transport is not None
+        return int(self.transport.get_extra_info("sockname")[1])
+
+    def new_session(self, addr: Any) -> DtlsSession | None:
+        if len(self.sessions) >= MAX_SESSIONS:
+            return None
+        session = DtlsSession(self, addr)
+        self.sessions[addr] = session
+        self._arm_idle(session)
+        return session
+
+    def session_established(self, session: DtlsSession) -> None:
+        self.connections += 1
+        self.connections_total += 1
+
+    def _arm_idle(self, session: DtlsSession) -> None:
+        session.idle_handle = self.loop.call_later(IDLE_TIMEOUT_S, self._idle_check, session)
+
+    def _idle_check(self, session: DtlsSession) -> None:
+        session.idle_handle = None
+        if self.sessions.get(session.addr) is not session:
+            return
+        idle = self.loop.time() - session.last_seen
+        if session.client not in self.engine.allocations and idle >= IDLE_TIMEOUT_S:
+            self.drop_session(session, "idle without an allocation")
+            return
+        self._arm_idle(session)
+
+    def drop_session(self, session: DtlsSession, reason: str) -> None:
+        if self.sessions.get(session.addr) is not session:
+            return
+        del self.sessions[session.addr]
+        session.close(notify=False)
+        if session.established:
+            self.connections -= 1
+        log.info("listener %s: DTLS session %s ended: %s", self.name, session.client, reason)
+        self.client_closed(session.client)
+
+    def client_record(self, record: bytes, client: Address) -> None:
+        if len(record) >= 4 and 0x40 <= record[0] <= 0x7F:
+            route = self.routes.get((client, (record[0] << 8) | record[1]))
+            if route is not None:
+                n = (record[2] << 8) | record[3]
+                if n <= len(record) - 4:
+                    route[0](record[4 : 4 + n], route[1])
+                    return
+        self.client_slow_path(record, client)
+
+    def client_sender(self, client: Address) -> SendTo:
+        session = self._session_for(client)
+        if session is None:
+            return lambda data, addr: None
+        return session.send
+
+    def send_to_client(self, client: Address, data: bytes) -> None:
+        session = self._session_for(client)
+        if session is not None:
+            session.send(data)
+
+    def _session_for(self, client: Address) -> DtlsSession | None:
+        session = self.sessions.get(client)
+        if session is None:  # IPv6 sockets report 4-tuples
+            for candidate in self.sessions.values():
+                if candidate.client == client:
+                    return candidate
+        return session
+
+    async def _close_transport(self) -> None:
+        for session in list(self.sessions.values()):
+            session.close(notify=True)
+        self.sessions.clear()
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+            self.sendto = None

@@ -1,0 +1,394 @@
+"""One TURN listener at the asyncio edge: carries out engine effects and owns the fast path.
+
+A `Listener` wraps one `TurnEngine`. Everything the engine decides arrives as effects, which
+`apply` carries out: send to a client, send to a peer through the allocation's relay socket, open
+or close a relay, and install or remove *channel routes*. Routes are the hot path (ChannelData,
+RFC 8656 §12): the client-side table maps (client address, channel) to the relay's `sendto` and the
+peer; each relay maps a peer address to its channel number. A datagram that hits a route is
+forwarded with two dict lookups and no parsing, no logging, no task; anything else goes to the
+engine. The engine's `next_deadline()` arms a single `call_at` timer per listener.
+
+Subclasses provide the client transport: UDP here, TCP/TLS in `stream.py`, DTLS in `dtls.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stunner_common.config import TlsPair
+
+from stunnerd.turn import effects as fx
+from stunnerd.turn.engine import Policies, TurnEngine
+from stunnerd.turn.policies import UserUsage
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+SendTo = Callable[[bytes, Any], None]
+_CHANNEL_HEADER = struct.Struct("!HH").pack
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+EVEN_PORT_ATTEMPTS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSpec:
+    """What the edge needs to run a listener (built from a `ListenerConfig`)."""
+
+    name: str
+    protocol: str  # TURN-UDP, TURN-TCP, TURN-TLS, TURN-DTLS
+    relay_ip: str  # advertised in XOR-RELAYED-ADDRESS
+    port: int
+    bind_host: str = "0.0.0.0"
+    tls: TlsPair | None = None
+
+
+def tune_udp_socket(sock: socket.socket) -> None:
+    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+        except OSError:  # pragma: no cover - capped by the kernel, never fatal
+            pass
+
+
+class UdpRelayProtocol(asyncio.DatagramProtocol):
+    """The relay socket of one allocation whose client speaks UDP or DTLS (datagrams)."""
+
+    __slots__ = ("client", "client_send", "listener", "peer_channels", "transport")
+
+    def __init__(self, listener: Listener, client: Address) -> None:
+        self.listener = listener
+        self.client = client
+        self.client_send: SendTo = listener.client_sender(client)
+        self.peer_channels: dict[Any, int] = {}
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        channel = self.peer_channels.get(addr)
+        if channel is not None:
+            self.client_send(_CHANNEL_HEADER(channel, len(data)) + data, self.client)
+            return
+        self.listener.peer_slow_path(self.client, addr, data)
+
+    def error_received(self, exc: Exception) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("relay for %s: %s", self.client, exc)
+
+
+class StreamRelayProtocol(UdpRelayProtocol):
+    """Relay whose client speaks a stream (TCP/TLS): ChannelData is padded to 4 bytes."""
+
+    __slots__ = ()
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        channel = self.peer_channels.get(addr)
+        if channel is not None:
+            n = len(data)
+            pad = -n % 4
+            frame = _CHANNEL_HEADER(channel, n) + data
+            self.client_send(frame + b"\x00" * pad if pad else frame, self.client)
+            return
+        self.listener.peer_slow_path(self.client, addr, data)
+
+
+class Listener:
+    """Base class: the engine, relays, channel routes and the deadline timer of one listener."""
+
+    stream = False
+
+    def __init__(
+        self,
+        spec: ListenerSpec,
+        policies: Policies,
+        *,
+        nonce_secret: bytes,
+        usage: UserUsage,
+        loop: asyncio.AbstractEventLoop,
+        clock_offset_s: float,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.loop = loop
+        self.engine = TurnEngine(
+            relay_ip=spec.relay_ip,
+            nonce_secret=nonce_secret,
+            policies=policies,
+            usage=usage,
+            stream=self.stream,
+            clock_offset_s=clock_offset_s,
+        )
+        # (client address, channel) -> (relay sendto, peer): the client → peer fast path
+        self.routes: dict[tuple[Any, int], tuple[SendTo, Address]] = {}
+        self.relays: dict[Address, UdpRelayProtocol] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.connections = 0
+        self.connections_total = 0
+        self.closed = False
+
+    # -------------------------------------------------------------- subclass hooks
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    def client_sender(self, client: Address) -> SendTo:
+        """A callable(data, client) that delivers bytes to this client."""
+        raise NotImplementedError
+
+    def send_to_client(self, client: Address, data: bytes) -> None:
+        raise NotImplementedError
+
+    async def _close_transport(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def bound_port(self) -> int:
+        raise NotImplementedError
+
+    # -------------------------------------------------------------- engine plumbing
+
+    @property
+    def allocation_count(self) -> int:
+        return self.engine.allocation_count
+
+    def set_policies(self, policies: Policies) -> None:
+        self.apply(self.engine.set_policies(policies, self.loop.time()))
+
+    def client_slow_path(self, data: bytes, client: Any) -> None:
+        """Everything that is not a routed ChannelData frame goes through the engine."""
+        try:
+            effects = self.engine.handle_client(data, (client[0], client[1]), self.loop.time())
+        except Exception:  # the engine must never take the listener down
+            log.exception("listener %s: engine failed on a client message", self.name)
+            return
+        if effects:
+            self.apply(effects)
+
+    def peer_slow_path(self, client: Address, peer: Any, data: bytes) -> None:
+        try:
+            effects = self.engine.handle_peer(client, (peer[0], peer[1]), data, self.loop.time())
+        except Exception:
+            log.exception("listener %s: engine failed on a peer datagram", self.name)
+            return
+        if effects:
+            self.apply(effects)
+
+    def client_closed(self, client: Address) -> None:
+        if not self.closed:
+            self.apply(self.engine.client_closed(client, self.loop.time()))
+
+    def apply(self, effects: list[fx.Effect]) -> None:
+        for effect in effects:
+            match effect:
+                case fx.SendToClient():
+                    self.send_to_client(effect.client, effect.data)
+                case fx.SendToPeer():
+                    relay = self.relays.get(effect.client)
+                    if relay is not None and relay.transport is not None:
+                        relay.transport.sendto(effect.data, effect.peer)
+                case fx.ChannelRouteAdded():
+                    self._route_added(effect)
+                case fx.ChannelRouteRemoved():
+                    self._route_removed(effect)
+                case fx.OpenRelay():
+                    self._open_relay(effect)
+                case fx.CloseRelay():
+                    closing = self.relays.pop(effect.client, None)
+                    if closing is not None and closing.transport is not None:
+                        closing.transport.close()
+                case fx.AllocationCreated():
+                    log.info(
+                        "listener %s: allocation for %s (user %s) relay %s:%d lifetime %ds",
+                        self.name,
+                        effect.client,
+                        effect.user_id,
+                        effect.relay[0],
+                        effect.relay[1],
+                        effect.lifetime_s,
+                    )
+                case fx.AllocationDeleted():
+                    log.info(
+                        "listener %s: allocation for %s (user %s) deleted: %s",
+                        self.name,
+                        effect.client,
+                        effect.user_id,
+                        effect.reason,
+                    )
+        self._rearm()
+
+    def _route_added(self, effect: fx.ChannelRouteAdded) -> None:
+        relay = self.relays.get(effect.client)
+        if relay is None or relay.transport is None:
+            return
+        self.routes[(effect.client, effect.channel)] = (relay.transport.sendto, effect.peer)
+        relay.peer_channels[effect.peer] = effect.channel
+
+    def _route_removed(self, effect: fx.ChannelRouteRemoved) -> None:
+        self.routes.pop((effect.client, effect.channel), None)
+        relay = self.relays.get(effect.client)
+        if relay is not None:
+            relay.peer_channels.pop(effect.peer, None)
+
+    def _open_relay(self, effect: fx.OpenRelay) -> None:
+        try:
+            sock = self._bind_relay_socket(effect.family, effect.even_port)
+        except OSError as exc:
+            log.warning("listener %s: cannot open a relay socket: %s", self.name, exc)
+            self.apply(self.engine.relay_failed(effect.client, self.loop.time()))
+            return
+        task = self.loop.create_task(
+            self._start_relay(effect.client, sock), name=f"relay-open:{self.name}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _bind_relay_socket(self, family: int, even: bool) -> socket.socket:
+        af = socket.AF_INET6 if family == 6 else socket.AF_INET
+        host = self.spec.bind_host
+        if (af == socket.AF_INET6) != (":" in host):
+            host = "::" if af == socket.AF_INET6 else "0.0.0.0"
+        for _ in range(EVEN_PORT_ATTEMPTS if even else 1):
+            sock = socket.socket(af, socket.SOCK_DGRAM)
+            try:
+                sock.setblocking(False)
+                sock.bind((host, 0))
+            except OSError:
+                sock.close()
+                raise
+            if not even or sock.getsockname()[1] % 2 == 0:
+                tune_udp_socket(sock)
+                return sock
+            sock.close()
+        raise OSError("no even relay port found")
+
+    async def _start_relay(self, client: Address, sock: socket.socket) -> None:
+        port = int(sock.getsockname()[1])
+        factory = StreamRelayProtocol if self.stream else UdpRelayProtocol
+        try:
+            _transport, relay = await self.loop.create_datagram_endpoint(
+                lambda: factory(self, client), sock=sock
+            )
+        except OSError as exc:
+            sock.close()
+            log.warning("listener %s: relay socket failed: %s", self.name, exc)
+            self.apply(self.engine.relay_failed(client, self.loop.time()))
+            return
+        if self.closed:
+            relay.transport.close()  # type: ignore[union-attr]
+            return
+        self.relays[client] = relay
+        self.apply(self.engine.relay_opened(client, port, self.loop.time()))
+
+    def _rearm(self) -> None:
+        deadline = self.engine.next_deadline()
+        if deadline == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = deadline
+        if deadline is not None and not self.closed:
+            self._timer = self.loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self.apply(self.engine.tick(self.loop.time()))
+
+    async def close(self) -> None:
+        """Stop serving: drop allocations (relays close), stop the transport, cancel tasks."""
+        if self.closed:
+            return
+        self.apply(self.engine.close())
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for relay in self.relays.values():
+            if relay.transport is not None:
+                relay.transport.close()
+        self.relays.clear()
+        self.routes.clear()
+        await self._close_transport()
+
+
+class UdpListenerProtocol(asyncio.DatagramProtocol):
+    """TURN-UDP: routed ChannelData is forwarded right here; the rest goes to the engine."""
+
+    __slots__ = ("routes", "slow_path")
+
+    def __init__(self, listener: UdpListener) -> None:
+        self.routes = listener.routes
+        self.slow_path = listener.client_slow_path
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        if len(data) >= 4 and 0x40 <= data[0] <= 0x7F:
+            route = self.routes.get((addr, (data[0] << 8) | data[1]))
+            if route is not None:
+                n = (data[2] << 8) | data[3]
+                if n <= len(data) - 4:
+                    route[0](data[4 : 4 + n], route[1])
+                    return
+        self.slow_path(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("UDP listener socket error: %s", exc)
+
+
+class UdpListener(Listener):
+    stream = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.transport: asyncio.DatagramTransport | None = None
+        self._sendto: SendTo | None = None
+
+    async def start(self) -> None:
+        family = socket.AF_INET6 if ":" in self.spec.bind_host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            sock.bind((self.spec.bind_host, self.spec.port))
+            tune_udp_socket(sock)
+            transport, _ = await self.loop.create_datagram_endpoint(
+                lambda: UdpListenerProtocol(self), sock=sock
+            )
+        except BaseException:
+            sock.close()
+            raise
+        self.transport = transport
+        self._sendto = transport.sendto
+        self.connections = self.connections_total = 1
+
+    @property
+    def bound_port(self) -> int:
+        assert self.transport is not None
+        return int(self.transport.get_extra_info("sockname")[1])
+
+    def client_sender(self, client: Address) -> SendTo:
+        assert self._sendto is not None
+        return self._sendto
+
+    def send_to_client(self, client: Address, data: bytes) -> None:
+        if self._sendto is not None:
+            self._sendto(data, client)
+
+    async def _close_transport(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+            self._sendto = None

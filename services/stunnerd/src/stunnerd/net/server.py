@@ -1,0 +1,254 @@
+"""The running TURN server: a set of named listeners that can change while traffic flows.
+
+`TurnServer` is what the command (and the reconciler) drives. It adds, removes and updates
+listeners at runtime, swaps policies in place for live allocations, keeps STRICT_DNS names
+resolved (every `DNS_REFRESH_S`, previous answer kept on failure), and reports allocation counts
+per listener. Its public methods match the reconciler's `DataplaneTarget`. One `UserUsage` is
+shared by all listeners, so `admin.user_quota` counts a user's allocations process-wide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import socket
+import time
+
+from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
+
+from stunnerd.net.dtls import DtlsListener
+from stunnerd.net.listener import Listener, ListenerSpec, UdpListener
+from stunnerd.net.stream import StreamListener
+from stunnerd.policy import DnsCache, dns_names, policies_for
+from stunnerd.turn.engine import Policies
+from stunnerd.turn.policies import UserUsage
+
+log = logging.getLogger(__name__)
+
+DNS_REFRESH_S = 5.0
+DNS_TIMEOUT_S = 5.0
+WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+
+
+class ListenerError(Exception):
+    """A listener could not be built or started (bad certificate, port in use, ...)."""
+
+
+def relay_address(listener: ListenerConfig) -> str:
+    """The IP advertised in XOR-RELAYED-ADDRESS: the listener address (upstream §5.2)."""
+    if listener.address in WILDCARDS:
+        return "127.0.0.1"
+    return listener.address
+
+
+class TurnServer:
+    """Listeners by name. `bind_host` is where sockets bind (upstream: the wildcard address)."""
+
+    def __init__(self, *, bind_host: str = "0.0.0.0", usage: UserUsage | None = None) -> None:
+        self.bind_host = bind_host
+        self.usage = usage if usage is not None else UserUsage()
+        self.listeners: dict[str, Listener] = {}
+        self.dns = DnsCache()
+        self._dns_task: asyncio.Task[None] | None = None
+        self._config: StunnerConfig | None = None
+
+    # ---------------------------------------------------------------- queries
+
+    def allocation_counts(self) -> dict[str, int]:
+        return {name: lst.allocation_count for name, lst in self.listeners.items()}
+
+    @property
+    def allocation_count(self) -> int:
+        return sum(lst.allocation_count for lst in self.listeners.values())
+
+    def port_of(self, name: str) -> int:
+        return self.listeners[name].bound_port
+
+    # ---------------------------------------------------------------- whole-config helper
+
+    async def apply_config(self, config: StunnerConfig) -> None:
+        """Bring the listener set to `config` (simple form; the reconciler does it finely)."""
+        self.apply_policies(config)
+        wanted = {lst.name: lst for lst in config.listeners}
+        for name in list(self.listeners):
+            if name not in wanted:
+                await self.remove_listener(name)
+        for name, lst in wanted.items():
+            current = self.listeners.get(name)
+            if current is None or _restart_needed(current.spec, self._spec(lst)):
+                await self.add_listener(lst, config)
+            else:
+                self.update_listener(lst, config)
+
+    # ---------------------------------------------------------------- DataplaneTarget
+
+    def check_listener(self, listener: ListenerConfig) -> None:
+        try:
+            spec = self._spec(listener)
+            if spec.protocol == "TURN-DTLS" and spec.tls is not None:
+                from stunnerd.net.dtls import dtls_context
+
+                dtls_context(spec.tls)
+            elif spec.protocol == "TURN-TLS" and spec.tls is not None:
+                from stunnerd.net.stream import server_ssl_context
+
+                server_ssl_context(spec.tls)
+        except ListenerError:
+            raise
+        except Exception as exc:
+            raise ListenerError(f"listener {listener.name}: {exc}") from exc
+
+    def apply_policies(self, config: StunnerConfig) -> None:
+        self._config = config
+        by_name = {lst.name: lst for lst in config.listeners}
+        for name, running in self.listeners.items():
+            lst = by_name.get(name)
+            if lst is not None:
+                running.set_policies(policies_for(lst, config, self.dns))
+        self._ensure_dns(config)
+
+    async def add_listener(self, listener: ListenerConfig, config: StunnerConfig) -> None:
+        self._config = config
+        await self.remove_listener(listener.name)
+        spec = self._spec(listener)
+        policies = policies_for(listener, config, self.dns)
+        running = self._build(spec, policies)
+        try:
+            await running.start()
+        except OSError as exc:
+            await running.close()
+            raise ListenerError(
+                f"listener {listener.name}: cannot bind {spec.protocol} port {spec.port}: {exc}"
+            ) from exc
+        self.listeners[listener.name] = running
+        self._ensure_dns(config)
+        log.info(
+            "listener %s: %s on %s:%d (relay address %s)",
+            spec.name,
+            spec.protocol,
+            spec.bind_host,
+            running.bound_port,
+            spec.relay_ip,
+        )
+
+    async def remove_listener(self, name: str) -> None:
+        running = self.listeners.pop(name, None)
+        if running is not None:
+            await running.close()
+            log.info("listener %s: closed", name)
+
+    def update_listener(self, listener: ListenerConfig, config: StunnerConfig) -> None:
+        self._config = config
+        running = self.listeners.get(listener.name)
+        if running is not None:
+            running.set_policies(policies_for(listener, config, self.dns))
+
+    def rotate_certificate(self, listener: ListenerConfig) -> bool:
+        running = self.listeners.get(listener.name)
+        if not isinstance(running, StreamListener | DtlsListener):
+            return False
+        pair = load_tls_pair(listener.cert, listener.key)
+        return running.rotate_certificate(pair)
+
+    async def close(self) -> None:
+        if self._dns_task is not None:
+            self._dns_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dns_task
+            self._dns_task = None
+        for name in list(self.listeners):
+            await self.remove_listener(name)
+
+    # ---------------------------------------------------------------- internals
+
+    def _spec(self, listener: ListenerConfig) -> ListenerSpec:
+        tls = None
+        if listener.protocol in ("TURN-TLS", "TURN-DTLS"):
+            try:
+                tls = load_tls_pair(listener.cert, listener.key)
+            except Exception as exc:
+                raise ListenerError(f"listener {listener.name}: {exc}") from exc
+        bind_host = self.bind_host
+        if ":" in listener.address and ":" not in bind_host:
+            bind_host = "::"
+        return ListenerSpec(
+            name=listener.name,
+            protocol=listener.protocol,
+            relay_ip=relay_address(listener),
+            port=listener.port,
+            bind_host=bind_host,
+            tls=tls,
+        )
+
+    def _build(self, spec: ListenerSpec, policies: Policies) -> Listener:
+        loop = asyncio.get_running_loop()
+        kinds: dict[str, type[Listener]] = {
+            "TURN-UDP": UdpListener,
+            "TURN-TCP": StreamListener,
+            "TURN-TLS": StreamListener,
+            "TURN-DTLS": DtlsListener,
+        }
+        kind = kinds.get(spec.protocol)
+        if kind is None:
+            raise ListenerError(f"listener {spec.name}: unknown protocol {spec.protocol!r}")
+        try:
+            return kind(
+                spec,
+                policies,
+                nonce_secret=secrets.token_bytes(32),
+                usage=self.usage,
+                loop=loop,
+                clock_offset_s=time.time() - loop.time(),
+            )
+        except Exception as exc:
+            raise ListenerError(f"listener {spec.name}: {exc}") from exc
+
+    def _ensure_dns(self, config: StunnerConfig) -> None:
+        names = dns_names(config)
+        for stale in set(self.dns.addresses) - names:
+            del self.dns.addresses[stale]
+            self.dns.version += 1
+        if names and self._dns_task is None:
+            self._dns_task = asyncio.get_running_loop().create_task(
+                self._dns_loop(), name="stunnerd-dns-refresh"
+            )
+
+    async def _dns_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            config = self._config
+            names = dns_names(config) if config is not None else set()
+            changed = False
+            for name in names:
+                try:
+                    async with asyncio.timeout(DNS_TIMEOUT_S):
+                        infos = await loop.getaddrinfo(name, None, type=socket.SOCK_DGRAM)
+                except (OSError, TimeoutError) as exc:
+                    log.debug("dns: cannot resolve %s: %s (keeping previous answer)", name, exc)
+                    continue
+                changed |= self.dns.update(name, {str(info[4][0]) for info in infos})
+            if changed and config is not None:
+                self.apply_policies_in_place()
+            await asyncio.sleep(DNS_REFRESH_S)
+
+    def apply_policies_in_place(self) -> None:
+        """Re-evaluate routes after DNS answers changed (policies read the shared cache)."""
+        if self._config is None:
+            return
+        by_name = {lst.name: lst for lst in self._config.listeners}
+        for name, running in self.listeners.items():
+            lst = by_name.get(name)
+            if lst is not None:
+                running.set_policies(policies_for(lst, self._config, self.dns))
+
+
+def _restart_needed(old: ListenerSpec, new: ListenerSpec) -> bool:
+    return (old.protocol, old.port, old.relay_ip, old.tls, old.bind_host) != (
+        new.protocol,
+        new.port,
+        new.relay_ip,
+        new.tls,
+        new.bind_host,
+    )

@@ -1,0 +1,192 @@
+"""TURN-TCP and TURN-TLS listeners: one asyncio stream connection per client.
+
+On a stream, STUN messages and ChannelData frames follow each other with no separator; a frame's
+length is in its header and ChannelData is padded to a multiple of 4 bytes (RFC 8656 §12.5). Each
+connection is its own client transport address; when it closes, its allocation goes too. TLS is
+asyncio's ssl with the listener's certificate (TLS ≥ 1.2, handshake bounded by a timeout).
+Writes to a client whose socket buffer is full are dropped rather than queued without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import ssl
+import tempfile
+from typing import Any
+
+from stunner_common.config import TlsPair
+
+from stunnerd.net.listener import Address, Listener, SendTo
+from stunnerd.turn.codec import stream_frame_length
+
+log = logging.getLogger(__name__)
+
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
+MAX_BUFFERED_BYTES = 256 * 1024
+
+
+def load_pair(ctx: ssl.SSLContext, pair: TlsPair) -> None:
+    """Load in-memory PEM into `ctx` (ssl only loads files, so go through a private temp dir)."""
+    with tempfile.TemporaryDirectory(prefix="stunnerd-tls-") as tmp:
+        cert_path = os.path.join(tmp, "cert.pem")
+        key_path = os.path.join(tmp, "key.pem")
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pair.key_pem)
+        with open(cert_path, "wb") as fh:
+            fh.write(pair.cert_pem)
+        ctx.load_cert_chain(cert_path, key_path)
+
+
+def server_ssl_context(pair: TlsPair) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    load_pair(ctx, pair)
+    return ctx
+
+
+class StreamClientProtocol(asyncio.Protocol):
+    """One TCP/TLS client connection: de-frames the stream, fast-paths routed ChannelData."""
+
+    def __init__(self, listener: StreamListener) -> None:
+        self.listener = listener
+        self.routes = listener.routes
+        self.transport: asyncio.Transport | None = None
+        self.client: Address = ("", 0)
+        self.buf = bytearray()
+        self.paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.client = (peer[0], peer[1])
+        with contextlib.suppress(OSError, AttributeError):
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.listener.connection_opened(self.client, self)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        offset = 0
+        end = len(buf)
+        routes = self.routes
+        client = self.client
+        while True:
+            size = stream_frame_length(buf, offset)
+            if size == 0 or end - offset < size:
+                break
+            if size < 0:
+                log.info("listener %s: %s sent a bad frame, closing", self.listener.name, client)
+                assert self.transport is not None
+                self.transport.close()
+                buf.clear()
+                return
+            first = buf[offset]
+            if 0x40 <= first <= 0x7F:
+                route = routes.get((client, (first << 8) | buf[offset + 1]))
+                if route is not None:
+                    n = (buf[offset + 2] << 8) | buf[offset + 3]
+                    route[0](bytes(buf[offset + 4 : offset + 4 + n]), route[1])
+                    offset += size
+                    continue
+            self.listener.client_slow_path(bytes(buf[offset : offset + size]), client)
+            offset += size
+        if offset:
+            del buf[:offset]
+        if len(buf) > MAX_BUFFERED_BYTES:
+            assert self.transport is not None
+            self.transport.close()
+            buf.clear()
+
+    def send(self, data: bytes, _client: Any = None) -> None:
+        if not self.paused and self.transport is not None:
+            self.transport.write(data)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.listener.connection_closed(self.client)
+
+
+class StreamListener(Listener):
+    """TURN-TCP, or TURN-TLS when the spec carries a certificate."""
+
+    stream = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.server: asyncio.Server | None = None
+        self.clients: dict[Address, StreamClientProtocol] = {}
+        self.ssl_context: ssl.SSLContext | None = None
+        if self.spec.protocol == "TURN-TLS":
+            if self.spec.tls is None:
+                raise ValueError(f"listener {self.name}: TURN-TLS needs a certificate")
+            self.ssl_context = server_ssl_context(self.spec.tls)
+
+    async def start(self) -> None:
+        self.server = await self.loop.create_server(
+            lambda: StreamClientProtocol(self),
+            host=self.spec.bind_host,
+            port=self.spec.port,
+            ssl=self.ssl_context,
+            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if self.ssl_context else None,
+            reuse_address=True,
+        )
+
+    def rotate_certificate(self, pair: TlsPair) -> bool:
+        """New connections get the new certificate; established ones keep theirs."""
+        if self.ssl_context is None:
+            return False
+        server_ssl_context(pair)  # fail before touching the live context
+        load_pair(self.ssl_context, pair)  # the server holds this very context object
+        return True
+
+    @property
+    def bound_port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+    def connection_opened(self, client: Address, proto: StreamClientProtocol) -> None:
+        self.clients[client] = proto
+        self.connections += 1
+        self.connections_total += 1
+
+    def connection_closed(self, client: Address) -> None:
+        if self.clients.pop(client, None) is not None:
+            self.connections -= 1
+        self.client_closed(client)
+
+    def client_sender(self, client: Address) -> SendTo:
+        proto = self.clients.get(client)
+        if proto is None:
+            return lambda data, addr: None
+        return proto.send
+
+    def send_to_client(self, client: Address, data: bytes) -> None:
+        proto = self.clients.get(client)
+        if proto is not None:
+            proto.send(data)
+
+    async def _close_transport(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for proto in list(self.clients.values()):
+            if proto.transport is not None:
+                proto.transport.abort()
+        self.clients.clear()
+        if self.server is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await self.server.wait_closed()
+            self.server = None

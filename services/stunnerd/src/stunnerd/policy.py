@@ -1,0 +1,170 @@
+"""Turn a validated `StunnerConfig` into the immutable policies a listener's engine consults.
+
+This is the single place where config objects (pydantic, from `stunner_common.config`) become the
+small frozen values of `stunnerd.turn.policies`. Peer admission follows upstream's routes →
+clusters → endpoints chain (reference §4): a listener's routes name clusters; STATIC clusters hold
+prefixes with optional port ranges, STRICT_DNS clusters hold names whose resolved addresses live in
+a shared `DnsCache` that the edge refreshes. UDP relays use UDP clusters for data; permissions
+accept an IP that any routed cluster (UDP or TCP) contains, port ignored, as upstream does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from stunner_common.config import (
+    ClusterConfig,
+    ConfigError,
+    Endpoint,
+    ListenerConfig,
+    StunnerConfig,
+    parse_endpoint,
+)
+
+from stunnerd.turn.engine import Policies
+from stunnerd.turn.policies import (
+    Authenticator,
+    EphemeralAuthenticator,
+    NoAuthenticator,
+    StaticAuthenticator,
+    UserQuota,
+)
+
+_CACHE_MAX = 4096
+
+
+class DnsCache:
+    """Resolved addresses per STRICT_DNS name, shared by every policy; the edge fills it."""
+
+    __slots__ = ("addresses", "version")
+
+    def __init__(self) -> None:
+        self.addresses: dict[str, frozenset[str]] = {}
+        self.version = 0
+
+    def names(self) -> set[str]:
+        return set(self.addresses)
+
+    def update(self, name: str, ips: Iterable[str]) -> bool:
+        """Store a lookup result; True when it changed what the name admits."""
+        new = frozenset(ips)
+        if self.addresses.get(name) == new:
+            return False
+        self.addresses[name] = new
+        self.version += 1
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterMatcher:
+    name: str
+    protocol: str  # "UDP" or "TCP"
+    endpoints: tuple[Endpoint, ...] = ()
+    dns_names: tuple[str, ...] = ()
+    dns: DnsCache | None = None
+
+    def contains(self, ip: str) -> bool:
+        if any(ep.contains(ip) for ep in self.endpoints):
+            return True
+        dns = self.dns
+        return dns is not None and any(ip in dns.addresses.get(n, ()) for n in self.dns_names)
+
+    def matches(self, ip: str, port: int) -> bool:
+        if any(ep.matches(ip, port) for ep in self.endpoints):
+            return True
+        dns = self.dns
+        return dns is not None and any(ip in dns.addresses.get(n, ()) for n in self.dns_names)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePeerPolicy:
+    """Admission for one listener: any routed UDP cluster matching (ip, port) admits data.
+
+    Answers are memoised (the packet slow path asks per datagram); a DNS refresh bumps the cache
+    version, which invalidates the memo.
+    """
+
+    clusters: tuple[ClusterMatcher, ...]
+    dns: DnsCache | None = None
+    _memo: dict[tuple[str, int], bool] = field(default_factory=dict, compare=False, repr=False)
+    _memo_version: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)
+
+    def _check_version(self) -> None:
+        if self.dns is not None and self.dns.version != self._memo_version[0]:
+            self._memo.clear()
+            self._memo_version[0] = self.dns.version
+
+    def admits_ip(self, ip: str) -> bool:
+        self._check_version()
+        key = (ip, -1)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = any(c.contains(ip) for c in self.clusters)
+            self._remember(key, hit)
+        return hit
+
+    def admits(self, ip: str, port: int) -> bool:
+        self._check_version()
+        key = (ip, port)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = any(c.protocol == "UDP" and c.matches(ip, port) for c in self.clusters)
+            self._remember(key, hit)
+        return hit
+
+    def _remember(self, key: tuple[str, int], value: bool) -> None:
+        if len(self._memo) >= _CACHE_MAX:
+            self._memo.clear()
+        self._memo[key] = value
+
+
+def authenticator_for(config: StunnerConfig) -> Authenticator:
+    auth = config.auth
+    creds = auth.credentials
+    if auth.type == "static":
+        return StaticAuthenticator(auth.realm, creds["username"], creds["password"])
+    if auth.type == "ephemeral":
+        return EphemeralAuthenticator(auth.realm, creds["secret"])
+    return NoAuthenticator(auth.realm)
+
+
+def cluster_matcher(cluster: ClusterConfig, dns: DnsCache | None) -> ClusterMatcher:
+    if cluster.type == "STATIC":
+        try:
+            endpoints = tuple(parse_endpoint(e) for e in cluster.endpoints)
+        except ConfigError as exc:
+            raise ConfigError(f"cluster {cluster.name!r}: {exc}") from exc
+        return ClusterMatcher(cluster.name, cluster.protocol, endpoints)
+    names = tuple(e.lower().rstrip(".") for e in cluster.endpoints)
+    return ClusterMatcher(cluster.name, cluster.protocol, (), names, dns)
+
+
+def peer_policy_for(
+    listener: ListenerConfig, config: StunnerConfig, dns: DnsCache | None = None
+) -> RoutePeerPolicy:
+    by_name: Mapping[str, ClusterConfig] = {c.name: c for c in config.clusters}
+    matchers = tuple(
+        cluster_matcher(by_name[route], dns) for route in listener.routes if route in by_name
+    )
+    return RoutePeerPolicy(matchers, dns)
+
+
+def policies_for(
+    listener: ListenerConfig, config: StunnerConfig, dns: DnsCache | None = None
+) -> Policies:
+    return Policies(
+        authenticator_for(config),
+        peer_policy_for(listener, config, dns),
+        UserQuota(max(0, config.admin.user_quota)),
+    )
+
+
+def dns_names(config: StunnerConfig) -> set[str]:
+    """Every STRICT_DNS name the config mentions (the edge keeps these resolved)."""
+    return {
+        e.lower().rstrip(".")
+        for c in config.clusters
+        if c.type == "STRICT_DNS"
+        for e in c.endpoints
+    }
