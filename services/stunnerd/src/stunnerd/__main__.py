@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from stunner_common.config import ConfigError, StunnerConfig, load_config_file
 from stunner_common.loglevel import apply_log_spec
 from stunner_common.turnuri import default_config_from_uri
-
 from stunnerd.net.server import ListenerError, TurnServer
 
 log = logging.getLogger("stunnerd")

@@ -21,7 +21,6 @@ from stunner_common.config import (
     StunnerConfig,
     parse_endpoint,
 )
-
 from stunnerd.turn.engine import Policies
 from stunnerd.turn.policies import (
     Authenticator,

@@ -11,6 +11,7 @@ ends the session, and with it the allocation (RFC 8656 §3.1).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from typing import Any
@@ -18,8 +19,8 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL
-from stunner_common.config import TlsPair
 
+from stunner_common.config import TlsPair
 from stunnerd.net.listener import Address, Listener, SendTo, tune_udp_socket
 
 log = logging.getLogger(__name__)
@@ -145,10 +146,8 @@ class DtlsSession:
             self.idle_handle.cancel()
             self.idle_handle = None
         if notify:
-            try:
+            with contextlib.suppress(SSL.Error):
                 self.conn.shutdown()
-            except SSL.Error:
-                pass
             self.flush()
 
 

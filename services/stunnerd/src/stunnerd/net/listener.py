@@ -14,6 +14,7 @@ Subclasses provide the client transport: UDP here, TCP/TLS in `stream.py`, DTLS 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import struct
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from stunner_common.config import TlsPair
-
 from stunnerd.turn import effects as fx
 from stunnerd.turn.engine import Policies, TurnEngine
 from stunnerd.turn.policies import UserUsage
@@ -50,10 +50,8 @@ class ListenerSpec:
 
 def tune_udp_socket(sock: socket.socket) -> None:
     for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-        try:
+        with contextlib.suppress(OSError):  # the kernel caps it; never fatal
             sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
-        except OSError:  # pragma: no cover - capped by the kernel, never fatal
-            pass
 
 
 class UdpRelayProtocol(asyncio.DatagramProtocol):

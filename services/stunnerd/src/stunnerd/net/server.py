@@ -17,7 +17,6 @@ import socket
 import time
 
 from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
-
 from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.listener import Listener, ListenerSpec, UdpListener
 from stunnerd.net.stream import StreamListener

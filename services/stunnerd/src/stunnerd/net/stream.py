@@ -19,7 +19,6 @@ import tempfile
 from typing import Any
 
 from stunner_common.config import TlsPair
-
 from stunnerd.net.listener import Address, Listener, SendTo
 from stunnerd.turn.codec import stream_frame_length
 
