@@ -97,6 +97,8 @@ class TurnSession:
         self.relayed_address: tuple[str, int] | None = None
         self.mapped_address: tuple[str, int] | None = None
         self.lifetime_s = DEFAULT_LIFETIME_S
+        self.dropped = 0
+        """Frames that were not for us: other channels, other peers, malformed."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -180,15 +182,19 @@ class TurnSession:
                 n = int.from_bytes(frame[2:4], "big")
                 if self._open and len(frame) >= 4 + n:
                     self._on_data(frame[4 : 4 + n])
+                    return
+            self.dropped += 1
             return
         msg = parse_stun(frame)
         if msg is None:
+            self.dropped += 1
             return
         if msg.message_class in (Class.RESPONSE, Class.ERROR):
             fut = self._pending.get(msg.transaction_id)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
-        elif msg.message_class == Class.INDICATION and msg.message_method == Method.DATA:
+            return
+        if msg.message_class == Class.INDICATION and msg.message_method == Method.DATA:
             # RFC 8656 §11.6: a Data indication from anyone but our peer is dropped.
             data = msg.attributes.get("DATA")
             if (
@@ -197,6 +203,8 @@ class TurnSession:
                 and msg.attributes.get("XOR-PEER-ADDRESS") == (self._peer)
             ):
                 self._on_data(data)
+                return
+        self.dropped += 1
 
     def carrier_lost(self, exc: Exception | None) -> None:
         err = UnreachableError(
