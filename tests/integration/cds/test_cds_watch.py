@@ -1,0 +1,347 @@
+"""WebSocket watches: v1 frames as upstream sends them, v2 envelopes, and watcher isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+import pytest
+from cds_helpers import (
+    RunningCds,
+    config,
+    eventually,
+    http_get,
+    recv_json,
+    recv_text,
+    running_cds,
+    wait_rev,
+)
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from stunner_common.cds import (
+    CDS_V2_SUBPROTOCOL,
+    DeltaState,
+    encode_v1_delete,
+    parse_envelope,
+)
+from stunner_common.config import parse_config
+from stunner_common.store import ConfigPublisher
+from support.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+def canonical(config_id: str, realm: str = "stunner.l7mp.io") -> dict[str, Any]:
+    parsed: dict[str, Any] = json.loads(parse_config(config(config_id, realm)).canonical_json())
+    return parsed
+
+
+async def upsert(publisher: ConfigPublisher, config_id: str, realm: str = "r0") -> int:
+    result = await publisher.upsert(config_id, parse_config(config(config_id, realm)))
+    assert result.rev is not None
+    return result.rev
+
+
+async def names(ws: ClientConnection, count: int) -> list[str]:
+    return sorted([(await recv_json(ws))["admin"]["name"] for _ in range(count)])
+
+
+async def watchers(cds: RunningCds) -> int:
+    count: int = (await http_get(cds, "/healthz")).json()["watchers"]
+    return count
+
+
+async def test_each_topic_gets_its_snapshot_then_its_updates(
+    publisher: ConfigPublisher, cds: RunningCds
+) -> None:
+    for config_id in ("ns1/gw1", "ns1/gw2", "ns2/gw1"):
+        await upsert(publisher, config_id)
+    base = f"{cds.ws_url}/api/v1/configs"
+    async with (
+        connect(f"{base}?watch=true") as all_ws,
+        connect(f"{base}/ns1?watch=true") as ns1_ws,
+        connect(f"{base}/ns1/gw2?watch=true&node=n1") as one_ws,
+    ):
+        assert await names(all_ws, 3) == ["ns1/gw1", "ns1/gw2", "ns2/gw1"]
+        assert await names(ns1_ws, 2) == ["ns1/gw1", "ns1/gw2"]
+        assert await names(one_ws, 1) == ["ns1/gw2"]
+        await upsert(publisher, "ns2/gw1", "changed")
+        await upsert(publisher, "ns1/gw2", "changed")
+        await upsert(publisher, "ns3/new", "new")
+        assert [(await recv_json(all_ws))["admin"]["name"] for _ in range(3)] == [
+            "ns2/gw1",
+            "ns1/gw2",
+            "ns3/new",
+        ]
+        update = await recv_json(ns1_ws)
+        assert update["admin"]["name"] == "ns1/gw2"
+        assert update["auth"]["realm"] == "changed"
+        assert (await recv_json(one_ws))["auth"]["realm"] == "changed"
+        # Nothing else is pending for the narrower topics: the next frame is the next change.
+        await upsert(publisher, "ns1/gw2", "again")
+        assert (await recv_json(ns1_ws))["auth"]["realm"] == "again"
+        assert (await recv_json(one_ws))["auth"]["realm"] == "again"
+
+
+async def test_delete_sends_upstreams_zero_config_to_every_matching_watcher(
+    publisher: ConfigPublisher, cds: RunningCds
+) -> None:
+    await upsert(publisher, "ns1/gw1")
+    base = f"{cds.ws_url}/api/v1/configs"
+    async with (
+        connect(f"{base}?watch=true") as all_ws,
+        connect(f"{base}/ns1?watch=true") as ns_ws,
+        connect(f"{base}/ns1/gw1?watch=true") as one_ws,
+    ):
+        for ws in (all_ws, ns_ws, one_ws):
+            await recv_json(ws)
+        await publisher.delete("ns1/gw1")
+        for ws in (all_ws, ns_ws, one_ws):
+            assert await recv_text(ws) == encode_v1_delete("ns1/gw1")
+    assert (await http_get(cds, "/api/v1/configs/ns1/gw1")).status_code == 404
+
+
+async def test_identical_upserts_produce_no_frame(
+    publisher: ConfigPublisher, cds: RunningCds
+) -> None:
+    await upsert(publisher, "ns/gw", "same")
+    async with connect(f"{cds.ws_url}/api/v1/configs/ns?watch=true") as ws:
+        assert (await recv_json(ws))["auth"]["realm"] == "same"
+        assert not (await publisher.upsert("ns/gw", parse_config(config("ns/gw", "same")))).changed
+        await publisher.replace_all({"ns/gw": parse_config(config("ns/gw", "same"))})
+        await upsert(publisher, "ns/other", "marker")
+        assert (await recv_json(ws))["admin"]["name"] == "ns/other"
+
+
+async def test_a_watch_on_a_missing_config_waits_for_it(
+    publisher: ConfigPublisher, cds: RunningCds
+) -> None:
+    await upsert(publisher, "ns/sibling")
+    async with connect(f"{cds.ws_url}/api/v1/configs/ns/later?watch=true") as ws:
+        await upsert(publisher, "ns/sibling", "changed")
+        await upsert(publisher, "ns/later", "here")
+        frame = await recv_json(ws)
+        assert frame["admin"]["name"] == "ns/later"
+
+
+async def test_updates_to_one_id_arrive_in_order_without_gaps(
+    publisher: ConfigPublisher, cds: RunningCds
+) -> None:
+    await upsert(publisher, "ns/gw", "r-start")
+    url = f"{cds.ws_url}/api/v1/configs/ns/gw?watch=true"
+    async with connect(url) as v1, connect(url, subprotocols=[CDS_V2_SUBPROTOCOL]) as v2:  # type: ignore[list-item]
+        await recv_json(v1)
+        state = DeltaState()
+        state.apply(parse_envelope(await recv_text(v2)))
+        for i in range(60):
+            await upsert(publisher, "ns/gw", f"r-{i}")
+        assert [(await recv_json(v1))["auth"]["realm"] for _ in range(60)] == [
+            f"r-{i}" for i in range(60)
+        ]
+        revs = []
+        for _ in range(60):
+            change = state.apply(parse_envelope(await recv_text(v2)))
+            assert change is not None
+            revs.append(change.rev)
+        assert revs == list(range(revs[0], revs[0] + 60))
+        assert state.configs["ns/gw"] == canonical("ns/gw", "r-59")
+
+
+async def test_v2_sends_snapshot_patch_and_delete_envelopes(
+    publisher: ConfigPublisher, cds: RunningCds
+) -> None:
+    await upsert(publisher, "ns/gw", "one")
+    async with connect(
+        f"{cds.ws_url}/api/v1/configs?watch=true",
+        subprotocols=[CDS_V2_SUBPROTOCOL],  # type: ignore[list-item]
+    ) as ws:
+        assert ws.subprotocol == CDS_V2_SUBPROTOCOL
+        assert ws.response is not None
+        assert ws.response.headers["x-stunner-resync"] == "full"
+        snapshot = await recv_json(ws)
+        assert snapshot == {
+            "type": "snapshot",
+            "id": "ns/gw",
+            "rev": 1,
+            "config": canonical("ns/gw", "one"),
+        }
+        await upsert(publisher, "ns/gw", "two")
+        patch = await recv_json(ws)
+        assert patch == {
+            "type": "patch",
+            "id": "ns/gw",
+            "rev": 2,
+            "patch": [{"op": "replace", "path": "/auth/realm", "value": "two"}],
+        }
+        await publisher.delete("ns/gw")
+        assert await recv_json(ws) == {"type": "delete", "id": "ns/gw", "rev": 3}
+
+
+async def test_v2_resume_with_since_gets_only_later_changes(
+    publisher: ConfigPublisher, cds: RunningCds
+) -> None:
+    for config_id in ("ns/a", "ns/b", "ns/c"):
+        await upsert(publisher, config_id)
+    since = await upsert(publisher, "ns/a", "changed-before")
+    await upsert(publisher, "ns/b", "changed-after")
+    await publisher.delete("ns/c")
+    last = await upsert(publisher, "ns/d", "new")
+    await wait_rev(cds, last)
+    async with connect(
+        f"{cds.ws_url}/api/v1/configs/ns?watch=true&since={since}",
+        subprotocols=[CDS_V2_SUBPROTOCOL],  # type: ignore[list-item]
+    ) as ws:
+        assert ws.response is not None
+        assert ws.response.headers["x-stunner-resync"] == "delta"
+        got = [await recv_json(ws) for _ in range(3)]
+        assert [(e["type"], e["id"]) for e in got] == [
+            ("delete", "ns/c"),
+            ("snapshot", "ns/b"),
+            ("snapshot", "ns/d"),
+        ]
+        await upsert(publisher, "ns/a", "live")
+        assert (await recv_json(ws))["id"] == "ns/a"
+
+
+@pytest.mark.parametrize("since", ["-1", "abc", "1.5"])
+async def test_v2_bad_since_is_refused_before_upgrading(cds: RunningCds, since: str) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(
+            f"{cds.ws_url}/api/v1/configs?watch=true&since={since}",
+            subprotocols=[CDS_V2_SUBPROTOCOL],  # type: ignore[list-item]
+        ):
+            pass
+    assert refused.value.response.status_code == 400
+    assert b"since" in (refused.value.response.body or b"")
+    assert await watchers(cds) == 0
+
+
+@pytest.mark.parametrize("query", ["", "?watch=false", "?watch=maybe"])
+async def test_a_websocket_without_watch_true_is_refused_and_leaks_nothing(
+    cds: RunningCds, query: str
+) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(f"{cds.ws_url}/api/v1/configs/ns/gw{query}"):
+            pass
+    assert refused.value.response.status_code == 400
+    assert json.loads(refused.value.response.body or b"{}")["code"] == 400
+    assert (await http_get(cds, "/api/v1/configs/ns/gw?watch=true")).status_code == 400
+    assert await watchers(cds) == 0
+
+
+async def test_origin_must_name_the_host_like_gorilla_checks_it(cds: RunningCds) -> None:
+    host = f"127.0.0.1:{cds.port}"
+    go_client_origin = f"http://{host}?node=worker-1&watch=true"
+    async with connect(
+        f"{cds.ws_url}/api/v1/configs?node=worker-1&watch=true", origin=go_client_origin
+    ):  # type: ignore[arg-type]
+        pass
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(
+            f"{cds.ws_url}/api/v1/configs?watch=true",
+            origin="http://evil.example",  # type: ignore[arg-type]
+        ):
+            pass
+    assert refused.value.response.status_code == 403
+
+
+async def test_two_hundred_concurrent_watchers_all_get_every_update(
+    publisher: ConfigPublisher, cds: RunningCds
+) -> None:
+    await upsert(publisher, "ns/gw", "r-0")
+    urls = [
+        f"{cds.ws_url}/api/v1/configs{suffix}?watch=true"
+        for suffix in ("", "/ns", "/ns/gw", "/ns/gw")
+    ]
+    clients = [await connect(urls[i % 4]) for i in range(200)]
+    try:
+        for ws in clients:
+            await recv_json(ws)
+        for i in range(1, 6):
+            await upsert(publisher, "ns/gw", f"r-{i}")
+
+        async def five_updates(ws: ClientConnection) -> list[str]:
+            return [(await recv_json(ws))["auth"]["realm"] for _ in range(5)]
+
+        results = await asyncio.gather(*(five_updates(ws) for ws in clients))
+        assert all(r == [f"r-{i}" for i in range(1, 6)] for r in results)
+    finally:
+        await asyncio.gather(*(ws.close() for ws in clients))
+    await eventually(lambda: _no_watchers(cds), what="all watchers gone")
+
+
+async def _no_watchers(cds: RunningCds) -> bool:
+    return await watchers(cds) == 0
+
+
+async def test_a_slow_watcher_is_closed_with_a_reason_and_never_delays_others(
+    redis: RedisServer, publisher: ConfigPublisher
+) -> None:
+    big = {"pad": "x" * 16_000}
+    await publisher.upsert("ns/gw", config("ns/gw", "r-0", **big))
+    async with running_cds(redis.url, queue_size=8, send_timeout_s=30) as cds:
+        url = f"{cds.ws_url}/api/v1/configs/ns/gw?watch=true"
+        stalled_sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        stalled_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled_sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(stalled_sock, ("127.0.0.1", cds.port))
+        async with (
+            connect(url, sock=stalled_sock, max_queue=1, max_size=None) as slow,
+            connect(url, max_size=None) as fast1,
+            connect(url, max_size=None) as fast2,
+        ):
+            for ws in (slow, fast1, fast2):
+                await recv_json(ws)
+            updates = 200
+            for i in range(1, updates + 1):
+                await publisher.upsert("ns/gw", config("ns/gw", f"r-{i}", **big))
+            # The fast watchers get every update while the slow one is not reading at all.
+            for ws in (fast1, fast2):
+                realms = [(await recv_json(ws))["auth"]["realm"] for _ in range(updates)]
+                assert realms == [f"r-{i}" for i in range(1, updates + 1)]
+            received, closed = await drain_until_closed(slow)
+            assert received < updates
+            assert closed.rcvd is not None
+            assert closed.rcvd.code == 1013
+            assert "too slow" in closed.rcvd.reason
+        metrics = (await http_get(cds, "/metrics")).text
+        assert 'stunner_cds_watchers_dropped_total{reason="slow"} 1.0' in metrics
+
+
+async def drain_until_closed(ws: ClientConnection) -> tuple[int, ConnectionClosed]:
+    """Read frames until the server closes; return how many arrived and the close."""
+    received = 0
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                await ws.recv()
+            except ConnectionClosed as closed:
+                return received, closed
+            received += 1
+
+
+async def test_a_client_that_never_answers_pings_is_dropped(redis: RedisServer) -> None:
+    async with (
+        running_cds(redis.url, ping_interval_s=0.1, ping_timeout_s=0.2) as cds,
+        connect(f"{cds.ws_url}/api/v1/configs?watch=true") as healthy,
+    ):
+        reader, writer = await asyncio.open_connection("127.0.0.1", cds.port)
+        writer.write(
+            b"GET /api/v1/configs?watch=true HTTP/1.1\r\n"
+            b"Host: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        await writer.drain()
+        async with asyncio.timeout(5):
+            assert (await reader.readline()).startswith(b"HTTP/1.1 101")
+            # Read (but never answer) the pings until the server hangs up.
+            while await reader.read(4096):
+                pass
+        writer.close()
+        await writer.wait_closed()
+        # The client that answers pings is still served.
+        await healthy.ping()
+        assert await watchers(cds) == 1
