@@ -39,3 +39,47 @@ def snapshot(renderer: Renderer) -> dict[str, Any]:
         "services": services,
         "deployments": deployments,
     }
+
+
+HIERARCHY = """
+apiVersion: stunner.l7mp.io/v1
+kind: Dataplane
+metadata: {name: default}
+spec: {image: "stunnerd:test"}
+---
+apiVersion: stunner.l7mp.io/v1
+kind: GatewayConfig
+metadata: {name: gwconfig, namespace: stunner}
+spec: {authType: static, userName: user-1, password: pass-1}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: stunner}
+spec:
+  controllerName: stunner.l7mp.io/gateway-operator
+  parametersRef: {group: stunner.l7mp.io, kind: GatewayConfig, name: gwconfig, namespace: stunner}
+"""
+"""Class ``stunner`` -> GatewayConfig stunner/gwconfig (static user-1/pass-1) -> Dataplane."""
+
+UDP_GATEWAY = """
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: stunner}
+spec:
+  gatewayClassName: stunner
+  addresses: [{type: IPAddress, value: 1.2.3.4}]
+  listeners:
+  - {name: udp, port: 3478, protocol: TURN-UDP}
+"""
+"""Gateway stunner/gw with one TURN-UDP listener, advertised on 1.2.3.4."""
+
+
+def doc(**fields: Any) -> str:
+    """One YAML document from keyword fields (``api_version`` becomes ``apiVersion``)."""
+    body = {("apiVersion" if k == "api_version" else k): v for k, v in fields.items()}
+    return yaml.safe_dump(body, sort_keys=False)
+
+
+def conditions(status: Any) -> dict[str, tuple[str, str]]:
+    """``{type: (status, reason)}`` of a status object or entry that has conditions."""
+    return {c.type: (c.status, c.reason) for c in status.conditions}
