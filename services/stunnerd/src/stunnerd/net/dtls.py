@@ -189,6 +189,8 @@ class DtlsListener(Listener):
         sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
             sock.setblocking(False)
+            if self.spec.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((self.spec.bind_host, self.spec.port))
             tune_udp_socket(sock)
             transport, _ = await self.loop.create_datagram_endpoint(

@@ -46,6 +46,7 @@ class ListenerSpec:
     port: int
     bind_host: str = "0.0.0.0"
     tls: TlsPair | None = None
+    reuse_port: bool = False  # share the port with other worker processes (SO_REUSEPORT)
 
 
 def tune_udp_socket(sock: socket.socket) -> None:
@@ -360,6 +361,8 @@ class UdpListener(Listener):
         sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
             sock.setblocking(False)
+            if self.spec.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((self.spec.bind_host, self.spec.port))
             tune_udp_socket(sock)
             transport, _ = await self.loop.create_datagram_endpoint(

@@ -45,8 +45,15 @@ def relay_address(listener: ListenerConfig) -> str:
 class TurnServer:
     """Listeners by name. `bind_host` is where sockets bind (upstream: the wildcard address)."""
 
-    def __init__(self, *, bind_host: str = "0.0.0.0", usage: UserUsage | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        bind_host: str = "0.0.0.0",
+        usage: UserUsage | None = None,
+        reuse_port: bool = False,
+    ) -> None:
         self.bind_host = bind_host
+        self.reuse_port = reuse_port
         self.usage = usage if usage is not None else UserUsage()
         self.listeners: dict[str, Listener] = {}
         self.dns = DnsCache()
@@ -179,6 +186,7 @@ class TurnServer:
             port=listener.port,
             bind_host=bind_host,
             tls=tls,
+            reuse_port=self.reuse_port,
         )
 
     def _build(self, spec: ListenerSpec, policies: Policies) -> Listener:

@@ -141,6 +141,7 @@ class StreamListener(Listener):
             ssl=self.ssl_context,
             ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if self.ssl_context else None,
             reuse_address=True,
+            reuse_port=self.spec.reuse_port or None,
         )
 
     def rotate_certificate(self, pair: TlsPair) -> bool:
