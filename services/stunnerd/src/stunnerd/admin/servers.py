@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from stunner_common.config import StunnerConfig
@@ -46,6 +46,7 @@ def status_document(
     stats: StatsSnapshot,
     lifecycle: Lifecycle,
     revision: int | None,
+    configs: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The `/status` body: upstream's shape, secrets redacted, counts and state filled in."""
     doc: dict[str, Any] = {
@@ -53,6 +54,7 @@ def status_document(
         "allocationCount": stats.allocations,
         "status": lifecycle.status_word,
         "revision": revision,
+        "configs": dict(configs or {}),
     }
     if config is None:
         return doc
@@ -105,13 +107,16 @@ class AdminServers:
         *,
         log_override: str | None = None,
         refresh: Callable[[], Awaitable[None]] | None = None,
+        health_port: int | None = None,
     ) -> None:
         self.lifecycle = lifecycle
         self._stats = stats
         self._refresh = refresh
+        self._health_port = health_port
         self._log_override = log_override
         self._config: StunnerConfig | None = None
         self.revision: Callable[[], int | None] = lambda: None
+        self.config_counts: Callable[[], Mapping[str, int]] = dict
         self.health: HttpServer | None = None
         self.metrics: HttpServer | None = None
         self._health_at: BindAddress | None = None
@@ -119,14 +124,22 @@ class AdminServers:
         self._registry = metrics_registry(stats)
 
     def status(self) -> dict[str, Any]:
-        return status_document(self._config, self._stats(), self.lifecycle, self.revision())
+        return status_document(
+            self._config, self._stats(), self.lifecycle, self.revision(), self.config_counts()
+        )
+
+    def _health_bind(self, endpoint: str | None) -> BindAddress | None:
+        at = parse_admin_endpoint(endpoint, DEFAULT_HEALTH_PORT)
+        if at is not None and self._health_port is not None:
+            at = BindAddress(at.host, self._health_port, at.path)
+        return at
 
     async def start_health(self, endpoint: str | None) -> None:
         """Bring the health server up before any config (watch mode bootstrap)."""
-        await self._rebind_health(parse_admin_endpoint(endpoint, DEFAULT_HEALTH_PORT))
+        await self._rebind_health(self._health_bind(endpoint))
 
     async def apply_admin(self, config: StunnerConfig, plan: Plan) -> None:
-        health_at = parse_admin_endpoint(config.admin.healthcheck_endpoint, DEFAULT_HEALTH_PORT)
+        health_at = self._health_bind(config.admin.healthcheck_endpoint)
         metrics_at = parse_admin_endpoint(config.admin.metrics_endpoint, DEFAULT_METRICS_PORT)
         if health_at != self._health_at or (self.health is None and health_at is not None):
             await self._rebind_health(health_at)

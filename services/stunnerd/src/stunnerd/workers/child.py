@@ -1,0 +1,99 @@
+"""A worker process: one `LocalDataplane` whose sockets share their ports with the other workers.
+
+Started by `WorkerPool` as `python -m stunnerd.workers.child`; it obeys requests on stdin and
+answers on stdout (see `protocol`). Logs go to stderr, which the supervisor shares. The worker
+exits when stdin closes, so it never outlives its supervisor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import Any
+
+from stunner_common.config import ConfigError, parse_config
+from stunner_common.loglevel import apply_log_spec
+from stunnerd.net.server import TurnServer
+from stunnerd.workers.local import LocalDataplane
+from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
+
+log = logging.getLogger("stunnerd.worker")
+
+
+async def handle(
+    dataplane: LocalDataplane, message: dict[str, Any], log_override: str | None = None
+) -> dict[str, Any]:
+    op = message.get("op")
+    reply: dict[str, Any] = {"id": message.get("id")}
+    if op == "apply":
+        try:
+            config = parse_config(str(message["config"]), expand_env=False)
+        except (ConfigError, KeyError) as exc:
+            reply["error"] = f"invalid config: {exc}"
+            return reply
+        outcome = await dataplane.apply(config)
+        if outcome.applied:
+            apply_log_spec(log_override or config.admin.loglevel)
+        reply.update(
+            applied=outcome.applied,
+            ignored=outcome.ignored,
+            restarted=list(outcome.restarted),
+            error=outcome.error,
+            duration_s=outcome.duration_s,
+        )
+    elif op == "stats":
+        reply["stats"] = dataplane.stats().to_dict()
+    elif op == "drain":
+        await dataplane.stop_accepting()
+    elif op == "ping":
+        pass
+    else:
+        reply["error"] = f"unknown op {op!r}"
+    return reply
+
+
+async def serve(index: int, bind_host: str, log_override: str | None) -> int:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    w_transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
+    dataplane = LocalDataplane(TurnServer(bind_host=bind_host, reuse_port=True))
+    log.debug("worker %d ready", index)
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                break
+            message = decode(line)
+            if message.get("op") == "close":
+                break
+            w_transport.write(encode(await handle(dataplane, message, log_override)))
+    finally:
+        await dataplane.close()
+        w_transport.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stunnerd-worker")
+    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--bind", default="0.0.0.0")
+    parser.add_argument("--log", default=None, help="log spec that overrides the config's")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        format=f"%(asctime)s worker-{args.index} %(name)s %(levelname)s: %(message)s",
+        level=logging.INFO,
+    )
+    apply_log_spec(args.log or "all:INFO")
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(serve(args.index, args.bind, args.log))
+    return uvloop.run(serve(args.index, args.bind, args.log))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

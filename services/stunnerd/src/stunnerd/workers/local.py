@@ -1,0 +1,84 @@
+"""The TURN server of this process, driven by the reconciler.
+
+Draining refuses new allocations by swapping in a quota policy that admits nobody, so an
+Allocate during drain is answered 486 (Allocation Quota Reached) while every live allocation,
+permission and channel keeps working. Configs that arrive after the drain started are not
+applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+
+from stunner_common.config import StunnerConfig
+from stunnerd.admin.stats import ListenerStats, StatsSnapshot
+from stunnerd.net.server import TurnServer
+from stunnerd.reconcile.reconciler import ReconcileError, Reconciler
+from stunnerd.turn.policies import UserQuota
+from stunnerd.workers.base import ApplyOutcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _NoNewAllocations(UserQuota):
+    """A quota that admits no new allocation: the drain policy."""
+
+    def allows(self, user_id: str, usage: Mapping[str, int]) -> bool:
+        return False
+
+
+class LocalDataplane:
+    def __init__(self, server: TurnServer | None = None) -> None:
+        self.server = server if server is not None else TurnServer()
+        self.reconciler = Reconciler(self.server)
+        self.draining = False
+
+    async def start(self) -> None:
+        return None
+
+    async def apply(self, config: StunnerConfig) -> ApplyOutcome:
+        if self.draining:
+            log.info("draining: not applying a new config")
+            return ApplyOutcome(applied=False, ignored=True)
+        try:
+            result = await self.reconciler.apply(config)
+        except ReconcileError as exc:
+            return ApplyOutcome(applied=False, error=str(exc))
+        return ApplyOutcome(
+            applied=result.applied,
+            ignored=result.ignored,
+            restarted=result.restarted,
+            duration_s=result.duration_s,
+        )
+
+    def stats(self) -> StatsSnapshot:
+        return StatsSnapshot(
+            tuple(
+                ListenerStats(
+                    name,
+                    allocations=lst.allocation_count,
+                    connections=lst.connections,
+                    connections_total=lst.connections_total,
+                )
+                for name, lst in sorted(self.server.listeners.items())
+            ),
+            traffic_measured=False,
+        )
+
+    async def refresh(self) -> None:
+        return None
+
+    async def allocations(self) -> int:
+        return self.server.allocation_count
+
+    async def stop_accepting(self) -> None:
+        self.draining = True
+        for lst in self.server.listeners.values():
+            policies = lst.engine.policies
+            lst.set_policies(dataclasses.replace(policies, quota=_NoNewAllocations()))
+
+    async def close(self) -> None:
+        await self.server.close()

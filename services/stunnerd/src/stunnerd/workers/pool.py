@@ -1,0 +1,234 @@
+"""N worker processes behind one stunnerd: configs fan out, counters are summed.
+
+Python runs one core per process, so `--udp-thread-num N` starts N workers, each with its own
+TURN server; every listener socket is bound with SO_REUSEPORT and the kernel spreads clients over
+the workers by 5-tuple hash (a client always lands on the same worker, so its allocation lives
+there). A config is applied to every worker; if any worker fails, the workers that took it are
+sent the previous config again, so they never disagree for longer than one apply. A worker that
+dies is restarted with the config in force. Counters come from a `stats` request to each worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import sys
+from typing import Any
+
+from stunner_common.config import StunnerConfig
+from stunnerd.admin.stats import StatsSnapshot, merge_snapshots
+from stunnerd.workers.base import ApplyOutcome
+from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
+
+log = logging.getLogger(__name__)
+
+WORKER_REQUEST_TIMEOUT_S = 30.0
+WORKER_STATS_TIMEOUT_S = 2.0
+WORKER_STOP_TIMEOUT_S = 10.0
+WORKER_RESTART_DELAY_S = 0.5
+
+
+class WorkerError(Exception):
+    """A worker did not answer, or answered with an error."""
+
+
+class Worker:
+    """One child process and the requests in flight to it."""
+
+    def __init__(self, index: int, bind_host: str, log_spec: str | None) -> None:
+        self.index = index
+        self._argv = [
+            sys.executable,
+            "-m",
+            "stunnerd.workers.child",
+            "--index",
+            str(index),
+            "--bind",
+            bind_host,
+            *(["--log", log_spec] if log_spec else []),
+        ]
+        self.proc: asyncio.subprocess.Process | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self.stats = StatsSnapshot()
+        self.exited = asyncio.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    async def start(self) -> None:
+        self.exited.clear()
+        self.proc = await asyncio.create_subprocess_exec(
+            *self._argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=MAX_LINE_BYTES,
+        )
+        self._reader = asyncio.create_task(self._read(), name=f"stunnerd-worker-{self.index}")
+
+    async def _read(self) -> None:
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        try:
+            while line := await self.proc.stdout.readline():
+                try:
+                    message = decode(line)
+                except ValueError:
+                    log.warning("worker %d: unparsable reply %r", self.index, line[:80])
+                    continue
+                future = self._pending.pop(message.get("id", -1), None)
+                if future is not None and not future.done():
+                    future.set_result(message)
+        finally:
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(WorkerError(f"worker {self.index} exited"))
+            self._pending.clear()
+            self.exited.set()
+
+    async def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        if self.proc is None or self.proc.stdin is None or self.exited.is_set():
+            raise WorkerError(f"worker {self.index} is not running")
+        ident = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[ident] = future
+        try:
+            self.proc.stdin.write(encode({**message, "id": ident}))
+            async with asyncio.timeout(timeout_s):
+                await self.proc.stdin.drain()
+                reply = await future
+        except (TimeoutError, ConnectionError) as exc:
+            raise WorkerError(f"worker {self.index}: {message.get('op')} failed: {exc!r}") from exc
+        finally:
+            self._pending.pop(ident, None)
+        return reply
+
+    async def stop(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.returncode is None and proc.stdin is not None:
+            with contextlib.suppress(ConnectionError):
+                proc.stdin.write(encode({"op": "close"}))
+                proc.stdin.close()
+        try:
+            async with asyncio.timeout(WORKER_STOP_TIMEOUT_S):
+                await proc.wait()
+        except TimeoutError:
+            log.warning("worker %d did not stop, killing pid %d", self.index, proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+        self.proc = None
+
+
+class WorkerPool:
+    """The `Dataplane` of a multi-process stunnerd."""
+
+    def __init__(
+        self, count: int, *, bind_host: str = "0.0.0.0", log_spec: str | None = None
+    ) -> None:
+        if count < 1:
+            raise ValueError("a worker pool needs at least one worker")
+        self.workers = [Worker(i, bind_host, log_spec) for i in range(count)]
+        self.running: StunnerConfig | None = None
+        self._lock = asyncio.Lock()
+        self._watchdog: asyncio.Task[None] | None = None
+        self._closing = False
+        self.draining = False
+
+    async def start(self) -> None:
+        await asyncio.gather(*(w.start() for w in self.workers))
+        self._watchdog = asyncio.create_task(self._watch(), name="stunnerd-worker-watchdog")
+
+    async def _watch(self) -> None:
+        """Restart a worker that died, and give it the config in force."""
+        while not self._closing:
+            waits = [asyncio.create_task(w.exited.wait()) for w in self.workers]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in waits:
+                    t.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+            for worker in self.workers:
+                if worker.exited.is_set() and not self._closing:
+                    log.error("worker %d (pid %s) exited; restarting it", worker.index, worker.pid)
+                    await worker.stop()
+                    await asyncio.sleep(WORKER_RESTART_DELAY_S)
+                    await worker.start()
+                    async with self._lock:
+                        if self.running is not None:
+                            await self._apply_one(worker, self.running)
+                        if self.draining:
+                            await worker.request({"op": "drain"}, WORKER_REQUEST_TIMEOUT_S)
+
+    async def _apply_one(self, worker: Worker, config: StunnerConfig) -> dict[str, Any]:
+        message = {"op": "apply", "config": config.canonical_json()}
+        try:
+            return await worker.request(message, WORKER_REQUEST_TIMEOUT_S)
+        except WorkerError as exc:
+            return {"error": str(exc)}
+
+    async def apply(self, config: StunnerConfig) -> ApplyOutcome:
+        async with self._lock:
+            if self.draining:
+                return ApplyOutcome(applied=False, ignored=True)
+            replies = await asyncio.gather(*(self._apply_one(w, config) for w in self.workers))
+            errors = [f"worker {i}: {r['error']}" for i, r in enumerate(replies) if r.get("error")]
+            if errors:
+                if self.running is not None:
+                    took = [
+                        w for w, r in zip(self.workers, replies, strict=True) if not r.get("error")
+                    ]
+                    await asyncio.gather(*(self._apply_one(w, self.running) for w in took))
+                return ApplyOutcome(applied=False, error="; ".join(errors))
+            if all(r.get("ignored") for r in replies):
+                return ApplyOutcome(applied=False, ignored=True)
+            self.running = config
+            first = replies[0]
+            return ApplyOutcome(
+                applied=True,
+                restarted=tuple(first.get("restarted") or ()),
+                duration_s=max(float(r.get("duration_s") or 0.0) for r in replies),
+            )
+
+    def stats(self) -> StatsSnapshot:
+        return merge_snapshots(w.stats for w in self.workers)
+
+    async def refresh(self) -> None:
+        async def one(worker: Worker) -> None:
+            try:
+                reply = await worker.request({"op": "stats"}, WORKER_STATS_TIMEOUT_S)
+            except WorkerError as exc:
+                log.warning("%s", exc)
+                return
+            worker.stats = StatsSnapshot.from_dict(reply.get("stats") or {})
+
+        await asyncio.gather(*(one(w) for w in self.workers))
+
+    async def allocations(self) -> int:
+        await self.refresh()
+        return self.stats().allocations
+
+    async def stop_accepting(self) -> None:
+        self.draining = True
+        async with self._lock:
+            for worker in self.workers:
+                try:
+                    await worker.request({"op": "drain"}, WORKER_REQUEST_TIMEOUT_S)
+                except WorkerError as exc:
+                    log.warning("%s", exc)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
+        await asyncio.gather(*(w.stop() for w in self.workers))
