@@ -16,13 +16,12 @@ the peer is not allowed; both end the session with their own error class.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from turncat.carrier import Carrier, TlsOptions, open_carrier
+from turncat.carrier import Carrier, FrameSink, TlsOptions, open_carrier
 from turncat.errors import (
     AuthFailedError,
     PeerForbiddenError,
@@ -51,6 +50,9 @@ Credentials = tuple[str, str]
 CredentialSource = Callable[[], Credentials | None]
 DataCallback = Callable[[bytes], None]
 LostCallback = Callable[[Exception | None], None]
+CarrierOpener = Callable[
+    [Transport, tuple[str, int], FrameSink, TlsOptions, float], Awaitable[Carrier]
+]
 
 MAX_AUTH_ROUNDS = 4
 DEFAULT_LIFETIME_S = 600
@@ -72,6 +74,7 @@ class TurnSession:
         on_data: DataCallback,
         on_lost: LostCallback | None = None,
         name: str = "session",
+        opener: CarrierOpener = open_carrier,
     ) -> None:
         self._transport_kind = transport
         self._server = server
@@ -83,6 +86,7 @@ class TurnSession:
         self._on_data = on_data
         self._on_lost = on_lost
         self.name = name
+        self._opener = opener
         self._carrier: Carrier | None = None
         self._auth: LongTermAuth | None = None
         self._pending: dict[bytes, asyncio.Future[Message]] = {}
@@ -105,7 +109,7 @@ class TurnSession:
     async def open(self) -> None:
         """Allocate, permit the peer and bind a channel; raise a `TurncatError` on failure."""
         try:
-            self._carrier = await open_carrier(
+            self._carrier = await self._opener(
                 self._transport_kind,
                 self._server,
                 self,
@@ -146,8 +150,7 @@ class TurnSession:
         self._open = False
         if self._refresher is not None and self._refresher is not asyncio.current_task():
             self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+            await asyncio.gather(self._refresher, return_exceptions=True)
         if self._allocated and self._carrier is not None and not self._lost_reported:
             try:
                 async with asyncio.timeout(self._settings.close_timeout_s):
