@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stunner_common.loglevel import apply_log_spec
+from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from turncat.carrier import TlsOptions
 from turncat.cds import resolve_k8s
 from turncat.errors import (
@@ -87,10 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def configure_logging(spec: str) -> None:
     logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        apply_log_spec(spec)
-    except Exception as exc:  # the spec parser's own error type is not ours to name
-        raise BadInputError(f"invalid log spec {spec!r}: {exc}") from None
+    if not parse_log_spec(spec):
+        raise BadInputError(
+            f"invalid log spec {spec!r}: expected scope:LEVEL[,scope:LEVEL...], e.g. all:INFO"
+        )
+    apply_log_spec(spec)
 
 
 def _static_credentials(username: str | None, password: str | None) -> CredentialSource:
