@@ -183,6 +183,9 @@ class ManagedDataplane:
         if revision is not None:
             self.revision = revision
         self.applied_count += 1
+        for name, port in outcome.started:
+            # A stable line on stdout that scripts and tests wait for.
+            print(f"stunnerd: listener {name} ready on port {port}", flush=True)
         if not self.lifecycle.draining:
             self.lifecycle.ready = True
         self.applied.set()

@@ -18,6 +18,8 @@ class ApplyOutcome:
     restarted: tuple[str, ...] = ()
     error: str | None = None
     duration_s: float = 0.0
+    started: tuple[tuple[str, int], ...] = ()
+    """(listener name, bound port) of every listener this config started or restarted."""
 
 
 class Dataplane(Protocol):

@@ -42,6 +42,7 @@ async def handle(
             restarted=list(outcome.restarted),
             error=outcome.error,
             duration_s=outcome.duration_s,
+            started=[list(item) for item in outcome.started],
         )
     elif op == "stats":
         reply["stats"] = dataplane.stats().to_dict()

@@ -47,11 +47,15 @@ class LocalDataplane:
             result = await self.reconciler.apply(config)
         except ReconcileError as exc:
             return ApplyOutcome(applied=False, error=str(exc))
+        names = (*result.plan.restart_listeners, *result.plan.add_listeners)
         return ApplyOutcome(
             applied=result.applied,
             ignored=result.ignored,
             restarted=result.restarted,
             duration_s=result.duration_s,
+            started=tuple(
+                (name, self.server.port_of(name)) for name in names if name in self.server.listeners
+            ),
         )
 
     def stats(self) -> StatsSnapshot:

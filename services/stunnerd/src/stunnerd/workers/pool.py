@@ -197,6 +197,7 @@ class WorkerPool:
                 applied=True,
                 restarted=tuple(first.get("restarted") or ()),
                 duration_s=max(float(r.get("duration_s") or 0.0) for r in replies),
+                started=tuple((str(n), int(p)) for n, p in first.get("started") or ()),
             )
 
     def stats(self) -> StatsSnapshot:
