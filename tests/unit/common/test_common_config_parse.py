@@ -401,3 +401,22 @@ def test_mapping_input_is_not_mutated() -> None:
     snapshot = repr(data)
     parse_config(data, env={"X": "1.1.1.1"})
     assert repr(data) == snapshot
+
+
+@pytest.mark.parametrize(
+    ("data", "ok"),
+    [
+        ({"Version": "v1"}, True),
+        ({"VERSION": "v1alpha1"}, True),
+        ({"version": "v2", "Version": "v1"}, True),
+        ({"version": "v1", "Version": "v2"}, False),
+        ({"version": None}, False),
+    ],
+)
+def test_the_version_key_is_read_like_any_other_key(data: dict[str, Any], ok: bool) -> None:
+    full = {**data, "auth": {"type": "none"}}
+    if ok:
+        assert parse_config(full).version == "v1"
+    else:
+        with pytest.raises(ConfigValidationError, match="unsupported API version"):
+            parse_config(full)

@@ -163,15 +163,12 @@ def _walk_root(raw: Mapping[Any, Any], env: Mapping[str, str] | None) -> dict[An
 
 
 def _version_of(raw: Mapping[Any, Any]) -> Any:
+    """The version as the model will see it: any key case, the last one wins, null is unset."""
     version: Any = ""
-    folded: Any = None
     for key, value in raw.items():
-        if key == "version":
-            version = value
-            folded = None
-        elif isinstance(key, str) and key.casefold() == "version":
-            folded = value
-    return folded if folded is not None and version == "" else version
+        if isinstance(key, str) and key.casefold() == "version":
+            version = "" if value is None else value
+    return version
 
 
 def parse_config(
