@@ -9,6 +9,7 @@ dual-stack socket reports them) match IPv4 prefixes, like Go's ``net.IPNet.Conta
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import dataclass, field
@@ -16,9 +17,17 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 from stunner_common.config.errors import ConfigValidationError
 
-__all__ = ["MAX_PORT", "Endpoint", "parse_endpoint"]
+__all__ = [
+    "ENDPOINT_CACHE_SIZE",
+    "MAX_PORT",
+    "Endpoint",
+    "canonical_endpoint",
+    "clear_endpoint_cache",
+    "parse_endpoint",
+]
 
 MAX_PORT = 65535
+ENDPOINT_CACHE_SIZE = 8192
 _RANGE_RE = re.compile(r"^(.*):<([0-9]+)-([0-9]+)>$", re.DOTALL)
 
 IPAddress = IPv4Address | IPv6Address
@@ -83,10 +92,16 @@ def parse_endpoint(text: str) -> Endpoint:
 
     Raises `ConfigValidationError` for a missing or bad address, a bad prefix, or a port range
     outside 0-65535 or with MIN > MAX (upstream silently accepts the latter two, and such a range
-    can never admit a peer, so it is almost certainly a typo).
+    can never admit a peer, so it is almost certainly a typo). Results are cached: configs are
+    re-validated on every change and mostly repeat the endpoints they had.
     """
     if not isinstance(text, str):
         raise ConfigValidationError("endpoint", text, f"invalid endpoint: {text!r}")
+    return _parse_endpoint(text)
+
+
+@functools.lru_cache(maxsize=ENDPOINT_CACHE_SIZE)
+def _parse_endpoint(text: str) -> Endpoint:
     addr, port_min, port_max = text.strip(), 1, MAX_PORT
     found = _RANGE_RE.match(addr)
     if found is not None:
@@ -113,3 +128,15 @@ def parse_endpoint(text: str) -> Endpoint:
             "endpoint", text, f'invalid endpoint "{text}": not an IP address or prefix'
         ) from None
     return Endpoint(network, port_min, port_max)
+
+
+@functools.lru_cache(maxsize=ENDPOINT_CACHE_SIZE)
+def canonical_endpoint(text: str) -> str:
+    """The canonical string form of an endpoint; raises like `parse_endpoint`."""
+    return str(parse_endpoint(text))
+
+
+def clear_endpoint_cache() -> None:
+    """Forget cached parses (for benchmarks that want to measure a cold start)."""
+    _parse_endpoint.cache_clear()
+    canonical_endpoint.cache_clear()

@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from stunner_common.config.endpoint import MAX_PORT, parse_endpoint
+from stunner_common.config.endpoint import MAX_PORT, canonical_endpoint
 from stunner_common.config.errors import ConfigError, ConfigValidationError
 from stunner_common.config.tls import decode_pem, strip_base64
 
@@ -473,7 +473,7 @@ class ClusterConfig(_Model):
         canonical = []
         for text in value:
             try:
-                canonical.append(str(parse_endpoint(text)))
+                canonical.append(canonical_endpoint(text))
             except ConfigValidationError as exc:
                 raise _RuleError(exc.message) from None
         return tuple(sorted(canonical))
