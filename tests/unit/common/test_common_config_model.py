@@ -12,7 +12,7 @@ from stunner_common.config import (
     AdminConfig,
     AuthConfig,
     ClusterConfig,
-    ConfigError,
+    ConfigParseError,
     ConfigValidationError,
     ListenerConfig,
     StunnerConfig,
@@ -206,7 +206,7 @@ def test_listener_port_out_of_range_fails(port: int) -> None:
     assert info.value.field == "listeners[0].port"
 
 
-@pytest.mark.parametrize("port", [True, 1.5, "3478x", [1], {"a": 1}, "0x10"])
+@pytest.mark.parametrize("port", [True, 1.5, "3478x", [1], {"a": 1}, "0x10", "1e3"])
 def test_listener_port_that_is_not_an_integer_fails(port: Any) -> None:
     with pytest.raises(ConfigValidationError, match="expected an integer"):
         listener(port=port)
@@ -234,6 +234,13 @@ def test_listener_address_placeholder_is_kept_for_later_substitution() -> None:
 def test_public_port_out_of_range_fails(port: int) -> None:
     with pytest.raises(ConfigValidationError, match=f"invalid public port: {port}"):
         listener(public_port=port)
+
+
+@pytest.mark.parametrize("quota", [2**63, -(2**63) - 1, "99999999999999999999"])
+def test_integers_beyond_int64_fail(quota: Any) -> None:
+    with pytest.raises(ConfigValidationError, match="integer") as info:
+        config(admin={"user_quota": quota})
+    assert info.value.field == "admin.user_quota"
 
 
 def test_routes_come_back_sorted() -> None:
@@ -440,8 +447,10 @@ def test_direct_construction_validates_and_raises_config_errors() -> None:
         ListenerConfig.model_validate({"name": "l", "protocol": "x"})
     with pytest.raises(ConfigValidationError, match="static: empty username or password"):
         AuthConfig()
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigParseError, match="not JSON"):
         StunnerConfig.model_validate_json("{not json")
+    with pytest.raises(ConfigValidationError, match="unsupported API version"):
+        StunnerConfig.model_validate_json('{"version": "v2", "auth": {"type": "none"}}')
 
 
 def test_model_copy_with_update_normalises_again() -> None:

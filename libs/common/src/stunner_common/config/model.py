@@ -14,6 +14,7 @@ text and names the field path, e.g. ``listeners[0].protocol: unknown listener pr
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -33,7 +34,7 @@ from pydantic import (
 )
 
 from stunner_common.config.endpoint import MAX_PORT, canonical_endpoint
-from stunner_common.config.errors import ConfigError, ConfigValidationError
+from stunner_common.config.errors import ConfigParseError, ConfigValidationError
 from stunner_common.config.tls import decode_pem, strip_base64
 
 __all__ = [
@@ -101,6 +102,8 @@ _OFFLOAD_ENGINES: Final[Mapping[str, OffloadEngine]] = {
 }
 
 _GO_INT = re.compile(r"^[+-]?[0-9]{1,19}$")
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _MAX_REPR = 80
@@ -157,10 +160,12 @@ def _go_int(value: Any) -> Any:
     """Ints as Go's decoder takes them, plus decimal strings (env placeholders in int fields)."""
     if isinstance(value, bool):
         raise _RuleError(f"expected an integer, got {_short(value)}")
-    if isinstance(value, int):
-        return value
     if isinstance(value, str) and _GO_INT.match(value.strip()):
-        return int(value.strip())
+        value = int(value.strip())
+    if isinstance(value, int):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise _RuleError(f"integer out of range: {_short(value)}")
+        return value
     raise _RuleError(f"expected an integer, got {_short(value)}")
 
 
@@ -199,6 +204,11 @@ def _enum(value: Any, table: Mapping[str, str], message: str, *, fold: str = "up
     return found
 
 
+@functools.cache
+def _folded_names(cls: type[BaseModel]) -> dict[str, str]:
+    return {name.casefold(): name for name in cls.model_fields}
+
+
 class _Model(BaseModel):
     """Frozen, case-insensitive on input keys, unknown keys ignored, errors mapped to ours."""
 
@@ -210,7 +220,7 @@ class _Model(BaseModel):
         if not isinstance(data, Mapping):
             return data
         fields = cls.model_fields
-        folded = {name.casefold(): name for name in fields}
+        folded = _folded_names(cls)
         out: dict[str, Any] = {}
         for key, value in data.items():
             if not isinstance(key, str):
@@ -249,9 +259,10 @@ class _Model(BaseModel):
             try:
                 return super().model_validate_json(data, *args, **kwargs)
             except ValidationError as exc:
+                first = exc.errors(include_url=False)[0]
+                if first["type"] == "json_invalid":
+                    raise ConfigParseError(f"config is not JSON: {first['msg']}") from None
                 raise config_error_from(exc) from None
-            except ValueError as exc:
-                raise ConfigError(f"cannot parse config: {exc}") from None
 
         def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False):
             """A copy; with `update`, the result is validated and normalised again."""
