@@ -83,6 +83,9 @@ def test_turn_uris_parse_with_upstream_defaults(uri: str, expected: TurnUri) -> 
         ("turn:[nothex]:1", "not an IPv6 address"),
         ("turn:1:2:3:zz", "must be written in brackets"),
         ("", "expected turn:"),
+        ("turn:ho st:3478", 'invalid host "ho st"'),
+        ("turn:-bad-:3478", 'invalid host "-bad-"'),
+        ("turn:a%20b", 'invalid host "a%20b"'),
     ],
 )
 def test_bad_turn_uris_fail_with_a_clear_message(uri: str, problem: str) -> None:

@@ -43,6 +43,7 @@ NODE_ADDRESS_PLACEHOLDER: Final = "__node_address_placeholder"
 
 _SCHEMES: Final = ("turn", "turns")
 _TRANSPORTS: Final = ("udp", "tcp", "tls", "dtls")
+_HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_.])?$")
 _URI_RE = re.compile(
     r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)?:(?://)?"
     r"(?:(?P<userinfo>[^@/?#]*)@)?"
@@ -127,6 +128,8 @@ def parse_turn_uri(text: str) -> TurnUri:
     host, port_text = _split_hostport(text, found.group("hostport"))
     if not host:
         raise _error(text, "missing host")
+    if not _HOST_RE.match(host) and ":" not in host:
+        raise _error(text, f'invalid host "{host}"')
     transport = "udp"
     for key, value in parse_qsl(found.group("query") or "", keep_blank_values=True):
         if key.lower() == "transport":
