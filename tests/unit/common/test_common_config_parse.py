@@ -350,6 +350,12 @@ def test_unreadable_input_raises_a_parse_error(data: str | bytes, message: str) 
         parse_config(data)
 
 
+@pytest.mark.parametrize("data", [None, 42, ["version", "v1"], object()])
+def test_input_that_is_not_text_or_a_mapping_raises_a_parse_error(data: Any) -> None:
+    with pytest.raises(ConfigParseError, match="cannot read a config from a"):
+        parse_config(data)
+
+
 def test_yaml_alias_bombs_are_refused_not_expanded() -> None:
     lines = ["version: v1", "a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     for level in range(1, 9):

@@ -95,6 +95,8 @@ def _with_port_default(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _load_text(data: str | bytes) -> Any:
+    if not isinstance(data, str | bytes | bytearray):
+        raise ConfigParseError(f"cannot read a config from a {type(data).__name__}")
     if isinstance(data, bytes | bytearray):
         try:
             data = bytes(data).decode("utf-8-sig")
