@@ -21,7 +21,13 @@ from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL
 
 from stunner_common.config import TlsPair
-from stunnerd.net.listener import Address, Listener, SendTo, tune_udp_socket
+from stunnerd.net.listener import (
+    Address,
+    ClosingDatagramProtocol,
+    Listener,
+    SendTo,
+    tune_udp_socket,
+)
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +157,9 @@ class DtlsSession:
             self.flush()
 
 
-class DtlsListenerProtocol(asyncio.DatagramProtocol):
+class DtlsListenerProtocol(ClosingDatagramProtocol):
     def __init__(self, listener: DtlsListener) -> None:
+        super().__init__()
         self.listener = listener
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
@@ -182,6 +189,7 @@ class DtlsListener(Listener):
         self.context = dtls_context(self.spec.tls)
         self.sessions: dict[Any, DtlsSession] = {}
         self.transport: asyncio.DatagramTransport | None = None
+        self.protocol: DtlsListenerProtocol | None = None
         self.sendto: SendTo | None = None
 
     async def start(self) -> None:
@@ -193,9 +201,10 @@ class DtlsListener(Listener):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((self.spec.bind_host, self.spec.port))
             tune_udp_socket(sock)
-            transport, _ = await self.loop.create_datagram_endpoint(
+            transport, protocol = await self.loop.create_datagram_endpoint(
                 lambda: DtlsListenerProtocol(self), sock=sock
             )
+            self.protocol = protocol
         except BaseException:
             sock.close()
             raise
@@ -284,3 +293,5 @@ class DtlsListener(Listener):
             self.transport.close()
             self.transport = None
             self.sendto = None
+            if self.protocol is not None:
+                await self.protocol.wait_closed()

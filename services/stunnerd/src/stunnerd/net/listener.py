@@ -34,6 +34,7 @@ SendTo = Callable[[bytes, Any], None]
 _CHANNEL_HEADER = struct.Struct("!HH").pack
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 EVEN_PORT_ATTEMPTS = 64
+TRANSPORT_CLOSE_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,12 +325,31 @@ class Listener:
         await self._close_transport()
 
 
-class UdpListenerProtocol(asyncio.DatagramProtocol):
+class ClosingDatagramProtocol(asyncio.DatagramProtocol):
+    """Resolves `closed` once the transport has really released its socket (and its port)."""
+
+    def __init__(self) -> None:
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    async def wait_closed(self) -> None:
+        """asyncio closes a datagram socket one loop turn after `close()`; a listener that
+        restarts on the same port must wait for that, or its bind fails with EADDRINUSE."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(TRANSPORT_CLOSE_TIMEOUT_S):
+                await asyncio.shield(self.closed)
+
+
+class UdpListenerProtocol(ClosingDatagramProtocol):
     """TURN-UDP: routed ChannelData is forwarded right here; the rest goes to the engine."""
 
     __slots__ = ("routes", "slow_path")
 
     def __init__(self, listener: UdpListener) -> None:
+        super().__init__()
         self.routes = listener.routes
         self.slow_path = listener.client_slow_path
 
@@ -354,6 +374,7 @@ class UdpListener(Listener):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.transport: asyncio.DatagramTransport | None = None
+        self.protocol: UdpListenerProtocol | None = None
         self._sendto: SendTo | None = None
 
     async def start(self) -> None:
@@ -365,12 +386,13 @@ class UdpListener(Listener):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((self.spec.bind_host, self.spec.port))
             tune_udp_socket(sock)
-            transport, _ = await self.loop.create_datagram_endpoint(
+            transport, protocol = await self.loop.create_datagram_endpoint(
                 lambda: UdpListenerProtocol(self), sock=sock
             )
         except BaseException:
             sock.close()
             raise
+        self.protocol = protocol
         self.transport = transport
         self._sendto = transport.sendto
         self.connections = self.connections_total = 1
@@ -393,3 +415,5 @@ class UdpListener(Listener):
             self.transport.close()
             self.transport = None
             self._sendto = None
+            if self.protocol is not None:
+                await self.protocol.wait_closed()
