@@ -212,22 +212,25 @@ def coturn(
 
 
 class Turncat:
-    """turncat as a subprocess; stderr is collected by an owned reader task."""
+    """A subprocess (turncat, or a server) whose stderr is collected by an owned reader task;
+    it counts as ready once a line contains `ready_text`."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, ready_text: str = "listening on") -> None:
         self.proc = proc
+        self.ready_text = ready_text
         self.lines: list[str] = []
         self._listening = asyncio.Event()
         self._new_line = asyncio.Event()
         self._reader = asyncio.create_task(self._read(), name="turncat-stderr")
 
     async def _read(self) -> None:
-        assert self.proc.stderr is not None
-        async for raw in self.proc.stderr:
+        stream = self.proc.stderr if self.proc.stderr is not None else self.proc.stdout
+        assert stream is not None
+        async for raw in stream:
             line = raw.decode(errors="replace").rstrip()
             self.lines.append(line)
             self._new_line.set()
-            if "listening on" in line:
+            if self.ready_text in line:
                 self._listening.set()
 
     @property
@@ -287,6 +290,21 @@ class Turncat:
             await self.proc.wait()
         self._reader.cancel()
         await asyncio.gather(self._reader, return_exceptions=True)
+
+
+async def start_logged(
+    argv: Sequence[str], ready_text: str, env: dict[str, str] | None = None
+) -> Turncat:
+    """Start any program whose stderr says when it is ready (e.g. stunnerd)."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+    return Turncat(proc, ready_text)
 
 
 async def start_turncat(
