@@ -417,6 +417,9 @@ def test_mapping_input_is_not_mutated() -> None:
         ({"version": "v2", "Version": "v1"}, True),
         ({"version": "v1", "Version": "v2"}, False),
         ({"version": None}, False),
+        ({"version": 1}, False),
+        ({"version": {("a", "b"): 1}}, False),
+        ({"version": ["v1"]}, False),
     ],
 )
 def test_the_version_key_is_read_like_any_other_key(data: dict[str, Any], ok: bool) -> None:

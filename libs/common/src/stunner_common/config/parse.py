@@ -190,7 +190,7 @@ def parse_config(
         raise ConfigParseError(f"config must be a mapping, not {type(raw).__name__}")
     version = _version_of(raw)
     if version not in (API_VERSION, V1ALPHA1):
-        shown = version if isinstance(version, str) else json.dumps(version, default=str)
+        shown = version if isinstance(version, str) else repr(version)[:80]
         raise ConfigValidationError("version", version, f'unsupported API version: "{shown}"')
     values = _with_port_default(os.environ if env is None else env) if expand_env else None
     tree = _walk_root(raw, values)
