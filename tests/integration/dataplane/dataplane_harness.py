@@ -92,13 +92,15 @@ class ManagedStunnerd:
     async def write(self, config: dict[str, Any], *, expect: str = "applied") -> dict[str, Any]:
         """Replace the config file atomically and wait until stunnerd applied or rejected it."""
         before = (await self.status())["configs"][expect]
-        self.config = copy.deepcopy(config)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(config))
         os.replace(tmp, self.path)
-        return await self.wait_status(
+        status = await self.wait_status(
             lambda s: s["configs"][expect] > before, f"the config to be {expect}"
         )
+        if expect == "applied":
+            self.config = copy.deepcopy(config)
+        return status
 
     def log(self) -> str:
         return self.proc.output()[-4000:]

@@ -124,7 +124,13 @@ def configure_logging(log_format: str) -> None:
 def make_origin(settings: DataplaneSettings, env: Mapping[str, str]) -> ConfigOrigin:
     spec = parse_origin(settings.origin)
     if spec.kind == "file":
-        return FileOrigin(spec.location, env=env, poll_interval_s=settings.file_poll_interval_s)
+        # Zero configs reach the reconciler, which ignores them (and counts them in /status).
+        return FileOrigin(
+            spec.location,
+            env=env,
+            poll_interval_s=settings.file_poll_interval_s,
+            suppress_delete=False,
+        )
     return CdsOrigin(spec.location, settings.namespace, settings.name, node=settings.node, env=env)
 
 
@@ -158,10 +164,12 @@ class ManagedDataplane:
         self.revision: int | None = None
         self.applied_count = 0
         self.rejected_count = 0
+        self.ignored_count = 0
         self.admin.revision = lambda: self.revision
         self.admin.config_counts = lambda: {
             "applied": self.applied_count,
             "rejected": self.rejected_count,
+            "ignored": self.ignored_count,
         }
         self.applied = asyncio.Event()
         self.last_outcome: ApplyOutcome | None = None
@@ -175,6 +183,7 @@ class ManagedDataplane:
             log.error("config not applied, running configuration unchanged: %s", outcome.error)
             return outcome
         if outcome.ignored:
+            self.ignored_count += 1
             return outcome
         try:
             await self.admin.apply_admin(config, Plan())
