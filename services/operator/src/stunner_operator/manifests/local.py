@@ -87,26 +87,41 @@ class LocalOperator:
     async def publish_once(self) -> PublishResult | None:
         if self._sink is None:
             return None
-        result = await self._sink.publish(self.renderer.configs())
+        configs = self.renderer.configs()
+        result = await self._sink.publish(configs)
         for cid, rev in sorted(result.changes.items()):
-            log.info("published config %s (revision %d)", cid, rev)
+            verb = "published" if cid in configs else "deleted"
+            log.info("%s config %s (revision %d)", verb, cid, rev)
         return result
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Render, publish, and follow the folder until ``stop`` is set (or cancelled)."""
         stop = stop or asyncio.Event()
-        self.sync()
-        self._wake.set()  # publish the initial set even if it is empty: stale ids get deleted
+        changes = awatch(self.root, stop_event=stop, debounce=self._debounce_ms, step=20)
+
+        async def next_change() -> bool:
+            try:
+                await anext(changes)
+            except StopAsyncIteration:
+                return False
+            return True
+
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._publish_loop(), name="operator-publish")
             try:
-                async for _changes in awatch(
-                    self.root, stop_event=stop, debounce=self._debounce_ms, step=20
-                ):
+                pending = tg.create_task(next_change(), name="operator-watch")
+                # One turn of the loop runs the watcher up to its first wait: the OS watch now
+                # exists and buffers events, so this first read misses no edit.
+                await asyncio.sleep(0)
+                self.sync()
+                self._wake.set()  # publish even an empty set: stale ids in Redis get deleted
+                while await pending:
                     self.sync()
+                    pending = tg.create_task(next_change(), name="operator-watch")
             finally:
                 self._closing.set()
                 self._wake.set()
+                await changes.aclose()
 
     async def _publish_loop(self) -> None:
         while True:

@@ -1,0 +1,118 @@
+"""Local mode's folder loader: every document parsed, errors located, last good version kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from operator_support import HIERARCHY, UDP_GATEWAY
+
+from stunner_operator.manifests.loader import ManifestSet, parse_manifests
+from stunner_operator.manifests.local import LocalOperator
+
+
+def test_multi_document_text_parses_every_supported_object() -> None:
+    result = parse_manifests(HIERARCHY + "\n---\n" + UDP_GATEWAY, "x.yaml")
+    assert [type(o).__name__ for o in result.objects] == [
+        "Dataplane",
+        "GatewayConfig",
+        "GatewayClass",
+        "Gateway",
+    ]
+    assert result.errors == ()
+
+
+def test_invalid_yaml_is_reported_with_its_line() -> None:
+    result = parse_manifests("kind: Gateway\n  bad: [", "x.yaml")
+    assert result.objects == ()
+    (err,) = result.errors
+    assert err.index is None
+    assert str(err).startswith("x.yaml: invalid YAML at line")
+
+
+def test_invalid_object_is_reported_with_file_and_document_index() -> None:
+    bad_gateway = UDP_GATEWAY.replace("port: 3478", "port: 0")
+    result = parse_manifests(HIERARCHY + "\n---\n" + bad_gateway, "gw.yaml")
+    (err,) = result.errors
+    assert err.index == 3
+    assert "gw.yaml document 3" in str(err)
+    assert "spec.listeners.0.port" in str(err)
+
+
+def test_unsupported_kinds_are_skipped_not_errors() -> None:
+    text = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n"
+    result = parse_manifests(text, "d.yaml")
+    assert result.errors == ()
+    assert result.objects == ()
+    assert result.skipped
+
+
+def test_kubernetes_list_documents_are_unpacked() -> None:
+    text = (
+        "apiVersion: v1\nkind: List\nitems:\n"
+        "- {apiVersion: v1, kind: Namespace, metadata: {name: a}}\n"
+        "- {apiVersion: v1, kind: Namespace, metadata: {name: b}}\n"
+    )
+    assert [o.metadata.name for o in parse_manifests(text).objects] == ["a", "b"]
+
+
+def test_broken_file_keeps_its_last_good_objects(tmp_path: Path) -> None:
+    (tmp_path / "h.yaml").write_text(HIERARCHY)
+    (tmp_path / "gw.yaml").write_text(UDP_GATEWAY)
+    ms = ManifestSet(tmp_path)
+    first = ms.reload()
+    assert len(first.objects) == 4
+    assert first.new_errors == ()
+    (tmp_path / "gw.yaml").write_text(UDP_GATEWAY.replace("TURN-UDP", "TURN-UDP}}}"))
+    second = ms.reload()
+    assert second.objects == first.objects
+    assert len(second.new_errors) == 1
+    assert "gw.yaml" in str(second.new_errors[0])
+    assert ms.errors == list(second.new_errors)
+    (tmp_path / "gw.yaml").unlink()
+    third = ms.reload()
+    assert len(third.objects) == 3
+    assert ms.errors == []
+
+
+def test_unchanged_files_are_not_parsed_again(tmp_path: Path) -> None:
+    (tmp_path / "h.yaml").write_text(HIERARCHY)
+    ms = ManifestSet(tmp_path)
+    assert ms.reload().changed_files == (str(tmp_path / "h.yaml"),)
+    assert ms.reload().changed_files == ()
+
+
+def test_hidden_files_and_other_suffixes_are_ignored(tmp_path: Path) -> None:
+    (tmp_path / ".h.yaml").write_text(HIERARCHY)
+    (tmp_path / "notes.txt").write_text("not yaml: [")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "gw.yml").write_text(UDP_GATEWAY)
+    result = ManifestSet(tmp_path).reload()
+    assert [k[0] for k in result.objects] == ["Gateway"]
+
+
+def test_duplicate_objects_in_two_files_are_reported(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(UDP_GATEWAY)
+    (tmp_path / "b.yaml").write_text(UDP_GATEWAY)
+    result = ManifestSet(tmp_path).reload()
+    assert len(result.objects) == 1
+    assert "also defined in" in str(result.new_errors[0])
+
+
+def test_sync_renders_the_folder_and_logs_one_line_per_status(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "all.yaml").write_text(HIERARCHY + "\n---\n" + UDP_GATEWAY)
+    op = LocalOperator(tmp_path, None)
+    caplog.set_level("INFO", logger="stunner_operator")
+    delta = op.sync()
+    assert list(delta.configs) == ["stunner/gw"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("Gateway stunner/gw: Accepted, Programmed") for line in lines)
+    assert any(line.startswith("GatewayClass stunner: Accepted") for line in lines)
+    caplog.clear()
+    (tmp_path / "all.yaml").write_text(HIERARCHY + "\n---\n" + UDP_GATEWAY + "\n---\nnot: [valid")
+    delta = op.sync()
+    assert not delta.configs_changed
+    assert list(op.renderer.configs()) == ["stunner/gw"]
+    assert any("all.yaml" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
