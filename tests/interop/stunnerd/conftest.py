@@ -1,0 +1,56 @@
+"""stunnerd interop fixtures: a stunnerd process with every listener kind, a UDP echo peer."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from fixtures.stunnerd.harness import PASSWORD, REALM, SECRET, USER, Stunnerd, start_stunnerd
+
+from support.ports import free_port
+from support.processes import ServerProcess, which
+
+
+@pytest.fixture(scope="module")
+def stunnerd_static(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stunnerd]:
+    server = start_stunnerd(
+        tmp_path_factory.mktemp("static"),
+        {"type": "static", "realm": REALM, "credentials": {"username": USER, "password": PASSWORD}},
+    )
+    yield server
+    server.proc.stop()
+
+
+@pytest.fixture(scope="module")
+def stunnerd_ephemeral(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stunnerd]:
+    server = start_stunnerd(
+        tmp_path_factory.mktemp("ephemeral"),
+        {"type": "ephemeral", "realm": REALM, "credentials": {"secret": SECRET}},
+    )
+    yield server
+    server.proc.stop()
+
+
+@pytest.fixture(scope="module")
+def udp_echo_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """coturn's turnutils_peer: a UDP echo server on loopback."""
+    binary = which("turnutils_peer")
+    if binary is None:
+        pytest.skip("turnutils_peer (coturn) is not installed")
+    for _ in range(20):
+        port = free_port(socket.SOCK_DGRAM)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.bind(("127.0.0.1", port + 1))  # the peer also binds port+1
+        except OSError:
+            continue
+        break
+    log = tmp_path_factory.mktemp("peer") / "peer.log"
+    proc = ServerProcess([binary, "-L", "127.0.0.1", "-p", str(port)], log_path=log)
+    time.sleep(0.2)
+    if not proc.alive():
+        pytest.fail(f"turnutils_peer did not start: {proc.output()}")
+    yield port
+    proc.stop()

@@ -1,0 +1,85 @@
+"""coturn's turnutils_uclient drives stunnerd over every transport, echoed by turnutils_peer."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+from fixtures.stunnerd.harness import PASSWORD, SECRET, USER, Stunnerd
+
+from support.processes import which
+
+pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
+
+MESSAGES = 100
+SESSIONS = 2
+
+
+def uclient(args: list[str], timeout_s: float = 60.0) -> str:
+    binary = which("turnutils_uclient")
+    if binary is None:
+        pytest.skip("turnutils_uclient (coturn) is not installed")
+    done = subprocess.run(
+        [binary, *args], capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    return done.stdout + done.stderr
+
+
+def assert_all_echoed(output: str) -> None:
+    totals = re.findall(r"tot_send_msgs=(\d+), tot_recv_msgs=(\d+)\s*$", output, re.M)
+    assert totals, output[-3000:]
+    sent, received = map(int, totals[-1])
+    assert sent == MESSAGES * SESSIONS, output[-3000:]
+    assert received == sent, output[-3000:]
+    assert "Total lost packets 0 (0.000000%)" in output, output[-3000:]
+
+
+TRANSPORTS = {
+    "TURN-UDP": [],
+    "TURN-TCP": ["-t"],
+    "TURN-TLS": ["-t", "-S"],
+    "TURN-DTLS": ["-S"],
+}
+
+
+def base_args(server: Stunnerd, proto: str, peer_port: int) -> list[str]:
+    return [
+        *TRANSPORTS[proto],
+        "-p", str(server.ports[proto]),
+        "-e", "127.0.0.1", "-r", str(peer_port),
+        "-c", "-X", "-m", str(SESSIONS), "-n", str(MESSAGES), "-z", "2", "-l", "100",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("proto", list(TRANSPORTS))
+def test_uclient_relays_channel_data_with_static_auth_and_loses_nothing(
+    stunnerd_static: Stunnerd, udp_echo_peer: int, proto: str
+) -> None:
+    args = [*base_args(stunnerd_static, proto, udp_echo_peer), "-u", USER, "-w", PASSWORD]
+    assert_all_echoed(uclient([*args, "127.0.0.1"]))
+
+
+@pytest.mark.parametrize("proto", list(TRANSPORTS))
+def test_uclient_relays_send_and_data_indications_with_static_auth(
+    stunnerd_static: Stunnerd, udp_echo_peer: int, proto: str
+) -> None:
+    args = [*base_args(stunnerd_static, proto, udp_echo_peer), "-s", "-u", USER, "-w", PASSWORD]
+    assert_all_echoed(uclient([*args, "127.0.0.1"]))
+
+
+@pytest.mark.parametrize("proto", list(TRANSPORTS))
+def test_uclient_relays_with_ephemeral_turn_rest_credentials(
+    stunnerd_ephemeral: Stunnerd, udp_echo_peer: int, proto: str
+) -> None:
+    args = [*base_args(stunnerd_ephemeral, proto, udp_echo_peer), "-W", SECRET, "-u", "alice"]
+    assert_all_echoed(uclient([*args, "127.0.0.1"]))
+
+
+def test_uclient_with_a_wrong_password_gets_no_allocation(
+    stunnerd_static: Stunnerd, udp_echo_peer: int
+) -> None:
+    args = [*base_args(stunnerd_static, "TURN-UDP", udp_echo_peer), "-u", USER, "-w", "nope"]
+    output = uclient([*args, "127.0.0.1"], timeout_s=60)
+    assert "error 401" in output or "Cannot complete Allocation" in output, output[-2000:]
+    assert not re.search(r"tot_recv_msgs=[1-9]", output), output[-2000:]
