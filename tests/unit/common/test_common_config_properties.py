@@ -173,7 +173,7 @@ junk_trees = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=10) | st.just("v1"),
     lambda children: (
         st.lists(children, max_size=3)
-        | st.dictionaries(known_keys | st.text(max_size=5), children, max_size=5)
+        | st.dictionaries(known_keys | st.text(max_size=5) | st.integers(), children, max_size=5)
     ),
     max_leaves=25,
 )
