@@ -1,0 +1,248 @@
+"""TURN relay cost: stunnerd (one process) against coturn 4.6 (one relay thread), same load.
+
+Both servers face the same generator, coturn's `turnutils_uclient` with ChannelData flooding 100-B
+messages (`-m 10 -c -z 0 -l 100`) to `turnutils_peer`, as in reference/perf-anchors.md §3. The
+figure of merit is server CPU per relayed packet (utime+stime of the server's process tree from
+/proc, before and after, divided by 2x echoed messages since every round trip is forwarded twice).
+Runs alternate coturn / stunnerd so drift hits both. A second scenario measures allocations: many
+short sessions (`-m 100 -n 1`), reported as server CPU per allocation and allocations per second.
+Everything binds 127.0.0.1; every run is bounded in messages and in time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+USER, PASSWORD, REALM = "user1", "passwd1", "stunner.l7mp.io"
+SESSIONS = 10
+MESSAGES = int(os.environ.get("BENCH_TURN_MESSAGES", "20000"))  # per session
+ROUNDS = int(os.environ.get("BENCH_TURN_ROUNDS", "3"))
+ALLOC_SESSIONS = 100
+RUN_TIMEOUT_S = 180.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port(kind: int = socket.SOCK_DGRAM) -> int:
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, kind) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
+                t.bind(("127.0.0.1", port))
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+                u.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port")
+
+
+def tree_pids(pid: int) -> list[int]:
+    pids = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            pids.extend(tree_pids(int(child)))
+    return pids
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of pid and its live descendants, in seconds."""
+    total = 0
+    for p in tree_pids(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # fields 14 and 15 of stat(5)
+    return total / CLK_TCK
+
+
+@dataclass
+class Run:
+    server: str
+    round_trips: int
+    sent: int
+    lost_pct: float
+    wall_s: float
+    cpu_s: float
+
+    @property
+    def us_per_packet(self) -> float:
+        return self.cpu_s * 1e6 / max(1, 2 * self.round_trips)
+
+    @property
+    def rt_per_s(self) -> float:
+        return self.round_trips / self.wall_s if self.wall_s else 0.0
+
+
+@contextmanager
+def process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def wait_udp_listening(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait until a Binding request to the port is answered."""
+    request = b"\x00\x01\x00\x00\x21\x12\xa4\x42" + os.urandom(12)
+    deadline = time.monotonic() + 15
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(0.2)
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
+            s.sendto(request, ("127.0.0.1", port))
+            try:
+                s.recvfrom(2048)
+                return
+            except OSError:
+                continue
+    raise TimeoutError(f"server on {port} did not answer: {log.read_text()[-2000:]}")
+
+
+def uclient(port: int, peer_port: int, extra: list[str]) -> tuple[str, float]:
+    argv = [
+        "turnutils_uclient", "-p", str(port), "-u", USER, "-w", PASSWORD,
+        "-e", "127.0.0.1", "-r", str(peer_port), "-X", *extra, "127.0.0.1",
+    ]  # fmt: skip
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    return done.stdout + done.stderr, time.monotonic() - start
+
+
+def parse_uclient(output: str) -> tuple[int, int, float]:
+    totals = re.findall(r"tot_send_msgs=(\d+), tot_recv_msgs=(\d+)\s*$", output, re.M)
+    lost = re.search(r"Total lost packets \d+ \(([\d.]+)%\)", output)
+    if not totals:
+        raise RuntimeError(f"uclient printed no totals:\n{output[-2000:]}")
+    sent, received = map(int, totals[-1])
+    return sent, received, float(lost.group(1)) if lost else float("nan")
+
+
+def flood(name: str, pid: int, port: int, peer_port: int) -> Run:
+    before = cpu_seconds(pid)
+    args = ["-m", str(SESSIONS), "-c", "-z", "0", "-n", str(MESSAGES), "-l", "100"]
+    output, wall = uclient(port, peer_port, args)
+    cpu = cpu_seconds(pid) - before
+    sent, received, lost = parse_uclient(output)
+    transmit = re.search(r"Total transmit time is (\d+)", output)
+    wall_s = float(transmit.group(1)) if transmit and int(transmit.group(1)) > 0 else wall
+    return Run(name, received, sent, lost, wall_s, cpu)
+
+
+def allocations(pid: int, port: int, peer_port: int) -> tuple[float, float]:
+    """(server CPU ms per allocation, allocations per second) for many one-message sessions."""
+    before = cpu_seconds(pid)
+    output, wall = uclient(port, peer_port, ["-m", str(ALLOC_SESSIONS), "-c", "-n", "1", "-z", "0"])
+    cpu = cpu_seconds(pid) - before
+    parse_uclient(output)
+    return cpu * 1e3 / ALLOC_SESSIONS, ALLOC_SESSIONS / wall
+
+
+def stunnerd_config(port: int) -> dict[str, object]:
+    return {
+        "version": "v1",
+        "admin": {"name": "bench/stunnerd", "loglevel": "all:WARN", "healthcheck_endpoint": ""},
+        "auth": {"type": "static", "realm": REALM,
+                 "credentials": {"username": USER, "password": PASSWORD}},
+        "listeners": [{"name": "bench/udp", "protocol": "TURN-UDP", "address": "127.0.0.1",
+                       "port": port, "routes": ["bench/loopback"]}],
+        "clusters": [{"name": "bench/loopback", "type": "STATIC", "endpoints": ["127.0.0.0/8"]}],
+    }  # fmt: skip
+
+
+def main() -> None:
+    turnserver = shutil.which("turnserver") or "/usr/bin/turnserver"
+    for tool in ("turnutils_uclient", "turnutils_peer"):
+        if shutil.which(tool) is None:
+            print(f"bench turn: {tool} (coturn) is not installed; skipped")
+            return
+    if not os.access(turnserver, os.X_OK):
+        print("bench turn: turnserver (coturn) is not installed; skipped")
+        return
+    stunnerd = str(Path(sys.executable).with_name("stunnerd"))
+    with tempfile.TemporaryDirectory(prefix="bench-turn-") as tmp_name:
+        tmp = Path(tmp_name)
+        peer_port, coturn_port, stunnerd_port = free_port(), free_port(), free_port()
+        cfg = tmp / "stunnerd.json"
+        cfg.write_text(json.dumps(stunnerd_config(stunnerd_port)))
+        coturn_argv = [
+            turnserver, "-n", "--no-cli", "--no-tls", "--no-dtls", "--log-file=stdout",
+            "--simple-log", "--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1",
+            f"--listening-port={coturn_port}", "--min-port=50000", "--max-port=50999",
+            "--allow-loopback-peers", "--lt-cred-mech", f"--user={USER}:{PASSWORD}",
+            f"--realm={REALM}", "--fingerprint", "--relay-threads=1",
+            f"--db={tmp / 'turndb'}", f"--pidfile={tmp / 'turnserver.pid'}",
+        ]  # fmt: skip
+        with (
+            process(["turnutils_peer", "-L", "127.0.0.1", "-p", str(peer_port)], tmp / "peer.log"),
+            process(coturn_argv, tmp / "coturn.log") as coturn,
+            process([stunnerd, "-c", str(cfg), "--bind", "127.0.0.1"], tmp / "sd.log") as sd,
+        ):
+            wait_udp_listening(coturn_port, coturn, tmp / "coturn.log")
+            wait_udp_listening(stunnerd_port, sd, tmp / "sd.log")
+            servers = {"coturn": (coturn.pid, coturn_port), "stunnerd": (sd.pid, stunnerd_port)}
+            for _pid, port in servers.values():  # warm-up, discarded
+                uclient(port, peer_port, ["-m", "2", "-c", "-z", "0", "-n", "2000", "-l", "100"])
+            runs: dict[str, list[Run]] = {"coturn": [], "stunnerd": []}
+            for _ in range(ROUNDS):
+                for name, (pid, port) in servers.items():
+                    runs[name].append(flood(name, pid, port, peer_port))
+            alloc = {
+                name: allocations(pid, port, peer_port) for name, (pid, port) in servers.items()
+            }
+    print(
+        f"ChannelData flood: uclient -m {SESSIONS} -c -z 0 -l 100 -n {MESSAGES}, "
+        f"{ROUNDS} alternating rounds"
+    )
+    print(f"{'server':<9} {'round trips':>11} {'loss %':>7} {'rt/s':>9} {'CPU s':>7} {'µs/pkt':>7}")
+    for name, series in runs.items():
+        for r in series:
+            print(
+                f"{name:<9} {r.round_trips:>11} {r.lost_pct:>7.3f} {r.rt_per_s:>9.0f} "
+                f"{r.cpu_s:>7.2f} {r.us_per_packet:>7.2f}"
+            )
+    med = {name: statistics.median(r.us_per_packet for r in s) for name, s in runs.items()}
+    rate = {name: statistics.median(r.rt_per_s for r in s) for name, s in runs.items()}
+    print(
+        f"median µs CPU per relayed packet: coturn {med['coturn']:.2f}, "
+        f"stunnerd {med['stunnerd']:.2f}"
+    )
+    print(f"RATIO cpu_per_packet stunnerd/coturn = {med['stunnerd'] / med['coturn']:.2f}")
+    print(f"RATIO round_trips_per_s stunnerd/coturn = {rate['stunnerd'] / rate['coturn']:.2f}")
+    print(f"allocations: uclient -m {ALLOC_SESSIONS} -c -n 1 (allocate, bind, 1 echo each)")
+    for name, (ms, per_s) in alloc.items():
+        print(f"{name:<9} {ms:6.2f} ms CPU/allocation  {per_s:7.1f} allocations/s (wall)")
+    cpu_ratio = alloc["stunnerd"][0] / alloc["coturn"][0]
+    print(f"RATIO cpu_per_allocation stunnerd/coturn = {cpu_ratio:.2f}")
+    print(
+        f"RATIO allocations_per_s stunnerd/coturn = {alloc['stunnerd'][1] / alloc['coturn'][1]:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
