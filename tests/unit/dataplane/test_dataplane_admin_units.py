@@ -165,3 +165,4 @@ def test_packet_and_byte_series_are_left_out_when_the_server_does_not_count_them
     assert "stunner_cluster_bytes_total" not in body
     merged = merge_snapshots([snap, StatsSnapshot()])
     assert merged.traffic_measured is False
+    assert StatsSnapshot.from_dict(json.loads(json.dumps(snap.to_dict()))) == snap

@@ -171,6 +171,9 @@ class ManagedDataplane:
             "rejected": self.rejected_count,
             "ignored": self.ignored_count,
         }
+        worker_status = getattr(dataplane, "worker_status", None)
+        if worker_status is not None:
+            self.admin.extra_status = lambda: {"workers": worker_status()}
         self.applied = asyncio.Event()
         self.last_outcome: ApplyOutcome | None = None
 

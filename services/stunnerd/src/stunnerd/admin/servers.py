@@ -117,6 +117,7 @@ class AdminServers:
         self._config: StunnerConfig | None = None
         self.revision: Callable[[], int | None] = lambda: None
         self.config_counts: Callable[[], Mapping[str, int]] = dict
+        self.extra_status: Callable[[], Mapping[str, Any]] = dict
         self.health: HttpServer | None = None
         self.metrics: HttpServer | None = None
         self._health_at: BindAddress | None = None
@@ -124,9 +125,11 @@ class AdminServers:
         self._registry = metrics_registry(stats)
 
     def status(self) -> dict[str, Any]:
-        return status_document(
+        doc = status_document(
             self._config, self._stats(), self.lifecycle, self.revision(), self.config_counts()
         )
+        doc.update(self.extra_status())
+        return doc
 
     def _health_bind(self, endpoint: str | None) -> BindAddress | None:
         at = parse_admin_endpoint(endpoint, DEFAULT_HEALTH_PORT)
@@ -154,9 +157,8 @@ class AdminServers:
             self.health = None
         self._health_at = at
         if at is not None:
-            server = HttpServer(
-                "health", at.host, at.port, health_handler(self.lifecycle, self.status)
-            )
+            handler = self._refreshing(health_handler(self.lifecycle, self.status), "/status")
+            server = HttpServer("health", at.host, at.port, handler)
             await server.start()
             self.health = server
 
@@ -166,9 +168,8 @@ class AdminServers:
             self.metrics = None
         self._metrics_at = at
         if at is not None:
-            server = HttpServer(
-                "metrics", at.host, at.port, metrics_handler(self._registry, at.path)
-            )
+            handler = self._refreshing(metrics_handler(self._registry, at.path), None)
+            server = HttpServer("metrics", at.host, at.port, handler)
             await server.start()
             self.metrics = server
 

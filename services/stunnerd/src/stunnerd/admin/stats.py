@@ -88,6 +88,7 @@ class StatsSnapshot:
                 ClusterStats(str(n), TrafficStats(*map(int, t)))
                 for n, t in data.get("clusters", ())
             ),
+            traffic_measured=bool(data.get("traffic_measured", True)),
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from typing import Any
 
@@ -89,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO,
     )
     apply_log_spec(args.log or "all:INFO")
+    # The supervisor owns the lifecycle (drain, grace period); a terminal's Ctrl-C or a signal
+    # to the process group must not kill the workers under it. A worker ends when stdin closes.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         import uvloop
     except ImportError:

@@ -203,6 +203,13 @@ class WorkerPool:
     def stats(self) -> StatsSnapshot:
         return merge_snapshots(w.stats for w in self.workers)
 
+    def worker_status(self) -> list[dict[str, Any]]:
+        """Per-worker process ids and allocation counts (from the last refresh)."""
+        return [
+            {"index": w.index, "pid": w.pid, "allocations": w.stats.allocations}
+            for w in self.workers
+        ]
+
     async def refresh(self) -> None:
         async def one(worker: Worker) -> None:
             try:
