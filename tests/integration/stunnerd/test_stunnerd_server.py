@@ -1,0 +1,198 @@
+"""The asyncio edge on real loopback sockets: admission, quota, stream close, live updates."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import pytest
+from aioice import stun
+from fixtures.stunnerd.client import UdpTurnClient
+from fixtures.stunnerd.inproc import echo_peer, make_config, running_server
+
+from stunner_common.config import parse_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+
+def server_addr(config: object, index: int = 0) -> tuple[str, int]:
+    return ("127.0.0.1", config.listeners[index].port)  # type: ignore[attr-defined]
+
+
+def channel_data(channel: int, payload: bytes) -> bytes:
+    return channel.to_bytes(2, "big") + len(payload).to_bytes(2, "big") + payload
+
+
+async def test_allocation_advertises_the_listener_address_and_relays_channel_data(
+    no_leaked_tasks: None,
+) -> None:
+    config = make_config()
+    async with (
+        running_server(config) as server,
+        echo_peer() as (peer, peer_addr),
+        UdpTurnClient(server_addr(config)) as client,
+    ):
+        reply = await client.allocate()
+        assert reply.message_class == stun.Class.RESPONSE
+        relay = reply.attributes["XOR-RELAYED-ADDRESS"]
+        assert relay[0] == "127.0.0.1"
+        bound = await client.request(
+            stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": peer_addr}
+        )
+        assert bound.message_class == stun.Class.RESPONSE
+        client.send_raw(channel_data(0x4000, b"hello"))
+        assert await client.recv_raw() == channel_data(0x4000, b"hello")
+        assert peer.sources == [relay]
+        assert server.allocation_counts() == {"turn-udp": 1}
+
+
+async def test_peer_outside_every_route_gets_403_and_nothing_is_relayed(
+    no_leaked_tasks: None,
+) -> None:
+    config = make_config(endpoints=("10.0.0.0/8",))
+    async with (
+        running_server(config),
+        echo_peer() as (peer, peer_addr),
+        UdpTurnClient(server_addr(config)) as client,
+    ):
+        await client.allocate()
+        reply = await client.request(stun.Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": peer_addr})
+        assert reply.error_code == 403
+        reply = await client.request(
+            stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": peer_addr}
+        )
+        assert reply.error_code == 403
+        client.send_raw(channel_data(0x4000, b"x"))
+        assert await client.nothing_arrives()
+        assert peer.sources == []
+
+
+async def test_peer_port_outside_the_range_is_permitted_but_packets_are_dropped(
+    no_leaked_tasks: None,
+) -> None:
+    async with echo_peer() as (peer, peer_addr):
+        other = peer_addr[1] + 1 if peer_addr[1] < 65535 else peer_addr[1] - 1
+        config = make_config(endpoints=(f"127.0.0.1:<{other}-{other}>",))
+        async with running_server(config), UdpTurnClient(server_addr(config)) as client:
+            await client.allocate()
+            reply = await client.request(
+                stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4001, "XOR-PEER-ADDRESS": peer_addr}
+            )
+            assert reply.message_class == stun.Class.RESPONSE
+            client.send_raw(channel_data(0x4001, b"x"))
+            assert await client.nothing_arrives()
+            assert peer.sources == []
+
+
+async def test_route_changes_apply_to_live_allocations_without_restart(
+    no_leaked_tasks: None,
+) -> None:
+    config = make_config()
+    closed = parse_config(
+        {**config.to_dict(), "clusters": [{"name": "loopback", "endpoints": ["10.0.0.0/8"]}]}
+    )
+    async with (
+        running_server(config) as server,
+        echo_peer() as (peer, peer_addr),
+        UdpTurnClient(server_addr(config)) as client,
+    ):
+        await client.allocate()
+        await client.request(
+            stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4002, "XOR-PEER-ADDRESS": peer_addr}
+        )
+        listener = server.listeners["turn-udp"]
+        server.apply_policies(closed)
+        client.send_raw(channel_data(0x4002, b"blocked"))
+        assert await client.nothing_arrives()
+        server.apply_policies(config)
+        client.send_raw(channel_data(0x4002, b"open"))
+        assert await client.recv_raw() == channel_data(0x4002, b"open")
+        assert server.listeners["turn-udp"] is listener
+        assert server.allocation_count == 1
+        assert len(peer.sources) == 1
+
+
+async def test_quota_refuses_a_second_allocation_of_the_same_user_with_486(
+    no_leaked_tasks: None,
+) -> None:
+    config = make_config(user_quota=1)
+    async with (
+        running_server(config),
+        UdpTurnClient(server_addr(config)) as first,
+        UdpTurnClient(server_addr(config)) as second,
+    ):
+        assert (await first.allocate()).message_class == stun.Class.RESPONSE
+        assert (await second.allocate()).error_code == 486
+
+
+async def test_garbage_never_takes_the_listener_down(no_leaked_tasks: None) -> None:
+    config = make_config()
+    async with running_server(config) as server, UdpTurnClient(server_addr(config)) as client:
+        for size in (0, 1, 3, 4, 19, 20, 21, 64, 1500):
+            client.send_raw(os.urandom(size))
+        client.send_raw(b"\x40\x00\xff\xff")  # ChannelData longer than the datagram
+        client.send_raw(b"\x00\x01\x00\x04\x21\x12\xa4\x42" + os.urandom(12) + b"\x00\x01\x00")
+        reply = await client.request(stun.Method.BINDING)
+        assert reply.message_class == stun.Class.RESPONSE
+        assert server.allocation_count == 0
+
+
+async def test_closing_a_tcp_connection_deletes_its_allocation(no_leaked_tasks: None) -> None:
+    config = make_config(("TURN-TCP",))
+    async with running_server(config) as server:
+        reader, writer = await asyncio.open_connection(*server_addr(config))
+        try:
+            challenge = stun.Message(
+                stun.Method.ALLOCATE,
+                stun.Class.REQUEST,
+                attributes={"REQUESTED-TRANSPORT": 17 << 24},
+            )
+            writer.write(bytes(challenge))
+            async with asyncio.timeout(5):
+                head = await reader.readexactly(20)
+                body = await reader.readexactly(int.from_bytes(head[2:4], "big"))
+            reply = stun.parse_message(head + body)
+            assert reply.error_code == 401
+            client = UdpTurnClient(("", 0))
+            client.realm, client.nonce = reply.attributes["REALM"], reply.attributes["NONCE"]
+            signed = stun.Message(
+                stun.Method.ALLOCATE,
+                stun.Class.REQUEST,
+                attributes={
+                    "REQUESTED-TRANSPORT": 17 << 24,
+                    "USERNAME": client.username,
+                    "REALM": client.realm,
+                    "NONCE": client.nonce,
+                },
+            )
+            signed.add_message_integrity(client.key)
+            writer.write(bytes(signed))
+            async with asyncio.timeout(5):
+                head = await reader.readexactly(20)
+                body = await reader.readexactly(int.from_bytes(head[2:4], "big"))
+            assert stun.parse_message(head + body).message_class == stun.Class.RESPONSE
+            assert server.allocation_count == 1
+        finally:
+            writer.close()
+            await writer.wait_closed()
+        async with asyncio.timeout(5):
+            while server.allocation_count:  # noqa: ASYNC110 - the server notices the FIN
+                await asyncio.sleep(0.01)
+
+
+async def test_listeners_can_be_added_and_removed_while_running(no_leaked_tasks: None) -> None:
+    config = make_config(("TURN-UDP",))
+    both = make_config(("TURN-UDP", "TURN-TCP"))
+    tcp = next(lst for lst in both.listeners if lst.name == "turn-tcp")
+    listeners = [config.listeners[0].to_dict(), tcp.to_dict()]
+    both = parse_config({**both.to_dict(), "listeners": listeners})
+    async with running_server(config) as server:
+        udp = server.listeners["turn-udp"]
+        await server.apply_config(both)
+        assert set(server.listeners) == {"turn-udp", "turn-tcp"}
+        assert server.listeners["turn-udp"] is udp
+        with socket.create_connection(("127.0.0.1", tcp.port), timeout=2):
+            pass
+        await server.apply_config(config)
+        assert set(server.listeners) == {"turn-udp"}
