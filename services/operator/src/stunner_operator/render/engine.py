@@ -16,9 +16,10 @@ from typing import Any
 
 from stunner_common.config import StunnerConfig
 from stunner_common.crds import Gateway, GatewayClass, K8sObject, UDPRoute, UDPRouteV1A2
-from stunner_operator.render.clusters import ClusterRender, render_cluster
+from stunner_operator.render.clusters import BackendProblem, ClusterRender, render_cluster
 from stunner_operator.render.gateway import (
     PROTOCOLS,
+    ClusterFn,
     GatewayRender,
     class_status,
     render_gateway,
@@ -257,12 +258,14 @@ class Renderer:
         else:
             self._deps.pop(render_key, None)
 
-    def _route_status_of(self, view: View, route: Route, cluster_for: Any) -> RouteStatus | None:
+    def _route_status_of(
+        self, view: View, route: Route, cluster_for: ClusterFn
+    ) -> RouteStatus | None:
         rns = route.metadata.namespace
         masked = is_masked(view, route)
         parents: list[RouteParentStatus] = []
         ours = False
-        problems: tuple[Any, ...] | None = None
+        problems: tuple[BackendProblem, ...] | None = None
         seen: set[ParentRef] = set()
         for ref in route.spec.parent_refs:
             if not parent_is_gateway(ref):
