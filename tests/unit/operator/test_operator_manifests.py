@@ -22,12 +22,12 @@ def test_multi_document_text_parses_every_supported_object() -> None:
     assert result.errors == ()
 
 
-def test_invalid_yaml_is_reported_with_its_line() -> None:
-    result = parse_manifests("kind: Gateway\n  bad: [", "x.yaml")
+def test_invalid_yaml_is_reported_with_its_document_and_line() -> None:
+    result = parse_manifests(HIERARCHY + "\n---\nkind: Gateway\n  bad: [", "x.yaml")
     assert result.objects == ()
     (err,) = result.errors
-    assert err.index is None
-    assert str(err).startswith("x.yaml: invalid YAML at line")
+    assert err.index == 3
+    assert str(err).startswith("x.yaml document 3: invalid YAML at line")
 
 
 def test_invalid_object_is_reported_with_file_and_document_index() -> None:

@@ -12,7 +12,7 @@ import binascii
 
 from pydantic import Field, field_validator
 
-from stunner_common.crds._base import K8sModel, K8sObject
+from stunner_common.crds._base import K8sModel, K8sObject, StrMap
 
 
 class ServicePort(K8sModel):
@@ -79,7 +79,7 @@ class EndpointSlice(K8sObject):
 class Secret(K8sObject):
     type: str = "Opaque"
     data: dict[str, str] = Field(default_factory=dict)
-    string_data: dict[str, str] = Field(default_factory=dict)
+    string_data: StrMap = Field(default_factory=dict)
 
     @field_validator("data")
     @classmethod

@@ -49,9 +49,12 @@ def parse_manifests(text: str, path: str = "<text>") -> FileResult:
         docs = list(yaml.safe_load_all(text))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err)
-        return FileResult((), (ManifestError(path, None, f"invalid YAML{where}: {problem}"),))
+        if mark is None:
+            return FileResult((), (ManifestError(path, None, f"invalid YAML: {problem}"),))
+        index = _document_index(text, mark.line)
+        where = f"at line {mark.line + 1}, column {mark.column + 1}"
+        return FileResult((), (ManifestError(path, index, f"invalid YAML {where}: {problem}"),))
     for index, doc in enumerate(docs):
         if doc is None:
             continue
@@ -71,6 +74,22 @@ def parse_manifests(text: str, path: str = "<text>") -> FileResult:
             except CrdError as err:
                 errors.append(ManifestError(path, index, str(err)))
     return FileResult(tuple(objects), tuple(errors), tuple(skipped))
+
+
+def _document_index(text: str, line: int) -> int:
+    """The 0-based YAML document that holds ``line`` (documents are split by ``---``)."""
+    index = 0
+    seen_content = False
+    for number, raw in enumerate(text.splitlines()):
+        if number >= line:
+            break
+        if raw.startswith("---"):
+            if seen_content:
+                index += 1
+            seen_content = False
+        elif raw.strip() and not raw.lstrip().startswith("#"):
+            seen_content = True
+    return index
 
 
 def manifest_files(root: Path) -> list[Path]:
