@@ -19,7 +19,7 @@ import httpx
 from aioice.turn import TurnTransport, create_turn_endpoint
 
 from support.ports import free_port, free_udp_tcp_port
-from support.processes import ServerProcess
+from support.processes import ServerProcess, wait_for_tcp
 
 USER, PASSWORD = "user1", "passwd1"
 STEP_TIMEOUT_S = 10.0
@@ -54,14 +54,32 @@ def base_config(
 
 
 class ManagedStunnerd:
-    def __init__(self, tmp: Path, config: dict[str, Any], *args: str) -> None:
+    """stunnerd on a config file (default), or with `origin` (e.g. a CDS URL) and `health`."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        config: dict[str, Any] | None,
+        *args: str,
+        origin: str | None = None,
+        health: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.tmp = tmp
         self.path = tmp / "stunnerd.json"
-        self.config = copy.deepcopy(config)
-        self.path.write_text(json.dumps(self.config))
-        self.health_port = int(config["admin"]["healthcheck_endpoint"].rsplit(":", 1)[1])
-        argv = [sys.executable, "-m", "stunnerd", "-c", str(self.path), "--bind", "127.0.0.1"]
-        self.proc = ServerProcess([*argv, *args], log_path=tmp / "stunnerd.log")
+        self.config = copy.deepcopy(config or {})
+        if config is not None:
+            self.path.write_text(json.dumps(self.config))
+            self.health_port = int(config["admin"]["healthcheck_endpoint"].rsplit(":", 1)[1])
+        if health is not None:
+            self.health_port = health
+        argv = [sys.executable, "-m", "stunnerd", "-c", origin or str(self.path)]
+        full_env = {**os.environ, **(env or {})}
+        if health is not None:
+            full_env["STUNNERD_HEALTH_PORT"] = str(health)
+        self.proc = ServerProcess(
+            [*argv, "--bind", "127.0.0.1", *args], env=full_env, log_path=tmp / "stunnerd.log"
+        )
         self.http = httpx.AsyncClient(timeout=2.0)
 
     async def status(self) -> dict[str, Any]:
@@ -185,3 +203,30 @@ def listener_ports(*names: str) -> dict[str, int]:
 
 def health_port() -> int:
     return free_port()
+
+
+class CdsServer:
+    """The real `stunner-cds` process on a free port, reading the given Redis."""
+
+    def __init__(self, redis_url: str, workdir: Path) -> None:
+        self.port = free_port()
+        self.redis_url = redis_url
+        self.workdir = workdir
+        self.proc: ServerProcess | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.starts += 1
+        argv = [sys.executable, "-m", "stunner_cds", "--host", "127.0.0.1"]
+        argv += ["--port", str(self.port), "--redis-url", self.redis_url]
+        self.proc = ServerProcess(argv, log_path=self.workdir / f"cds-{self.starts}.log")
+        wait_for_tcp("127.0.0.1", self.port, proc=self.proc)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None

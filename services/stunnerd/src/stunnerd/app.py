@@ -124,14 +124,22 @@ def configure_logging(log_format: str) -> None:
 def make_origin(settings: DataplaneSettings, env: Mapping[str, str]) -> ConfigOrigin:
     spec = parse_origin(settings.origin)
     if spec.kind == "file":
-        # Zero configs reach the reconciler, which ignores them (and counts them in /status).
+        # Zero (delete) configs reach the reconciler, which ignores them and counts them in
+        # /status: a dataplane being drained must keep its listeners (upstream's suppressDelete).
         return FileOrigin(
             spec.location,
             env=env,
             poll_interval_s=settings.file_poll_interval_s,
             suppress_delete=False,
         )
-    return CdsOrigin(spec.location, settings.namespace, settings.name, node=settings.node, env=env)
+    return CdsOrigin(
+        spec.location,
+        settings.namespace,
+        settings.name,
+        node=settings.node,
+        env=env,
+        suppress_delete=False,
+    )
 
 
 def make_dataplane(settings: DataplaneSettings) -> Dataplane:

@@ -1,0 +1,117 @@
+"""stunnerd in watch mode against the real CDS: bootstrap, deltas, a CDS outage, deletes.
+
+The operator's side is played by the shared Redis publisher, exactly as the operator writes.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from dataplane_harness import (
+    CdsServer,
+    EchoAllocation,
+    ManagedStunnerd,
+    base_config,
+    health_port,
+    listener_ports,
+)
+
+from stunner_common.store import ConfigPublisher
+from support.redis_server import RedisServer
+from support.turncat_harness import UdpEcho, udp_echo
+
+pytestmark = pytest.mark.integration
+
+ID = "stunner/udp-gateway"
+
+
+@pytest.fixture
+def cds(redis: RedisServer, tmp_path: Path) -> Iterator[CdsServer]:
+    server = CdsServer(redis.url, tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def publisher(redis: RedisServer) -> AsyncIterator[ConfigPublisher]:
+    client = aioredis.from_url(redis.url)
+    yield ConfigPublisher(client)
+    await client.aclose()
+
+
+@pytest.fixture
+async def echo() -> AsyncIterator[UdpEcho]:
+    async with udp_echo() as peer:
+        yield peer
+
+
+def rendered(port: int) -> dict[str, Any]:
+    cfg = base_config(8086, {"udp": port})
+    cfg["admin"]["name"] = ID
+    cfg["listeners"][0]["address"] = "$STUNNER_ADDR"
+    return cfg
+
+
+async def test_a_watching_stunnerd_follows_the_cds_and_rides_out_its_outage(
+    tmp_path: Path, cds: CdsServer, publisher: ConfigPublisher, echo: UdpEcho
+) -> None:
+    port = listener_ports("udp")["udp"]
+    server = ManagedStunnerd(
+        tmp_path,
+        None,
+        "-w",
+        "--id",
+        ID,
+        origin=cds.url,
+        health=health_port(),
+        env={"STUNNER_ADDR": "127.0.0.1"},
+    )
+    try:
+        status = await server.wait_status(lambda s: s["status"] == "NOT-READY", "bootstrap")
+        assert (await server.get("/ready")).status_code == 503
+        assert (await server.get("/live")).status_code == 200
+        assert "listeners" not in status
+
+        config = rendered(port)
+        await publisher.upsert(ID, config)
+        first = await server.ready()
+        assert first["listeners"][0]["address"] == "127.0.0.1"
+        assert first["revision"] is not None
+        alloc = await EchoAllocation.open(port, (echo.host, echo.port))
+        assert await alloc.echoes()
+
+        update = copy.deepcopy(config)
+        update["auth"]["credentials"]["password"] = "rotated"
+        await publisher.upsert(ID, update)
+        second = await server.wait_status(
+            lambda s: (s["revision"] or 0) > first["revision"], "the update"
+        )
+        assert await alloc.echoes()
+
+        cds.stop()
+        assert await alloc.echoes(), "the last config keeps serving while the CDS is away"
+        during = copy.deepcopy(update)
+        during["admin"]["loglevel"] = "all:DEBUG"
+        await publisher.upsert(ID, during)
+        cds.start()
+        caught_up = await server.wait_status(
+            lambda s: s["admin"]["loglevel"] == "all:DEBUG", "the change made during the outage"
+        )
+        assert caught_up["revision"] > second["revision"]
+        assert await alloc.echoes()
+
+        await publisher.delete(ID)
+        await server.wait_status(lambda s: s["configs"]["ignored"] == 1, "the delete to arrive")
+        assert await alloc.echoes(), "a delete never tears down a running dataplane"
+        status = await server.status()
+        assert status["status"] == "READY"
+        assert [lst["name"] for lst in status["listeners"]] == ["udp"]
+        await alloc.close()
+    finally:
+        await server.close()
