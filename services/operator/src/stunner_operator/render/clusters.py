@@ -87,7 +87,7 @@ def render_cluster(view: View, route: Route, options: RenderOptions) -> ClusterR
     """The cluster for ``route`` and the problems found with its backends."""
     rns = route.metadata.namespace
     problems: list[BackendProblem] = []
-    endpoints: set[str] = set()
+    endpoints: dict[str, tuple[str, str]] = {}  # endpoint text -> (origin, address) for errors
     ctype: str | None = None
     for rule in route.spec.rules:
         for ref in rule.backend_refs:
@@ -151,23 +151,32 @@ def render_cluster(view: View, route: Route, options: RenderOptions) -> ClusterR
             ctype = btype
             for addr in addrs:
                 text = _with_range(addr, lo, hi) if btype == "STATIC" else addr
-                if btype == "STATIC":
-                    try:
-                        text = str(parse_endpoint(text))
-                    except ConfigError:
-                        problems.append(
-                            BackendProblem("BackendNotFound", f"{origin}: invalid address {addr!r}")
-                        )
-                        continue
-                endpoints.add(text)
+                endpoints.setdefault(text, (origin, addr))
+    ctype = ctype or "STATIC"
     try:
-        cluster = ClusterConfig(
-            name=route_id(route),
-            type=cast(ClusterType, ctype or "STATIC"),
-            protocol="UDP",
-            endpoints=tuple(sorted(endpoints)),
-        )
-    except (ConfigError, ValueError) as err:
-        problems.append(BackendProblem("BackendNotFound", f"invalid cluster: {err}"))
-        cluster = None
+        cluster = _cluster(route, ctype, endpoints)
+    except (ConfigError, ValueError):
+        # Find the culprits one by one (the common, valid case validates each endpoint once).
+        for text, (origin, addr) in list(endpoints.items()):
+            try:
+                parse_endpoint(text)
+            except ConfigError:
+                problems.append(
+                    BackendProblem("BackendNotFound", f"{origin}: invalid address {addr!r}")
+                )
+                del endpoints[text]
+        try:
+            cluster = _cluster(route, ctype, endpoints)
+        except (ConfigError, ValueError) as err:
+            problems.append(BackendProblem("BackendNotFound", f"invalid cluster: {err}"))
+            cluster = None
     return ClusterRender(cluster, tuple(problems))
+
+
+def _cluster(route: Route, ctype: str, endpoints: dict[str, tuple[str, str]]) -> ClusterConfig:
+    return ClusterConfig(
+        name=route_id(route),
+        type=cast(ClusterType, ctype),
+        protocol="UDP",
+        endpoints=tuple(sorted(endpoints)),
+    )
