@@ -6,7 +6,6 @@ closes every watcher with a reason, cancels the feed and closes Redis.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -59,15 +58,12 @@ def create_app(settings: CdsSettings) -> FastAPI:
             on_reload=metrics.reloads.inc,
         )
         app.state.cds = CdsContext(settings, hub, feed, metrics)
-        feed_task = asyncio.create_task(feed.run(), name="cds-redis-feed")
-        feed_task.add_done_callback(_log_unexpected_exit)
+        feed.start()
         try:
             yield
         finally:
             hub.close_all("server shutting down")
-            feed_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await feed_task
+            await feed.stop(settings.shutdown_timeout_s)
             await redis.aclose()
 
     app = FastAPI(
@@ -98,8 +94,3 @@ def create_app(settings: CdsSettings) -> FastAPI:
         return error_response(400, f"invalid request: {problems}")
 
     return app
-
-
-def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("the Redis feed stopped: %r", task.exception())

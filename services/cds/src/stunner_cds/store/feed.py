@@ -63,11 +63,37 @@ class RedisFeed:
         self._on_reload = on_reload
         self.ready = False
         self.synced = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Run the feed in a task this object owns (stop it with ``stop``)."""
+        if self._task is None or self._task.done():
+            self._stopping = False
+            self._task = asyncio.create_task(self.run(), name="cds-redis-feed")
+            self._task.add_done_callback(_log_unexpected_exit)
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the feed task, bounded in time.
+
+        redis-py can lose a cancellation that lands right after a pipeline (the task then
+        carries on), so besides cancelling, the loop also checks a stop flag between reads.
+        """
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is None:
+            return
+        for _ in range(3):
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=timeout_s / 3)
+            if done:
+                return
+        log.error("the Redis feed did not stop within %.1f s", timeout_s)
 
     async def run(self) -> None:
-        """Run until cancelled; never raises for Redis trouble."""
+        """Run until cancelled or stopped; never raises for Redis trouble."""
         backoff_s = self._min_backoff_s
-        while True:
+        while not self._stopping:
             try:
                 await self._resync()
                 self.ready = True
@@ -115,7 +141,7 @@ class RedisFeed:
 
     async def _tail(self) -> None:
         mirror = self.hub.mirror
-        while True:
+        while not self._stopping:
             async with asyncio.timeout(self._timeout_s + self._block_ms / 1000):
                 events = await self._reader.read_events(
                     mirror.last_event_id, block_ms=self._block_ms
@@ -133,6 +159,11 @@ class RedisFeed:
                 await self._reload(str(exc))
                 continue
             self.hub.publish(changes)
+
+
+def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the Redis feed stopped: %r", task.exception())
 
 
 def event_lag_s(event: StoreEvent) -> float:
