@@ -228,6 +228,9 @@ async def test_idle_udp_client_is_deallocated(tmp_path: Path) -> None:
                     client.close()
                 assert await tc.stop() == 0
             assert len(echo.protocol.sources) == 2
+    # Startup check, the idle client, and the second allocation at exit: all deleted cleanly.
+    log = server.proc.output()
+    assert log.count(f"refreshed, realm=<{REALM}>, username=<{USER}>, lifetime=0") == 3, log
 
 
 async def test_allocation_permission_and_channel_are_refreshed(tmp_path: Path) -> None:
@@ -245,3 +248,25 @@ async def test_allocation_permission_and_channel_are_refreshed(tmp_path: Path) -
                 finally:
                     client.close()
                 assert await tc.stop() == 0
+
+
+@pytest.mark.parametrize("transport", ["tls", "dtls"])
+async def test_sni_names_the_certificate_to_verify_and_turns_scheme_works(
+    tmp_path: Path, transport: str
+) -> None:
+    with coturn(tmp_path, tls=True) as server:
+        async with udp_echo() as echo:
+            turns = f"turns://{USER}:{PASSWORD}@{LOOPBACK}:{server.tls_port}?transport=" + (
+                "tcp" if transport == "tls" else "udp"
+            )
+            ca = ["--ca", str(server.cert)]
+            local = _udp_local()
+            async with turncat(local, turns, echo.url, *ca, "--sni", "localhost") as tc:
+                client = await udp_client(LOOPBACK, _port(local))
+                try:
+                    assert await client.roundtrip(b"sni ok") == b"sni ok"
+                finally:
+                    client.close()
+                assert await tc.stop() == 0
+            rc, err = await run_turncat(_udp_local(), turns, echo.url, *ca, "--sni", "other.test")
+            assert rc == 5, err

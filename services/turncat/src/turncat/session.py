@@ -11,6 +11,9 @@ Long-term credentials follow RFC 8489 §9.2: the first request goes unsigned, th
 realm and nonce, every later request is signed; a 438 brings a fresh nonce and a retry. A 401
 to a signed request means the credentials are wrong, and a 403 to a permission or channel means
 the peer is not allowed; both end the session with their own error class.
+
+aioice's TURN client is not used, only its STUN codec (via `turncat.wire`): it has no DTLS, no
+CreatePermission, cannot decode Data indications and starts a task per datagram sent.
 """
 
 from __future__ import annotations
