@@ -222,6 +222,18 @@ def test_deployment_follows_the_dataplane_template(render: Render) -> None:
     assert "app.kubernetes.io/managed-by" not in labels
 
 
+def test_deployment_carries_gateway_config_and_gateway_annotations_but_pods_do_not(
+    render: Render,
+) -> None:
+    dep = deployment(render(with_lb_annotations("{a: cfg, b: cfg}"), gateway("{b: gw}")))
+    ann = dep["metadata"]["annotations"]
+    assert (ann["a"], ann["b"]) == ("cfg", "gw")
+    assert ann["stunner.l7mp.io/related-gateway-name"] == "stunner/gw"
+    assert dep["spec"]["template"]["metadata"]["annotations"] == {
+        "stunner.l7mp.io/related-gateway-name": "stunner/gw"
+    }
+
+
 def test_deployment_defaults(render: Render) -> None:
     dep = deployment(render(HIERARCHY, gateway()))
     (container,) = dep["spec"]["template"]["spec"]["containers"]

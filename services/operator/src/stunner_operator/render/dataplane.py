@@ -195,15 +195,21 @@ def render_service(
     }
 
 
-def render_deployment(gw: Gateway, dataplane: Dataplane, options: RenderOptions) -> dict[str, Any]:
-    """The desired stunnerd Deployment of ``gw`` from the Dataplane template (reference §13)."""
+def render_deployment(
+    gw: Gateway, dataplane: Dataplane, annotations: dict[str, str], options: RenderOptions
+) -> dict[str, Any]:
+    """The desired stunnerd Deployment of ``gw`` from the Dataplane template (reference §13).
+
+    ``annotations`` are the merged GatewayConfig and Gateway annotations: GATEWAY.md has both
+    propagate to the Deployment (the pods get only the Dataplane's, to avoid restarts).
+    """
     ns, name = gw.metadata.namespace, gw.metadata.name
     dp = dataplane.spec
     labels = {k: v for k, v in gw.metadata.labels.items() if k not in options.label_filter}
     labels.update(
         {OWNED_BY_LABEL: OWNED_BY_VALUE, RELATED_GATEWAY_NAME: name, RELATED_GATEWAY_NAMESPACE: ns}
     )
-    annotations = dict(gw.metadata.annotations)
+    annotations = dict(annotations)
     annotations[RELATED_GATEWAY_NAME] = f"{ns}/{name}"
     pod_labels = dict(dp.labels)
     pod_labels.update(

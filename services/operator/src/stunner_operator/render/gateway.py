@@ -446,7 +446,7 @@ def render_gateway(
 
     status = _gateway_status(gw, states, options, stored_svc)
     deletes: tuple[ObjKey, ...] = ()
-    deployment: dict[str, Any] | None = render_deployment(gw, dataplane, options)
+    deployment: dict[str, Any] | None = render_deployment(gw, dataplane, annotations, options)
     if is_true(annotations.get(DISABLE_MANAGED_DATAPLANE)):
         deployment = None
         deletes = (("Deployment", ns, name),)
