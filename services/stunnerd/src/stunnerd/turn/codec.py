@@ -133,9 +133,11 @@ def decode(data: bytes) -> Decoded:
             if is_request:
                 raise StunBadRequestError(method, tid, "attribute overruns the message")
             raise StunDecodeError("attribute overruns the message")
-        if attr_type < 0x8000 and attr_type not in KNOWN_ATTRIBUTE_TYPES:
+        if integrity_seen:
+            pass  # attributes after MESSAGE-INTEGRITY are ignored (RFC 8489 §14.5)
+        elif attr_type < 0x8000 and attr_type not in KNOWN_ATTRIBUTE_TYPES:
             unknown.append(attr_type)
-        elif attr_type == 0x0012 and not integrity_seen:
+        elif attr_type == 0x0012:
             try:
                 ip, port = stun.unpack_xor_address(data[pos + 4 : pos + 4 + attr_len], tid)
             except ValueError as exc:

@@ -1,0 +1,126 @@
+"""The codec fence over aioice: RFC 5769 vectors, unknown attributes, ChannelData framing."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from stunnerd.turn import codec
+
+PASSWORD = b"VOkJxbRl1RmTxUk/WvJxBt"
+
+# RFC 5769 §2.1-2.4, byte for byte.
+REQUEST = bytes.fromhex(
+    "000100582112a442b7e7a701bc34d686fa87dfae802200105354554e207465737420636c69656e74"
+    "002400046e0001ff80290008932ff9b151263b36000600096576746a3a68367659202020"
+    "000800149aeaa70cbfd8cb56781ef2b5b2d3f249c1b571a280280004e57a3bcf"
+)
+IPV4_RESPONSE = bytes.fromhex(
+    "0101003c2112a442b7e7a701bc34d686fa87dfae8022000b7465737420766563746f7220"
+    "002000080001a147e112a643000800142b91f599fd9e90c38c7489f92af9ba53f06be7d7"
+    "80280004c07d4c96"
+)
+IPV6_RESPONSE = bytes.fromhex(
+    "010100482112a442b7e7a701bc34d686fa87dfae8022000b7465737420766563746f7220"
+    "002000140002a1470113a9faa5d3f179bc25f4b5bed2b9d900080014a382954e4be67bf1"
+    "1784c97c8292c275bfe3ed4180280004c8fb0b4c"
+)
+LONG_TERM_REQUEST = bytes.fromhex(
+    "000100602112a44278ad3433c6ad72c029da412e00060012e3839ee38388e383aae38383"
+    "e382afe382b900000015001c662f2f3439396b39353464364f4c33346f4c394653547679"
+    "363473410014000b6578616d706c652e6f72670000080014f67024656dd64a3e02b8e071"
+    "2e85c9a28ca89666"
+)
+
+
+def test_rfc5769_sample_request_parses_and_its_integrity_verifies() -> None:
+    decoded = codec.decode(REQUEST)
+    assert decoded.unknown_required == ()
+    assert decoded.message.attributes["USERNAME"] == "evtj:h6vY"
+    assert decoded.message.attributes["SOFTWARE"] == "STUN test client"
+    assert codec.check_integrity(decoded.message, PASSWORD)
+    assert not codec.check_integrity(decoded.message, b"wrong")
+
+
+@pytest.mark.parametrize(
+    ("raw", "address"),
+    [
+        (IPV4_RESPONSE, ("192.0.2.1", 32853)),
+        (IPV6_RESPONSE, ("2001:db8:1234:5678:11:2233:4455:6677", 32853)),
+    ],
+)
+def test_rfc5769_sample_responses_give_the_xor_mapped_address(
+    raw: bytes, address: tuple[str, int]
+) -> None:
+    message = codec.decode(raw).message
+    assert message.attributes["XOR-MAPPED-ADDRESS"] == address
+    assert codec.check_integrity(message, PASSWORD)
+
+
+def test_rfc5769_long_term_request_verifies_with_md5_of_user_realm_password() -> None:
+    message = codec.decode(LONG_TERM_REQUEST).message
+    assert message.attributes["REALM"] == "example.org"
+    assert message.attributes["NONCE"] == b"f//499k954d6OL34oL9FSTvy64sA"
+    user = message.attributes["USERNAME"]
+    key = hashlib.md5(f"{user}:example.org:TheMatrIX".encode()).digest()
+    assert codec.check_integrity(message, key)
+
+
+def test_a_flipped_byte_breaks_the_fingerprint() -> None:
+    tampered = bytearray(REQUEST)
+    tampered[30] ^= 1
+    with pytest.raises(codec.StunBadRequestError):
+        codec.decode(bytes(tampered))
+
+
+def test_unknown_required_attributes_after_message_integrity_are_ignored() -> None:
+    body = REQUEST[:-8]  # drop FINGERPRINT, keep MESSAGE-INTEGRITY last
+    extra = b"\x00\x1c\x00\x04\x00\x00\x00\x00"  # MESSAGE-INTEGRITY-SHA256 stand-in
+    raw = body[:2] + (len(body) - 20 + len(extra)).to_bytes(2, "big") + body[4:] + extra
+    assert codec.decode(raw).unknown_required == ()
+
+
+def test_encode_adds_integrity_and_fingerprint_that_aioice_accepts() -> None:
+    raw = codec.encode(
+        codec.Method.ALLOCATE,
+        codec.Class.RESPONSE,
+        b"x" * 12,
+        {"LIFETIME": 600},
+        key=b"k" * 16,
+        software="stunnerd",
+    )
+    message = codec.decode(raw).message
+    assert message.attributes["LIFETIME"] == 600
+    assert codec.check_integrity(message, b"k" * 16)
+
+
+@pytest.mark.parametrize(
+    ("payload", "stream", "expected"),
+    [
+        (b"abc", False, b"\x40\x00\x00\x03abc"),
+        (b"abc", True, b"\x40\x00\x00\x03abc\x00"),
+        (b"abcd", True, b"\x40\x00\x00\x04abcd"),
+        (b"", True, b"\x40\x00\x00\x00"),
+    ],
+)
+def test_channel_data_framing_pads_only_on_streams(
+    payload: bytes, stream: bool, expected: bytes
+) -> None:
+    assert codec.channel_data(0x4000, payload, stream=stream) == expected
+    assert codec.parse_channel_data(expected) == (0x4000, payload)
+
+
+@pytest.mark.parametrize(
+    ("buf", "size"),
+    [
+        (b"", 0),
+        (b"\x40\x00", 0),
+        (b"\x40\x00\x00\x03", 8),
+        (b"\x40\x00\x00\x04", 8),
+        (b"\x00\x01\x00\x08", 28),
+        (b"\x80\x00\x00\x00", -1),
+    ],
+)
+def test_stream_frame_length(buf: bytes, size: int) -> None:
+    assert codec.stream_frame_length(buf) == size
