@@ -399,3 +399,13 @@ def test_mixed_protocol_annotation_from_gateway_or_gateway_config(
     assert gw is not None
     assert gw.service is not None
     assert [p["name"] for p in gw.service["spec"]["ports"]] == exposed
+
+
+def test_service_without_the_related_gateway_annotation_is_not_the_public_service(
+    render: Render,
+) -> None:
+    svc = lb_service(ports=SVC_UDP, ingress="[{ip: 3.3.3.3}]").replace(
+        "stunner.l7mp.io/related-gateway-name", "example.com/something-else"
+    )
+    r = render(HIERARCHY, gateway(UDP), svc)
+    assert public(r) == [("", 0)]

@@ -84,6 +84,14 @@ class LocalOperator:
             self._wake.set()
         return delta
 
+    def _safe_sync(self) -> None:
+        # A failed render must not stop the operator: the published configs stay as they were
+        # and the next change in the folder gets a fresh try.
+        try:
+            self.sync()
+        except Exception:
+            log.exception("rendering %s failed; the published configs are unchanged", self.root)
+
     async def publish_once(self) -> PublishResult | None:
         if self._sink is None:
             return None
@@ -113,10 +121,10 @@ class LocalOperator:
                 # One turn of the loop runs the watcher up to its first wait: the OS watch now
                 # exists and buffers events, so this first read misses no edit.
                 await asyncio.sleep(0)
-                self.sync()
+                self._safe_sync()
                 self._wake.set()  # publish even an empty set: stale ids in Redis get deleted
                 while await pending:
-                    self.sync()
+                    self._safe_sync()
                     pending = tg.create_task(next_change(), name="operator-watch")
             finally:
                 self._closing.set()
