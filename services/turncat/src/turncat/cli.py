@@ -162,9 +162,7 @@ async def serve(tunnel: Tunnel, local: LocalAddress) -> None:
         if local.kind == "stdio":
             work = asyncio.create_task(tunnel.run_stdio(), name="stdio")
         else:
-            await preflight(tunnel)
-            await tunnel.start()
-            work = asyncio.create_task(stop.wait(), name="wait-for-signal")
+            work = asyncio.create_task(listen(tunnel, stop), name="listen")
         stopper = asyncio.create_task(stop.wait(), name="signal")
         try:
             await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -180,6 +178,12 @@ async def serve(tunnel: Tunnel, local: LocalAddress) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
+
+
+async def listen(tunnel: Tunnel, stop: asyncio.Event) -> None:
+    await preflight(tunnel)
+    await tunnel.start()
+    await stop.wait()
 
 
 async def preflight(tunnel: Tunnel) -> None:

@@ -29,6 +29,8 @@ from turncat.uri import LocalAddress
 log = logging.getLogger(__name__)
 
 READ_BYTES = 1500
+TCP_WRITE_LIMIT_BYTES = 1 << 20
+FAILED_CLIENT_HOLDOFF_S = 5.0
 CLOSE_SUFFIX = "-close"
 
 SessionFactory = Callable[[str, DataCallback, LostCallback], TurnSession]
@@ -133,7 +135,10 @@ class Tunnel:
         lost = asyncio.Event()
 
         def on_data(data: bytes) -> None:
-            if not writer.is_closing():
+            # A client that does not read loses datagrams instead of growing our buffer.
+            if not writer.is_closing() and (
+                writer.transport.get_write_buffer_size() < TCP_WRITE_LIMIT_BYTES
+            ):
                 writer.write(data)
 
         def on_lost(exc: Exception | None) -> None:
@@ -225,7 +230,7 @@ async def _stdin_reader() -> Callable[[], Coroutine[Any, Any, bytes]]:
 class _UdpLink:
     """One UDP local client: its address, session, pending queue and idle timer."""
 
-    __slots__ = ("addr", "idle_handle", "last_seen", "pending", "session")
+    __slots__ = ("addr", "failed", "idle_handle", "last_seen", "pending", "session")
 
     def __init__(self, addr: tuple[str, int], now: float, queue_len: int) -> None:
         self.addr = addr
@@ -233,6 +238,7 @@ class _UdpLink:
         self.pending: collections.deque[bytes] | None = collections.deque(maxlen=queue_len)
         self.last_seen = now
         self.idle_handle: asyncio.TimerHandle | None = None
+        self.failed = False
 
 
 class _UdpClients(asyncio.DatagramProtocol):
@@ -258,6 +264,8 @@ class _UdpClients(asyncio.DatagramProtocol):
             self._links[addr] = link
             self._tunnel.spawn(self._open(link), name=f"udp:{addr[0]}:{addr[1]}-open")
         else:
+            if link.failed:
+                return
             link.last_seen = self._loop.time()
         if link.pending is not None:
             link.pending.append(data)
@@ -281,8 +289,12 @@ class _UdpClients(asyncio.DatagramProtocol):
         try:
             await session.open()
         except TurncatError as exc:
-            log.warning("%s: dropping client: %s", name, exc)
-            self._links.pop(addr, None)
+            # Hold the address off for a while so a client that keeps sending does not make
+            # us hammer the server with allocations that fail the same way.
+            log.warning("%s: dropping client for %g s: %s", name, FAILED_CLIENT_HOLDOFF_S, exc)
+            link.failed = True
+            link.pending = None
+            link.idle_handle = self._loop.call_later(FAILED_CLIENT_HOLDOFF_S, self._forget, link)
             await self._tunnel.end_session(session)
             return
         log.info("%s: new client", name)
@@ -290,6 +302,10 @@ class _UdpClients(asyncio.DatagramProtocol):
         for data in pending or ():
             session.send(data)
         self._arm_idle(link)
+
+    def _forget(self, link: _UdpLink) -> None:
+        if self._links.get(link.addr) is link:
+            del self._links[link.addr]
 
     def _arm_idle(self, link: _UdpLink) -> None:
         link.idle_handle = self._loop.call_at(
