@@ -1,0 +1,93 @@
+"""The command's settings: origin precedence, identity, origin kinds and JSON log lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from stunnerd.app import (
+    DataplaneSettings,
+    JsonLogFormatter,
+    build_parser,
+    make_origin,
+    settings_from_env,
+)
+from stunnerd.origin.base import ConfigOriginError
+from stunnerd.origin.cds import CdsOrigin
+from stunnerd.origin.file import FileOrigin
+
+
+def test_the_origin_flag_beats_the_environment_which_beats_the_default() -> None:
+    env = {
+        "STUNNER_CONFIG_ORIGIN": "ws://cds:13478",
+        "STUNNER_NAMESPACE": "ns",
+        "STUNNER_NAME": "gw",
+    }
+    flagged = settings_from_env(
+        config="/etc/x.yaml", watch=False, turn_uri=None, ident=None, env=env
+    )
+    assert flagged.origin == "/etc/x.yaml"
+    from_env = settings_from_env(config=None, watch=True, turn_uri=None, ident=None, env=env)
+    assert (from_env.origin, from_env.namespace, from_env.name) == ("ws://cds:13478", "ns", "gw")
+    default = settings_from_env(config=None, watch=False, turn_uri=None, ident="a/b", env={})
+    assert default.origin == ":13478"
+    assert (default.namespace, default.name) == ("a", "b")
+
+
+def test_the_node_name_comes_from_the_environment() -> None:
+    env = {"STUNNER_NODENAME": "worker-1"}
+    settings = settings_from_env(config=None, watch=True, turn_uri=None, ident="a/b", env=env)
+    assert settings.node == "worker-1"
+
+
+def test_a_bad_id_is_refused() -> None:
+    with pytest.raises(ConfigOriginError, match="invalid id"):
+        settings_from_env(config=None, watch=True, turn_uri=None, ident="nope", env={})
+
+
+@pytest.mark.parametrize(
+    ("origin", "kind"),
+    [
+        ("/etc/stunnerd.conf", FileOrigin),
+        ("file:///etc/stunnerd.conf", FileOrigin),
+        ("http://127.0.0.1:13478", CdsOrigin),
+        ("ws://127.0.0.1:13478", CdsOrigin),
+        ("127.0.0.1:13478", CdsOrigin),
+    ],
+)
+def test_each_origin_form_builds_the_matching_client(origin: str, kind: type) -> None:
+    built = make_origin(DataplaneSettings(origin=origin, namespace="ns", name="gw"), {})
+    assert isinstance(built, kind)
+
+
+def test_the_cds_client_gets_the_identity_and_node() -> None:
+    settings = DataplaneSettings(origin="ws://h:1", namespace="ns", name="gw", node="n1")
+    origin = make_origin(settings, {})
+    assert isinstance(origin, CdsOrigin)
+    assert origin.ws_url() == "ws://h:1/api/v1/configs/ns/gw?node=n1&watch=true"
+    assert origin.ws_url(since=7) == "ws://h:1/api/v1/configs/ns/gw?node=n1&since=7&watch=true"
+
+
+def test_the_parser_accepts_upstream_flags() -> None:
+    argv = ["-w", "-c", "ws://cds:13478", "--id", "a/b", "-l", "all:DEBUG", "--udp-thread-num=16"]
+    argv += ["--log-format", "json", "--force-ready-status", "--grace-period", "30"]
+    args = build_parser().parse_args(argv)
+    assert (args.watch, args.config, args.id, args.log) == (
+        True,
+        "ws://cds:13478",
+        "a/b",
+        "all:DEBUG",
+    )
+    assert (args.udp_thread_num, args.log_format, args.force_ready_status) == (16, "json", True)
+    assert args.grace_period == 30.0
+    positional = build_parser().parse_args(["turn://u:p@127.0.0.1:3478"])
+    assert positional.uri == "turn://u:p@127.0.0.1:3478"
+
+
+def test_json_log_lines_carry_level_logger_and_message() -> None:
+    record = logging.LogRecord("stunnerd.x", logging.WARNING, __file__, 1, "hello %s", ("w",), None)
+    line = json.loads(JsonLogFormatter().format(record))
+    assert (line["level"], line["logger"], line["msg"]) == ("WARNING", "stunnerd.x", "hello w")
+    assert isinstance(line["ts"], float)
