@@ -128,7 +128,7 @@ class ManagedStunnerd:
         self.proc.stop()
 
 
-class _Receiver(asyncio.DatagramProtocol):
+class TurnReceiver(asyncio.DatagramProtocol):
     def __init__(self) -> None:
         self.received: asyncio.Queue[bytes] = asyncio.Queue()
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -145,7 +145,7 @@ class EchoAllocation:
     """One TURN allocation (aioice) whose data goes to `peer` and comes back."""
 
     def __init__(
-        self, transport: TurnTransport, receiver: _Receiver, peer: tuple[str, int]
+        self, transport: TurnTransport, receiver: TurnReceiver, peer: tuple[str, int]
     ) -> None:
         self.transport = transport
         self.receiver = receiver
@@ -162,7 +162,7 @@ class EchoAllocation:
     ) -> EchoAllocation:
         async with asyncio.timeout(STEP_TIMEOUT_S):
             transport, receiver = await create_turn_endpoint(
-                _Receiver, server_addr=("127.0.0.1", port), username=user, password=password
+                TurnReceiver, server_addr=("127.0.0.1", port), username=user, password=password
             )
         return cls(transport, receiver, peer)
 
