@@ -216,7 +216,7 @@ async def test_idle_udp_client_is_deallocated(tmp_path: Path) -> None:
     with coturn(tmp_path) as server:
         async with udp_echo() as echo:
             local = _udp_local()
-            env = {"TURNCAT_CLIENT_IDLE_TIMEOUT_S": "0.5"}
+            env = {"TURNCAT_CLIENT_IDLE_TIMEOUT_S": "1"}
             async with turncat(local, server.uri("udp"), echo.url, env=env) as tc:
                 client = await udp_client(LOOPBACK, _port(local))
                 try:

@@ -230,13 +230,14 @@ async def _stdin_reader() -> Callable[[], Coroutine[Any, Any, bytes]]:
 class _UdpLink:
     """One UDP local client: its address, session, pending queue and idle timer."""
 
-    __slots__ = ("addr", "failed", "idle_handle", "last_seen", "pending", "session")
+    __slots__ = ("addr", "checked", "failed", "idle_handle", "packets", "pending", "session")
 
-    def __init__(self, addr: tuple[str, int], now: float, queue_len: int) -> None:
+    def __init__(self, addr: tuple[str, int], queue_len: int) -> None:
         self.addr = addr
         self.session: TurnSession | None = None
         self.pending: collections.deque[bytes] | None = collections.deque(maxlen=queue_len)
-        self.last_seen = now
+        self.packets = 0
+        self.checked = 0
         self.idle_handle: asyncio.TimerHandle | None = None
         self.failed = False
 
@@ -260,13 +261,13 @@ class _UdpClients(asyncio.DatagramProtocol):
         if link is None:
             if self._stopped:
                 return
-            link = _UdpLink(addr, self._loop.time(), self._settings.pending_datagrams)
+            link = _UdpLink(addr, self._settings.pending_datagrams)
             self._links[addr] = link
             self._tunnel.spawn(self._open(link), name=f"udp:{addr[0]}:{addr[1]}-open")
         else:
             if link.failed:
                 return
-            link.last_seen = self._loop.time()
+            link.packets += 1
         if link.pending is not None:
             link.pending.append(data)
         else:
@@ -308,14 +309,17 @@ class _UdpClients(asyncio.DatagramProtocol):
             del self._links[link.addr]
 
     def _arm_idle(self, link: _UdpLink) -> None:
-        link.idle_handle = self._loop.call_at(
-            link.last_seen + self._settings.client_idle_timeout_s, self._check_idle, link
+        # A packet counter instead of a timestamp keeps the clock off the per-datagram path; a
+        # client is dropped after one to two idle periods of silence.
+        link.checked = link.packets
+        link.idle_handle = self._loop.call_later(
+            self._settings.client_idle_timeout_s, self._check_idle, link
         )
 
     def _check_idle(self, link: _UdpLink) -> None:
         if self._links.get(link.addr) is not link:
             return
-        if self._loop.time() - link.last_seen >= self._settings.client_idle_timeout_s:
+        if link.packets == link.checked:
             self._drop(link, "idle")
         else:
             self._arm_idle(link)

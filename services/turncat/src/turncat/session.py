@@ -62,6 +62,10 @@ DEFAULT_LIFETIME_S = 600
 _PAD = (b"", b"\x00\x00\x00", b"\x00\x00", b"\x00")
 
 
+def _discard(frame: bytes) -> None:
+    pass
+
+
 class TurnSession:
     """A TURN allocation with a permission and a channel to one peer."""
 
@@ -96,6 +100,7 @@ class TurnSession:
         self._channel = CHANNEL_MIN
         self._chan_hdr = self._channel.to_bytes(2, "big")
         self._pad = False
+        self._send_frame: Callable[[bytes], None] = _discard
         self._refresher: asyncio.Task[None] | None = None
         self._allocated = False
         self._open = False
@@ -120,6 +125,7 @@ class TurnSession:
                 self._settings.connect_timeout_s,
             )
             self._pad = self._carrier.reliable
+            self._send_frame = self._carrier.send
             self._creds = self._credentials()
             attrs: dict[str, Any] = {"REQUESTED-TRANSPORT": REQUESTED_TRANSPORT_UDP}
             if self._settings.allocation_lifetime_s:
@@ -177,10 +183,10 @@ class TurnSession:
         if not self._open:
             return
         n = len(payload)
-        frame = self._chan_hdr + n.to_bytes(2, "big") + payload
         if self._pad and n & 3:
-            frame += _PAD[n & 3]
-        self._carrier.send(frame)  # type: ignore[union-attr]
+            self._send_frame(b"".join((self._chan_hdr, n.to_bytes(2, "big"), payload, _PAD[n & 3])))
+        else:
+            self._send_frame(self._chan_hdr + n.to_bytes(2, "big") + payload)
 
     def frame_received(self, frame: bytes) -> None:
         if frame[0] & 0xC0 == 0x40:
