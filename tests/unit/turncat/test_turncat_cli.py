@@ -84,3 +84,9 @@ def test_certificate_names_match_by_ip_dns_and_single_label_wildcard() -> None:
     assert not cert_matches(cert, "a.b.stunner.example")
     assert not cert_matches(cert, "example.com")
     assert not cert_matches(_cert(), "127.0.0.1")
+
+
+def test_ipv6_peer_is_refused_with_a_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    # Literal addresses resolve without any lookup leaving the host.
+    assert main(["udp://127.0.0.1:9", "turn://u:p@127.0.0.1:1", "udp://[::1]:5"]) == 2
+    assert "IPv4 peers only" in capsys.readouterr().err

@@ -104,13 +104,24 @@ def _static_credentials(username: str | None, password: str | None) -> Credentia
 
 
 async def resolve_ip(host: str, port: int, what: str) -> tuple[str, int]:
+    """Resolve a host name once, at startup; IPv4 is preferred.
+
+    The peer must be IPv4: we ask for IPv4 relays (RFC 8656 §7.1 default family), and a relay
+    only reaches peers of its own family.
+    """
     loop = asyncio.get_running_loop()
+    family = socket.AF_INET if what == "peer" else socket.AF_UNSPEC
     try:
-        infos = await loop.getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM)
+        infos = await loop.getaddrinfo(host, port, family=family, type=socket.SOCK_DGRAM)
     except (socket.gaierror, UnicodeError) as exc:
         if what == "peer":
+            if ":" in host:
+                raise BadInputError(
+                    f"peer {host!r} is IPv6; turncat relays to IPv4 peers only"
+                ) from None
             raise BadInputError(f"cannot resolve peer host {host!r}: {exc}") from None
         raise UnreachableError(f"cannot resolve {what} host {host!r}: {exc}") from None
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
     addr = infos[0][4]
     return str(addr[0]), int(addr[1])
 
