@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 
@@ -189,7 +190,7 @@ async def test_each_tcp_client_gets_its_own_allocation_and_stream(tmp_path: Path
                     writer.close()
                     await writer.wait_closed()
             assert len(echo.protocol.sources) == 3
-            assert await tc.stop() == 0
+            assert await tc.stop(signal.SIGTERM) == 0
 
 
 async def test_stdin_is_relayed_to_the_peer_and_replies_go_to_stdout(tmp_path: Path) -> None:
