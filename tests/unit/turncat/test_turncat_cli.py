@@ -1,4 +1,4 @@
-"""The CLI's argument handling and certificate name matching (no sockets opened)."""
+"""The CLI's argument handling, certificate name matching and DTLS record packing (no sockets)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from OpenSSL import crypto
 
-from turncat.carrier import cert_matches
+from turncat.carrier import cert_matches, pack_records
 from turncat.cli import main
 
 
@@ -90,3 +90,22 @@ def test_ipv6_peer_is_refused_with_a_reason(capsys: pytest.CaptureFixture[str]) 
     # Literal addresses resolve without any lookup leaving the host.
     assert main(["udp://127.0.0.1:9", "turn://u:p@127.0.0.1:1", "udp://[::1]:5"]) == 2
     assert "IPv4 peers only" in capsys.readouterr().err
+
+
+def _record(content_type: int, body: bytes) -> bytes:
+    return (
+        bytes([content_type])
+        + b"\xfe\xfd"
+        + b"\x00\x00"
+        + b"\x00" * 6
+        + len(body).to_bytes(2, "big")
+        + body
+    )
+
+
+def test_dtls_records_are_packed_into_datagrams_without_splitting_one() -> None:
+    records = [_record(22, b"a" * 500), _record(22, b"b" * 500), _record(22, b"c" * 300)]
+    datagrams = pack_records(b"".join(records), 1200)
+    assert datagrams == [records[0] + records[1], records[2]]
+    assert pack_records(records[0], 100) == [records[0]]  # an oversized record goes alone
+    assert pack_records(b"", 1200) == []

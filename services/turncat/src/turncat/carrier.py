@@ -14,6 +14,7 @@ import ipaddress
 import logging
 import socket
 import ssl
+import struct
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 STREAM_WRITE_LIMIT_BYTES = 1 << 20
 DTLS_READ_BYTES = 1 << 16
 UDP_RCVBUF_BYTES = 1 << 20
+DTLS_MTU_BYTES = 1200
+DTLS_RECORD_HEADER = struct.Struct("!B2s2s6sH")  # type, version, epoch, sequence, length
 DTLS1_2_VERSION = 0xFEFD  # OpenSSL's DTLS1_2_VERSION; pyOpenSSL does not export it
 
 
@@ -221,6 +224,7 @@ class DtlsCarrier(asyncio.DatagramProtocol):
                 ctx.set_default_verify_paths()
         self._conn = SSL.Connection(ctx, None)
         self._conn.set_connect_state()
+        self._conn.set_ciphertext_mtu(DTLS_MTU_BYTES)
         if tls.sni and not _is_ip(tls.sni):
             self._conn.set_tlsext_host_name(tls.sni.encode())
 
@@ -262,7 +266,8 @@ class DtlsCarrier(asyncio.DatagramProtocol):
         except SSL.WantReadError:
             return
         if out and self._transport is not None:
-            self._transport.sendto(out)
+            for datagram in pack_records(out, DTLS_MTU_BYTES):
+                self._transport.sendto(datagram)
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
         self._conn.bio_write(data)
@@ -313,6 +318,28 @@ class DtlsCarrier(asyncio.DatagramProtocol):
                 self._conn.shutdown()
             self._flush()
         self._transport.close()
+
+
+def pack_records(data: bytes, mtu: int) -> list[bytes]:
+    """Cut the concatenated DTLS records a memory BIO hands out into datagrams of at most `mtu`
+    bytes, never splitting a record (RFC 6347 §4.1.1: a record must fit in one datagram)."""
+    datagrams: list[bytes] = []
+    current = bytearray()
+    pos = 0
+    while pos + DTLS_RECORD_HEADER.size <= len(data):
+        length = DTLS_RECORD_HEADER.unpack_from(data, pos)[-1]
+        end = pos + DTLS_RECORD_HEADER.size + length
+        record = data[pos:end]
+        if current and len(current) + len(record) > mtu:
+            datagrams.append(bytes(current))
+            current = bytearray()
+        current += record
+        pos = end
+    if pos < len(data):
+        current += data[pos:]  # not a whole record: pass it on as it is
+    if current:
+        datagrams.append(bytes(current))
+    return datagrams
 
 
 def _is_ip(text: str) -> bool:
