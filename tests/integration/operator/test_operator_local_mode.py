@@ -249,7 +249,8 @@ def test_the_command_renders_the_example_folder_with_print() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "Kubernetes mode is not available"),
+        (["--kubeconfig", "/nonexistent/kubeconfig"], "cannot load kubeconfig"),
+        (["--print"], "--print needs --manifests DIR"),
         (["--manifests", "/nonexistent/folder"], "no such file or folder"),
     ],
 )

@@ -1,9 +1,9 @@
-"""Command-line entry point: ``stunner-operator --manifests DIR [--redis-url URL]``.
+"""Command-line entry point: ``stunner-operator [--manifests DIR] [--redis-url URL]``.
 
-Local mode renders a folder of Gateway API YAML into Redis and follows the folder. ``--print``
-renders the folder once and prints the configs (canonical JSON, one per line) without Redis,
-which is handy to check manifests. Kubernetes mode (watching a cluster) is not available yet,
-so the command insists on ``--manifests``.
+Kubernetes mode (the default) watches the cluster named by ``--kubeconfig`` (or $KUBECONFIG, or
+the in-cluster service account). Local mode (``--manifests``) renders a folder of Gateway API
+YAML into Redis and follows the folder. ``--print`` renders the folder once and prints the
+configs (canonical JSON, one per line) without Redis, which is handy to check manifests.
 """
 
 from __future__ import annotations
@@ -66,12 +66,53 @@ def _configure_logging(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
 
 
-async def _run_local(settings: OperatorSettings, root: Path) -> int:
-    options = RenderOptions(
+def _options(settings: OperatorSettings) -> RenderOptions:
+    return RenderOptions(
         controller_name=settings.controller_name,
         cds_address=settings.cds_address,
         endpoint_discovery=settings.endpoint_discovery,
     )
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _run_kubernetes(settings: OperatorSettings) -> int:
+    from stunner_operator.k8s.api import KubeApi, KubeApiError, load_client
+    from stunner_operator.k8s.controller import KubeController
+
+    try:
+        client = await load_client(settings.kubeconfig)
+    except KubeApiError as err:
+        print(f"stunner-operator: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    api = KubeApi(client, timeout_s=settings.kube_timeout_s)
+    sink = RedisConfigSink(settings.redis_url, timeout_s=settings.redis_timeout_s)
+    controller = KubeController(
+        api,
+        sink,
+        options=_options(settings),
+        throttle_s=settings.throttle_s,
+        retry_s=settings.publish_retry_s,
+    )
+    stop = _stop_on_signals()
+    log.info("Kubernetes mode: publishing to %s", settings.redis_url)
+    try:
+        await controller.run(stop)
+    finally:
+        await sink.aclose()
+        await api.aclose()
+    return 0
+
+
+async def _run_local(settings: OperatorSettings, root: Path) -> int:
+    options = _options(settings)
     sink = RedisConfigSink(settings.redis_url, timeout_s=settings.redis_timeout_s)
     operator = LocalOperator(
         root,
@@ -80,11 +121,7 @@ async def _run_local(settings: OperatorSettings, root: Path) -> int:
         debounce_ms=settings.watch_debounce_ms,
         retry_s=settings.publish_retry_s,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = _stop_on_signals()
     log.info("local mode: watching %s, publishing to %s", root, settings.redis_url)
     try:
         await operator.run(stop)
@@ -94,12 +131,7 @@ async def _run_local(settings: OperatorSettings, root: Path) -> int:
 
 
 def _print_once(settings: OperatorSettings, root: Path) -> int:
-    options = RenderOptions(
-        controller_name=settings.controller_name,
-        cds_address=settings.cds_address,
-        endpoint_discovery=settings.endpoint_discovery,
-    )
-    operator = LocalOperator(root, None, options=options)
+    operator = LocalOperator(root, None, options=_options(settings))
     operator.sync()
     for _cid, config in sorted(operator.renderer.configs().items()):
         print(config.canonical_json())
@@ -126,12 +158,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     _configure_logging(settings.log_level, settings.log_format)
     if settings.manifests is None:
-        print(
-            "stunner-operator: Kubernetes mode is not available in this version; "
-            "run local mode with --manifests DIR",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+        if args.print_only:
+            print("stunner-operator: --print needs --manifests DIR", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            return asyncio.run(_run_kubernetes(settings))
+        except KeyboardInterrupt:
+            return 0
     if not settings.manifests.exists():
         print(f"stunner-operator: {settings.manifests}: no such file or folder", file=sys.stderr)
         return EXIT_USAGE

@@ -28,6 +28,8 @@ class OperatorSettings(BaseSettings):
     cds_address: str = DEFAULT_CDS_ADDRESS
     endpoint_discovery: bool = True
     redis_timeout_s: float = Field(5.0, gt=0)
+    kube_timeout_s: float = Field(10.0, gt=0)
+    throttle_s: float = Field(0.05, ge=0)
     publish_retry_s: float = Field(1.0, gt=0)
     watch_debounce_ms: int = Field(50, ge=1)
     log_level: str = "INFO"

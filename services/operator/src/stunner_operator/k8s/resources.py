@@ -1,0 +1,60 @@
+"""The Kubernetes resources the operator watches and writes, and their REST paths.
+
+Each watched resource maps to a store kind of the renderer. Paths are built by hand rather than
+through the generated clients so that core types, CRDs and Gateway API objects all travel as
+plain JSON and are parsed by the same ``stunner_common.crds`` models as in local mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    kind: str  # the store kind (UDPRoute vs UDPRouteV1A2)
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+    optional: bool = False  # skipped (with a log line) when the cluster does not serve it
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def _base(self) -> str:
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+    def list_path(self) -> str:
+        """Every object of the resource, in all namespaces."""
+        return f"{self._base()}/{self.plural}"
+
+    def collection_path(self, namespace: str) -> str:
+        if self.namespaced:
+            return f"{self._base()}/namespaces/{namespace}/{self.plural}"
+        return f"{self._base()}/{self.plural}"
+
+    def object_path(self, namespace: str, name: str, subresource: str = "") -> str:
+        path = f"{self.collection_path(namespace)}/{name}"
+        return f"{path}/{subresource}" if subresource else path
+
+
+WATCHED: tuple[Resource, ...] = (
+    Resource("GatewayClass", "gateway.networking.k8s.io", "v1", "gatewayclasses", False),
+    Resource("Gateway", "gateway.networking.k8s.io", "v1", "gateways", True),
+    Resource("UDPRoute", "stunner.l7mp.io", "v1", "udproutes", True),
+    Resource("UDPRouteV1A2", "gateway.networking.k8s.io", "v1alpha2", "udproutes", True, True),
+    Resource("GatewayConfig", "stunner.l7mp.io", "v1", "gatewayconfigs", True),
+    Resource("StaticService", "stunner.l7mp.io", "v1", "staticservices", True),
+    Resource("Dataplane", "stunner.l7mp.io", "v1", "dataplanes", False),
+    Resource("Service", "", "v1", "services", True),
+    Resource("EndpointSlice", "discovery.k8s.io", "v1", "endpointslices", True),
+    Resource("Secret", "", "v1", "secrets", True),
+    Resource("Node", "", "v1", "nodes", False),
+    Resource("Namespace", "", "v1", "namespaces", False),
+)
+
+BY_KIND: dict[str, Resource] = {r.kind: r for r in WATCHED}
+DEPLOYMENT = Resource("Deployment", "apps", "v1", "deployments", True)
+WRITABLE: dict[str, Resource] = {"Service": BY_KIND["Service"], "Deployment": DEPLOYMENT}
