@@ -16,11 +16,13 @@ import collections
 import contextlib
 import logging
 import os
+import socket
 import stat
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
+from turncat.carrier import UDP_RCVBUF_BYTES
 from turncat.errors import TurncatError
 from turncat.session import DataCallback, LostCallback, TurnSession
 from turncat.settings import TurncatSettings
@@ -255,6 +257,11 @@ class _UdpClients(asyncio.DatagramProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.DatagramTransport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # Room for bursts from many local clients while the loop is busy relaying.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RCVBUF_BYTES)
 
     def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
         link = self._links.get(addr)
