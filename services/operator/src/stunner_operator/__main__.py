@@ -14,7 +14,9 @@ import contextlib
 import json
 import logging
 import signal
+import socket
 import sys
+import uuid
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -86,6 +88,7 @@ def _stop_on_signals() -> asyncio.Event:
 async def _run_kubernetes(settings: OperatorSettings) -> int:
     from stunner_operator.k8s.api import KubeApi, KubeApiError, load_client
     from stunner_operator.k8s.controller import KubeController
+    from stunner_operator.k8s.leader import LeaderElector
 
     try:
         client = await load_client(settings.kubeconfig)
@@ -94,17 +97,33 @@ async def _run_kubernetes(settings: OperatorSettings) -> int:
         return EXIT_USAGE
     api = KubeApi(client, timeout_s=settings.kube_timeout_s)
     sink = RedisConfigSink(settings.redis_url, timeout_s=settings.redis_timeout_s)
-    controller = KubeController(
-        api,
-        sink,
-        options=_options(settings),
-        throttle_s=settings.throttle_s,
-        retry_s=settings.publish_retry_s,
-    )
+
+    async def lead(lost: asyncio.Event) -> None:
+        # A fresh controller per term: it lists everything again before rendering.
+        controller = KubeController(
+            api,
+            sink,
+            options=_options(settings),
+            throttle_s=settings.throttle_s,
+            retry_s=settings.publish_retry_s,
+        )
+        await controller.run(lost)
+
     stop = _stop_on_signals()
     log.info("Kubernetes mode: publishing to %s", settings.redis_url)
     try:
-        await controller.run(stop)
+        if settings.leader_elect:
+            elector = LeaderElector(
+                api,
+                namespace=settings.lease_namespace,
+                name=settings.lease_name,
+                identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+                lease_duration_s=settings.lease_duration_s,
+                renew_period_s=settings.lease_renew_s,
+            )
+            await elector.run(lead, stop)
+        else:
+            await lead(stop)
     finally:
         await sink.aclose()
         await api.aclose()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stunner_operator.render.options import DEFAULT_CDS_ADDRESS
@@ -30,7 +30,23 @@ class OperatorSettings(BaseSettings):
     redis_timeout_s: float = Field(5.0, gt=0)
     kube_timeout_s: float = Field(10.0, gt=0)
     throttle_s: float = Field(0.05, ge=0)
+    leader_elect: bool = True
+    lease_namespace: str = Field(
+        "default",
+        validation_alias=AliasChoices(
+            "lease_namespace", "OPERATOR_LEASE_NAMESPACE", "POD_NAMESPACE"
+        ),
+    )
+    lease_name: str = "stunner-gateway-operator"
+    lease_duration_s: int = Field(15, ge=2)
+    lease_renew_s: float = Field(5.0, gt=0)
     publish_retry_s: float = Field(1.0, gt=0)
     watch_debounce_ms: int = Field(50, ge=1)
     log_level: str = "INFO"
     log_format: str = Field("text", pattern="^(text|json)$")
+
+    @model_validator(mode="after")
+    def _renew_within_lease(self) -> OperatorSettings:
+        if self.lease_renew_s >= self.lease_duration_s:
+            raise ValueError("lease_renew_s must be shorter than lease_duration_s")
+        return self

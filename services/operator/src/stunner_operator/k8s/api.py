@@ -40,6 +40,10 @@ class GoneError(KubeApiError):
     """The watch's resourceVersion is too old: list again."""
 
 
+class ConflictError(KubeApiError):
+    """The object changed (or exists) since it was read: read it again."""
+
+
 async def load_client(kubeconfig: Path | None) -> ApiClient:
     """An API client from ``kubeconfig``, else $KUBECONFIG/~/.kube/config, else in-cluster."""
     cfg = Configuration()
@@ -108,6 +112,8 @@ class KubeApi:
             raise NotFoundError(f"{method} {path}: not found", 404)
         if resp.status == 410:
             raise GoneError(f"{method} {path}: gone", 410)
+        if resp.status == 409:
+            raise ConflictError(f"{method} {path}: conflict", 409)
         if resp.status >= 300:
             raise KubeApiError(f"{method} {path}: HTTP {resp.status}: {text[:300]}", resp.status)
         try:
@@ -162,6 +168,25 @@ class KubeApi:
             raise KubeApiError(f"watch {where}: {type(err).__name__}: {err}") from err
         finally:
             resp.release()
+
+    async def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._json("GET", resource.object_path(namespace, name))
+        except NotFoundError:
+            return None
+
+    async def create(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+        namespace = body["metadata"].get("namespace", "")
+        return await self._json("POST", resource.collection_path(namespace), body=dict(body))
+
+    async def update(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Merge-patch ``body`` in; a metadata.resourceVersion in it makes the API server
+        refuse (409, ``ConflictError``) if the object changed since it was read."""
+        meta = body["metadata"]
+        path = resource.object_path(meta.get("namespace", ""), meta["name"])
+        return await self._json(
+            "PATCH", path, body=dict(body), content_type="application/merge-patch+json"
+        )
 
     async def patch_status(
         self, resource: Resource, namespace: str, name: str, status: Mapping[str, Any]
