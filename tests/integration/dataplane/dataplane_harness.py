@@ -8,9 +8,11 @@ to a UDP echo peer; `echoes()` tells whether data still flows through that same 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -124,7 +126,12 @@ class ManagedStunnerd:
         return self.proc.output()[-4000:]
 
     async def close(self) -> None:
+        """Stop without waiting for allocations: a second SIGTERM ends the drain at once."""
         await self.http.aclose()
+        if self.proc.alive():
+            for _ in range(2):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.proc.pid, signal.SIGTERM)
         self.proc.stop()
 
 

@@ -144,7 +144,11 @@ class CdsOrigin:
                 "Accept: application/json\r\nConnection: close\r\n\r\n".encode()
             )
             await writer.drain()
-            raw = await reader.read(MAX_HTTP_RESPONSE_BYTES)
+            raw = b""
+            while chunk := await reader.read(65536):  # HTTP/1.0: the body ends at EOF
+                raw += chunk
+                if len(raw) > MAX_HTTP_RESPONSE_BYTES:
+                    raise OSError("CDS response too large")
         finally:
             writer.close()
             with contextlib.suppress(OSError, ssl.SSLError):
