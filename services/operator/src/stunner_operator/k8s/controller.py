@@ -209,6 +209,11 @@ class KubeController:
                     changes[key_of(obj)] = obj
                 for key in event.deletes:
                     changes[key] = None
+            store = self.renderer.store
+            # Re-lists and fresh watches repeat objects we have: only real changes count.
+            changes = {k: o for k, o in changes.items() if store.get_key(k) != o}
+            if not changes and self.synced.is_set():
+                continue
             try:
                 delta = self.renderer.apply(
                     [o for o in changes.values() if o is not None],
