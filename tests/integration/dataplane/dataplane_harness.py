@@ -129,9 +129,15 @@ class ManagedStunnerd:
         """Stop without waiting for allocations: a second SIGTERM ends the drain at once."""
         await self.http.aclose()
         if self.proc.alive():
-            for _ in range(2):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGTERM)
+            # Signals of one kind coalesce while pending: send the second once the first landed.
+            for _ in range(100):
+                if not self.proc.alive() or "received: draining" in self.proc.output():
+                    break
+                await asyncio.sleep(0.02)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGTERM)
         self.proc.stop()
 
 
