@@ -271,3 +271,23 @@ async def test_sni_names_the_certificate_to_verify_and_turns_scheme_works(
                 assert await tc.stop() == 0
             rc, err = await run_turncat(_udp_local(), turns, echo.url, *ca, "--sni", "other.test")
             assert rc == 5, err
+
+
+async def test_stdin_mode_exits_5_when_the_server_goes_away(tmp_path: Path) -> None:
+    with coturn(tmp_path) as server:
+        async with udp_echo() as echo:
+            tc = await start_turncat(
+                "-", server.uri("tcp"), echo.url, stdin=asyncio.subprocess.PIPE
+            )
+            try:
+                assert tc.proc.stdin is not None
+                assert tc.proc.stdout is not None
+                tc.proc.stdin.write(b"ping\n")
+                await tc.proc.stdin.drain()
+                async with asyncio.timeout(10):
+                    assert await tc.proc.stdout.readline() == b"ping\n"
+                server.proc.stop()
+                assert await tc.wait() == 5, tc.stderr
+                assert "the TURN session was lost" in tc.stderr.splitlines()[-1]
+            finally:
+                await tc.aclose()

@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
 from turncat.carrier import UDP_RCVBUF_BYTES
-from turncat.errors import TurncatError
+from turncat.errors import TurncatError, UnreachableError
 from turncat.session import DataCallback, LostCallback, TurnSession
 from turncat.settings import TurncatSettings
 from turncat.uri import LocalAddress
@@ -178,22 +178,40 @@ class Tunnel:
         """
         reply = asyncio.Event()
         lost = asyncio.Event()
+        stdout_gone = False
         out = sys.stdout.buffer
 
         def on_data(data: bytes) -> None:
-            out.write(data)
-            out.flush()
+            nonlocal stdout_gone
+            try:
+                out.write(data)
+                out.flush()
+            except OSError as exc:  # stdout closed under us: nobody is reading any more
+                log.info("stdout closed: %s", exc)
+                stdout_gone = True
+                lost.set()
+                return
             reply.set()
 
+        why: list[str] = []
+
         def on_lost(exc: Exception | None) -> None:
+            why.append(str(exc) if exc else "closed by the server")
             lost.set()
 
         session = self.new_session("stdio", on_data, on_lost)
+        lost_waiter = asyncio.create_task(lost.wait(), name="stdio-lost")
         try:
             await session.open()
             read = await _stdin_reader()
             while not lost.is_set():
-                data = await read()
+                reading = asyncio.create_task(read(), name="stdio-read")
+                await asyncio.wait({reading, lost_waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if not reading.done():
+                    reading.cancel()
+                    await asyncio.gather(reading, return_exceptions=True)
+                    break
+                data = reading.result()
                 if not data:
                     break
                 session.send(data)
@@ -205,9 +223,11 @@ class Tunnel:
                 except TimeoutError:
                     break
         finally:
+            lost_waiter.cancel()
+            await asyncio.gather(lost_waiter, return_exceptions=True)
             await self.end_session(session)
-        if lost.is_set():
-            raise TurncatError("the TURN session was lost")
+        if lost.is_set() and not stdout_gone:
+            raise UnreachableError(f"the TURN session was lost: {why[0] if why else 'unknown'}")
 
 
 async def _stdin_reader() -> Callable[[], Coroutine[Any, Any, bytes]]:
