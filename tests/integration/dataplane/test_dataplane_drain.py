@@ -113,3 +113,19 @@ async def test_a_config_file_that_cannot_be_loaded_exits_with_status_1(tmp_path:
     assert proc.returncode == 1
     assert b"invalid config file" in err
     assert b"protocol" in err
+
+
+async def test_json_log_format_and_the_log_flag_override_the_config(tmp_path: Path) -> None:
+    import json
+
+    server, _ = await start(tmp_path, "--log-format", "json", "-l", "all:DEBUG")
+    try:
+        cfg = dict(server.config)
+        cfg["admin"] = {**cfg["admin"], "loglevel": "all:ERROR"}
+        await server.write(cfg)
+        lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+    finally:
+        await server.close()
+    assert any(entry["logger"] == "stunnerd.reconcile.reconciler" for entry in lines)
+    debug = [e for e in lines if e["level"] == "DEBUG" and e["msg"].startswith("config handled")]
+    assert len(debug) >= 2, "-l all:DEBUG must win over the config's loglevel all:ERROR"
