@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
@@ -52,9 +53,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = build_server(settings)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(server.serve())
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=_loop_factory()) as r:
+        r.run(server.serve())
     return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed: fanning out to many watchers is mostly socket writes."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 if __name__ == "__main__":

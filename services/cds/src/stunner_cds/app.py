@@ -6,6 +6,7 @@ closes every watcher with a reason, cancels the feed and closes Redis.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from starlette.responses import Response
 from stunner_cds import __version__
 from stunner_cds.api import configs, health, watch
 from stunner_cds.api.common import ApiError, CdsContext, error_response
+from stunner_cds.api.watch import send_watchdog
 from stunner_cds.metrics import CdsMetrics
 from stunner_cds.settings import CdsSettings
 from stunner_cds.store.feed import RedisFeed, event_lag_s, redis_client
@@ -57,13 +59,18 @@ def create_app(settings: CdsSettings) -> FastAPI:
             on_event=observed,
             on_reload=metrics.reloads.inc,
         )
-        app.state.cds = CdsContext(settings, hub, feed, metrics)
+        ctx = CdsContext(settings, hub, feed, metrics)
+        app.state.cds = ctx
         feed.start()
+        watchdog = asyncio.create_task(send_watchdog(ctx), name="cds-send-watchdog")
         try:
             yield
         finally:
             hub.close_all("server shutting down")
+            watchdog.cancel()
             await feed.stop(settings.shutdown_timeout_s)
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
             await redis.aclose()
 
     app = FastAPI(

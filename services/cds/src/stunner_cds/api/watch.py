@@ -105,6 +105,7 @@ async def _pump(ws: WebSocket, ctx: CdsContext, watcher: Watcher) -> None:
     async with asyncio.TaskGroup() as tasks:
         writer = tasks.create_task(_write(ws, ctx, watcher), name=f"cds-write {watcher.topic}")
         reader = tasks.create_task(_read(ws), name=f"cds-read {watcher.topic}")
+        watcher.writer = writer
         await asyncio.wait((writer, reader), return_when=asyncio.FIRST_COMPLETED)
         writer.cancel()
         reader.cancel()
@@ -119,8 +120,9 @@ async def _read(ws: WebSocket) -> None:
 
 
 async def _write(ws: WebSocket, ctx: CdsContext, watcher: Watcher) -> None:
+    """Send queued frames in order; ``send_watchdog`` bounds how long one send may take."""
     frames_sent = ctx.metrics.frames_sent.labels(watcher.mode.value)
-    timeout_s = ctx.settings.send_timeout_s
+    clock = asyncio.get_running_loop().time
     try:
         while True:
             batch = await watcher.next_batch()
@@ -129,20 +131,42 @@ async def _write(ws: WebSocket, ctx: CdsContext, watcher: Watcher) -> None:
                 code = CLOSE_GOING_AWAY if reason.startswith("server") else CLOSE_TRY_AGAIN_LATER
                 if code == CLOSE_TRY_AGAIN_LATER:
                     ctx.metrics.watchers_dropped.labels("slow").inc()
-                async with asyncio.timeout(timeout_s):
+                async with asyncio.timeout(ctx.settings.send_timeout_s):
                     await ws.close(code=code, reason=reason[:120])
                 return
+            watcher.sending_since = clock()
             for frame in batch:
-                async with asyncio.timeout(timeout_s):
-                    await ws.send_text(frame)
-                frames_sent.inc()
-    except TimeoutError:
-        ctx.metrics.watchers_dropped.labels("send_timeout").inc()
-        log.warning(
-            "dropping a %s watcher of %s: send timed out", watcher.mode.value, watcher.topic
-        )
+                await ws.send_text(frame)
+            watcher.sending_since = None
+            frames_sent.inc(len(batch))
     except (WebSocketDisconnect, RuntimeError, OSError):
         return
+
+
+async def send_watchdog(ctx: CdsContext) -> None:
+    """Cancel the writer of any watcher whose current send has blocked for ``send_timeout_s``.
+
+    One timer for every watcher instead of a timeout per frame: per-frame timers cost more than
+    the send itself when one change fans out to a thousand watchers.
+    """
+    timeout_s = ctx.settings.send_timeout_s
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(timeout_s / 4)
+        now = loop.time()
+        for watcher in list(ctx.hub.watchers()):
+            since = watcher.sending_since
+            if since is not None and now - since > timeout_s and watcher.writer is not None:
+                log.warning(
+                    "dropping a %s watcher of %s: a send blocked for %.1f s",
+                    watcher.mode.value,
+                    watcher.topic,
+                    now - since,
+                )
+                ctx.metrics.watchers_dropped.labels("send_timeout").inc()
+                watcher.sending_since = None
+                ctx.hub.unsubscribe(watcher)
+                watcher.writer.cancel()
 
 
 @router.websocket("/configs")

@@ -76,6 +76,8 @@ class Watcher:
         self.max_queue = max_queue
         self.frames: deque[str] = deque()
         self.closed_reason: str | None = None
+        self.sending_since: float | None = None
+        self.writer: asyncio.Task[None] | None = None
         self._wakeup = asyncio.Event()
 
     def offer(self, frame: str) -> bool:
