@@ -255,3 +255,20 @@ async def test_health_and_metrics_endpoints_rebind_when_changed(
     with pytest.raises(httpx.ConnectError):
         await stunnerd.get("/live", old)
     assert await a.echoes()
+
+
+async def test_a_strict_dns_cluster_admits_its_resolved_peer_and_survives_a_domain_change(
+    stunnerd: ManagedStunnerd, echo: UdpEcho
+) -> None:
+    cfg = copy.deepcopy(stunnerd.config)
+    cfg["clusters"].append({"name": "dns", "type": "STRICT_DNS", "endpoints": ["localhost"]})
+    for lst in cfg["listeners"]:
+        lst["routes"] = ["dns"]
+    await stunnerd.write(cfg)
+    alloc = await EchoAllocation.open(listener(cfg, "a")["port"], (echo.host, echo.port))
+    assert await alloc.echoes(wait_s=5.0, tries=10), "localhost resolves to the echo peer"
+    cfg["clusters"][-1]["endpoints"] = ["localhost", "localhost.localdomain"]
+    await stunnerd.write(cfg)
+    assert "restarted: [cluster: dns]" in stunnerd.log()
+    assert await alloc.echoes(), "a cluster restart closes nothing"
+    await alloc.close()

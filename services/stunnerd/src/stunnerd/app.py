@@ -216,7 +216,12 @@ class ManagedDataplane:
         async for event in origin.watch():
             if self.lifecycle.draining:
                 return
-            await self.apply(event.config, event.revision)
+            try:
+                await self.apply(event.config, event.revision)
+            except Exception:
+                # Never let one bad apply end the watch: the running config stays in force.
+                self.rejected_count += 1
+                log.exception("applying a config failed unexpectedly")
 
 
 async def run(settings: DataplaneSettings, env: Mapping[str, str] | None = None) -> int:
