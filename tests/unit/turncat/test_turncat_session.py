@@ -106,6 +106,7 @@ def make_session(
     password: str = PASSWORD,
     reliable: bool = False,
     received: list[bytes] | None = None,
+    connected: asyncio.Event | None = None,
     **settings: Any,
 ) -> tuple[TurnSession, list[FakeCarrier]]:
     carriers: list[FakeCarrier] = []
@@ -113,6 +114,8 @@ def make_session(
     async def opener(
         transport: Any, addr: tuple[str, int], sink: FrameSink, tls: TlsOptions, timeout_s: float
     ) -> FakeCarrier:
+        if connected is not None:
+            await connected.wait()
         carrier = FakeCarrier(server, sink, reliable)
         carriers.append(carrier)
         return carrier
@@ -310,3 +313,19 @@ async def test_failed_refresh_reports_the_session_lost(no_leaked_tasks: None) ->
     assert exc.code == 437
     assert not session.is_open
     await session.close()
+
+
+async def test_close_while_opening_leaves_no_allocation_behind(no_leaked_tasks: None) -> None:
+    server = FakeServer()
+    connected = asyncio.Event()
+    session, _ = make_session(server, connected=connected)
+    opening = asyncio.create_task(session.open(), name="opening")
+    await asyncio.sleep(0)
+    await session.close()
+    connected.set()
+    with pytest.raises(UnreachableError, match="closed while opening"):
+        await opening
+    assert server.requests[-1].message_method == stun.Method.REFRESH
+    assert server.requests[-1].attributes["LIFETIME"] == 0
+    assert server.closed
+    assert not session.is_open

@@ -136,6 +136,10 @@ class TurnSession:
             self.mapped_address = resp.attributes.get("XOR-MAPPED-ADDRESS")
             self.lifetime_s = int(resp.attributes.get("LIFETIME", DEFAULT_LIFETIME_S))
             await self._install_peer()
+            if self._closing:
+                # close() ran while we were waiting: undo what was made since.
+                await self._teardown()
+                raise UnreachableError(f"{self.name}: closed while opening")
         except BaseException:
             await self.close()
             raise
@@ -160,6 +164,9 @@ class TurnSession:
         if self._refresher is not None and self._refresher is not asyncio.current_task():
             self._refresher.cancel()
             await asyncio.gather(self._refresher, return_exceptions=True)
+        await self._teardown()
+
+    async def _teardown(self) -> None:
         if self._allocated and self._carrier is not None and not self._lost_reported:
             try:
                 async with asyncio.timeout(self._settings.close_timeout_s):
