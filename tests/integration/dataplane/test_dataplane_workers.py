@@ -8,6 +8,8 @@ relays, that a config change reaches both workers, and that /status and /metrics
 from __future__ import annotations
 
 import copy
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -75,4 +77,28 @@ async def test_two_workers_share_the_port_relay_and_take_every_config(
     finally:
         for alloc in allocations:
             await alloc.close()
+        await server.close()
+
+
+async def test_a_worker_that_dies_is_restarted_with_the_running_config(
+    tmp_path: Path, echo: UdpEcho
+) -> None:
+    ports = listener_ports("a")
+    server = ManagedStunnerd(tmp_path, base_config(health_port(), ports), "--udp-thread-num", "2")
+    try:
+        status = await server.ready()
+        victim = status["workers"][0]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        status = await server.wait_status(
+            lambda s: (
+                s["workers"][0]["pid"] not in (None, victim)
+                and s["listeners"][0]["connections"] == 2
+            ),
+            "the worker to come back with the listener",
+        )
+        assert "worker 0 (pid" in server.log()
+        alloc = await EchoAllocation.open(ports["a"], (echo.host, echo.port))
+        assert await alloc.echoes()
+        await alloc.close()
+    finally:
         await server.close()
