@@ -160,8 +160,9 @@ def _generator(server_port: int, sink_port: int, ready: Any, go: Any, stop: Any)
                 libc.sendmmsg(fd, msgs, BATCH, 0)
 
 
-def relay_rate(workers: int, tmp: Path) -> tuple[float, float]:
-    """(packets/s relayed client → peer, server µs CPU per packet) with `workers` workers."""
+def relay_rate(workers: int, tmp: Path) -> tuple[float, float, float, float]:
+    """Packets/s relayed client → peer, server µs CPU per packet, and the cores used by the
+    server and by generator + peer, with `workers` workers."""
     ctx = mp.get_context("fork")
     stunnerd = str(Path(sys.executable).with_name("stunnerd"))
     port = free_port()
@@ -189,9 +190,12 @@ def relay_rate(workers: int, tmp: Path) -> tuple[float, float]:
                 raise RuntimeError(f"generator did not set up: {log.read_text()[-2000:]}")
             go.set()
             time.sleep(WARMUP_S)
+            load = [g.pid for g in gens if g.pid is not None] + [sink.pid or 0]
             c0, cpu0, t0 = counter.value, cpu_seconds(sd.pid), time.monotonic()
+            load0 = sum(cpu_seconds(pid) for pid in load)
             time.sleep(MEASURE_S)
             c1, cpu1, t1 = counter.value, cpu_seconds(sd.pid), time.monotonic()
+            load1 = sum(cpu_seconds(pid) for pid in load)
             stop.set()
     finally:
         stop.set()
@@ -200,11 +204,17 @@ def relay_rate(workers: int, tmp: Path) -> tuple[float, float]:
             if p.is_alive():
                 p.kill()
     relayed = c1 - c0
-    return relayed / (t1 - t0), (cpu1 - cpu0) * 1e6 / max(1, relayed)
+    wall = t1 - t0
+    return (
+        relayed / wall,
+        (cpu1 - cpu0) * 1e6 / max(1, relayed),
+        (cpu1 - cpu0) / wall,
+        (load1 - load0) / wall,
+    )
 
 
 def throughput() -> None:
-    results: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+    results: dict[int, list[tuple[float, float, float, float]]] = {1: [], 2: []}
     with tempfile.TemporaryDirectory(prefix="bench-dataplane-") as tmp_name:
         for _ in range(ROUNDS):
             for workers in (1, 2):
@@ -214,11 +224,13 @@ def throughput() -> None:
         f"generator(s) to a counting peer; {MEASURE_S:.0f} s windows, {ROUNDS} alternating rounds, "
         f"{os.cpu_count()} cores shared by generator, peer and workers"
     )
-    print(f"{'workers':>7} {'pkts/s':>9} {'µs CPU/pkt':>11}")
+    print(
+        f"{'workers':>7} {'pkts/s':>9} {'µs CPU/pkt':>11} {'server cores':>12} {'load cores':>10}"
+    )
     for workers, series in results.items():
-        for rate, us in series:
-            print(f"{workers:>7} {rate:>9.0f} {us:>11.2f}")
-    med = {w: statistics.median(r for r, _ in s) for w, s in results.items()}
+        for rate, us, server, load in series:
+            print(f"{workers:>7} {rate:>9.0f} {us:>11.2f} {server:>12.2f} {load:>10.2f}")
+    med = {w: statistics.median(r[0] for r in s) for w, s in results.items()}
     print(f"median relayed packets/s: 1 worker {med[1]:.0f}, 2 workers {med[2]:.0f}")
     print(f"RATIO throughput 2_workers/1_worker = {med[2] / med[1]:.2f}")
 
