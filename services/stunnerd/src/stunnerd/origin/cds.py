@@ -175,6 +175,10 @@ class CdsOrigin:
             except CdsProtocolError as exc:
                 log.warning("CDS watch %s: %s; resyncing from a fresh snapshot", self._netloc, exc)
                 self._state.reset()
+            except Exception:
+                # Whatever went wrong, never stop reconnecting (upstream could get stuck here).
+                log.exception("CDS watch %s failed unexpectedly", self._netloc)
+                self._state.reset()
             finally:
                 self.connected.clear()
             delay = self._backoff.delay_s(attempt, self._rand)

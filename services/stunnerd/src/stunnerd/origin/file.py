@@ -104,6 +104,10 @@ class FileOrigin:
             log.warning("ignoring invalid config file %s: %s", self.path, exc)
             self.skipped += 1
             return None
+        except Exception:
+            log.exception("ignoring config file %s: parsing failed unexpectedly", self.path)
+            self.skipped += 1
+            return None
         if self._suppress_delete and is_zero_config(config):
             log.info("ignoring delete configuration update from %s", self.path)
             self.skipped += 1
