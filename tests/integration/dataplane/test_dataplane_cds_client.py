@@ -332,3 +332,19 @@ async def test_a_one_shot_get_of_a_missing_config_fails_with_the_status(
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_malformed_envelope_is_skipped_and_the_stream_goes_on(
+    no_leaked_tasks: None, v2_server: SmallCds
+) -> None:
+    async with following(v2_server.port) as f:
+        await f.next()
+        await v2_server.next_connection()
+        for frame in ("not json", '{"type": "bogus", "id": "x", "rev": 1}', "[]"):
+            await v2_server.push(frame)
+        await v2_server.push(
+            encode_patch(ID, 6, [{"op": "replace", "path": "/auth/realm", "value": "six"}])
+        )
+        event = await f.next()
+        assert (event.revision, event.config.auth.realm) == (6, "six")
+        assert f.origin.connects == 1
