@@ -81,7 +81,12 @@ def list_configs(cds_port: int) -> list[str]:
     return sorted(item["admin"]["name"] for item in items)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -89,10 +94,14 @@ def main() -> int:
     parser.add_argument("--cds-port", type=int, default=13478)
     parser.add_argument("--redis-port", type=int, default=16379)
     parser.add_argument("--echo-port", type=int, default=9001)
+    parser.add_argument(
+        "--health-port", type=int, default=8086, help="first stunnerd's; +1 per Gateway"
+    )
+    parser.add_argument("--rundir", default=str(ROOT / ".run"), help="logs and Redis data")
     args = parser.parse_args()
 
-    rundir = ROOT / ".run"
-    rundir.mkdir(exist_ok=True)
+    rundir = Path(args.rundir)
+    rundir.mkdir(parents=True, exist_ok=True)
     stack = Stack(rundir)
     print("Starting the local STUNner stack (Ctrl-C to stop)")
     try:
@@ -157,7 +166,11 @@ def main() -> int:
                     "--id",
                     gw,
                 ],
-                {"STUNNER_ADDR": "127.0.0.1", "STUNNERD_HEALTH_PORT": str(8086 + i)},
+                {
+                    "STUNNER_ADDR": "127.0.0.1",
+                    "STUNNERD_BIND_HOST": "127.0.0.1",
+                    "STUNNERD_HEALTH_PORT": str(args.health_port + i),
+                },
             )
         print(f"\nGateways: {', '.join(ids)}; CDS http://127.0.0.1:{args.cds_port}/api/v1/configs")
         print(

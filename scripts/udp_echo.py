@@ -9,14 +9,16 @@ import argparse
 import asyncio
 import logging
 import signal
+from typing import cast
 
 log = logging.getLogger("udp-echo")
 
 
 class EchoProtocol(asyncio.DatagramProtocol):
+    transport: asyncio.DatagramTransport
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.DatagramTransport)
-        self.transport = transport
+        self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         self.transport.sendto(data, addr)
