@@ -289,7 +289,7 @@ async def test_a_slow_watcher_is_closed_with_a_reason_and_never_delays_others(
         stalled_sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(stalled_sock, ("127.0.0.1", cds.port))
         async with (
-            connect(url, sock=stalled_sock, max_queue=1, max_size=None) as slow,
+            connect(url, sock=stalled_sock, max_queue=1, max_size=None, close_timeout=0.5) as slow,
             connect(url, max_size=None) as fast1,
             connect(url, max_size=None) as fast2,
         ):
@@ -345,3 +345,36 @@ async def test_a_client_that_never_answers_pings_is_dropped(redis: RedisServer) 
         # The client that answers pings is still served.
         await healthy.ping()
         assert await watchers(cds) == 1
+
+
+async def test_a_watcher_whose_send_blocks_too_long_is_dropped(
+    redis: RedisServer, publisher: ConfigPublisher
+) -> None:
+    big = {"pad": "y" * 16_000}
+    await publisher.upsert("ns/gw", config("ns/gw", "r-0", **big))
+    async with running_cds(redis.url, queue_size=10_000, send_timeout_s=0.4) as cds:
+        stalled_sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        stalled_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled_sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(stalled_sock, ("127.0.0.1", cds.port))
+        url = f"{cds.ws_url}/api/v1/configs/ns/gw?watch=true"
+        async with (
+            connect(
+                url, sock=stalled_sock, max_queue=1, max_size=None, close_timeout=0.5
+            ) as stalled,
+            connect(url, max_size=None) as healthy,
+        ):
+            await recv_json(stalled)
+            await recv_json(healthy)
+            # More than the kernel buffers of the stalled connection can absorb.
+            for i in range(1, 401):
+                await publisher.upsert("ns/gw", config("ns/gw", f"r-{i}", **big))
+            realms = [(await recv_json(healthy))["auth"]["realm"] for _ in range(400)]
+            assert realms[-1] == "r-400"
+
+            async def dropped() -> bool:
+                text = (await http_get(cds, "/metrics")).text
+                return 'stunner_cds_watchers_dropped_total{reason="send_timeout"} 1.0' in text
+
+            await eventually(dropped, what="the blocked watcher dropped")
+            assert await watchers(cds) == 1
