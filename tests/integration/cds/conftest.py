@@ -27,6 +27,7 @@ def publisher(store: aioredis.Redis) -> ConfigPublisher:
 
 
 @pytest.fixture
-async def cds(redis: RedisServer) -> AsyncIterator[RunningCds]:
+async def cds(no_leaked_tasks: None, redis: RedisServer) -> AsyncIterator[RunningCds]:
+    """A CDS on the test's Redis; the test fails if tasks outlive it."""
     async with running_cds(redis.url) as running:
         yield running

@@ -109,7 +109,9 @@ async def test_false_watch_is_a_plain_get(cds: RunningCds) -> None:
         assert (await get(cds, f"/api/v1/configs?watch={value}")).status_code == 200
 
 
-async def test_bearer_token_guards_rest_and_watch_but_not_health(redis: RedisServer) -> None:
+async def test_bearer_token_guards_rest_and_watch_but_not_health(
+    no_leaked_tasks: None, redis: RedisServer
+) -> None:
     async with running_cds(redis.url, token="s3cret") as cds:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
             response = await get(cds, "/api/v1/configs", headers=headers)
@@ -159,7 +161,7 @@ def self_signed(tmp_path: Path) -> tuple[Path, Path]:
 
 
 async def test_tls_serves_https_and_wss(
-    redis: RedisServer, publisher: ConfigPublisher, tmp_path: Path
+    no_leaked_tasks: None, redis: RedisServer, publisher: ConfigPublisher, tmp_path: Path
 ) -> None:
     cert, key = self_signed(tmp_path)
     trust = ssl.create_default_context(cafile=str(cert))
@@ -175,7 +177,7 @@ async def test_tls_serves_https_and_wss(
 
 
 async def test_readiness_follows_redis_and_configs_keep_being_served(
-    redis: RedisServer, publisher: ConfigPublisher
+    no_leaked_tasks: None, redis: RedisServer, publisher: ConfigPublisher
 ) -> None:
     await publisher.upsert("ns/gw", config("ns/gw"))
     async with running_cds(redis.url, reconnect_max_s=0.2) as cds:

@@ -86,7 +86,7 @@ async def take(frames: asyncio.Queue[str], count: int, timeout_s: float = 15.0) 
 
 
 async def test_redis_killed_and_restarted_mid_stream_loses_and_duplicates_nothing(
-    redis: RedisServer, store: aioredis.Redis, publisher: ConfigPublisher
+    no_leaked_tasks: None, redis: RedisServer, store: aioredis.Redis, publisher: ConfigPublisher
 ) -> None:
     await publisher.upsert("ns/gw", realm_config("ns/gw", "r-0"))
     async with running_cds(redis.url, reconnect_min_s=0.02, reconnect_max_s=0.2) as cds:
@@ -119,7 +119,7 @@ async def test_redis_killed_and_restarted_mid_stream_loses_and_duplicates_nothin
 
 
 async def test_redis_that_comes_back_empty_makes_watchers_drop_what_is_gone(
-    redis: RedisServer, store: aioredis.Redis, publisher: ConfigPublisher
+    no_leaked_tasks: None, redis: RedisServer, store: aioredis.Redis, publisher: ConfigPublisher
 ) -> None:
     for config_id in ("ns/a", "ns/b"):
         await publisher.upsert(config_id, realm_config(config_id, "old"))
@@ -148,7 +148,7 @@ async def test_redis_that_comes_back_empty_makes_watchers_drop_what_is_gone(
 
 
 async def test_a_stream_trimmed_past_the_cds_reloads_and_sends_only_differences(
-    redis: RedisServer, store: aioredis.Redis, publisher: ConfigPublisher
+    no_leaked_tasks: None, redis: RedisServer, store: aioredis.Redis, publisher: ConfigPublisher
 ) -> None:
     for config_id in ("ns/a", "ns/b", "ns/c"):
         await publisher.upsert(config_id, realm_config(config_id, "r0"))
@@ -193,7 +193,7 @@ async def _at_rev(hub: Hub, rev: int) -> bool:
 
 
 async def test_clients_reconnect_after_a_cds_restart_and_resync(
-    redis: RedisServer, publisher: ConfigPublisher
+    no_leaked_tasks: None, redis: RedisServer, publisher: ConfigPublisher
 ) -> None:
     await publisher.upsert("ns/a", realm_config("ns/a", "r0"))
     await publisher.upsert("ns/b", realm_config("ns/b", "r0"))
@@ -245,7 +245,7 @@ async def _start(redis: RedisServer, port: int = 0) -> RunningCds:
 
 
 async def test_two_replicas_on_one_redis_serve_the_same_answers(
-    redis: RedisServer, publisher: ConfigPublisher
+    no_leaked_tasks: None, redis: RedisServer, publisher: ConfigPublisher
 ) -> None:
     await publisher.upsert("ns/a", realm_config("ns/a", "r0"))
     async with (

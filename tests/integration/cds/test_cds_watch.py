@@ -278,7 +278,7 @@ async def _no_watchers(cds: RunningCds) -> bool:
 
 
 async def test_a_slow_watcher_is_closed_with_a_reason_and_never_delays_others(
-    redis: RedisServer, publisher: ConfigPublisher
+    no_leaked_tasks: None, redis: RedisServer, publisher: ConfigPublisher
 ) -> None:
     big = {"pad": "x" * 16_000}
     await publisher.upsert("ns/gw", config("ns/gw", "r-0", **big))
@@ -323,7 +323,9 @@ async def drain_until_closed(ws: ClientConnection) -> tuple[int, ConnectionClose
             received += 1
 
 
-async def test_a_client_that_never_answers_pings_is_dropped(redis: RedisServer) -> None:
+async def test_a_client_that_never_answers_pings_is_dropped(
+    no_leaked_tasks: None, redis: RedisServer
+) -> None:
     async with (
         running_cds(redis.url, ping_interval_s=0.1, ping_timeout_s=0.2) as cds,
         connect(f"{cds.ws_url}/api/v1/configs?watch=true") as healthy,
@@ -348,7 +350,7 @@ async def test_a_client_that_never_answers_pings_is_dropped(redis: RedisServer) 
 
 
 async def test_a_watcher_whose_send_blocks_too_long_is_dropped(
-    redis: RedisServer, publisher: ConfigPublisher
+    no_leaked_tasks: None, redis: RedisServer, publisher: ConfigPublisher
 ) -> None:
     big = {"pad": "y" * 16_000}
     await publisher.upsert("ns/gw", config("ns/gw", "r-0", **big))
