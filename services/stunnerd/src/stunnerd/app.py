@@ -182,13 +182,10 @@ class ManagedDataplane:
         worker_status = getattr(dataplane, "worker_status", None)
         if worker_status is not None:
             self.admin.extra_status = lambda: {"workers": worker_status()}
-        self.applied = asyncio.Event()
-        self.last_outcome: ApplyOutcome | None = None
 
     async def apply(self, config: StunnerConfig, revision: int | None = None) -> ApplyOutcome:
         received = time.perf_counter()
         outcome = await self.dataplane.apply(config)
-        self.last_outcome = outcome
         if outcome.error is not None:
             self.rejected_count += 1
             log.error("config not applied, running configuration unchanged: %s", outcome.error)
@@ -208,7 +205,6 @@ class ManagedDataplane:
             print(f"stunnerd: listener {name} ready on port {port}", flush=True)
         if not self.lifecycle.draining:
             self.lifecycle.ready = True
-        self.applied.set()
         log.debug("config handled in %.1f ms", (time.perf_counter() - received) * 1e3)
         return outcome
 
@@ -236,7 +232,6 @@ async def run(settings: DataplaneSettings, env: Mapping[str, str] | None = None)
     try:
         await dataplane.start()
         if settings.turn_uri is not None:
-            origin: ConfigOrigin | None = None
             try:
                 config = default_config_from_uri(settings.turn_uri)
             except ConfigError as exc:
