@@ -14,7 +14,7 @@ import asyncio
 import enum
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,21 +137,12 @@ class _Encoded:
 class Hub:
     """The mirror plus its watchers. Every method is synchronous and never blocks."""
 
-    def __init__(
-        self,
-        mirror: ConfigMirror | None = None,
-        *,
-        max_queue: int = 256,
-        on_dropped: Callable[[Watcher], None] | None = None,
-        on_frames: Callable[[int], None] | None = None,
-    ) -> None:
+    def __init__(self, mirror: ConfigMirror | None = None, *, max_queue: int = 256) -> None:
         self.mirror = mirror if mirror is not None else ConfigMirror()
         self.max_queue = max_queue
         self._all: set[Watcher] = set()
         self._by_namespace: dict[str, set[Watcher]] = {}
         self._by_id: dict[str, set[Watcher]] = {}
-        self._on_dropped = on_dropped
-        self._on_frames = on_frames
 
     # --- subscriptions -------------------------------------------------------------------------
 
@@ -196,8 +187,6 @@ class Hub:
             self._by_namespace.setdefault(topic.namespace, set()).add(watcher)
         else:
             self._by_id.setdefault(f"{topic.namespace}/{topic.name}", set()).add(watcher)
-        if self._on_frames and watcher.frames:
-            self._on_frames(len(watcher.frames))
         return watcher, delta
 
     def unsubscribe(self, watcher: Watcher) -> None:
@@ -260,8 +249,6 @@ class Hub:
                     queued += 1
                 elif watcher.closed_reason is None:
                     self._drop(watcher)
-        if self._on_frames and queued:
-            self._on_frames(queued)
         return queued
 
     def _drop(self, watcher: Watcher) -> None:
@@ -273,5 +260,3 @@ class Hub:
         )
         watcher.close(f"watcher too slow: more than {watcher.max_queue} frames queued")
         self.unsubscribe(watcher)
-        if self._on_dropped:
-            self._on_dropped(watcher)
