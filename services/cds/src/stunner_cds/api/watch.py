@@ -3,10 +3,10 @@
 Everything that can be refused is refused before the upgrade and before subscribing (upstream
 leaks a subscription when the upgrade fails): bad token 401, foreign Origin 403, ``watch`` not
 true or bad ``since`` 400, not yet synchronised 503 — each as a JSON body. Once accepted, a writer
-task drains the watcher's queue with a send timeout and a reader task discards what the client
-sends, noticing the close; keepalive pings (every ``ping_interval_s``, dropping a client silent
-for ``ping_interval_s + ping_timeout_s``) are uvicorn's. A watcher the hub dropped as too slow is
-closed with code 1013 and the reason.
+task drains the watcher's queue (one watchdog task bounds every send) and a reader task discards
+what the client sends, noticing the close; keepalive pings (every ``ping_interval_s``, dropping a
+client silent for ``ping_interval_s + ping_timeout_s``) are uvicorn's. A watcher the hub dropped
+as too slow is closed with code 1013 and the reason.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import logging
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, WebSocket
+from starlette.responses import Response
 from starlette.websockets import WebSocketDisconnect
 
 from stunner_cds.api.common import ApiError, CdsContext, check_token, context_of, parse_go_bool
@@ -56,8 +57,6 @@ def _since(ws: WebSocket, mode: Mode) -> int | None:
 
 
 async def _deny(ws: WebSocket, error: ApiError) -> None:
-    from starlette.responses import Response
-
     await ws.send_denial_response(
         Response(
             encode_error(error.code, error.message),
