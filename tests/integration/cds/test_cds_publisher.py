@@ -114,6 +114,8 @@ async def test_reader_snapshot_and_events_line_up(
     assert set(snapshot.configs) == {"ns/a"}
     await publisher.upsert("ns/b", config("ns/b"))
     await publisher.delete("ns/a")
-    events = await reader.read_events(snapshot.last_event_id)
+    batch = await reader.read_events(snapshot.last_event_id)
+    events = batch.events
+    assert batch.last_id == events[-1].event_id
     assert [(e.op, e.id, e.rev) for e in events] == [("upsert", "ns/b", 2), ("delete", "ns/a", 3)]
     assert await reader.events_after(snapshot.last_event_id) == [(events[0].event_id, 2)]

@@ -265,3 +265,33 @@ async def test_two_replicas_on_one_redis_serve_the_same_answers(
             assert (await http_get(one, path)).text == (await http_get(two, path)).text
         for _ in range(6):
             assert await recv_text(ws_one) == await recv_text(ws_two)
+
+
+async def test_malformed_stream_entries_are_stepped_over(
+    no_leaked_tasks: None,
+    redis: RedisServer,
+    store: aioredis.Redis,
+    publisher: ConfigPublisher,
+) -> None:
+    await publisher.upsert("ns/a", realm_config("ns/a", "r0"))
+    hub = Hub()
+    client = redis_client(redis.url, timeout_s=2, block_ms=50)
+    feed = RedisFeed(client, hub, block_ms=50)
+    feed.start()
+    try:
+        async with asyncio.timeout(5):
+            await feed.synced.wait()
+        watcher, _ = hub.subscribe(Topic(), Mode.V1)
+        watcher.frames.clear()
+        junk_id = (await store.xadd(EVENTS_STREAM, {"something": "else"})).decode()
+        await eventually(lambda: _past(hub, junk_id), what="the feed stepped over the junk entry")
+        await publisher.upsert("ns/a", realm_config("ns/a", "r1"))
+        await eventually(lambda: _at_rev(hub, 2), what="the next change applied")
+        assert [json.loads(f)["auth"]["realm"] for f in watcher.frames] == ["r1"]
+    finally:
+        await feed.stop()
+        await client.aclose()
+
+
+async def _past(hub: Hub, event_id: str) -> bool:
+    return hub.mirror.last_event_id == event_id

@@ -16,7 +16,13 @@ from stunner_common.store.publisher import (
     canonical_text,
     split_config_id,
 )
-from stunner_common.store.reader import ConfigReader, Snapshot, StoreEvent, stream_id_ms
+from stunner_common.store.reader import (
+    ConfigReader,
+    EventBatch,
+    Snapshot,
+    StoreEvent,
+    stream_id_ms,
+)
 
 __all__ = [
     "DEFAULT_STREAM_MAXLEN",
@@ -24,6 +30,7 @@ __all__ = [
     "CanonicalConfig",
     "ConfigPublisher",
     "ConfigReader",
+    "EventBatch",
     "InvalidConfigIdError",
     "PublishResult",
     "Snapshot",

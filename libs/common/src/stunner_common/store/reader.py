@@ -40,6 +40,14 @@ class StoreEvent:
     config: str
 
 
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    """Parsed entries, and the id of the last entry read (malformed ones included), if any."""
+
+    events: list[StoreEvent]
+    last_id: str | None
+
+
 def stream_id_ms(event_id: str) -> int:
     """The Redis server time (ms since the epoch) embedded in a stream id."""
     return int(event_id.split("-", 1)[0])
@@ -95,19 +103,22 @@ class ConfigReader:
 
     async def read_events(
         self, after_id: str, *, block_ms: int | None = None, count: int = 1000
-    ) -> list[StoreEvent]:
+    ) -> EventBatch:
         """Entries after ``after_id`` (waiting up to ``block_ms`` for one when given).
 
-        Malformed entries are skipped here; the caller sees them as a jump in revisions.
+        Malformed entries are left out of ``events`` but still move ``last_id``, so a reader
+        never re-reads them; a change they hid shows up as a jump in revisions.
         """
         reply: Any = await self._redis.xread({EVENTS_STREAM: after_id}, count=count, block=block_ms)
         events: list[StoreEvent] = []
+        last_id: str | None = None
         for _stream, entries in reply or []:
             for event_id, fields in entries:
+                last_id = _text(event_id)
                 event = parse_event(event_id, fields or {})
                 if event is not None:
                     events.append(event)
-        return events
+        return EventBatch(events, last_id)
 
     async def events_after(self, after_id: str, *, count: int = 1) -> list[tuple[str, int]]:
         """(stream id, rev) of the first ``count`` entries after ``after_id``, without blocking."""

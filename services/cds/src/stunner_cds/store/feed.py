@@ -143,12 +143,12 @@ class RedisFeed:
         mirror = self.hub.mirror
         while not self._stopping:
             async with asyncio.timeout(self._timeout_s + self._block_ms / 1000):
-                events = await self._reader.read_events(
+                batch = await self._reader.read_events(
                     mirror.last_event_id, block_ms=self._block_ms
                 )
             changes: list[Change] = []
             try:
-                for event in events:
+                for event in batch.events:
                     change = mirror.apply(event)
                     if self._on_event:
                         self._on_event(event)
@@ -158,6 +158,8 @@ class RedisFeed:
                 self.hub.publish(changes)
                 await self._reload(str(exc))
                 continue
+            if batch.last_id is not None:
+                mirror.skip_to(batch.last_id)  # past malformed entries, if any
             self.hub.publish(changes)
 
 

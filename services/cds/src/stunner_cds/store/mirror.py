@@ -126,6 +126,10 @@ class ConfigMirror:
         self.entries[event.id] = Entry(event.rev, event.config, config)
         return Change(event.id, event.rev, before.config if before else None, config)
 
+    def skip_to(self, event_id: str) -> None:
+        """Resume the stream after ``event_id`` (used to step over malformed entries)."""
+        self.last_event_id = max(self.last_event_id, event_id, key=_stream_key)
+
     def changed_since(self, since: int) -> tuple[list[tuple[str, Entry]], list[tuple[str, int]]]:
         """Entries changed after ``since`` and ids deleted after it, both sorted by revision."""
         changed = sorted(
