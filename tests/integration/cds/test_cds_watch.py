@@ -236,9 +236,13 @@ async def test_origin_must_name_the_host_like_gorilla_checks_it(cds: RunningCds)
     host = f"127.0.0.1:{cds.port}"
     go_client_origin = f"http://{host}?node=worker-1&watch=true"
     async with connect(
-        f"{cds.ws_url}/api/v1/configs?node=worker-1&watch=true", origin=go_client_origin
-    ):  # type: ignore[arg-type]
-        pass
+        f"{cds.ws_url}/api/v1/configs?node=worker-1&watch=true",
+        origin=go_client_origin,  # type: ignore[arg-type]
+    ) as ws:
+        # The Go client's liveness check: ping "keepalive" every 5 s, expect a pong.
+        pong = await ws.ping(b"keepalive")
+        async with asyncio.timeout(5):
+            await pong
     with pytest.raises(InvalidStatus) as refused:
         async with connect(
             f"{cds.ws_url}/api/v1/configs?watch=true",
