@@ -214,3 +214,18 @@ async def test_openapi_documents_every_path(cds: RunningCds) -> None:
     }
     assert "stunner.cds.v2" in json.dumps(schema)
     assert (await get(cds, "/docs")).status_code == 200
+
+
+async def test_node_query_rewrites_the_node_address_placeholder_like_upstream(
+    publisher: ConfigPublisher, cds: RunningCds
+) -> None:
+    body = config("ns/gw")
+    body["listeners"][0]["address"] = "__node_address_placeholder"
+    result = await publisher.upsert("ns/gw", parse_config(body))
+    await wait_rev(cds, result.rev)
+    with_node = (await get(cds, "/api/v1/configs/ns/gw", params={"node": "worker-1"})).json()
+    assert with_node["listeners"][0]["address"] == "$STUNNER_ADDR"
+    without = (await get(cds, "/api/v1/configs/ns/gw")).json()
+    assert without["listeners"][0]["address"] == "__node_address_placeholder"
+    listed = (await get(cds, "/api/v1/configs/ns", params={"node": "worker-1"})).json()
+    assert listed["items"][0]["listeners"][0]["address"] == "__node_address_placeholder"
