@@ -95,9 +95,13 @@ class Run:
 
 
 @contextmanager
-def process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def process(
+    argv: list[str], log: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
     try:
         yield proc
     finally:
@@ -187,9 +191,13 @@ def main() -> None:
     stunnerd = str(Path(sys.executable).with_name("stunnerd"))
     with tempfile.TemporaryDirectory(prefix="bench-turn-") as tmp_name:
         tmp = Path(tmp_name)
-        peer_port, coturn_port, stunnerd_port = free_port(), free_port(), free_port()
+        peer_port, coturn_port = free_port(), free_port()
+        stunnerd_port, plain_port = free_port(), free_port()
         cfg = tmp / "stunnerd.json"
         cfg.write_text(json.dumps(stunnerd_config(stunnerd_port)))
+        plain_cfg = tmp / "stunnerd-plain.json"
+        plain_cfg.write_text(json.dumps(stunnerd_config(plain_port)))
+        plain_env = {**os.environ, "STUNNERD_UDP_GSO": "0"}
         coturn_argv = [
             turnserver, "-n", "--no-cli", "--no-tls", "--no-dtls", "--log-file=stdout",
             "--simple-log", "--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1",
@@ -202,13 +210,23 @@ def main() -> None:
             process(["turnutils_peer", "-L", "127.0.0.1", "-p", str(peer_port)], tmp / "peer.log"),
             process(coturn_argv, tmp / "coturn.log") as coturn,
             process([stunnerd, "-c", str(cfg), "--bind", "127.0.0.1"], tmp / "sd.log") as sd,
+            process(
+                [stunnerd, "-c", str(plain_cfg), "--bind", "127.0.0.1"],
+                tmp / "sd-plain.log",
+                env=plain_env,
+            ) as plain,
         ):
             wait_udp_listening(coturn_port, coturn, tmp / "coturn.log")
             wait_udp_listening(stunnerd_port, sd, tmp / "sd.log")
-            servers = {"coturn": (coturn.pid, coturn_port), "stunnerd": (sd.pid, stunnerd_port)}
+            wait_udp_listening(plain_port, plain, tmp / "sd-plain.log")
+            servers = {
+                "coturn": (coturn.pid, coturn_port),
+                "stunnerd": (sd.pid, stunnerd_port),
+                "no-gso": (plain.pid, plain_port),
+            }
             for _pid, port in servers.values():  # warm-up, discarded
                 uclient(port, peer_port, ["-m", "2", "-c", "-z", "0", "-n", "2000", "-l", "100"])
-            runs: dict[str, list[Run]] = {"coturn": [], "stunnerd": []}
+            runs: dict[str, list[Run]] = {name: [] for name in servers}
             for _ in range(ROUNDS):
                 for name, (pid, port) in servers.items():
                     runs[name].append(flood(name, pid, port, peer_port))
@@ -230,9 +248,10 @@ def main() -> None:
     rate = {name: statistics.median(r.rt_per_s for r in s) for name, s in runs.items()}
     print(
         f"median µs CPU per relayed packet: coturn {med['coturn']:.2f}, "
-        f"stunnerd {med['stunnerd']:.2f}"
+        f"stunnerd {med['stunnerd']:.2f}, stunnerd without UDP GSO batching {med['no-gso']:.2f}"
     )
     print(f"RATIO cpu_per_packet stunnerd/coturn = {med['stunnerd'] / med['coturn']:.2f}")
+    print(f"RATIO cpu_per_packet stunnerd(no GSO)/coturn = {med['no-gso'] / med['coturn']:.2f}")
     print(f"RATIO round_trips_per_s stunnerd/coturn = {rate['stunnerd'] / rate['coturn']:.2f}")
     print(f"allocations: uclient -m {ALLOC_SESSIONS} -c -n 1 (allocate, bind, 1 echo each)")
     for name, (ms, per_s) in alloc.items():

@@ -262,7 +262,7 @@ class DtlsListener(Listener):
             if route is not None:
                 n = (record[2] << 8) | record[3]
                 if n <= len(record) - 4:
-                    route[0](record[4 : 4 + n], route[1])
+                    self.batcher.send(route[0], record[4 : 4 + n], route[1])
                     return
         self.client_slow_path(record, client)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stunner_common.config import TlsPair
+from stunnerd.net.batch import SendBatcher
 from stunnerd.turn import effects as fx
 from stunnerd.turn.engine import Policies, TurnEngine
 from stunnerd.turn.policies import UserUsage
@@ -56,14 +57,15 @@ def tune_udp_socket(sock: socket.socket) -> None:
             sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
 
 
-class UdpRelayProtocol(asyncio.DatagramProtocol):
-    """The relay socket of one allocation whose client speaks UDP or DTLS (datagrams)."""
+class DatagramRelayProtocol(asyncio.DatagramProtocol):
+    """The relay socket of one allocation; peer → client ChannelData goes out via `client_send`."""
 
-    __slots__ = ("client", "client_send", "listener", "peer_channels", "transport")
+    __slots__ = ("client", "client_send", "listener", "peer_channels", "sock", "transport")
 
-    def __init__(self, listener: Listener, client: Address) -> None:
+    def __init__(self, listener: Listener, client: Address, sock: socket.socket) -> None:
         self.listener = listener
         self.client = client
+        self.sock = sock  # the raw socket, for batched sends to peers
         self.client_send: SendTo = listener.client_sender(client)
         self.peer_channels: dict[Any, int] = {}
         self.transport: asyncio.DatagramTransport | None = None
@@ -83,7 +85,25 @@ class UdpRelayProtocol(asyncio.DatagramProtocol):
             log.debug("relay for %s: %s", self.client, exc)
 
 
-class StreamRelayProtocol(UdpRelayProtocol):
+class UdpRelayProtocol(DatagramRelayProtocol):
+    """Relay whose client speaks plain UDP: ChannelData to the client goes through the batcher."""
+
+    __slots__ = ("client_sock", "send")
+
+    def __init__(self, listener: Listener, client: Address, sock: socket.socket) -> None:
+        super().__init__(listener, client, sock)
+        self.send = listener.batcher.send
+        self.client_sock: socket.socket = listener.sock  # type: ignore[attr-defined]
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        channel = self.peer_channels.get(addr)
+        if channel is not None:
+            self.send(self.client_sock, _CHANNEL_HEADER(channel, len(data)) + data, self.client)
+            return
+        self.listener.peer_slow_path(self.client, addr, data)
+
+
+class StreamRelayProtocol(DatagramRelayProtocol):
     """Relay whose client speaks a stream (TCP/TLS): ChannelData is padded to 4 bytes."""
 
     __slots__ = ()
@@ -103,6 +123,7 @@ class Listener:
     """Base class: the engine, relays, channel routes and the deadline timer of one listener."""
 
     stream = False
+    relay_class: type[DatagramRelayProtocol] = DatagramRelayProtocol
 
     def __init__(
         self,
@@ -113,6 +134,7 @@ class Listener:
         usage: UserUsage,
         loop: asyncio.AbstractEventLoop,
         clock_offset_s: float,
+        batcher: SendBatcher | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -125,9 +147,10 @@ class Listener:
             stream=self.stream,
             clock_offset_s=clock_offset_s,
         )
-        # (client address, channel) -> (relay sendto, peer): the client → peer fast path
-        self.routes: dict[tuple[Any, int], tuple[SendTo, Address]] = {}
-        self.relays: dict[Address, UdpRelayProtocol] = {}
+        self.batcher = batcher if batcher is not None else SendBatcher(loop, enabled=False)
+        # (client address, channel) -> (relay socket, peer): the client → peer fast path
+        self.routes: dict[tuple[Any, int], tuple[socket.socket, Address]] = {}
+        self.relays: dict[Address, DatagramRelayProtocol] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -194,7 +217,7 @@ class Listener:
                 case fx.SendToPeer():
                     relay = self.relays.get(effect.client)
                     if relay is not None and relay.transport is not None:
-                        relay.transport.sendto(effect.data, effect.peer)
+                        self.batcher.send(relay.sock, effect.data, effect.peer)
                 case fx.ChannelRouteAdded():
                     self._route_added(effect)
                 case fx.ChannelRouteRemoved():
@@ -229,7 +252,7 @@ class Listener:
         relay = self.relays.get(effect.client)
         if relay is None or relay.transport is None:
             return
-        self.routes[(effect.client, effect.channel)] = (relay.transport.sendto, effect.peer)
+        self.routes[(effect.client, effect.channel)] = (relay.sock, effect.peer)
         relay.peer_channels[effect.peer] = effect.channel
 
     def _route_removed(self, effect: fx.ChannelRouteRemoved) -> None:
@@ -272,10 +295,10 @@ class Listener:
 
     async def _start_relay(self, client: Address, sock: socket.socket) -> None:
         port = int(sock.getsockname()[1])
-        factory = StreamRelayProtocol if self.stream else UdpRelayProtocol
+        factory = self.relay_class
         try:
             _transport, relay = await self.loop.create_datagram_endpoint(
-                lambda: factory(self, client), sock=sock
+                lambda: factory(self, client, sock), sock=sock
             )
         except OSError as exc:
             sock.close()
@@ -346,11 +369,12 @@ class ClosingDatagramProtocol(asyncio.DatagramProtocol):
 class UdpListenerProtocol(ClosingDatagramProtocol):
     """TURN-UDP: routed ChannelData is forwarded right here; the rest goes to the engine."""
 
-    __slots__ = ("routes", "slow_path")
+    __slots__ = ("routes", "send", "slow_path")
 
     def __init__(self, listener: UdpListener) -> None:
         super().__init__()
         self.routes = listener.routes
+        self.send = listener.batcher.send
         self.slow_path = listener.client_slow_path
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
@@ -359,7 +383,7 @@ class UdpListenerProtocol(ClosingDatagramProtocol):
             if route is not None:
                 n = (data[2] << 8) | data[3]
                 if n <= len(data) - 4:
-                    route[0](data[4 : 4 + n], route[1])
+                    self.send(route[0], data[4 : 4 + n], route[1])
                     return
         self.slow_path(data, addr)
 
@@ -370,11 +394,13 @@ class UdpListenerProtocol(ClosingDatagramProtocol):
 
 class UdpListener(Listener):
     stream = False
+    relay_class = UdpRelayProtocol
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.transport: asyncio.DatagramTransport | None = None
         self.protocol: UdpListenerProtocol | None = None
+        self.sock: socket.socket | None = None
         self._sendto: SendTo | None = None
 
     async def start(self) -> None:
@@ -394,6 +420,7 @@ class UdpListener(Listener):
             raise
         self.protocol = protocol
         self.transport = transport
+        self.sock = sock
         self._sendto = transport.sendto
         self.connections = self.connections_total = 1
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import socket
 import time
 
 from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
+from stunnerd.net.batch import SendBatcher, gso_supported
 from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.listener import Listener, ListenerSpec, UdpListener
 from stunnerd.net.stream import StreamListener
@@ -51,9 +53,14 @@ class TurnServer:
         bind_host: str = "0.0.0.0",
         usage: UserUsage | None = None,
         reuse_port: bool = False,
+        udp_gso: bool | None = None,
     ) -> None:
         self.bind_host = bind_host
         self.reuse_port = reuse_port
+        if udp_gso is None:
+            udp_gso = os.environ.get("STUNNERD_UDP_GSO", "1").lower() not in ("0", "false", "no")
+        self.udp_gso = udp_gso and gso_supported()
+        self._batcher: SendBatcher | None = None
         self.usage = usage if usage is not None else UserUsage()
         self.listeners: dict[str, Listener] = {}
         self.dns = DnsCache()
@@ -200,6 +207,8 @@ class TurnServer:
         kind = kinds.get(spec.protocol)
         if kind is None:
             raise ListenerError(f"listener {spec.name}: unknown protocol {spec.protocol!r}")
+        if self._batcher is None:
+            self._batcher = SendBatcher(loop, enabled=self.udp_gso)
         try:
             return kind(
                 spec,
@@ -208,6 +217,7 @@ class TurnServer:
                 usage=self.usage,
                 loop=loop,
                 clock_offset_s=time.time() - loop.time(),
+                batcher=self._batcher,
             )
         except Exception as exc:
             raise ListenerError(f"listener {spec.name}: {exc}") from exc

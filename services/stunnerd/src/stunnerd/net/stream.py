@@ -19,7 +19,7 @@ import tempfile
 from typing import Any
 
 from stunner_common.config import TlsPair
-from stunnerd.net.listener import Address, Listener, SendTo
+from stunnerd.net.listener import Address, Listener, SendTo, StreamRelayProtocol
 from stunnerd.turn.codec import stream_frame_length
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,7 @@ class StreamClientProtocol(asyncio.Protocol):
         end = len(buf)
         routes = self.routes
         client = self.client
+        send = self.listener.batcher.send
         while True:
             size = stream_frame_length(buf, offset)
             if size == 0 or end - offset < size:
@@ -91,7 +92,7 @@ class StreamClientProtocol(asyncio.Protocol):
                 route = routes.get((client, (first << 8) | buf[offset + 1]))
                 if route is not None:
                     n = (buf[offset + 2] << 8) | buf[offset + 3]
-                    route[0](bytes(buf[offset + 4 : offset + 4 + n]), route[1])
+                    send(route[0], bytes(buf[offset + 4 : offset + 4 + n]), route[1])
                     offset += size
                     continue
             self.listener.client_slow_path(bytes(buf[offset : offset + size]), client)
@@ -122,6 +123,7 @@ class StreamListener(Listener):
     """TURN-TCP, or TURN-TLS when the spec carries a certificate."""
 
     stream = True
+    relay_class = StreamRelayProtocol
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
