@@ -10,10 +10,14 @@ byte arithmetic and lives here too, so the engine never imports aioice directly.
 
 from __future__ import annotations
 
+import binascii
+import hashlib
+import hmac
+import ipaddress
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from aioice import stun
 
@@ -161,6 +165,35 @@ def decode(data: bytes) -> Decoded:
     return Decoded(message, tuple(unknown), tuple(peers))
 
 
+_ATTR_MI = b"\x00\x08\x00\x14"
+_ATTR_FP = b"\x80\x28\x00\x04"
+_U32 = struct.Struct("!I").pack
+_ADDR_CACHE_MAX = 4096
+_packed_ips: dict[str, bytes] = {}
+
+
+def _packed_ip(ip: str) -> bytes:
+    packed = _packed_ips.get(ip)
+    if packed is None:
+        packed = ipaddress.ip_address(ip).packed
+        if len(_packed_ips) >= _ADDR_CACHE_MAX:
+            _packed_ips.clear()
+        _packed_ips[ip] = packed
+    return packed
+
+
+def pack_xor_address(value: tuple[str, int], transaction_id: bytes) -> bytes:
+    """XOR-*-ADDRESS (RFC 8489 §14.2) with integer XOR; aioice XORs byte by byte."""
+    packed = _packed_ip(value[0])
+    port = value[1] ^ (COOKIE >> 16)
+    if len(packed) == 4:
+        return struct.pack("!BBHI", 0, 1, port, int.from_bytes(packed, "big") ^ COOKIE)
+    mask = int.from_bytes(COOKIE.to_bytes(4, "big") + transaction_id, "big")
+    return struct.pack("!BBH", 0, 2, port) + (int.from_bytes(packed, "big") ^ mask).to_bytes(
+        16, "big"
+    )
+
+
 def encode(
     method: int,
     klass: Class,
@@ -170,17 +203,32 @@ def encode(
     key: bytes | None = None,
     software: str | None = None,
 ) -> bytes:
-    """Build a message; with `key`, MESSAGE-INTEGRITY; always FINGERPRINT (RFC 8489 §14.7)."""
-    attrs = dict(attributes)
+    """Build a message; with `key`, MESSAGE-INTEGRITY; always FINGERPRINT (RFC 8489 §14.5, §14.7).
+
+    Attribute values are packed with aioice's table, but the message is serialised once, instead
+    of once per trailing attribute as `aioice.stun.Message` does.
+    """
+    body = bytearray()
+    items = list(attributes.items())
     if software:
-        attrs["SOFTWARE"] = software
-    kind = Method(method) if method in _KNOWN_METHODS else cast(Method, method)
-    message = Message(kind, klass, transaction_id, attrs)
+        items.append(("SOFTWARE", software))
+    for name, value in items:
+        attr_type, _, pack_value, _ = stun.ATTRIBUTES_BY_NAME[name]
+        if pack_value is stun.pack_xor_address:
+            packed = pack_xor_address(value, transaction_id)
+        else:
+            packed = pack_value(value)
+        body += _ATTR_HEADER.pack(attr_type, len(packed))
+        body += packed
+        if len(packed) % 4:
+            body += bytes(-len(packed) % 4)
+    msg_type = method | klass
     if key is not None:
-        message.add_message_integrity(key)
-    else:
-        message.add_fingerprint()
-    return bytes(message)
+        header = _HEADER.pack(msg_type, len(body) + 24, COOKIE, transaction_id)
+        body += _ATTR_MI + hmac.new(key, header + body, hashlib.sha1).digest()
+    header = _HEADER.pack(msg_type, len(body) + 8, COOKIE, transaction_id)
+    crc = binascii.crc32(header + body) ^ stun.FINGERPRINT_XOR
+    return header + bytes(body) + _ATTR_FP + _U32(crc)
 
 
 def error_response(
