@@ -124,3 +124,13 @@ def test_channel_data_framing_pads_only_on_streams(
 )
 def test_stream_frame_length(buf: bytes, size: int) -> None:
     assert codec.stream_frame_length(buf) == size
+
+
+@pytest.mark.parametrize(
+    "address", [("192.0.2.1", 32853), ("2001:db8:1234:5678:11:2233:4455:6677", 32853)]
+)
+def test_our_xor_address_packing_matches_aioice(address: tuple[str, int]) -> None:
+    from aioice import stun
+
+    tid = bytes.fromhex("b7e7a701bc34d686fa87dfae")
+    assert codec.pack_xor_address(address, tid) == stun.pack_xor_address(address, tid)

@@ -97,8 +97,8 @@ class SendBatcher:
             limit = min(n, i + GSO_MAX_SEGMENTS, i + max(1, GSO_MAX_BYTES // max(size, 1)))
             while j < limit and len(batch[j]) == size:
                 j += 1
-            if j < limit and len(batch[j]) < size:
-                j += 1  # a shorter final segment is allowed
+            if j < limit and 0 < len(batch[j]) < size:
+                j += 1  # a shorter (but not empty) final segment is allowed
             with contextlib.suppress(BlockingIOError):  # a full buffer drops, as UDP may
                 if j - i == 1 or size == 0:
                     for k in range(i, j):
