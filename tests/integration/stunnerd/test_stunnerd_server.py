@@ -12,6 +12,7 @@ from fixtures.stunnerd.client import UdpTurnClient
 from fixtures.stunnerd.inproc import echo_peer, make_config, running_server
 
 from stunner_common.config import parse_config
+from stunnerd.net.server import TurnServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -196,3 +197,64 @@ async def test_listeners_can_be_added_and_removed_while_running(no_leaked_tasks:
             pass
         await server.apply_config(config)
         assert set(server.listeners) == {"turn-udp"}
+
+
+def ipv6_loopback_available() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not ipv6_loopback_available(), reason="no IPv6 loopback here")
+async def test_ipv6_listener_relays_to_an_ipv6_peer(no_leaked_tasks: None) -> None:
+    from support.ports import free_port
+
+    port = free_port(socket.SOCK_DGRAM, "::1")
+    config = parse_config(
+        {
+            "version": "v1",
+            "auth": {"credentials": {"username": "user1", "password": "passwd1"}},
+            "listeners": [
+                {"name": "v6", "protocol": "TURN-UDP", "address": "::1", "port": port,
+                 "routes": ["c"]}
+            ],
+            "clusters": [{"name": "c", "endpoints": ["::1/128"]}],
+        }
+    )  # fmt: skip
+    loop = asyncio.get_running_loop()
+
+    class Echo(asyncio.DatagramProtocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+
+        def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+            self.transport.sendto(data, addr)  # type: ignore[attr-defined]
+
+    server = TurnServer(bind_host="::1")
+    peer_transport, _ = await loop.create_datagram_endpoint(Echo, local_addr=("::1", 0))
+    try:
+        await server.apply_config(config)
+        peer = peer_transport.get_extra_info("sockname")[:2]
+        client = UdpTurnClient(("::1", port))
+        client.transport, _ = await loop.create_datagram_endpoint(
+            lambda: client.proto, local_addr=("::1", 0)
+        )
+        try:
+            reply = await client.allocate()
+            assert reply.attributes["XOR-RELAYED-ADDRESS"][0] == "::1"
+            bound = await client.request(
+                stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": peer}
+            )
+            assert bound.message_class == stun.Class.RESPONSE
+            listener = server.listeners["v6"]
+            assert any(len(key[0]) == 4 for key in listener.routes)  # the fast path is armed
+            client.send_raw(channel_data(0x4000, b"six"))
+            assert await client.recv_raw() == channel_data(0x4000, b"six")
+        finally:
+            client.transport.close()
+    finally:
+        peer_transport.close()
+        await server.close()

@@ -57,6 +57,13 @@ def tune_udp_socket(sock: socket.socket) -> None:
             sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
 
 
+def _wire_forms(addr: Address) -> tuple[Any, ...]:
+    """The address tuples asyncio hands us for `addr`: IPv6 sockets add flowinfo and scope id."""
+    if ":" in addr[0]:
+        return (addr, (addr[0], addr[1], 0, 0))
+    return (addr,)
+
+
 class DatagramRelayProtocol(asyncio.DatagramProtocol):
     """The relay socket of one allocation; peer → client ChannelData goes out via `client_send`."""
 
@@ -252,14 +259,19 @@ class Listener:
         relay = self.relays.get(effect.client)
         if relay is None or relay.transport is None:
             return
-        self.routes[(effect.client, effect.channel)] = (relay.sock, effect.peer)
-        relay.peer_channels[effect.peer] = effect.channel
+        route = (relay.sock, effect.peer)
+        for client in _wire_forms(effect.client):
+            self.routes[(client, effect.channel)] = route
+        for peer in _wire_forms(effect.peer):
+            relay.peer_channels[peer] = effect.channel
 
     def _route_removed(self, effect: fx.ChannelRouteRemoved) -> None:
-        self.routes.pop((effect.client, effect.channel), None)
+        for client in _wire_forms(effect.client):
+            self.routes.pop((client, effect.channel), None)
         relay = self.relays.get(effect.client)
         if relay is not None:
-            relay.peer_channels.pop(effect.peer, None)
+            for peer in _wire_forms(effect.peer):
+                relay.peer_channels.pop(peer, None)
 
     def _open_relay(self, effect: fx.OpenRelay) -> None:
         try:
