@@ -83,3 +83,16 @@ def test_uclient_with_a_wrong_password_gets_no_allocation(
     output = uclient([*args, "127.0.0.1"], timeout_s=60)
     assert "error 401" in output or "Cannot complete Allocation" in output, output[-2000:]
     assert not re.search(r"tot_recv_msgs=[1-9]", output), output[-2000:]
+
+
+def test_uclient_rtp_rtcp_pairs_get_even_ports_and_reservations(
+    stunnerd_static: Stunnerd, udp_echo_peer: int
+) -> None:
+    """Without -c, uclient allocates RTP on an even port (EVEN-PORT with R) and RTCP with the
+    RESERVATION-TOKEN it got back."""
+    args = [
+        "-p", str(stunnerd_static.ports["TURN-UDP"]), "-e", "127.0.0.1", "-r", str(udp_echo_peer),
+        "-X", "-m", str(SESSIONS), "-n", str(MESSAGES), "-z", "2", "-l", "100",
+        "-u", USER, "-w", PASSWORD,
+    ]  # fmt: skip
+    assert_all_echoed(uclient([*args, "127.0.0.1"]))

@@ -328,7 +328,7 @@ def test_allocate_asks_for_an_even_port_when_even_port_is_present() -> None:
     client.nonce, client.realm = reply.attributes["NONCE"], reply.attributes["REALM"]
     raw = client.build(stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24, "EVEN-PORT": 0x80})
     opens = [e for e in engine.handle_client(raw, client.addr, T0) if isinstance(e, fx.OpenRelay)]
-    assert opens == [fx.OpenRelay(client.addr, 4, True)]
+    assert opens == [fx.OpenRelay(client.addr, 4, True, True, 0)]
 
 
 def test_relay_socket_failure_answers_508() -> None:
@@ -735,3 +735,44 @@ def test_relay_opened_for_a_vanished_request_closes_the_relay() -> None:
 def test_channel_numbers_up_to_0x7fff_are_accepted_for_rfc5766_clients() -> None:
     _, client = allocated()
     assert bind(client, PEER, 0x7FFF).message_class == stun.Class.RESPONSE
+
+
+def test_even_port_with_r_bit_reserves_the_next_port_for_a_token_holder() -> None:
+    engine = make_engine()
+    rtp = Client(engine, addr=("203.0.113.7", 1))
+    rtp.allocate()  # learn a nonce; the first allocation is a plain one
+    rtp.request(stun.Method.REFRESH, {"LIFETIME": 0})
+    raw = rtp.build(stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24, "EVEN-PORT": 0x80})
+    opens = [e for e in engine.handle_client(raw, rtp.addr, T0) if isinstance(e, fx.OpenRelay)]
+    assert opens == [fx.OpenRelay(rtp.addr, 4, True, True, 0)]
+    answer = sent(engine.relay_opened(rtp.addr, 50000, T0, reserved_port=50001), rtp.addr)
+    token = stun.parse_message(answer[0]).attributes["RESERVATION-TOKEN"]
+    assert len(token) == 8
+
+    rtcp = Client(engine, addr=("203.0.113.7", 2), nonce=rtp.nonce, realm=rtp.realm)
+    raw = rtcp.build(
+        stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24, "RESERVATION-TOKEN": token}
+    )
+    opens = [e for e in engine.handle_client(raw, rtcp.addr, T0) if isinstance(e, fx.OpenRelay)]
+    assert opens == [fx.OpenRelay(rtcp.addr, 4, False, False, 50001)]
+    reply = stun.parse_message(sent(engine.relay_opened(rtcp.addr, 50001, T0), rtcp.addr)[0])
+    assert reply.attributes["XOR-RELAYED-ADDRESS"] == (RELAY_IP, 50001)
+
+    reuse = Client(engine, addr=("203.0.113.7", 3), nonce=rtp.nonce, realm=rtp.realm)
+    reply = reuse.request(
+        stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24, "RESERVATION-TOKEN": token}
+    )
+    assert code(reply) == 508
+
+
+def test_an_unused_reservation_lapses_and_releases_its_port() -> None:
+    engine = make_engine()
+    client = Client(engine)
+    client.allocate()
+    client.request(stun.Method.REFRESH, {"LIFETIME": 0})
+    raw = client.build(stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24, "EVEN-PORT": 0x80})
+    engine.handle_client(raw, client.addr, T0)
+    engine.relay_opened(client.addr, 50000, T0, reserved_port=50001)
+    assert engine.tick(T0 + 29) == []
+    assert fx.ReleasePort(50001) in engine.tick(T0 + 31)
+    assert engine.reservations == {}

@@ -158,6 +158,7 @@ class Listener:
         # (client address, channel) -> (relay socket, peer): the client → peer fast path
         self.routes: dict[tuple[Any, int], tuple[socket.socket, Address]] = {}
         self.relays: dict[Address, DatagramRelayProtocol] = {}
+        self.held_ports: dict[int, socket.socket] = {}  # reservations (EVEN-PORT with R)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -231,6 +232,10 @@ class Listener:
                     self._route_removed(effect)
                 case fx.OpenRelay():
                     self._open_relay(effect)
+                case fx.ReleasePort():
+                    released = self.held_ports.pop(effect.port, None)
+                    if released is not None:
+                        released.close()
                 case fx.CloseRelay():
                     closing = self.relays.pop(effect.client, None)
                     if closing is not None and closing.transport is not None:
@@ -274,28 +279,40 @@ class Listener:
                 relay.peer_channels.pop(peer, None)
 
     def _open_relay(self, effect: fx.OpenRelay) -> None:
+        held: socket.socket | None = None
         try:
-            sock = self._bind_relay_socket(effect.family, effect.even_port)
+            if effect.reserved_port:
+                sock = self.held_ports.pop(effect.reserved_port, None)
+                if sock is None:
+                    raise OSError(f"reserved port {effect.reserved_port} is gone")
+            elif effect.reserve_next:
+                sock, held = self._bind_even_pair(effect.family)
+            else:
+                sock = self._bind_relay_socket(effect.family, effect.even_port)
         except OSError as exc:
             log.warning("listener %s: cannot open a relay socket: %s", self.name, exc)
             self.apply(self.engine.relay_failed(effect.client, self.loop.time()))
             return
         task = self.loop.create_task(
-            self._start_relay(effect.client, sock), name=f"relay-open:{self.name}"
+            self._start_relay(effect.client, sock, held), name=f"relay-open:{self.name}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _bind_relay_socket(self, family: int, even: bool) -> socket.socket:
+    def _relay_host(self, family: int) -> tuple[socket.AddressFamily, str]:
         af = socket.AF_INET6 if family == 6 else socket.AF_INET
         host = self.spec.bind_host
         if (af == socket.AF_INET6) != (":" in host):
             host = "::" if af == socket.AF_INET6 else "0.0.0.0"
+        return af, host
+
+    def _bind_relay_socket(self, family: int, even: bool, port: int = 0) -> socket.socket:
+        af, host = self._relay_host(family)
         for _ in range(EVEN_PORT_ATTEMPTS if even else 1):
             sock = socket.socket(af, socket.SOCK_DGRAM)
             try:
                 sock.setblocking(False)
-                sock.bind((host, 0))
+                sock.bind((host, port))
             except OSError:
                 sock.close()
                 raise
@@ -305,7 +322,19 @@ class Listener:
             sock.close()
         raise OSError("no even relay port found")
 
-    async def _start_relay(self, client: Address, sock: socket.socket) -> None:
+    def _bind_even_pair(self, family: int) -> tuple[socket.socket, socket.socket]:
+        """An even relay port P and a socket held on P + 1 (EVEN-PORT with R, RFC 8656 §14.6)."""
+        for _ in range(EVEN_PORT_ATTEMPTS):
+            sock = self._bind_relay_socket(family, True)
+            try:
+                return sock, self._bind_relay_socket(family, False, sock.getsockname()[1] + 1)
+            except OSError:
+                sock.close()
+        raise OSError("no free pair of relay ports found")
+
+    async def _start_relay(
+        self, client: Address, sock: socket.socket, held: socket.socket | None = None
+    ) -> None:
         port = int(sock.getsockname()[1])
         factory = self.relay_class
         try:
@@ -314,14 +343,22 @@ class Listener:
             )
         except OSError as exc:
             sock.close()
+            if held is not None:
+                held.close()
             log.warning("listener %s: relay socket failed: %s", self.name, exc)
             self.apply(self.engine.relay_failed(client, self.loop.time()))
             return
         if self.closed:
             relay.transport.close()  # type: ignore[union-attr]
+            if held is not None:
+                held.close()
             return
         self.relays[client] = relay
-        self.apply(self.engine.relay_opened(client, port, self.loop.time()))
+        held_port = 0
+        if held is not None:
+            held_port = int(held.getsockname()[1])
+            self.held_ports[held_port] = held
+        self.apply(self.engine.relay_opened(client, port, self.loop.time(), held_port))
 
     def _rearm(self) -> None:
         deadline = self.engine.next_deadline()
@@ -357,6 +394,9 @@ class Listener:
                 relay.transport.close()
         self.relays.clear()
         self.routes.clear()
+        for held in self.held_ports.values():
+            held.close()
+        self.held_ports.clear()
         await self._close_transport()
 
 

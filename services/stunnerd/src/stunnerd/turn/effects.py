@@ -33,6 +33,15 @@ class OpenRelay:
     client: Address
     family: int  # 4 or 6
     even_port: bool
+    reserve_next: bool = False  # EVEN-PORT with R: also hold port + 1 for a later Allocate
+    reserved_port: int = 0  # RESERVATION-TOKEN: use the socket held on this port
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasePort:
+    """A reservation (RFC 8656 §14.9) lapsed unused: close the socket held on this port."""
+
+    port: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +85,7 @@ Effect = (
     | SendToPeer
     | OpenRelay
     | CloseRelay
+    | ReleasePort
     | ChannelRouteAdded
     | ChannelRouteRemoved
     | AllocationCreated

@@ -23,12 +23,15 @@ Shape of the machine:
 
 Deliberate differences from upstream (pion): a peer the policy refuses gets 403 on CreatePermission
 and ChannelBind; a wrong username or password gets 401 (RFC 8489 §9.2.4) rather than 400; the user
-quota is enforced (486). EVEN-PORT is honoured without reservations; RESERVATION-TOKEN gets 508.
+quota is enforced (486). EVEN-PORT is honoured; with its R bit the next port is held for
+`RESERVATION_LIFETIME_S` and a RESERVATION-TOKEN returned (RFC 8656 §7.2); unknown tokens get 508.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import hmac
 import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +48,7 @@ from stunnerd.turn.effects import (
     CloseRelay,
     Effect,
     OpenRelay,
+    ReleasePort,
     SendToClient,
     SendToPeer,
 )
@@ -62,6 +66,7 @@ DEFAULT_LIFETIME_S = 600
 MAX_LIFETIME_S = 3600
 PERMISSION_LIFETIME_S = 300
 CHANNEL_LIFETIME_S = 600
+RESERVATION_LIFETIME_S = 30.0
 RETRANSMIT_CACHE_S = 40.0
 RETRANSMIT_CACHE_MAX = 8192
 SOFTWARE = "stunnerd"
@@ -122,6 +127,7 @@ class _Pending:
     key: bytes
     lifetime_s: int
     family: int
+    reserve_next: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +185,8 @@ class TurnEngine:
         self._cache: dict[tuple[Address, bytes], tuple[float, bytes]] = {}
         self._deadlines: list[tuple[float, int, int, Address, Any]] = []
         self._seq = 0
+        self._token_key = nonce_secret
+        self.reservations: dict[bytes, tuple[int, float]] = {}  # token -> (port, expiry)
         self.stats_dropped = 0
 
     # ------------------------------------------------------------------ public API
@@ -308,12 +316,19 @@ class TurnEngine:
         )
         return out
 
-    def relay_opened(self, client: Address, port: int, now: float) -> list[Effect]:
-        """The edge bound the relay socket for a pending Allocate: answer with success."""
+    def relay_opened(
+        self, client: Address, port: int, now: float, reserved_port: int = 0
+    ) -> list[Effect]:
+        """The edge bound the relay socket for a pending Allocate: answer with success.
+
+        `reserved_port` is the socket the edge holds for an EVEN-PORT request with the R bit.
+        """
         out: list[Effect] = []
         pending = self._pending.pop(client, None)
         if pending is None:
             out.append(CloseRelay(client))  # the client went away meanwhile
+            if reserved_port:
+                out.append(ReleasePort(reserved_port))
             return out
         relay = (self.relay_ip, port)
         alloc = Allocation(
@@ -322,15 +337,22 @@ class TurnEngine:
         self.allocations[client] = alloc
         self.usage.add(pending.user_id)
         self._schedule(alloc.expires, 0, client, None)
+        attrs: dict[str, Any] = {
+            "XOR-RELAYED-ADDRESS": relay,
+            "LIFETIME": pending.lifetime_s,
+            "XOR-MAPPED-ADDRESS": client,
+        }
+        if reserved_port:
+            token = self._reservation_token()
+            expires = now + RESERVATION_LIFETIME_S
+            self.reservations[token] = (reserved_port, expires)
+            self._schedule(expires, 3, client, token)
+            attrs["RESERVATION-TOKEN"] = token
         answer = codec.encode(
             Method.ALLOCATE,
             Class.RESPONSE,
             pending.transaction_id,
-            {
-                "XOR-RELAYED-ADDRESS": relay,
-                "LIFETIME": pending.lifetime_s,
-                "XOR-MAPPED-ADDRESS": client,
-            },
+            attrs,
             key=pending.key,
             software=self.software,
         )
@@ -371,6 +393,12 @@ class TurnEngine:
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             _, _, kind, client, item = heapq.heappop(heap)
+            if kind == 3:
+                held = self.reservations.get(item)
+                if held is not None and held[1] <= now:
+                    del self.reservations[item]
+                    out.append(ReleasePort(held[0]))
+                continue
             alloc = self.allocations.get(client)
             if alloc is None:
                 continue
@@ -398,6 +426,9 @@ class TurnEngine:
         out: list[Effect] = []
         for alloc in list(self.allocations.values()):
             self._delete(alloc, "shutdown", out)
+        for port, _expires in self.reservations.values():
+            out.append(ReleasePort(port))
+        self.reservations.clear()
         self._pending.clear()
         self._deadlines.clear()
         return out
@@ -477,12 +508,15 @@ class TurnEngine:
         if transport & 0xFF000000 != codec.TRANSPORT_UDP:
             self._fail(req, 442, "Unsupported Transport Protocol", now, out)
             return
+        reserved_port = 0
         if "RESERVATION-TOKEN" in attrs:
             if "EVEN-PORT" in attrs or "REQUESTED-ADDRESS-FAMILY" in attrs:
                 self._fail(req, 400, "RESERVATION-TOKEN with EVEN-PORT or family", now, out)
-            else:
+                return
+            held = self.reservations.get(attrs["RESERVATION-TOKEN"])
+            if held is None or held[1] <= now:
                 self._fail(req, 508, "Insufficient Capacity (no such reservation)", now, out)
-            return
+                return
         family_code = attrs.get("REQUESTED-ADDRESS-FAMILY")
         if family_code is not None:
             wanted = {codec.FAMILY_IPV4: 4, codec.FAMILY_IPV6: 6}.get(family_code)
@@ -495,14 +529,21 @@ class TurnEngine:
         if not self.policies.quota.allows(req.user_id, self.usage.counts):
             self._fail(req, 486, "Allocation Quota Reached", now, out)
             return
+        if "RESERVATION-TOKEN" in attrs:
+            reserved_port = self.reservations.pop(attrs["RESERVATION-TOKEN"])[0]
+        even = attrs.get("EVEN-PORT")
+        reserve_next = even is not None and bool(even & 0x80)
         self._pending[client] = _Pending(
             msg.transaction_id,
             req.user_id,
             req.key,
             _lifetime(attrs.get("LIFETIME")),
             self.relay_family,
+            reserve_next,
         )
-        out.append(OpenRelay(client, self.relay_family, "EVEN-PORT" in attrs))
+        out.append(
+            OpenRelay(client, self.relay_family, even is not None, reserve_next, reserved_port)
+        )
 
     def _refresh(self, req: _Request, now: float, out: list[Effect]) -> None:
         """RFC 8656 §7.3: LIFETIME 0 deletes, otherwise the allocation is extended."""
@@ -649,6 +690,11 @@ class TurnEngine:
         self.usage.remove(alloc.user_id)
         out.append(CloseRelay(alloc.client))
         out.append(AllocationDeleted(alloc.client, alloc.user_id, reason))
+
+    def _reservation_token(self) -> bytes:
+        """8 opaque bytes (RFC 8656 §14.9), unguessable without the engine's secret."""
+        self._seq += 1
+        return hmac.new(self._token_key, self._seq.to_bytes(8, "big"), hashlib.sha256).digest()[:8]
 
     def _schedule(self, deadline: float, kind: int, client: Address, item: Any) -> None:
         self._seq += 1
