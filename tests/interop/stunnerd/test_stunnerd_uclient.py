@@ -16,23 +16,49 @@ MESSAGES = 100
 SESSIONS = 2
 
 
-def uclient(args: list[str], timeout_s: float = 60.0) -> str:
+def uclient_binary() -> str:
     binary = which("turnutils_uclient")
     if binary is None:
         pytest.skip("turnutils_uclient (coturn) is not installed")
+    return binary
+
+
+def uclient(args: list[str], timeout_s: float = 60.0) -> str:
     done = subprocess.run(
-        [binary, *args], capture_output=True, text=True, timeout=timeout_s, check=False
+        [uclient_binary(), *args], capture_output=True, text=True, timeout=timeout_s, check=False
     )
     return done.stdout + done.stderr
 
 
-def assert_all_echoed(output: str) -> None:
+def uclients(runs: dict[str, list[str]], timeout_s: float = 60.0) -> dict[str, str]:
+    """Run several uclients side by side (a light load each); their outputs by name."""
+    binary = uclient_binary()
+    procs = {
+        name: subprocess.Popen(
+            [binary, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for name, args in runs.items()
+    }
+    outputs = {}
+    try:
+        for name, proc in procs.items():
+            outputs[name] = proc.communicate(timeout=timeout_s)[0]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return outputs
+
+
+def assert_all_echoed(output: str, label: str = "") -> None:
+    tail = f"{label}:\n{output[-3000:]}"
     totals = re.findall(r"tot_send_msgs=(\d+), tot_recv_msgs=(\d+)\s*$", output, re.M)
-    assert totals, output[-3000:]
+    assert totals, tail
     sent, received = map(int, totals[-1])
-    assert sent == MESSAGES * SESSIONS, output[-3000:]
-    assert received == sent, output[-3000:]
-    assert "Total lost packets 0 (0.000000%)" in output, output[-3000:]
+    assert sent == MESSAGES * SESSIONS, tail
+    assert received == sent, tail
+    assert "Total lost packets 0 (0.000000%)" in output, tail
 
 
 TRANSPORTS = {
@@ -52,28 +78,30 @@ def base_args(server: Stunnerd, proto: str, peer_port: int) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("proto", list(TRANSPORTS))
-def test_uclient_relays_channel_data_with_static_auth_and_loses_nothing(
-    stunnerd_static: Stunnerd, udp_echo_peer: int, proto: str
+def over_every_transport(server: Stunnerd, peer_port: int, extra: list[str]) -> None:
+    outputs = uclients(
+        {proto: [*base_args(server, proto, peer_port), *extra, "127.0.0.1"] for proto in TRANSPORTS}
+    )
+    for proto, output in outputs.items():
+        assert_all_echoed(output, proto)
+
+
+def test_uclient_relays_channel_data_over_udp_tcp_tls_and_dtls_with_static_auth(
+    stunnerd_static: Stunnerd, udp_echo_peer: int
 ) -> None:
-    args = [*base_args(stunnerd_static, proto, udp_echo_peer), "-u", USER, "-w", PASSWORD]
-    assert_all_echoed(uclient([*args, "127.0.0.1"]))
+    over_every_transport(stunnerd_static, udp_echo_peer, ["-u", USER, "-w", PASSWORD])
 
 
-@pytest.mark.parametrize("proto", list(TRANSPORTS))
-def test_uclient_relays_send_and_data_indications_with_static_auth(
-    stunnerd_static: Stunnerd, udp_echo_peer: int, proto: str
+def test_uclient_relays_send_and_data_indications_over_every_transport(
+    stunnerd_static: Stunnerd, udp_echo_peer: int
 ) -> None:
-    args = [*base_args(stunnerd_static, proto, udp_echo_peer), "-s", "-u", USER, "-w", PASSWORD]
-    assert_all_echoed(uclient([*args, "127.0.0.1"]))
+    over_every_transport(stunnerd_static, udp_echo_peer, ["-s", "-u", USER, "-w", PASSWORD])
 
 
-@pytest.mark.parametrize("proto", list(TRANSPORTS))
-def test_uclient_relays_with_ephemeral_turn_rest_credentials(
-    stunnerd_ephemeral: Stunnerd, udp_echo_peer: int, proto: str
+def test_uclient_relays_over_every_transport_with_ephemeral_turn_rest_credentials(
+    stunnerd_ephemeral: Stunnerd, udp_echo_peer: int
 ) -> None:
-    args = [*base_args(stunnerd_ephemeral, proto, udp_echo_peer), "-W", SECRET, "-u", "alice"]
-    assert_all_echoed(uclient([*args, "127.0.0.1"]))
+    over_every_transport(stunnerd_ephemeral, udp_echo_peer, ["-W", SECRET, "-u", "alice"])
 
 
 def test_uclient_with_a_wrong_password_gets_no_allocation(
