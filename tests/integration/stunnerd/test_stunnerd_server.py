@@ -258,3 +258,30 @@ async def test_ipv6_listener_relays_to_an_ipv6_peer(no_leaked_tasks: None) -> No
     finally:
         peer_transport.close()
         await server.close()
+
+
+async def test_strict_dns_cluster_admits_the_addresses_its_name_resolves_to(
+    no_leaked_tasks: None,
+) -> None:
+    base = make_config()
+    config = parse_config(
+        {
+            **base.to_dict(),
+            "clusters": [{"name": "loopback", "type": "STRICT_DNS", "endpoints": ["localhost"]}],
+        }
+    )
+    async with (
+        running_server(config) as server,
+        echo_peer() as (_peer, peer_addr),
+        UdpTurnClient(server_addr(config)) as client,
+    ):
+        async with asyncio.timeout(10):
+            while "127.0.0.1" not in server.dns.addresses.get("localhost", ()):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)  # the resolver task answers within a loop turn or two
+        await client.allocate()
+        reply = await client.request(stun.Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": peer_addr})
+        assert reply.message_class == stun.Class.RESPONSE
+        reply = await client.request(
+            stun.Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": ("10.1.2.3", 9)}
+        )
+        assert reply.error_code == 403
