@@ -126,3 +126,14 @@ def test_node_watchers_get_the_node_address_placeholder_rewritten() -> None:
     without, _ = hub.subscribe(Topic("a", "x"), Mode.V1)
     assert '"address":"$STUNNER_ADDR"' in with_node.frames[0]
     assert '"address":"__node_address_placeholder"' in without.frames[0]
+
+
+def test_a_snapshot_larger_than_the_queue_bound_does_not_get_a_new_watcher_dropped() -> None:
+    hub = hub_with({f"a/gw{i}": cfg(f"a/gw{i}") for i in range(20)}, max_queue=4)
+    watcher, _ = hub.subscribe(Topic(), Mode.V1)
+    assert len(watcher.frames) == 20
+    for i in range(4):
+        change(hub, "a/gw0", json.dumps(cfg("a/gw0", str(i))))
+    assert watcher.closed_reason is None
+    change(hub, "a/gw0", json.dumps(cfg("a/gw0", "one too many")))
+    assert watcher.closed_reason is not None

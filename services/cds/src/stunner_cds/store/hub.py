@@ -158,8 +158,9 @@ class Hub:
         """Register a watcher with its initial frames queued; also return True for a delta resync.
 
         A v2 ``since`` is honoured when it is not ahead of the mirror (then only what changed
-        after it is queued); otherwise the watcher gets the full snapshot. The queue may exceed
-        ``max_queue`` with the initial frames, so that a large snapshot never drops a watcher.
+        after it is queued); otherwise the watcher gets the full snapshot. The initial frames do
+        not count against ``max_queue``: the bound grows by their number, so that a snapshot of
+        many configs never gets a new watcher dropped as slow.
         """
         watcher = Watcher(topic, mode, max_queue or self.max_queue, node)
         mirror = self.mirror
@@ -181,6 +182,7 @@ class Hub:
                     else encode_snapshot(config_id, entry.rev, entry.config)
                 )
                 watcher.frames.append(patch_for_node(frame, watcher.node))
+        watcher.max_queue += len(watcher.frames)
         if topic.namespace is None:
             self._all.add(watcher)
         elif topic.name is None:
