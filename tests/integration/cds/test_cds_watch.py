@@ -284,7 +284,9 @@ async def _no_watchers(cds: RunningCds) -> bool:
 async def test_a_slow_watcher_is_closed_with_a_reason_and_never_delays_others(
     no_leaked_tasks: None, redis: RedisServer, publisher: ConfigPublisher
 ) -> None:
-    big = {"pad": "x" * 16_000}
+    # 200 updates of 32 KB: more than the kernel can buffer for the stalled connection (the
+    # send buffer grows to 4 MB), so its queue must overflow.
+    big = {"pad": "x" * 32_000}
     await publisher.upsert("ns/gw", config("ns/gw", "r-0", **big))
     async with running_cds(redis.url, queue_size=8, send_timeout_s=30) as cds:
         url = f"{cds.ws_url}/api/v1/configs/ns/gw?watch=true"
@@ -294,8 +296,9 @@ async def test_a_slow_watcher_is_closed_with_a_reason_and_never_delays_others(
         await asyncio.get_running_loop().sock_connect(stalled_sock, ("127.0.0.1", cds.port))
         async with (
             connect(url, sock=stalled_sock, max_queue=1, max_size=None, close_timeout=0.5) as slow,
-            connect(url, max_size=None) as fast1,
-            connect(url, max_size=None) as fast2,
+            # The fast ones buffer whatever arrives (max_queue=None): they always keep up.
+            connect(url, max_size=None, max_queue=None) as fast1,
+            connect(url, max_size=None, max_queue=None) as fast2,
         ):
             for ws in (slow, fast1, fast2):
                 await recv_json(ws)
@@ -331,7 +334,7 @@ async def test_a_client_that_never_answers_pings_is_dropped(
     no_leaked_tasks: None, redis: RedisServer
 ) -> None:
     async with (
-        running_cds(redis.url, ping_interval_s=0.1, ping_timeout_s=0.2) as cds,
+        running_cds(redis.url, ping_interval_s=0.2, ping_timeout_s=1.0) as cds,
         connect(f"{cds.ws_url}/api/v1/configs?watch=true") as healthy,
     ):
         reader, writer = await asyncio.open_connection("127.0.0.1", cds.port)
@@ -368,7 +371,7 @@ async def test_a_watcher_whose_send_blocks_too_long_is_dropped(
             connect(
                 url, sock=stalled_sock, max_queue=1, max_size=None, close_timeout=0.5
             ) as stalled,
-            connect(url, max_size=None) as healthy,
+            connect(url, max_size=None, max_queue=None) as healthy,
         ):
             await recv_json(stalled)
             await recv_json(healthy)
