@@ -208,6 +208,7 @@ async def test_openapi_documents_every_path(cds: RunningCds) -> None:
         "/api/v1/configs",
         "/api/v1/configs/{namespace}",
         "/api/v1/configs/{namespace}/{name}",
+        "/api/v1/license",
         "/healthz",
         "/readyz",
         "/metrics",
@@ -229,3 +230,11 @@ async def test_node_query_rewrites_the_node_address_placeholder_like_upstream(
     assert without["listeners"][0]["address"] == "__node_address_placeholder"
     listed = (await get(cds, "/api/v1/configs/ns", params={"node": "worker-1"})).json()
     assert listed["items"][0]["listeners"][0]["address"] == "__node_address_placeholder"
+
+
+async def test_license_status_is_upstreams_free_tier_answer(cds: RunningCds) -> None:
+    response = await get(cds, "/api/v1/license")
+    assert response.status_code == 200
+    assert response.text == (
+        '{"enabledFeatures":[],"subscriptionType":"free","lastUpdated":"N/A","lastError":""}\n'
+    )

@@ -93,7 +93,7 @@ def test_cli_rejects_bad_settings_with_a_message_and_exit_code() -> None:
 def test_schemathesis_finds_no_server_errors_or_schema_violations(cds_process: str) -> None:
     schema = schemathesis.openapi.from_url(f"{cds_process}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 6
+    assert len(operations) == 7
     settings = hypothesis.settings(
         max_examples=EXAMPLES_PER_OPERATION,
         deadline=None,

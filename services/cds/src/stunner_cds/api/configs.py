@@ -105,3 +105,34 @@ async def get_config(
         raise ApiError(404, f"Config not found for ID {config_id}")
     body = patch_for_node(encode_v1_config(entry.config), node) + "\n"
     return Response(body, media_type="application/json")
+
+
+LICENSE_STATUS = (
+    '{"enabledFeatures":[],"subscriptionType":"free","lastUpdated":"N/A","lastError":""}\n'
+)
+_LICENSE_SCHEMA: dict[str, Any] = {
+    "description": "Upstream's LicenseStatus; this build has no licensed features.",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "enabledFeatures": {"type": "array", "items": {"type": "string"}},
+                    "subscriptionType": {"type": "string"},
+                    "lastUpdated": {"type": "string"},
+                    "lastError": {"type": "string"},
+                },
+            }
+        }
+    },
+}
+
+
+@router.get(
+    "/license",
+    summary="License status (for stunnerctl license)",
+    responses={200: _LICENSE_SCHEMA, 401: _ERRORS[401]},
+    response_class=Response,
+)
+async def license_status() -> Response:
+    return Response(LICENSE_STATUS, media_type="application/json")
