@@ -253,7 +253,11 @@ def main() -> None:
     print(f"RATIO cpu_per_packet stunnerd/coturn = {med['stunnerd'] / med['coturn']:.2f}")
     print(f"RATIO cpu_per_packet stunnerd(no GSO)/coturn = {med['no-gso'] / med['coturn']:.2f}")
     print(f"RATIO round_trips_per_s stunnerd/coturn = {rate['stunnerd'] / rate['coturn']:.2f}")
-    print(f"allocations: uclient -m {ALLOC_SESSIONS} -c -n 1 (allocate, bind, 1 echo each)")
+    print(
+        f"allocations: uclient -m {ALLOC_SESSIONS} -c -n 1 (allocate, bind, 1 echo each); "
+        "uclient paces its sessions, so allocations/s mostly measures uclient and the CPU "
+        "per allocation is the figure to compare"
+    )
     for name, (ms, per_s) in alloc.items():
         print(f"{name:<9} {ms:6.2f} ms CPU/allocation  {per_s:7.1f} allocations/s (wall)")
     cpu_ratio = alloc["stunnerd"][0] / alloc["coturn"][0]
