@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import socket
+import ssl
 
 import pytest
 from aioice import stun
+from cryptography import x509
 from fixtures.stunnerd.client import UdpTurnClient
 from fixtures.stunnerd.inproc import echo_peer, make_config, running_server
 
-from stunner_common.config import parse_config
+from stunner_common.config import parse_config, self_signed_pair
 from stunnerd.net.server import TurnServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -285,3 +288,37 @@ async def test_strict_dns_cluster_admits_the_addresses_its_name_resolves_to(
             stun.Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": ("10.1.2.3", 9)}
         )
         assert reply.error_code == 403
+
+
+async def test_rotating_the_tls_certificate_serves_new_connections_with_the_new_one(
+    no_leaked_tasks: None,
+) -> None:
+    config = make_config(("TURN-TLS",))
+    listener = config.listeners[0]
+
+    async def served_certificate() -> bytes:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        async with asyncio.timeout(5):
+            _reader, writer = await asyncio.open_connection("127.0.0.1", listener.port, ssl=ctx)
+        try:
+            der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        finally:
+            writer.close()
+            await writer.wait_closed()
+        return bytes(der)
+
+    cert, key = self_signed_pair("127.0.0.2")
+    rotated = listener.model_copy(update={"cert": cert, "key": key})
+    async with running_server(config) as server:
+        before = await served_certificate()
+        assert server.rotate_certificate(rotated)
+        after = await served_certificate()
+    new_der = x509.load_pem_x509_certificate(base64.b64decode(cert)).public_bytes(
+        __import__(
+            "cryptography.hazmat.primitives.serialization", fromlist=["Encoding"]
+        ).Encoding.DER
+    )
+    assert after == new_der
+    assert before != after
