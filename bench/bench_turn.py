@@ -147,9 +147,15 @@ def parse_uclient(output: str) -> tuple[int, int, float]:
     return sent, received, float(lost.group(1)) if lost else float("nan")
 
 
-def flood(name: str, pid: int, port: int, peer_port: int) -> Run:
+PACED_SESSIONS = 40
+PACED_INTERVAL_MS = 10
+PACED_MESSAGES = 500
+
+
+def flood(name: str, pid: int, port: int, peer_port: int, args: list[str] | None = None) -> Run:
     before = cpu_seconds(pid)
-    args = ["-m", str(SESSIONS), "-c", "-z", "0", "-n", str(MESSAGES), "-l", "100"]
+    if args is None:
+        args = ["-m", str(SESSIONS), "-c", "-z", "0", "-n", str(MESSAGES), "-l", "100"]
     output, wall = uclient(port, peer_port, args)
     cpu = cpu_seconds(pid) - before
     sent, received, lost = parse_uclient(output)
@@ -230,6 +236,14 @@ def main() -> None:
             for _ in range(ROUNDS):
                 for name, (pid, port) in servers.items():
                     runs[name].append(flood(name, pid, port, peer_port))
+            paced_args = [
+                "-m", str(PACED_SESSIONS), "-c", "-z", str(PACED_INTERVAL_MS),
+                "-n", str(PACED_MESSAGES), "-l", "100",
+            ]  # fmt: skip
+            paced = {
+                name: flood(name, pid, port, peer_port, paced_args)
+                for name, (pid, port) in servers.items()
+            }
             alloc = {
                 name: allocations(pid, port, peer_port) for name, (pid, port) in servers.items()
             }
@@ -253,6 +267,20 @@ def main() -> None:
     print(f"RATIO cpu_per_packet stunnerd/coturn = {med['stunnerd'] / med['coturn']:.2f}")
     print(f"RATIO cpu_per_packet stunnerd(no GSO)/coturn = {med['no-gso'] / med['coturn']:.2f}")
     print(f"RATIO round_trips_per_s stunnerd/coturn = {rate['stunnerd'] / rate['coturn']:.2f}")
+    per_s = PACED_SESSIONS * 1000 // PACED_INTERVAL_MS
+    print(
+        f"paced media-like load: uclient -m {PACED_SESSIONS} -c -z {PACED_INTERVAL_MS} -l 100 "
+        f"-n {PACED_MESSAGES} (about {per_s} round trips/s, little to batch)"
+    )
+    for name, r in paced.items():
+        print(
+            f"{name:<9} {r.round_trips:>11} {r.lost_pct:>7.3f} {r.rt_per_s:>9.0f} "
+            f"{r.cpu_s:>7.2f} {r.us_per_packet:>7.2f}"
+        )
+    paced_ratio = paced["stunnerd"].us_per_packet / paced["coturn"].us_per_packet
+    plain_ratio = paced["no-gso"].us_per_packet / paced["coturn"].us_per_packet
+    print(f"RATIO paced cpu_per_packet stunnerd/coturn = {paced_ratio:.2f}")
+    print(f"RATIO paced cpu_per_packet stunnerd(no GSO)/coturn = {plain_ratio:.2f}")
     print(
         f"allocations: uclient -m {ALLOC_SESSIONS} -c -n 1 (allocate, bind, 1 echo each); "
         "uclient paces its sessions, so allocations/s mostly measures uclient and the CPU "

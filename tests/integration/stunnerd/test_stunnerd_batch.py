@@ -70,3 +70,11 @@ async def test_a_closed_socket_does_not_break_the_flush() -> None:
         batcher.send(dead, b"x", rx.getsockname())
         batcher.send(dead, b"y", rx.getsockname())
         batcher.flush()
+
+
+async def test_a_datagram_outside_a_burst_leaves_at_once_without_waiting_for_the_loop() -> None:
+    batcher = SendBatcher(asyncio.get_running_loop(), enabled=True)
+    with receiver() as rx, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+        batcher.send(tx, b"now", rx.getsockname())
+        rx.settimeout(2.0)  # blocking read: the loop never runs in between
+        assert rx.recv(100) == b"now"

@@ -5,8 +5,11 @@ lookup and an skb. uvloop reads a socket until it runs dry and calls back once p
 under load many datagrams for the same destination arrive in one event-loop turn. `SendBatcher`
 queues them per (socket, destination) and, at the end of that turn, sends each queue as one
 `sendmsg` carrying a UDP_SEGMENT control message (Linux UDP GSO, ≥ 4.18): the kernel splits it
-into the original datagrams. The added latency is the rest of the current loop turn. A lone
-datagram is sent with a plain `sendto`; if the kernel refuses GSO, batching switches itself off.
+into the original datagrams. Only bursts are queued: a datagram that follows the previous one to
+the same destination by more than `BURST_GAP_S` (media-rate traffic) goes out at once with a plain
+`sendto`, since waiting for the end of the loop turn would cost more than it saves. Queued
+datagrams wait for the rest of the current loop turn at most. If the kernel refuses GSO, batching
+switches itself off.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import logging
 import socket
 import struct
+import time
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -24,6 +28,9 @@ UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)
 GSO_MAX_SEGMENTS = 64
 GSO_MAX_BYTES = 60_000
 _GSO_SIZE = struct.Struct("=H").pack
+_monotonic = time.monotonic
+BURST_GAP_S = 200e-6  # a datagram this soon after the previous one to the same place is a burst
+RECENT_MAX = 8192
 
 
 def gso_supported() -> bool:
@@ -43,11 +50,12 @@ def gso_supported() -> bool:
 class SendBatcher:
     """Per-destination send queues flushed once per loop turn (or immediately when disabled)."""
 
-    __slots__ = ("_loop", "_pending", "_scheduled", "enabled")
+    __slots__ = ("_loop", "_pending", "_recent", "_scheduled", "enabled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, *, enabled: bool = True) -> None:
         self._loop = loop
         self._pending: dict[tuple[socket.socket, Any], list[bytes]] = {}
+        self._recent: dict[tuple[socket.socket, Any], float] = {}  # last send per destination
         self._scheduled = False
         self.enabled = enabled
 
@@ -60,13 +68,25 @@ class SendBatcher:
             return
         key = (sock, addr)
         batch = self._pending.get(key)
-        if batch is None:
-            self._pending[key] = [data]
-            if not self._scheduled:
-                self._scheduled = True
-                self._loop.call_soon(self.flush)
-        else:
+        if batch is not None:
             batch.append(data)
+            return
+        now = _monotonic()
+        recent = self._recent
+        last = recent.get(key, 0.0)
+        if len(recent) >= RECENT_MAX:
+            recent.clear()
+        recent[key] = now
+        if now - last > BURST_GAP_S:  # not in a burst: send at once, no loop turn to wait for
+            try:
+                sock.sendto(data, addr)
+            except OSError:
+                return
+            return
+        self._pending[key] = [data]
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
         self._scheduled = False
