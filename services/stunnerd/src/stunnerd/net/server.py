@@ -38,8 +38,18 @@ class ListenerError(Exception):
 
 
 def relay_address(listener: ListenerConfig) -> str:
-    """The IP advertised in XOR-RELAYED-ADDRESS: the listener address (upstream §5.2)."""
+    """The IP advertised in XOR-RELAYED-ADDRESS: the listener address (upstream §5.2).
+
+    A wildcard address cannot be advertised; loopback is used and a warning says why clients
+    elsewhere will not reach the relay (set `address`, normally `$STUNNER_ADDR`).
+    """
     if listener.address in WILDCARDS:
+        log.warning(
+            "listener %s: address %r is a wildcard; advertising relay address 127.0.0.1, "
+            "which only local clients can use (set address to the pod or host IP)",
+            listener.name,
+            listener.address,
+        )
         return "127.0.0.1"
     return listener.address
 
