@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
+import os
 import socket
 from typing import Any
 
@@ -37,8 +40,19 @@ MAX_SESSIONS = 10_000
 _RECORD_HANDSHAKE = 22
 
 
+def _cookie(secret: bytes, addr: Any) -> bytes:
+    return hmac.new(secret, repr(addr).encode(), hashlib.sha256).digest()[:16]
+
+
 def dtls_context(pair: TlsPair) -> SSL.Context:
+    """Server context; a HelloVerifyRequest cookie (RFC 6347 §4.2.1) bound to the client address
+    must come back before any state is kept or the certificate flight is sent."""
     ctx = SSL.Context(SSL.DTLS_METHOD)
+    secret = os.urandom(32)
+    ctx.set_cookie_generate_callback(lambda conn: _cookie(secret, conn.get_app_data()))
+    ctx.set_cookie_verify_callback(
+        lambda conn, cookie: hmac.compare_digest(cookie, _cookie(secret, conn.get_app_data()))
+    )
     chain = x509.load_pem_x509_certificates(pair.cert_pem)
     ctx.use_certificate(chain[0])
     for extra in chain[1:]:
@@ -64,13 +78,11 @@ class DtlsSession:
         "timer",
     )
 
-    def __init__(self, listener: DtlsListener, addr: Any) -> None:
+    def __init__(self, listener: DtlsListener, addr: Any, conn: SSL.Connection) -> None:
         self.listener = listener
         self.addr = addr
         self.client: Address = (addr[0], addr[1])
-        self.conn = SSL.Connection(listener.context, None)
-        self.conn.set_accept_state()
-        self.conn.set_ciphertext_mtu(DTLS_MTU_BYTES)
+        self.conn = conn  # past DTLSv1_listen: the client proved it owns its address
         self.established = False
         self.timer: asyncio.TimerHandle | None = None
         self.idle_handle: asyncio.TimerHandle | None = None
@@ -80,7 +92,8 @@ class DtlsSession:
         self.last_seen = self.listener.loop.time()
         conn = self.conn
         try:
-            conn.bio_write(data)
+            if data:
+                conn.bio_write(data)
             if not self.established:
                 try:
                     conn.do_handshake()
@@ -165,11 +178,9 @@ class DtlsListenerProtocol(ClosingDatagramProtocol):
     def datagram_received(self, data: bytes, addr: Any) -> None:
         session = self.listener.sessions.get(addr)
         if session is None:
-            if not data or data[0] != _RECORD_HANDSHAKE:
-                return
-            session = self.listener.new_session(addr)
-            if session is None:
-                return
+            if data and data[0] == _RECORD_HANDSHAKE:
+                self.listener.hello(data, addr)
+            return
         session.feed(data)
 
     def error_received(self, exc: Exception) -> None:
@@ -221,13 +232,30 @@ class DtlsListener(Listener):
         assert self.transport is not None
         return int(self.transport.get_extra_info("sockname")[1])
 
-    def new_session(self, addr: Any) -> DtlsSession | None:
-        if len(self.sessions) >= MAX_SESSIONS:
-            return None
-        session = DtlsSession(self, addr)
+    def hello(self, data: bytes, addr: Any) -> None:
+        """A ClientHello from an unknown address: answer with a cookie, keep no state, and start
+        a session only when the hello comes back carrying a valid cookie."""
+        if len(self.sessions) >= MAX_SESSIONS or self.sendto is None:
+            return
+        conn = SSL.Connection(self.context, None)
+        conn.set_app_data((addr[0], addr[1]))
+        conn.set_accept_state()
+        conn.set_ciphertext_mtu(DTLS_MTU_BYTES)
+        try:
+            conn.bio_write(data)
+            conn.DTLSv1_listen()
+        except SSL.WantReadError:
+            while True:  # the HelloVerifyRequest
+                try:
+                    self.sendto(conn.bio_read(65536), addr)
+                except SSL.WantReadError:
+                    return
+        except SSL.Error:
+            return
+        session = DtlsSession(self, addr, conn)
         self.sessions[addr] = session
         self._arm_idle(session)
-        return session
+        session.feed(b"")
 
     def session_established(self, session: DtlsSession) -> None:
         self.connections += 1
