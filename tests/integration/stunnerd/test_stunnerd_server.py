@@ -322,3 +322,21 @@ async def test_rotating_the_tls_certificate_serves_new_connections_with_the_new_
     )
     assert after == new_der
     assert before != after
+
+
+async def test_a_silent_tcp_connection_without_allocation_is_closed(
+    no_leaked_tasks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stunnerd.net import stream
+
+    monkeypatch.setattr(stream, "IDLE_TIMEOUT_S", 0.05)
+    config = make_config(("TURN-TCP",))
+    async with running_server(config) as server:
+        reader, writer = await asyncio.open_connection(*server_addr(config))
+        try:
+            async with asyncio.timeout(5):
+                assert await reader.read() == b""  # the server hung up
+            assert server.listeners["turn-tcp"].connections == 0
+        finally:
+            writer.close()
+            await writer.wait_closed()

@@ -241,6 +241,7 @@ class TurnServer:
             self._dns_task = asyncio.get_running_loop().create_task(
                 self._dns_loop(), name="stunnerd-dns-refresh"
             )
+            self._dns_task.add_done_callback(_log_unexpected_exit)
 
     async def _dns_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -269,6 +270,11 @@ class TurnServer:
             lst = by_name.get(name)
             if lst is not None:
                 running.set_policies(policies_for(lst, self._config, self.dns))
+
+
+def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s stopped: %r", task.get_name(), task.exception())
 
 
 def _restart_needed(old: ListenerSpec, new: ListenerSpec) -> bool:

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 MAX_BUFFERED_BYTES = 256 * 1024
+IDLE_TIMEOUT_S = 60.0  # a connection without an allocation that stays silent this long is closed
 
 
 def load_pair(ctx: ssl.SSLContext, pair: TlsPair) -> None:
@@ -58,6 +59,20 @@ class StreamClientProtocol(asyncio.Protocol):
         self.client: Address = ("", 0)
         self.buf = bytearray()
         self.paused = False
+        self.active = True  # saw data since the last idle check
+        self.idle_handle: asyncio.TimerHandle | None = None
+
+    def _idle_check(self) -> None:
+        """Close a connection that sent nothing for a while and holds no allocation."""
+        self.idle_handle = None
+        if self.transport is None:
+            return
+        if not self.active and self.client not in self.listener.engine.allocations:
+            log.info("listener %s: closing idle connection %s", self.listener.name, self.client)
+            self.transport.close()
+            return
+        self.active = False
+        self.idle_handle = self.listener.loop.call_later(IDLE_TIMEOUT_S, self._idle_check)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -68,8 +83,11 @@ class StreamClientProtocol(asyncio.Protocol):
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.listener.connection_opened(self.client, self)
+        self.active = False
+        self.idle_handle = self.listener.loop.call_later(IDLE_TIMEOUT_S, self._idle_check)
 
     def data_received(self, data: bytes) -> None:
+        self.active = True
         buf = self.buf
         buf += data
         offset = 0
@@ -116,6 +134,9 @@ class StreamClientProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        if self.idle_handle is not None:
+            self.idle_handle.cancel()
+            self.idle_handle = None
         self.listener.connection_closed(self.client)
 
 
