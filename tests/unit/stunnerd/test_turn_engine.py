@@ -776,3 +776,17 @@ def test_an_unused_reservation_lapses_and_releases_its_port() -> None:
     assert engine.tick(T0 + 29) == []
     assert fx.ReleasePort(50001) in engine.tick(T0 + 31)
     assert engine.reservations == {}
+
+
+def test_deadlines_of_deleted_allocations_do_not_pile_up_under_churn() -> None:
+    engine = make_engine()
+    first = Client(engine)
+    first.allocate()
+    for i in range(3000):
+        client = Client(engine, addr=("198.51.100.1", 1000 + i), nonce=first.nonce, realm=REALM)
+        client.allocate()
+        client.request(stun.Method.REFRESH, {"LIFETIME": 0})
+    assert engine.allocation_count == 1
+    assert len(engine._deadlines) <= 1100
+    assert engine.next_deadline() is not None
+    assert fx.AllocationDeleted(first.addr, "user1", "expired") in engine.tick(T0 + 601)

@@ -688,8 +688,17 @@ class TurnEngine:
                 out.append(ChannelRouteRemoved(alloc.client, channel.number, channel.peer))
         del self.allocations[alloc.client]
         self.usage.remove(alloc.user_id)
+        self._compact_deadlines()
         out.append(CloseRelay(alloc.client))
         out.append(AllocationDeleted(alloc.client, alloc.user_id, reason))
+
+    def _compact_deadlines(self) -> None:
+        """Drop heap entries of deleted allocations once they dominate (heavy churn)."""
+        heap = self._deadlines
+        if len(heap) > 1024 and len(heap) > 16 * (len(self.allocations) + len(self.reservations)):
+            live = self.allocations
+            heap[:] = [e for e in heap if e[2] == 3 or e[3] in live]  # in place: tick() holds it
+            heapq.heapify(heap)
 
     def _reservation_token(self) -> bytes:
         """8 opaque bytes (RFC 8656 §14.9), unguessable without the engine's secret."""
