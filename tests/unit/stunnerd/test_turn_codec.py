@@ -134,3 +134,50 @@ def test_our_xor_address_packing_matches_aioice(address: tuple[str, int]) -> Non
 
     tid = bytes.fromhex("b7e7a701bc34d686fa87dfae")
     assert codec.pack_xor_address(address, tid) == stun.pack_xor_address(address, tid)
+
+
+def send_indication(attrs: dict[str, object], *, fingerprint: bool = True) -> bytes:
+    from aioice import stun
+
+    msg = stun.Message(stun.Method.SEND, stun.Class.INDICATION, attributes=dict(attrs))
+    if fingerprint:
+        msg.add_fingerprint()
+    return bytes(msg)
+
+
+@pytest.mark.parametrize("fingerprint", [True, False])
+@pytest.mark.parametrize("payload", [b"", b"a", b"abcd", b"x" * 1201])
+def test_send_indications_parse_by_hand_like_the_full_decoder(
+    fingerprint: bool, payload: bytes
+) -> None:
+    raw = send_indication(
+        {"XOR-PEER-ADDRESS": ("10.20.30.40", 5004), "DATA": payload}, fingerprint=fingerprint
+    )
+    assert codec.parse_send_indication(raw) == (("10.20.30.40", 5004), payload)
+    full = codec.decode(raw).message.attributes
+    assert (full["XOR-PEER-ADDRESS"], full["DATA"]) == (("10.20.30.40", 5004), payload)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        send_indication({"XOR-PEER-ADDRESS": ("2001:db8::1", 1), "DATA": b"x"}),
+        send_indication({"DATA": b"x"}),
+        send_indication({"XOR-PEER-ADDRESS": ("1.2.3.4", 1)}),
+        send_indication({"XOR-PEER-ADDRESS": ("1.2.3.4", 1), "DATA": b"x"})[:-1],
+        send_indication({"XOR-PEER-ADDRESS": ("1.2.3.4", 1), "DATA": b"x"})[:-4] + b"\0\0\0\0",
+    ],
+)
+def test_unusual_send_indications_are_left_to_the_full_decoder(raw: bytes) -> None:
+    assert codec.parse_send_indication(raw) is None
+
+
+@pytest.mark.parametrize("peer", [("192.0.2.7", 3478), ("2001:db8::7", 3478)])
+def test_data_indications_are_valid_stun_with_a_fingerprint(peer: tuple[str, int]) -> None:
+    raw = codec.data_indication(peer, b"hello", b"t" * 12)
+    message = codec.decode(raw).message  # aioice checks the fingerprint
+    assert message.message_method == codec.Method.DATA
+    assert message.message_class == codec.Class.INDICATION
+    assert message.attributes["XOR-PEER-ADDRESS"] == peer
+    assert message.attributes["DATA"] == b"hello"
+    assert "FINGERPRINT" in message.attributes

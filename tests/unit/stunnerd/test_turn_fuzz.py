@@ -7,6 +7,7 @@ from aioice import stun
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stunnerd.turn import codec
 from stunnerd.turn import effects as fx
 from stunnerd.turn.engine import Policies, TurnEngine
 from stunnerd.turn.policies import AllowAllPeers, StaticAuthenticator, UserQuota
@@ -64,6 +65,11 @@ PAYLOADS = st.one_of(st.binary(max_size=200), mutated())
 
 
 def check(data: bytes) -> None:
+    fast = codec.parse_send_indication(data)
+    if fast is not None:  # the hand parser never disagrees with the full decoder
+        full = codec.decode(data).message
+        assert full.message_method == stun.Method.SEND
+        assert (full.attributes["XOR-PEER-ADDRESS"], full.attributes["DATA"]) == fast
     eng = engine()
     effects = eng.handle_client(data, CLIENT, 1000.0)
     assert not any(isinstance(e, fx.OpenRelay) for e in effects)  # nobody authenticated

@@ -231,6 +231,88 @@ def encode(
     return header + bytes(body) + _ATTR_FP + _U32(crc)
 
 
+_SEND_INDICATION_TYPE = 0x0016
+_DATA_INDICATION_TYPE = 0x0017
+_MAGIC = b"\x21\x12\xa4\x42"
+_PORT_XOR = COOKIE >> 16
+_peer_by_xor: dict[bytes, tuple[str, int]] = {}
+_xor_peer_attr: dict[tuple[str, int], bytes] = {}
+
+
+def _remember(table: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(table) >= _ADDR_CACHE_MAX:
+        table.clear()
+    table[key] = value
+
+
+def parse_send_indication(data: bytes) -> tuple[tuple[str, int], bytes] | None:
+    """The peer and payload of a plain IPv4 Send indication (RFC 8656 §10.2), parsed by hand.
+
+    This is the relay path for clients that use Send/Data indications instead of channels, so it
+    avoids a full decode. Anything unusual (IPv6, several peers, an unknown comprehension-required
+    attribute, a bad fingerprint, odd framing) returns None and the caller decodes it fully.
+    """
+    end = len(data)
+    if (
+        end < HEADER_LENGTH
+        or data[0] != 0
+        or data[1] != _SEND_INDICATION_TYPE
+        or data[4:8] != _MAGIC
+        or (data[2] << 8 | data[3]) != end - 20
+    ):
+        return None
+    pos = HEADER_LENGTH
+    peer: tuple[str, int] | None = None
+    payload: bytes | None = None
+    while pos + 4 <= end:
+        attr_type, attr_len = _ATTR_HEADER.unpack_from(data, pos)
+        stop = pos + 4 + attr_len
+        if stop > end:
+            return None
+        if attr_type == 0x0012:
+            if peer is not None or attr_len != 8 or data[pos + 5] != 1:
+                return None
+            raw = data[pos + 4 : stop]
+            peer = _peer_by_xor.get(raw)
+            if peer is None:
+                ip = (int.from_bytes(raw[4:8], "big") ^ COOKIE).to_bytes(4, "big")
+                port = ((raw[2] << 8) | raw[3]) ^ _PORT_XOR
+                peer = (f"{ip[0]}.{ip[1]}.{ip[2]}.{ip[3]}", port)
+                _remember(_peer_by_xor, raw, peer)
+        elif attr_type == 0x0013:
+            payload = data[pos + 4 : stop]
+        elif attr_type == 0x8028:
+            if attr_len != 4 or stop != end:
+                return None
+            if binascii.crc32(data[:pos]) ^ stun.FINGERPRINT_XOR != int.from_bytes(
+                data[pos + 4 : stop], "big"
+            ):
+                return None
+        elif attr_type < 0x8000 or attr_type in KNOWN_ATTRIBUTE_TYPES:
+            return None  # anything else that matters: let the full decoder judge it
+        pos = stop + (-attr_len % 4)
+    if peer is None or payload is None or pos != end:
+        return None
+    return peer, payload
+
+
+def data_indication(peer: tuple[str, int], payload: bytes, transaction_id: bytes) -> bytes:
+    """A Data indication (RFC 8656 §10.3) with XOR-PEER-ADDRESS, DATA and FINGERPRINT."""
+    attr = _xor_peer_attr.get(peer)
+    if attr is None:
+        packed = pack_xor_address(peer, transaction_id)
+        attr = _ATTR_HEADER.pack(0x0012, len(packed)) + packed
+        if len(packed) == 8:  # IPv4 does not depend on the transaction id: reuse it
+            _remember(_xor_peer_attr, peer, attr)
+    n = len(payload)
+    pad = -n % 4
+    header = _HEADER.pack(
+        _DATA_INDICATION_TYPE, len(attr) + 4 + n + pad + 8, COOKIE, transaction_id
+    )
+    message = b"".join((header, attr, _ATTR_HEADER.pack(0x0013, n), payload, bytes(pad)))
+    return message + _ATTR_FP + _U32(binascii.crc32(message) ^ stun.FINGERPRINT_XOR)
+
+
 def error_response(
     method: int,
     transaction_id: bytes,

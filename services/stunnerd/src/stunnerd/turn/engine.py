@@ -215,6 +215,11 @@ class TurnEngine:
         if 0x40 <= first <= 0x7F:
             self._channel_data(data, client, out)
             return out
+        if first == 0 and data[1:2] == b"\x16":  # Send indication: the relay path, parse by hand
+            fast = codec.parse_send_indication(data)
+            if fast is not None:
+                self._relay_to_peer(client, fast[0], fast[1], now, out)
+                return out
         try:
             decoded = codec.decode(data)
         except codec.StunBadRequestError as exc:
@@ -304,15 +309,7 @@ class TurnEngine:
             )
             return out
         out.append(
-            SendToClient(
-                client,
-                codec.encode(
-                    Method.DATA,
-                    Class.INDICATION,
-                    _transaction_id(self),
-                    {"XOR-PEER-ADDRESS": (ip, port), "DATA": data},
-                ),
-            )
+            SendToClient(client, codec.data_indication((ip, port), data, _transaction_id(self)))
         )
         return out
 
@@ -628,18 +625,22 @@ class TurnEngine:
         self, msg: codec.Message, client: Address, now: float, out: list[Effect]
     ) -> None:
         """RFC 8656 §10.2: forward DATA if a permission exists; otherwise drop silently."""
-        alloc = self.allocations.get(client)
         peer = msg.attributes.get("XOR-PEER-ADDRESS")
         data = msg.attributes.get("DATA")
-        if alloc is None or peer is None or data is None:
+        if peer is None or data is None:
             self.stats_dropped += 1
             return
-        ip, port = peer[0], peer[1]
-        expires = alloc.permissions.get(ip)
-        if expires is None or expires <= now or not self.policies.peers.admits(ip, port):
+        self._relay_to_peer(client, (peer[0], peer[1]), data, now, out)
+
+    def _relay_to_peer(
+        self, client: Address, peer: Address, data: bytes, now: float, out: list[Effect]
+    ) -> None:
+        alloc = self.allocations.get(client)
+        expires = alloc.permissions.get(peer[0]) if alloc is not None else None
+        if expires is None or expires <= now or not self.policies.peers.admits(peer[0], peer[1]):
             self.stats_dropped += 1
             return
-        out.append(SendToPeer(client, (ip, port), data))
+        out.append(SendToPeer(client, peer, data))
 
     def _channel_data(self, data: bytes, client: Address, out: list[Effect]) -> None:
         parsed = codec.parse_channel_data(data)
