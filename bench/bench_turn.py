@@ -5,7 +5,8 @@ messages (`-m 10 -c -z 0 -l 100`) to `turnutils_peer`, as in reference/perf-anch
 figure of merit is server CPU per relayed packet (utime+stime of the server's process tree from
 /proc, before and after, divided by 2x echoed messages since every round trip is forwarded twice).
 Runs alternate coturn / stunnerd so drift hits both. A second scenario measures allocations: many
-short sessions (`-m 100 -n 1`), reported as server CPU per allocation and allocations per second.
+short sessions (`-m 100 -n 1`), reported as server CPU per allocation and allocations per second;
+a paced media-like load and a Send/Data indication flood complete the picture.
 Everything binds 127.0.0.1; every run is bounded in messages and in time.
 """
 
@@ -147,6 +148,7 @@ def parse_uclient(output: str) -> tuple[int, int, float]:
     return sent, received, float(lost.group(1)) if lost else float("nan")
 
 
+INDICATION_MESSAGES = 5000
 PACED_SESSIONS = 40
 PACED_INTERVAL_MS = 10
 PACED_MESSAGES = 500
@@ -244,6 +246,15 @@ def main() -> None:
             for _ in range(ROUNDS):
                 for name, (pid, port) in servers.items():
                     paced_runs[name].append(flood(name, pid, port, peer_port, paced_args))
+            indication_args = [
+                "-s", "-m", str(SESSIONS), "-c", "-z", "0", "-n", str(INDICATION_MESSAGES),
+                "-l", "100",
+            ]  # fmt: skip
+            indications = {
+                name: flood(name, pid, port, peer_port, indication_args)
+                for name, (pid, port) in servers.items()
+                if name != "no-gso"
+            }
             alloc = {
                 name: allocations(pid, port, peer_port) for name, (pid, port) in servers.items()
             }
@@ -283,6 +294,16 @@ def main() -> None:
     plain_ratio = paced["no-gso"] / paced["coturn"]
     print(f"RATIO paced cpu_per_packet stunnerd/coturn = {paced_ratio:.2f}")
     print(f"RATIO paced cpu_per_packet stunnerd(no GSO)/coturn = {plain_ratio:.2f}")
+    print(
+        f"Send/Data indications: uclient -s -m {SESSIONS} -c -z 0 -l 100 -n {INDICATION_MESSAGES}"
+    )
+    for name, r in indications.items():
+        print(
+            f"{name:<9} {r.round_trips:>11} {r.lost_pct:>7.3f} {r.rt_per_s:>9.0f} "
+            f"{r.cpu_s:>7.2f} {r.us_per_packet:>7.2f}"
+        )
+    ind_ratio = indications["stunnerd"].us_per_packet / indications["coturn"].us_per_packet
+    print(f"RATIO indications cpu_per_packet stunnerd/coturn = {ind_ratio:.2f}")
     print(
         f"allocations: uclient -m {ALLOC_SESSIONS} -c -n 1 (allocate, bind, 1 echo each); "
         "uclient paces its sessions, so allocations/s mostly measures uclient and the CPU "
