@@ -3,10 +3,11 @@
 A `Listener` wraps one `TurnEngine`. Everything the engine decides arrives as effects, which
 `apply` carries out: send to a client, send to a peer through the allocation's relay socket, open
 or close a relay, and install or remove *channel routes*. Routes are the hot path (ChannelData,
-RFC 8656 §12): the client-side table maps (client address, channel) to the relay's `sendto` and the
+RFC 8656 §12): the client-side table maps (client address, channel) to the relay socket and the
 peer; each relay maps a peer address to its channel number. A datagram that hits a route is
-forwarded with two dict lookups and no parsing, no logging, no task; anything else goes to the
-engine. The engine's `next_deadline()` arms a single `call_at` timer per listener.
+forwarded with one dict lookup and no parsing, no logging, no task, through the shared
+`SendBatcher` (UDP GSO for bursts); anything else goes to the engine. The engine's
+`next_deadline()` arms a single `call_at` timer per listener.
 
 Subclasses provide the client transport: UDP here, TCP/TLS in `stream.py`, DTLS in `dtls.py`.
 """
