@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 NONCE_LIFETIME_S = 3600.0
+_CACHE_MAX = 4096
 
 
 def long_term_key(username: str, realm: str, password: str) -> bytes:
@@ -88,14 +89,25 @@ class EphemeralAuthenticator:
         mac = hmac.new(self.secret.encode(), username.encode(), hashlib.sha1).digest()
         return base64.b64encode(mac).decode()
 
+    _keys: dict[str, tuple[int, Credential]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
     def lookup(self, username: str, unix_now: float) -> Credential | None:
-        parsed = parse_ephemeral_username(username)
-        if parsed is None:
+        cached = self._keys.get(username)  # every request of a session repeats the derivation
+        if cached is None:
+            parsed = parse_ephemeral_username(username)
+            if parsed is None:
+                return None
+            expiry, user_id = parsed
+            key = long_term_key(username, self.realm, self.password(username))
+            cached = (expiry, Credential(user_id, key))
+            if len(self._keys) >= _CACHE_MAX:
+                self._keys.clear()
+            self._keys[username] = cached
+        if cached[0] < int(unix_now):
             return None
-        expiry, user_id = parsed
-        if expiry < int(unix_now):
-            return None
-        return Credential(user_id, long_term_key(username, self.realm, self.password(username)))
+        return cached[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,13 +191,14 @@ _NONCE_TS = struct.Struct("!Q")
 class NonceMint:
     """Nonces = hex(issue time) + truncated HMAC; valid for `lifetime_s`, never from the future."""
 
-    __slots__ = ("_secret", "lifetime_s")
+    __slots__ = ("_secret", "_verified", "lifetime_s")
 
     def __init__(self, secret: bytes, lifetime_s: float = NONCE_LIFETIME_S) -> None:
         if len(secret) < 16:
             raise ValueError("nonce secret must be at least 16 bytes")
         self._secret = secret
         self.lifetime_s = lifetime_s
+        self._verified: dict[bytes, float] = {}  # nonce -> issue time, once its MAC checked out
 
     def _mac(self, stamp: bytes) -> str:
         return hmac.new(self._secret, stamp, hashlib.sha256).hexdigest()[:24]
@@ -195,13 +208,18 @@ class NonceMint:
         return (stamp.hex() + self._mac(stamp)).encode()
 
     def valid(self, nonce: bytes, now: float) -> bool:
-        if len(nonce) != 40:
-            return False
-        try:
-            stamp = bytes.fromhex(nonce[:16].decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
-            return False
-        if not hmac.compare_digest(self._mac(stamp).encode(), nonce[16:]):
-            return False
-        issued = int.from_bytes(stamp, "big") / 1000
+        issued = self._verified.get(nonce)
+        if issued is None:
+            if len(nonce) != 40:
+                return False
+            try:
+                stamp = bytes.fromhex(nonce[:16].decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                return False
+            if not hmac.compare_digest(self._mac(stamp).encode(), nonce[16:]):
+                return False
+            issued = int.from_bytes(stamp, "big") / 1000
+            if len(self._verified) >= _CACHE_MAX:
+                self._verified.clear()
+            self._verified[nonce] = issued
         return issued <= now + 1.0 and now - issued < self.lifetime_s
