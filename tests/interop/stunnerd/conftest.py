@@ -49,8 +49,25 @@ def udp_echo_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         break
     log = tmp_path_factory.mktemp("peer") / "peer.log"
     proc = ServerProcess([binary, "-L", "127.0.0.1", "-p", str(port)], log_path=log)
-    time.sleep(0.2)
-    if not proc.alive():
-        pytest.fail(f"turnutils_peer did not start: {proc.output()}")
-    yield port
-    proc.stop()
+    try:
+        wait_for_echo(port, proc)
+        yield port
+    finally:
+        proc.stop()
+
+
+def wait_for_echo(port: int, proc: ServerProcess, timeout_s: float = 10.0) -> None:
+    """Block until the peer echoes a probe datagram (or fail with its output)."""
+    deadline = time.monotonic() + timeout_s
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.settimeout(0.1)
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                pytest.fail(f"turnutils_peer exited: {proc.output()}")
+            probe.sendto(b"probe", ("127.0.0.1", port))
+            try:
+                if probe.recv(64) == b"probe":
+                    return
+            except OSError:
+                continue
+    pytest.fail(f"turnutils_peer does not echo on port {port}: {proc.output()}")
