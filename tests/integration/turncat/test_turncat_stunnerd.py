@@ -193,6 +193,23 @@ async def test_peer_outside_every_cluster_is_forbidden_with_exit_code_4(tmp_path
         assert echo.protocol.received == 0
 
 
+async def test_peer_on_an_admitted_ip_but_a_port_outside_the_range_exits_4(
+    tmp_path: Path,
+) -> None:
+    port = free_udp_tcp_port()
+    async with udp_echo() as echo:
+        other = echo.port + 1 if echo.port < 65535 else echo.port - 1
+        path, n = config_file(tmp_path, port, [f"127.0.0.1/32:<{other}-{other}>"])
+        async with stunnerd("-c", str(path), listeners=n):
+            for transport in ("udp", "tcp"):
+                rc, err = await run_turncat(udp_local(), uri(port, transport), echo.url)
+                assert rc == 4, err
+                last = err.strip().splitlines()[-1]
+                assert last.startswith("turncat: peer 127.0.0.1:")
+                assert "403" in last
+        assert echo.protocol.received == 0
+
+
 async def test_peer_admitted_by_a_port_range_cluster_is_relayed(tmp_path: Path) -> None:
     port = free_udp_tcp_port()
     async with udp_echo() as echo:

@@ -551,6 +551,24 @@ def test_admitted_ip_with_port_outside_range_gets_permission_but_no_data() -> No
     assert engine.handle_client(send_indication(PEER, b"x"), client.addr, T0) != []
 
 
+def test_channel_bind_to_an_admitted_ip_on_a_port_outside_every_range_gets_403() -> None:
+    engine, client = allocated(peers=only_10_0_0_0_slash_24_ports_7000_7999())
+    outside = ("10.0.0.5", 8000)
+    reply = client.request(
+        stun.Method.CHANNEL_BIND, {"XOR-PEER-ADDRESS": outside, "CHANNEL-NUMBER": 0x4000}
+    )
+    assert code(reply) == 403
+    alloc = engine.allocations[client.addr]
+    assert alloc.channels == {}
+    assert alloc.permissions == {}
+    inside = ("10.0.0.5", 7500)
+    reply = client.request(
+        stun.Method.CHANNEL_BIND, {"XOR-PEER-ADDRESS": inside, "CHANNEL-NUMBER": 0x4000}
+    )
+    assert reply.message_class == stun.Class.RESPONSE
+    assert 0x4000 in alloc.channels
+
+
 # --------------------------------------------------------------------------- channels
 
 
@@ -636,12 +654,6 @@ def test_channel_expires_after_600_seconds_without_refresh() -> None:
     effects = engine.tick(T0 + CHANNEL_LIFETIME_S)
     assert routes(effects) == [fx.ChannelRouteRemoved(client.addr, 0x4001, PEER)]
     assert engine.allocations[client.addr].channels == {}
-
-
-def test_peer_outside_the_port_range_gets_a_channel_but_no_route() -> None:
-    _engine, client = allocated(peers=only_10_0_0_0_slash_24_ports_7000_7999())
-    assert bind(client, ("10.0.0.5", 8000), 0x4001).message_class == stun.Class.RESPONSE
-    assert routes(client.log) == []
 
 
 def test_swapping_the_peer_policy_removes_and_restores_routes_of_live_allocations() -> None:

@@ -609,7 +609,9 @@ class TurnEngine:
         if other is not None and other.number != number:
             self._fail(req, 400, "Peer already bound to another channel", now, out)
             return
-        if not self.policies.peers.admits_ip(peer[0]):
+        if not self.policies.peers.admits(peer[0], peer[1]):
+            # a channel names a transport address, so the port must fall in an admitting
+            # cluster's range too (CreatePermission carries no port and checks the IP only)
             self._fail(req, 403, "Forbidden (peer not admitted by any route)", now, out)
             return
         channel = existing or Channel(number, peer, 0.0)
