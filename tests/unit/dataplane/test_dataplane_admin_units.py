@@ -18,6 +18,7 @@ from stunnerd.admin.stats import (
 )
 from stunnerd.origin.backoff import Backoff
 from stunnerd.origin.base import ConfigOriginError, OriginSpec, parse_origin, resolve_id
+from stunnerd.workers.pool import WorkerPool
 
 
 @pytest.mark.parametrize(
@@ -166,3 +167,30 @@ def test_packet_and_byte_series_are_left_out_when_the_server_does_not_count_them
     merged = merge_snapshots([snap, StatsSnapshot()])
     assert merged.traffic_measured is False
     assert StatsSnapshot.from_dict(json.loads(json.dumps(snap.to_dict()))) == snap
+
+
+def test_a_dead_worker_reports_nothing_until_its_replacement_answers_but_keeps_traffic() -> None:
+    pool = WorkerPool(2)
+    traffic = TrafficStats(10, 1000, 8, 800)
+    for worker in pool.workers:
+        worker.stats = StatsSnapshot(
+            (ListenerStats("udp", allocations=1, connections=1, traffic=traffic),),
+            (ClusterStats("echo", traffic),),
+        )
+    assert pool.stats().listener("udp").connections == 2
+
+    pool._retire(pool.workers[0])  # what the watchdog does when worker 0 exits
+
+    after = pool.stats()
+    assert after.listener("udp").connections == 1
+    assert after.allocations == 1
+    assert after.listener("udp").traffic == traffic + traffic
+    assert after.clusters == (ClusterStats("echo", traffic + traffic),)
+    assert pool.workers[0].stats == StatsSnapshot()
+
+
+def test_a_listener_no_live_worker_serves_is_not_reported_from_retired_traffic() -> None:
+    pool = WorkerPool(1)
+    pool.workers[0].stats = StatsSnapshot((ListenerStats("gone", traffic=TrafficStats(1, 1)),))
+    pool._retire(pool.workers[0])
+    assert pool.stats().listeners == ()

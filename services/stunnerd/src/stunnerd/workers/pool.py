@@ -6,6 +6,12 @@ the workers by 5-tuple hash (a client always lands on the same worker, so its al
 there). A config is applied to every worker; if any worker fails, the workers that took it are
 sent the previous config again, so they never disagree for longer than one apply. A worker that
 dies is restarted with the config in force. Counters come from a `stats` request to each worker.
+
+A dead worker's last snapshot must not stand in for its replacement: until the new process has
+taken the config and answered a `stats` request, it reports nothing (no listeners, no
+connections), so `/status` never shows a listener as served by a worker that has not bound it
+yet. The dead worker's packet and byte counts are kept aside and still summed, so the traffic
+counters do not go back.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import sys
 from typing import Any
 
 from stunner_common.config import StunnerConfig
-from stunnerd.admin.stats import StatsSnapshot, merge_snapshots
+from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, merge_snapshots
 from stunnerd.workers.base import ApplyOutcome
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 
@@ -137,6 +143,7 @@ class WorkerPool:
         if count < 1:
             raise ValueError("a worker pool needs at least one worker")
         self.workers = [Worker(i, bind_host, log_spec) for i in range(count)]
+        self.retired = StatsSnapshot()  # traffic counted by workers that have since died
         self.running: StunnerConfig | None = None
         self._lock = asyncio.Lock()
         self._watchdog: asyncio.Task[None] | None = None
@@ -160,6 +167,7 @@ class WorkerPool:
             for worker in self.workers:
                 if worker.exited.is_set() and not self._closing:
                     log.error("worker %d (pid %s) exited; restarting it", worker.index, worker.pid)
+                    self._retire(worker)
                     await worker.stop()
                     await asyncio.sleep(WORKER_RESTART_DELAY_S)
                     await worker.start()
@@ -200,8 +208,25 @@ class WorkerPool:
                 started=tuple((str(n), int(p)) for n, p in first.get("started") or ()),
             )
 
+    def _retire(self, worker: Worker) -> None:
+        """Forget a dead worker's gauges; keep its traffic in `retired`."""
+        gone = worker.stats
+        worker.stats = StatsSnapshot()
+        traffic_only = StatsSnapshot(
+            tuple(ListenerStats(x.name, traffic=x.traffic) for x in gone.listeners),
+            tuple(ClusterStats(c.name, c.traffic) for c in gone.clusters),
+        )
+        self.retired = merge_snapshots((self.retired, traffic_only))
+
     def stats(self) -> StatsSnapshot:
-        return merge_snapshots(w.stats for w in self.workers)
+        live = [w.stats for w in self.workers]
+        merged = merge_snapshots((*live, self.retired))
+        serving = {x.name for snap in live for x in snap.listeners}
+        return StatsSnapshot(
+            tuple(x for x in merged.listeners if x.name in serving),
+            merged.clusters,
+            all(snap.traffic_measured for snap in live),
+        )
 
     def worker_status(self) -> list[dict[str, Any]]:
         """Per-worker process ids and allocation counts (from the last refresh)."""
@@ -217,6 +242,8 @@ class WorkerPool:
             except WorkerError as exc:
                 log.warning("%s", exc)
                 return
+            if worker.exited.is_set():
+                return  # the answer of a process that is gone (the watchdog retires it)
             worker.stats = StatsSnapshot.from_dict(reply.get("stats") or {})
 
         await asyncio.gather(*(one(w) for w in self.workers))
