@@ -72,7 +72,7 @@ async def test_peer_outside_every_route_gets_403_and_nothing_is_relayed(
         assert peer.sources == []
 
 
-async def test_peer_port_outside_the_range_is_permitted_but_packets_are_dropped(
+async def test_peer_port_outside_the_range_gets_a_permission_but_no_channel_and_no_data(
     no_leaked_tasks: None,
 ) -> None:
     async with echo_peer() as (peer, peer_addr):
@@ -81,9 +81,17 @@ async def test_peer_port_outside_the_range_is_permitted_but_packets_are_dropped(
         async with running_server(config), UdpTurnClient(server_addr(config)) as client:
             await client.allocate()
             reply = await client.request(
+                stun.Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": peer_addr}
+            )
+            assert reply.message_class == stun.Class.RESPONSE  # permissions are per IP
+            reply = await client.request(
                 stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4001, "XOR-PEER-ADDRESS": peer_addr}
             )
-            assert reply.message_class == stun.Class.RESPONSE
+            assert reply.error_code == 403
+            indication = stun.Message(stun.Method.SEND, stun.Class.INDICATION)
+            indication.attributes["XOR-PEER-ADDRESS"] = peer_addr
+            indication.attributes["DATA"] = b"x"
+            client.send_raw(bytes(indication))
             client.send_raw(channel_data(0x4001, b"x"))
             assert await client.nothing_arrives()
             assert peer.sources == []

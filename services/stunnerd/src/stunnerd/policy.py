@@ -112,6 +112,16 @@ class RoutePeerPolicy:
             self._remember(key, hit)
         return hit
 
+    def cluster_of(self, ip: str, port: int) -> str | None:
+        """The first routed UDP cluster that admits (ip, port): whose counters its traffic feeds.
+
+        Asked when a channel route is installed, and per datagram only on the slow path.
+        """
+        for c in self.clusters:
+            if c.protocol == "UDP" and c.matches(ip, port):
+                return c.name
+        return None
+
     def _remember(self, key: tuple[str, int], value: bool) -> None:
         if len(self._memo) >= _CACHE_MAX:
             self._memo.clear()

@@ -16,7 +16,6 @@ import hashlib
 import hmac
 import logging
 import os
-import socket
 from typing import Any
 
 from cryptography import x509
@@ -29,7 +28,7 @@ from stunnerd.net.listener import (
     ClosingDatagramProtocol,
     Listener,
     SendTo,
-    tune_udp_socket,
+    open_listener_socket,
 )
 
 log = logging.getLogger(__name__)
@@ -176,6 +175,9 @@ class DtlsListenerProtocol(ClosingDatagramProtocol):
         self.listener = listener
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
+        counts = self.listener.traffic
+        counts[0] += 1
+        counts[1] += len(data)
         session = self.listener.sessions.get(addr)
         if session is None:
             if data and data[0] == _RECORD_HANDSHAKE:
@@ -204,23 +206,19 @@ class DtlsListener(Listener):
         self.sendto: SendTo | None = None
 
     async def start(self) -> None:
-        family = socket.AF_INET6 if ":" in self.spec.bind_host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_DGRAM)
-        try:
-            sock.setblocking(False)
-            if self.spec.reuse_port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((self.spec.bind_host, self.spec.port))
-            tune_udp_socket(sock)
-            transport, protocol = await self.loop.create_datagram_endpoint(
-                lambda: DtlsListenerProtocol(self), sock=sock
-            )
-            self.protocol = protocol
-        except BaseException:
-            sock.close()
-            raise
+        _sock, transport, self.protocol = await open_listener_socket(
+            self.loop, self.spec, lambda: DtlsListenerProtocol(self)
+        )
         self.transport = transport
-        self.sendto = transport.sendto
+        raw_sendto = transport.sendto
+        counts = self.traffic
+
+        def sendto(data: bytes, addr: Any) -> None:
+            counts[2] += 1
+            counts[3] += len(data)
+            raw_sendto(data, addr)
+
+        self.sendto = sendto
 
     def rotate_certificate(self, pair: TlsPair) -> bool:
         """New sessions use the new certificate; established ones keep theirs."""
@@ -290,6 +288,9 @@ class DtlsListener(Listener):
             if route is not None:
                 n = (record[2] << 8) | record[3]
                 if n <= len(record) - 4:
+                    counts = route[2]
+                    counts[2] += 1
+                    counts[3] += n
                     self.batcher.send(route[0], record[4 : 4 + n], route[1])
                     return
         self.client_slow_path(record, client)

@@ -9,6 +9,12 @@ forwarded with one dict lookup and no parsing, no logging, no task, through the 
 `SendBatcher` (UDP GSO for bursts); anything else goes to the engine. The engine's
 `next_deadline()` arms a single `call_at` timer per listener.
 
+Traffic counters are plain lists of four ints (`Traffic`: rx packets, rx bytes, tx packets, tx
+bytes), one per listener and one per cluster, owned by the `TurnServer` so they survive listener
+restarts. A route carries the list of the cluster that admitted its peer, resolved once when the
+route is installed, so counting costs a few integer additions per datagram: no lookup by name,
+no allocation, no lock (each worker process counts its own; the supervisor sums them).
+
 Subclasses provide the client transport: UDP here, TCP/TLS in `stream.py`, DTLS in `dtls.py`.
 """
 
@@ -21,7 +27,7 @@ import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from stunner_common.config import TlsPair
 from stunnerd.net.batch import SendBatcher
@@ -33,6 +39,8 @@ log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
 SendTo = Callable[[bytes, Any], None]
+Traffic = list[int]  # [rx packets, rx bytes, tx packets, tx bytes]
+RX_PKTS, RX_BYTES, TX_PKTS, TX_BYTES = 0, 1, 2, 3
 _CHANNEL_HEADER = struct.Struct("!HH").pack
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 EVEN_PORT_ATTEMPTS = 64
@@ -58,6 +66,10 @@ def tune_udp_socket(sock: socket.socket) -> None:
             sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
 
 
+def new_traffic() -> Traffic:
+    return [0, 0, 0, 0]
+
+
 def _wire_forms(addr: Address) -> tuple[Any, ...]:
     """The address tuples asyncio hands us for `addr`: IPv6 sockets add flowinfo and scope id."""
     if ":" in addr[0]:
@@ -75,16 +87,21 @@ class DatagramRelayProtocol(asyncio.DatagramProtocol):
         self.client = client
         self.sock = sock  # the raw socket, for batched sends to peers
         self.client_send: SendTo = listener.client_sender(client)
-        self.peer_channels: dict[Any, int] = {}
+        # peer address -> (channel number, traffic counters of the peer's cluster)
+        self.peer_channels: dict[Any, tuple[int, Traffic]] = {}
         self.transport: asyncio.DatagramTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
-        channel = self.peer_channels.get(addr)
-        if channel is not None:
-            self.client_send(_CHANNEL_HEADER(channel, len(data)) + data, self.client)
+        hit = self.peer_channels.get(addr)
+        if hit is not None:
+            n = len(data)
+            counts = hit[1]
+            counts[0] += 1
+            counts[1] += n
+            self.client_send(_CHANNEL_HEADER(hit[0], n) + data, self.client)
             return
         self.listener.peer_slow_path(self.client, addr, data)
 
@@ -96,17 +113,25 @@ class DatagramRelayProtocol(asyncio.DatagramProtocol):
 class UdpRelayProtocol(DatagramRelayProtocol):
     """Relay whose client speaks plain UDP: ChannelData to the client goes through the batcher."""
 
-    __slots__ = ("client_sock", "send")
+    __slots__ = ("client_sock", "send", "traffic")
 
     def __init__(self, listener: Listener, client: Address, sock: socket.socket) -> None:
         super().__init__(listener, client, sock)
         self.send = listener.batcher.send
         self.client_sock: socket.socket = listener.sock  # type: ignore[attr-defined]
+        self.traffic = listener.traffic
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
-        channel = self.peer_channels.get(addr)
-        if channel is not None:
-            self.send(self.client_sock, _CHANNEL_HEADER(channel, len(data)) + data, self.client)
+        hit = self.peer_channels.get(addr)
+        if hit is not None:
+            n = len(data)
+            counts = hit[1]
+            counts[0] += 1
+            counts[1] += n
+            counts = self.traffic
+            counts[2] += 1
+            counts[3] += n + 4
+            self.send(self.client_sock, _CHANNEL_HEADER(hit[0], n) + data, self.client)
             return
         self.listener.peer_slow_path(self.client, addr, data)
 
@@ -117,11 +142,14 @@ class StreamRelayProtocol(DatagramRelayProtocol):
     __slots__ = ()
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
-        channel = self.peer_channels.get(addr)
-        if channel is not None:
+        hit = self.peer_channels.get(addr)
+        if hit is not None:
             n = len(data)
+            counts = hit[1]
+            counts[0] += 1
+            counts[1] += n
             pad = -n % 4
-            frame = _CHANNEL_HEADER(channel, n) + data
+            frame = _CHANNEL_HEADER(hit[0], n) + data
             self.client_send(frame + b"\x00" * pad if pad else frame, self.client)
             return
         self.listener.peer_slow_path(self.client, addr, data)
@@ -143,6 +171,8 @@ class Listener:
         loop: asyncio.AbstractEventLoop,
         clock_offset_s: float,
         batcher: SendBatcher | None = None,
+        traffic: Traffic | None = None,
+        cluster_traffic: dict[str, Traffic] | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -156,8 +186,13 @@ class Listener:
             clock_offset_s=clock_offset_s,
         )
         self.batcher = batcher if batcher is not None else SendBatcher(loop, enabled=False)
-        # (client address, channel) -> (relay socket, peer): the client → peer fast path
-        self.routes: dict[tuple[Any, int], tuple[socket.socket, Address]] = {}
+        self.traffic: Traffic = traffic if traffic is not None else new_traffic()
+        self.cluster_traffic: dict[str, Traffic] = (
+            cluster_traffic if cluster_traffic is not None else {}
+        )
+        self._unattributed = new_traffic()  # peers of a policy without named clusters
+        # (client address, channel) -> (relay socket, peer, cluster counters): client → peer
+        self.routes: dict[tuple[Any, int], tuple[socket.socket, Address, Traffic]] = {}
         self.relays: dict[Address, DatagramRelayProtocol] = {}
         self.held_ports: dict[int, socket.socket] = {}  # reservations (EVEN-PORT with R)
         self._timer: asyncio.TimerHandle | None = None
@@ -194,6 +229,25 @@ class Listener:
 
     def set_policies(self, policies: Policies) -> None:
         self.apply(self.engine.set_policies(policies, self.loop.time()))
+        self._recount_routes()
+
+    def cluster_counts(self, peer: Address) -> Traffic:
+        """The counters of the cluster that admits `peer` (created on first use)."""
+        name = self.engine.policies.peers.cluster_of(peer[0], peer[1])
+        if name is None:
+            return self._unattributed
+        counts = self.cluster_traffic.get(name)
+        if counts is None:
+            counts = self.cluster_traffic[name] = new_traffic()
+        return counts
+
+    def _recount_routes(self) -> None:
+        """Routes that survive a policy change may now fall under another cluster."""
+        for key, (sock, peer, _old) in list(self.routes.items()):
+            self.routes[key] = (sock, peer, self.cluster_counts(peer))
+        for relay in self.relays.values():
+            for addr, (channel, _old) in list(relay.peer_channels.items()):
+                relay.peer_channels[addr] = (channel, self.cluster_counts((addr[0], addr[1])))
 
     def client_slow_path(self, data: bytes, client: Any) -> None:
         """Everything that is not a routed ChannelData frame goes through the engine."""
@@ -206,12 +260,17 @@ class Listener:
             self.apply(effects)
 
     def peer_slow_path(self, client: Address, peer: Any, data: bytes) -> None:
+        addr = (peer[0], peer[1])
         try:
-            effects = self.engine.handle_peer(client, (peer[0], peer[1]), data, self.loop.time())
+            effects = self.engine.handle_peer(client, addr, data, self.loop.time())
         except Exception:
             log.exception("listener %s: engine failed on a peer datagram", self.name)
             return
         if effects:
+            if any(isinstance(e, fx.SendToClient) for e in effects):  # admitted and relayed
+                counts = self.cluster_counts(addr)
+                counts[RX_PKTS] += 1
+                counts[RX_BYTES] += len(data)
             self.apply(effects)
 
     def client_closed(self, client: Address) -> None:
@@ -226,6 +285,9 @@ class Listener:
                 case fx.SendToPeer():
                     relay = self.relays.get(effect.client)
                     if relay is not None and relay.transport is not None:
+                        counts = self.cluster_counts(effect.peer)
+                        counts[TX_PKTS] += 1
+                        counts[TX_BYTES] += len(effect.data)
                         self.batcher.send(relay.sock, effect.data, effect.peer)
                 case fx.ChannelRouteAdded():
                     self._route_added(effect)
@@ -265,11 +327,12 @@ class Listener:
         relay = self.relays.get(effect.client)
         if relay is None or relay.transport is None:
             return
-        route = (relay.sock, effect.peer)
+        counts = self.cluster_counts(effect.peer)
+        route = (relay.sock, effect.peer, counts)
         for client in _wire_forms(effect.client):
             self.routes[(client, effect.channel)] = route
         for peer in _wire_forms(effect.peer):
-            relay.peer_channels[peer] = effect.channel
+            relay.peer_channels[peer] = (effect.channel, counts)
 
     def _route_removed(self, effect: fx.ChannelRouteRemoved) -> None:
         for client in _wire_forms(effect.client):
@@ -419,23 +482,54 @@ class ClosingDatagramProtocol(asyncio.DatagramProtocol):
                 await asyncio.shield(self.closed)
 
 
+_P = TypeVar("_P", bound="ClosingDatagramProtocol")
+
+
+async def open_listener_socket(
+    loop: asyncio.AbstractEventLoop, spec: ListenerSpec, factory: Callable[[], _P]
+) -> tuple[socket.socket, asyncio.DatagramTransport, _P]:
+    """Bind the UDP socket of a TURN-UDP or TURN-DTLS listener (shared with the other workers
+    when `reuse_port`) and wrap it in a datagram endpoint; the socket is closed on failure."""
+    family = socket.AF_INET6 if ":" in spec.bind_host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.setblocking(False)
+        if spec.reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((spec.bind_host, spec.port))
+        tune_udp_socket(sock)
+        transport, protocol = await loop.create_datagram_endpoint(factory, sock=sock)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, transport, protocol
+
+
 class UdpListenerProtocol(ClosingDatagramProtocol):
     """TURN-UDP: routed ChannelData is forwarded right here; the rest goes to the engine."""
 
-    __slots__ = ("routes", "send", "slow_path")
+    __slots__ = ("routes", "send", "slow_path", "traffic")
 
     def __init__(self, listener: UdpListener) -> None:
         super().__init__()
         self.routes = listener.routes
         self.send = listener.batcher.send
         self.slow_path = listener.client_slow_path
+        self.traffic = listener.traffic
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
-        if len(data) >= 4 and 0x40 <= data[0] <= 0x7F:
+        size = len(data)
+        counts = self.traffic
+        counts[0] += 1
+        counts[1] += size
+        if size >= 4 and 0x40 <= data[0] <= 0x7F:
             route = self.routes.get((addr, (data[0] << 8) | data[1]))
             if route is not None:
                 n = (data[2] << 8) | data[3]
-                if n <= len(data) - 4:
+                if n <= size - 4:
+                    counts = route[2]
+                    counts[2] += 1
+                    counts[3] += n
                     self.send(route[0], data[4 : 4 + n], route[1])
                     return
         self.slow_path(data, addr)
@@ -457,20 +551,9 @@ class UdpListener(Listener):
         self._sendto: SendTo | None = None
 
     async def start(self) -> None:
-        family = socket.AF_INET6 if ":" in self.spec.bind_host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_DGRAM)
-        try:
-            sock.setblocking(False)
-            if self.spec.reuse_port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((self.spec.bind_host, self.spec.port))
-            tune_udp_socket(sock)
-            transport, protocol = await self.loop.create_datagram_endpoint(
-                lambda: UdpListenerProtocol(self), sock=sock
-            )
-        except BaseException:
-            sock.close()
-            raise
+        sock, transport, protocol = await open_listener_socket(
+            self.loop, self.spec, lambda: UdpListenerProtocol(self)
+        )
         self.protocol = protocol
         self.transport = transport
         self.sock = sock
@@ -488,6 +571,9 @@ class UdpListener(Listener):
 
     def send_to_client(self, client: Address, data: bytes) -> None:
         if self._sendto is not None:
+            counts = self.traffic
+            counts[TX_PKTS] += 1
+            counts[TX_BYTES] += len(data)
             self._sendto(data, client)
 
     async def _close_transport(self) -> None:

@@ -20,7 +20,7 @@ import time
 from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
 from stunnerd.net.batch import SendBatcher, gso_supported
 from stunnerd.net.dtls import DtlsListener
-from stunnerd.net.listener import Listener, ListenerSpec, UdpListener
+from stunnerd.net.listener import Listener, ListenerSpec, Traffic, UdpListener, new_traffic
 from stunnerd.net.stream import StreamListener
 from stunnerd.policy import DnsCache, dns_names, policies_for
 from stunnerd.turn.engine import Policies
@@ -73,6 +73,10 @@ class TurnServer:
         self._batcher: SendBatcher | None = None
         self.usage = usage if usage is not None else UserUsage()
         self.listeners: dict[str, Listener] = {}
+        # Traffic counters by listener and by cluster name; kept here so that a restarted
+        # listener keeps counting where it left off (Prometheus counters must not go back).
+        self.listener_traffic: dict[str, Traffic] = {}
+        self.cluster_traffic: dict[str, Traffic] = {}
         self.dns = DnsCache()
         self._dns_task: asyncio.Task[None] | None = None
         self._config: StunnerConfig | None = None
@@ -228,6 +232,8 @@ class TurnServer:
                 loop=loop,
                 clock_offset_s=time.time() - loop.time(),
                 batcher=self._batcher,
+                traffic=self.listener_traffic.setdefault(spec.name, new_traffic()),
+                cluster_traffic=self.cluster_traffic,
             )
         except Exception as exc:
             raise ListenerError(f"listener {spec.name}: {exc}") from exc

@@ -55,6 +55,7 @@ class StreamClientProtocol(asyncio.Protocol):
     def __init__(self, listener: StreamListener) -> None:
         self.listener = listener
         self.routes = listener.routes
+        self.traffic = listener.traffic
         self.transport: asyncio.Transport | None = None
         self.client: Address = ("", 0)
         self.buf = bytearray()
@@ -88,6 +89,9 @@ class StreamClientProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.active = True
+        counts = self.traffic
+        counts[0] += 1  # upstream counts reads on streams, not frames
+        counts[1] += len(data)
         buf = self.buf
         buf += data
         offset = 0
@@ -110,6 +114,9 @@ class StreamClientProtocol(asyncio.Protocol):
                 route = routes.get((client, (first << 8) | buf[offset + 1]))
                 if route is not None:
                     n = (buf[offset + 2] << 8) | buf[offset + 3]
+                    counts = route[2]
+                    counts[2] += 1
+                    counts[3] += n
                     send(route[0], bytes(buf[offset + 4 : offset + 4 + n]), route[1])
                     offset += size
                     continue
@@ -124,6 +131,9 @@ class StreamClientProtocol(asyncio.Protocol):
 
     def send(self, data: bytes, _client: Any = None) -> None:
         if not self.paused and self.transport is not None:
+            counts = self.traffic
+            counts[2] += 1
+            counts[3] += len(data)
             self.transport.write(data)
 
     def pause_writing(self) -> None:

@@ -132,6 +132,10 @@ class PeerPolicy(Protocol):
         """May a datagram flow to or from this transport address?"""
         ...
 
+    def cluster_of(self, ip: str, port: int) -> str | None:
+        """The name of the cluster that admits this transport address, for traffic counters."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class AllowAllPeers:
@@ -140,6 +144,9 @@ class AllowAllPeers:
 
     def admits(self, ip: str, port: int) -> bool:
         return True
+
+    def cluster_of(self, ip: str, port: int) -> str | None:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +161,9 @@ class PredicatePeerPolicy:
 
     def admits(self, ip: str, port: int) -> bool:
         return self.addr_predicate(ip, port)
+
+    def cluster_of(self, ip: str, port: int) -> str | None:
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 
 from stunner_common.config import StunnerConfig
-from stunnerd.admin.stats import ListenerStats, StatsSnapshot
+from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, TrafficStats
 from stunnerd.net.server import TurnServer
 from stunnerd.reconcile.reconciler import ReconcileError, Reconciler
 from stunnerd.turn.policies import UserQuota
@@ -59,6 +59,8 @@ class LocalDataplane:
         )
 
     def stats(self) -> StatsSnapshot:
+        """Counts of the running listeners; clusters once they have carried a datagram."""
+        server = self.server
         return StatsSnapshot(
             tuple(
                 ListenerStats(
@@ -66,10 +68,15 @@ class LocalDataplane:
                     allocations=lst.allocation_count,
                     connections=lst.connections,
                     connections_total=lst.connections_total,
+                    traffic=TrafficStats(*server.listener_traffic.get(name, (0, 0, 0, 0))),
                 )
-                for name, lst in sorted(self.server.listeners.items())
+                for name, lst in sorted(server.listeners.items())
             ),
-            traffic_measured=False,
+            tuple(
+                ClusterStats(name, TrafficStats(*counts))
+                for name, counts in sorted(server.cluster_traffic.items())
+                if counts[0] or counts[2]
+            ),
         )
 
     async def refresh(self) -> None:
