@@ -348,3 +348,30 @@ async def test_a_silent_tcp_connection_without_allocation_is_closed(
         finally:
             writer.close()
             await writer.wait_closed()
+
+
+async def test_routed_channel_data_is_counted_exactly_on_the_listener_and_the_cluster(
+    no_leaked_tasks: None,
+) -> None:
+    config = make_config()
+    async with (
+        running_server(config) as server,
+        echo_peer() as (_peer, peer_addr),
+        UdpTurnClient(server_addr(config)) as client,
+    ):
+        await client.allocate()
+        await client.request(
+            stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": peer_addr}
+        )
+        listener_before = list(server.listener_traffic["turn-udp"])
+        assert server.cluster_traffic.get("loopback", [0, 0, 0, 0]) == [0, 0, 0, 0]
+        sizes = [1, 10, 100, 1000]
+        for size in sizes:
+            frame = channel_data(0x4000, bytes(size))
+            client.send_raw(frame)
+            assert await client.recv_raw() == frame
+        n, payload = len(sizes), sum(sizes)
+        assert server.cluster_traffic["loopback"] == [n, payload, n, payload]
+        rx_p, rx_b, tx_p, tx_b = server.listener_traffic["turn-udp"]
+        assert (rx_p - listener_before[0], rx_b - listener_before[1]) == (n, payload + 4 * n)
+        assert (tx_p - listener_before[2], tx_b - listener_before[3]) == (n, payload + 4 * n)

@@ -137,3 +137,22 @@ def test_auth_type_selects_the_authenticator(auth: dict[str, object], kind: str)
     cfg = parse_config({"version": "v1", "auth": auth, "listeners": [{"name": "l"}]})
     authenticator = policies_for(cfg.listeners[0], cfg).authenticator
     assert type(authenticator).__name__ == f"{kind}Authenticator"
+
+
+def test_traffic_is_attributed_to_the_first_routed_udp_cluster_that_admits_the_peer() -> None:
+    cfg = config(
+        [
+            {"name": "tcp", "protocol": "TCP", "endpoints": ["10.0.0.0/8"]},
+            {"name": "media", "endpoints": ["10.0.0.0/24:<10000-20000>"]},
+            {"name": "wide", "endpoints": ["10.0.0.0/8"]},
+            {"name": "dns", "type": "STRICT_DNS", "endpoints": ["media.example.com"]},
+        ],
+        ["tcp", "media", "wide", "dns"],
+    )
+    dns = DnsCache()
+    peers = policies_for(cfg.listeners[0], cfg, dns).peers  # type: ignore[attr-defined]
+    assert peers.cluster_of("10.0.0.7", 15000) == "media"
+    assert peers.cluster_of("10.0.0.7", 9999) == "wide"
+    assert peers.cluster_of("192.168.1.1", 15000) is None
+    assert dns.update("media.example.com", {"192.168.1.1"})
+    assert peers.cluster_of("192.168.1.1", 15000) == "dns"  # a DNS change clears the memo

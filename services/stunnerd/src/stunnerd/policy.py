@@ -88,10 +88,14 @@ class RoutePeerPolicy:
     dns: DnsCache | None = None
     _memo: dict[tuple[str, int], bool] = field(default_factory=dict, compare=False, repr=False)
     _memo_version: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)
+    _cluster_memo: dict[tuple[str, int], str | None] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def _check_version(self) -> None:
         if self.dns is not None and self.dns.version != self._memo_version[0]:
             self._memo.clear()
+            self._cluster_memo.clear()
             self._memo_version[0] = self.dns.version
 
     def admits_ip(self, ip: str) -> bool:
@@ -115,12 +119,21 @@ class RoutePeerPolicy:
     def cluster_of(self, ip: str, port: int) -> str | None:
         """The first routed UDP cluster that admits (ip, port): whose counters its traffic feeds.
 
-        Asked when a channel route is installed, and per datagram only on the slow path.
+        Asked when a channel route is installed, and per datagram on the indication path, hence
+        memoised like `admits`.
         """
-        for c in self.clusters:
-            if c.protocol == "UDP" and c.matches(ip, port):
-                return c.name
-        return None
+        self._check_version()
+        key = (ip, port)
+        memo = self._cluster_memo
+        if key in memo:
+            return memo[key]
+        name = next(
+            (c.name for c in self.clusters if c.protocol == "UDP" and c.matches(ip, port)), None
+        )
+        if len(memo) >= _CACHE_MAX:
+            memo.clear()
+        memo[key] = name
+        return name
 
     def _remember(self, key: tuple[str, int], value: bool) -> None:
         if len(self._memo) >= _CACHE_MAX:

@@ -266,11 +266,10 @@ class Listener:
         except Exception:
             log.exception("listener %s: engine failed on a peer datagram", self.name)
             return
-        if effects:
-            if any(isinstance(e, fx.SendToClient) for e in effects):  # admitted and relayed
-                counts = self.cluster_counts(addr)
-                counts[RX_PKTS] += 1
-                counts[RX_BYTES] += len(data)
+        if effects:  # only an admitted datagram yields effects (its Data indication)
+            counts = self.cluster_counts(addr)
+            counts[RX_PKTS] += 1
+            counts[RX_BYTES] += len(data)
             self.apply(effects)
 
     def client_closed(self, client: Address) -> None:
