@@ -107,7 +107,8 @@ class Worker:
             async with asyncio.timeout(timeout_s):
                 await self.proc.stdin.drain()
                 reply = await future
-        except (TimeoutError, ConnectionError) as exc:
+        except (TimeoutError, ConnectionError, RuntimeError) as exc:
+            # uvloop raises RuntimeError when the pipe of a process that just died is closed
             raise WorkerError(f"worker {self.index}: {message.get('op')} failed: {exc!r}") from exc
         finally:
             self._pending.pop(ident, None)
@@ -117,8 +118,10 @@ class Worker:
         proc = self.proc
         if proc is None:
             return
-        if proc.returncode is None and proc.stdin is not None:
-            with contextlib.suppress(ConnectionError):
+        if proc.returncode is None and proc.stdin is not None and not proc.stdin.is_closing():
+            # The process may have died a moment ago: its pipe can be closed under us (uvloop
+            # then raises RuntimeError, asyncio a ConnectionError).
+            with contextlib.suppress(ConnectionError, RuntimeError):
                 proc.stdin.write(encode({"op": "close"}))
                 proc.stdin.close()
         try:
@@ -168,14 +171,22 @@ class WorkerPool:
                 if worker.exited.is_set() and not self._closing:
                     log.error("worker %d (pid %s) exited; restarting it", worker.index, worker.pid)
                     self._retire(worker)
-                    await worker.stop()
-                    await asyncio.sleep(WORKER_RESTART_DELAY_S)
-                    await worker.start()
-                    async with self._lock:
-                        if self.running is not None:
-                            await self._apply_one(worker, self.running)
-                        if self.draining:
-                            await worker.request({"op": "drain"}, WORKER_REQUEST_TIMEOUT_S)
+                    try:
+                        await self._restart(worker)
+                    except Exception:  # the watchdog must outlive any one restart
+                        log.exception("worker %d: restart failed; trying again", worker.index)
+                        worker.exited.set()
+                        await asyncio.sleep(WORKER_RESTART_DELAY_S)
+
+    async def _restart(self, worker: Worker) -> None:
+        await worker.stop()
+        await asyncio.sleep(WORKER_RESTART_DELAY_S)
+        await worker.start()
+        async with self._lock:
+            if self.running is not None:
+                await self._apply_one(worker, self.running)
+            if self.draining:
+                await worker.request({"op": "drain"}, WORKER_REQUEST_TIMEOUT_S)
 
     async def _apply_one(self, worker: Worker, config: StunnerConfig) -> dict[str, Any]:
         message = {"op": "apply", "config": config.canonical_json()}
