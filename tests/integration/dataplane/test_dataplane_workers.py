@@ -102,3 +102,29 @@ async def test_a_worker_that_dies_is_restarted_with_the_running_config(
         await alloc.close()
     finally:
         await server.close()
+
+
+async def test_a_worker_killed_again_and_again_keeps_coming_back(
+    tmp_path: Path, echo: UdpEcho
+) -> None:
+    """Each kill lands at a different point of the supervisor's own reads and writes to the
+    worker (a stats request may be in flight); the watchdog must survive every one of them."""
+    ports = listener_ports("a")
+    server = ManagedStunnerd(tmp_path, base_config(health_port(), ports), "--udp-thread-num", "2")
+    try:
+        status = await server.ready()
+        for _ in range(4):
+            victim = status["workers"][0]["pid"]
+            os.kill(victim, signal.SIGKILL)
+            status = await server.wait_status(
+                lambda s, gone=victim: (
+                    s["workers"][0]["pid"] not in (None, gone)
+                    and s["listeners"][0]["connections"] == 2
+                ),
+                "the worker to come back with the listener",
+            )
+        alloc = await EchoAllocation.open(ports["a"], (echo.host, echo.port))
+        assert await alloc.echoes()
+        await alloc.close()
+    finally:
+        await server.close()
