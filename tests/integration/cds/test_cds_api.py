@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
+import base64
 import json
 import ssl
 from pathlib import Path
@@ -20,15 +19,11 @@ from cds_helpers import (
     running_cds,
     wait_rev,
 )
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from stunner_common.cds import encode_v1_config
-from stunner_common.config import parse_config
+from stunner_common.config import parse_config, self_signed_pair
 from stunner_common.store import ConfigPublisher
 from support.redis_server import RedisServer
 
@@ -131,32 +126,10 @@ async def test_bearer_token_guards_rest_and_watch_but_not_health(
 
 
 def self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
+    cert_b64, key_b64 = self_signed_pair("127.0.0.1")
     cert_path, key_path = tmp_path / "cds.crt", tmp_path / "cds.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    cert_path.write_bytes(base64.b64decode(cert_b64))
+    key_path.write_bytes(base64.b64decode(key_b64))
     return cert_path, key_path
 
 

@@ -27,6 +27,29 @@ USER, PASSWORD = "user1", "passwd1"
 STEP_TIMEOUT_S = 20.0
 
 
+WATCH_ID = "stunner/udp-gateway"
+
+
+def watch_config(realm: str, port: int = 3478) -> dict[str, Any]:
+    """A one-listener config as the CDS serves it for WATCH_ID; `realm` tells versions apart.
+
+    The password holds `$` on purpose: credentials must reach stunnerd unexpanded.
+    """
+    return {
+        "version": "v1",
+        "admin": {"name": WATCH_ID},
+        "auth": {
+            "type": "static",
+            "realm": realm,
+            "credentials": {"username": "user", "password": "pa$$word"},
+        },
+        "listeners": [
+            {"name": "udp", "protocol": "TURN-UDP", "address": "$STUNNER_ADDR", "port": port}
+        ],
+        "clusters": [],
+    }
+
+
 def base_config(
     health_port: int, ports: dict[str, int], peer_cluster: str = "echo"
 ) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from dataplane_harness import WATCH_ID, watch_config
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
@@ -34,24 +35,7 @@ from stunnerd.origin.cds import CdsOrigin
 pytestmark = pytest.mark.integration
 
 STEP_TIMEOUT_S = 5.0
-ID = "stunner/udp-gateway"
 FAST = Backoff(initial_s=0.02, cap_s=0.1)
-
-
-def config(realm: str, port: int = 3478) -> dict[str, Any]:
-    return {
-        "version": "v1",
-        "admin": {"name": ID},
-        "auth": {
-            "type": "static",
-            "realm": realm,
-            "credentials": {"username": "user", "password": "pa$$word"},
-        },
-        "listeners": [
-            {"name": "udp", "protocol": "TURN-UDP", "address": "$STUNNER_ADDR", "port": port}
-        ],
-        "clusters": [],
-    }
 
 
 class SmallCds:
@@ -155,7 +139,7 @@ async def following(port: int, **kwargs: Any) -> AsyncIterator[Follower]:
 
 @pytest.fixture
 async def v1_server() -> AsyncIterator[SmallCds]:
-    server = SmallCds(v2=False, greeting=[json.dumps(config("one"))])
+    server = SmallCds(v2=False, greeting=[json.dumps(watch_config("one"))])
     await server.start()
     yield server
     await server.stop()
@@ -163,7 +147,7 @@ async def v1_server() -> AsyncIterator[SmallCds]:
 
 @pytest.fixture
 async def v2_server() -> AsyncIterator[SmallCds]:
-    server = SmallCds(v2=True, greeting=[encode_snapshot(ID, 5, config("one"))])
+    server = SmallCds(v2=True, greeting=[encode_snapshot(WATCH_ID, 5, watch_config("one"))])
     await server.start()
     yield server
     await server.stop()
@@ -178,10 +162,10 @@ async def test_full_config_frames_are_applied_and_bad_or_delete_frames_skipped(
         assert first.config.listeners[0].address == "127.0.0.5"
         assert first.config.auth.credentials["password"] == "pa$$word"
         assert v1_server.requests[0]["watch"] == ["true"]
-        for frame in ("", "not json", json.dumps(config("bad") | {"version": "v9"})):
+        for frame in ("", "not json", json.dumps(watch_config("bad") | {"version": "v9"})):
             await v1_server.push(frame)
-        await v1_server.push(encode_v1_delete(ID))
-        await v1_server.push(json.dumps(config("two")))
+        await v1_server.push(encode_v1_delete(WATCH_ID))
+        await v1_server.push(json.dumps(watch_config("two")))
         assert (await f.next()).config.auth.realm == "two"
         assert f.origin.connects == 1
 
@@ -204,7 +188,9 @@ async def test_the_watch_rides_out_a_server_restart_on_the_same_port(
     async with following(v1_server.port) as f:
         await f.next()
         await v1_server.stop()
-        restarted = SmallCds(v2=False, greeting=[json.dumps(config("three"))], port=v1_server.port)
+        restarted = SmallCds(
+            v2=False, greeting=[json.dumps(watch_config("three"))], port=v1_server.port
+        )
         await restarted.start()
         try:
             assert (await f.next()).config.auth.realm == "three"
@@ -218,7 +204,7 @@ async def test_a_cds_that_is_down_at_start_is_retried_until_it_comes_up(
     port = v1_server.port
     await v1_server.stop()
     async with following(port) as f:
-        late = SmallCds(v2=False, greeting=[json.dumps(config("late"))], port=port)
+        late = SmallCds(v2=False, greeting=[json.dumps(watch_config("late"))], port=port)
         for _ in range(500):  # let a few connection attempts fail first
             if f.origin.attempts >= 3:
                 break
@@ -239,7 +225,7 @@ async def test_the_delta_protocol_applies_patches_and_resumes_with_since(
         snap = await f.next()
         assert (snap.revision, snap.config.auth.realm) == (5, "one")
         await v2_server.push(
-            encode_patch(ID, 6, [{"op": "replace", "path": "/auth/realm", "value": "six"}])
+            encode_patch(WATCH_ID, 6, [{"op": "replace", "path": "/auth/realm", "value": "six"}])
         )
         patched = await f.next()
         assert (patched.revision, patched.config.auth.realm) == (6, "six")
@@ -248,7 +234,9 @@ async def test_the_delta_protocol_applies_patches_and_resumes_with_since(
         await v2_server.next_connection()
         assert v2_server.requests[-1]["since"] == ["6"]
         await v2_server.push(
-            encode_patch(ID, 7, [{"op": "replace", "path": "/listeners/0/port", "value": 4000}])
+            encode_patch(
+                WATCH_ID, 7, [{"op": "replace", "path": "/listeners/0/port", "value": 4000}]
+            )
         )
         resumed = await f.next()
         assert resumed.revision == 7
@@ -263,7 +251,7 @@ async def test_a_patch_that_does_not_apply_forces_a_fresh_snapshot(
         await f.next()
         await v2_server.next_connection()
         await v2_server.push(
-            encode_patch(ID, 6, [{"op": "replace", "path": "/no/such/path", "value": 1}])
+            encode_patch(WATCH_ID, 6, [{"op": "replace", "path": "/no/such/path", "value": 1}])
         )
         await v2_server.next_connection()
         assert "since" not in v2_server.requests[-1]
@@ -276,8 +264,8 @@ async def test_a_delete_envelope_keeps_the_last_config_and_a_later_snapshot_appl
 ) -> None:
     async with following(v2_server.port) as f:
         await f.next()
-        await v2_server.push(encode_delete(ID, 8))
-        await v2_server.push(encode_snapshot(ID, 9, config("nine")))
+        await v2_server.push(encode_delete(WATCH_ID, 8))
+        await v2_server.push(encode_snapshot(WATCH_ID, 9, watch_config("nine")))
         event = await f.next()
         assert (event.revision, event.config.auth.realm) == (9, "nine")
 
@@ -309,7 +297,7 @@ async def _http_responder(status: int, body: bytes) -> tuple[asyncio.Server, lis
 
 
 async def test_a_one_shot_get_loads_the_config_and_sends_the_node(no_leaked_tasks: None) -> None:
-    server, seen = await _http_responder(200, json.dumps(config("get")).encode())
+    server, seen = await _http_responder(200, json.dumps(watch_config("get")).encode())
     port = server.sockets[0].getsockname()[1]
     try:
         origin = CdsOrigin(f"http://127.0.0.1:{port}", "stunner", "udp-gateway", node="worker-1")
@@ -343,7 +331,7 @@ async def test_a_malformed_envelope_is_skipped_and_the_stream_goes_on(
         for frame in ("not json", '{"type": "bogus", "id": "x", "rev": 1}', "[]"):
             await v2_server.push(frame)
         await v2_server.push(
-            encode_patch(ID, 6, [{"op": "replace", "path": "/auth/realm", "value": "six"}])
+            encode_patch(WATCH_ID, 6, [{"op": "replace", "path": "/auth/realm", "value": "six"}])
         )
         event = await f.next()
         assert (event.revision, event.config.auth.realm) == (6, "six")

@@ -9,68 +9,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from dataplane_harness import WATCH_ID, CdsServer, watch_config
 
 from stunner_common.store import ConfigPublisher
 from stunnerd.origin.backoff import Backoff
 from stunnerd.origin.base import ConfigEvent
 from stunnerd.origin.cds import CdsOrigin
-from support.ports import free_port
-from support.processes import ServerProcess, wait_for_tcp
 from support.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 
 STEP_TIMEOUT_S = 10.0
-ID = "stunner/udp-gateway"
-
-
-def config(realm: str, port: int = 3478) -> dict[str, Any]:
-    return {
-        "version": "v1",
-        "admin": {"name": ID},
-        "auth": {
-            "type": "static",
-            "realm": realm,
-            "credentials": {"username": "user", "password": "pass"},
-        },
-        "listeners": [
-            {"name": "udp", "protocol": "TURN-UDP", "address": "$STUNNER_ADDR", "port": port}
-        ],
-        "clusters": [],
-    }
-
-
-class Cds:
-    def __init__(self, redis_url: str, workdir: Path) -> None:
-        self.port = free_port()
-        self.redis_url = redis_url
-        self.workdir = workdir
-        self.proc: ServerProcess | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        argv = [sys.executable, "-m", "stunner_cds", "--host", "127.0.0.1"]
-        argv += ["--port", str(self.port), "--redis-url", self.redis_url]
-        self.proc = ServerProcess(argv, log_path=self.workdir / f"cds-{self.starts}.log")
-        wait_for_tcp("127.0.0.1", self.port, proc=self.proc)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.stop()
-            self.proc = None
 
 
 @pytest.fixture
-def cds(redis: RedisServer, tmp_path: Path) -> Iterator[Cds]:
-    server = Cds(redis.url, tmp_path)
+def cds(redis: RedisServer, tmp_path: Path) -> Iterator[CdsServer]:
+    server = CdsServer(redis.url, tmp_path)
     server.start()
     yield server
     server.stop()
@@ -99,7 +59,7 @@ class Follower:
 
 
 @contextlib.asynccontextmanager
-async def following(cds: Cds, **kwargs: Any) -> AsyncIterator[Follower]:
+async def following(cds: CdsServer, **kwargs: Any) -> AsyncIterator[Follower]:
     origin = CdsOrigin(
         f"http://127.0.0.1:{cds.port}",
         "stunner",
@@ -117,25 +77,25 @@ async def following(cds: Cds, **kwargs: Any) -> AsyncIterator[Follower]:
 
 
 async def test_deltas_deletes_and_a_cds_restart_reach_the_client_in_order(
-    no_leaked_tasks: None, cds: Cds, publisher: ConfigPublisher
+    no_leaked_tasks: None, cds: CdsServer, publisher: ConfigPublisher
 ) -> None:
-    await publisher.upsert(ID, config("one"))
+    await publisher.upsert(WATCH_ID, watch_config("one"))
     async with following(cds) as f:
         first = await f.next()
         assert first.config.auth.realm == "one"
         assert first.config.listeners[0].address == "127.0.0.7"
         assert first.revision is not None
-        await publisher.upsert(ID, config("two"))
+        await publisher.upsert(WATCH_ID, watch_config("two"))
         second = await f.next()
         assert second.config.auth.realm == "two"
         assert second.revision is not None
         assert second.revision > first.revision
-        await publisher.delete(ID)
-        await publisher.upsert(ID, config("three"))
+        await publisher.delete(WATCH_ID)
+        await publisher.upsert(WATCH_ID, watch_config("three"))
         assert (await f.next()).config.auth.realm == "three"  # the delete was dropped
 
         cds.stop()
-        await publisher.upsert(ID, config("four", port=4000))
+        await publisher.upsert(WATCH_ID, watch_config("four", port=4000))
         cds.start()
         caught_up = await f.next()
         assert caught_up.config.auth.realm == "four"
@@ -144,21 +104,21 @@ async def test_deltas_deletes_and_a_cds_restart_reach_the_client_in_order(
 
 
 async def test_an_upstream_style_client_gets_full_config_frames(
-    no_leaked_tasks: None, cds: Cds, publisher: ConfigPublisher
+    no_leaked_tasks: None, cds: CdsServer, publisher: ConfigPublisher
 ) -> None:
-    await publisher.upsert(ID, config("one"))
+    await publisher.upsert(WATCH_ID, watch_config("one"))
     async with following(cds, offer_v2=False) as f:
         event = await f.next()
         assert event.revision is None
         assert event.config.auth.realm == "one"
-        await publisher.upsert(ID, config("two"))
+        await publisher.upsert(WATCH_ID, watch_config("two"))
         assert (await f.next()).config.auth.realm == "two"
 
 
 async def test_a_one_shot_load_reads_the_stored_config(
-    no_leaked_tasks: None, cds: Cds, publisher: ConfigPublisher
+    no_leaked_tasks: None, cds: CdsServer, publisher: ConfigPublisher
 ) -> None:
-    await publisher.upsert(ID, config("get"))
+    await publisher.upsert(WATCH_ID, watch_config("get"))
     origin = CdsOrigin(f"http://127.0.0.1:{cds.port}", "stunner", "udp-gateway")
     event = await origin.load()
     assert event.config.auth.realm == "get"
