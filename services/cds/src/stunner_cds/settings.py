@@ -41,4 +41,6 @@ class CdsSettings(BaseSettings):
     def _tls_pair(self) -> CdsSettings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file must be given together")
+        if self.reconnect_min_s > self.reconnect_max_s:
+            raise ValueError("reconnect_min_s must not exceed reconnect_max_s")
         return self

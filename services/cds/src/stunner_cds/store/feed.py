@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable
 
@@ -20,6 +19,7 @@ from redis.exceptions import RedisError
 
 from stunner_cds.store.hub import Hub
 from stunner_cds.store.mirror import Change, StreamGapError
+from stunner_common.backoff import Backoff
 from stunner_common.store import ConfigReader, StoreEvent, stream_id_ms
 
 log = logging.getLogger(__name__)
@@ -57,8 +57,7 @@ class RedisFeed:
         self.hub = hub
         self._block_ms = block_ms
         self._timeout_s = timeout_s
-        self._min_backoff_s = min_backoff_s
-        self._max_backoff_s = max_backoff_s
+        self._backoff = Backoff(initial_s=min_backoff_s, cap_s=max_backoff_s)
         self._on_event = on_event
         self._on_reload = on_reload
         self.ready = False
@@ -92,22 +91,23 @@ class RedisFeed:
 
     async def run(self) -> None:
         """Run until cancelled or stopped; never raises for Redis trouble."""
-        backoff_s = self._min_backoff_s
+        attempt = 0
         while not self._stopping:
             try:
                 await self._resync()
                 self.ready = True
                 self.synced.set()
-                backoff_s = self._min_backoff_s
+                attempt = 0
                 await self._tail()
             except (RedisError, OSError, TimeoutError) as exc:
+                delay_s = self._backoff.delay_s(attempt)
+                attempt += 1
                 if self.ready:
                     log.warning("lost Redis (%s); serving the last configs while reconnecting", exc)
                 else:
-                    log.info("Redis not reachable (%s); retrying in %.2f s", exc, backoff_s)
+                    log.info("Redis not reachable (%s); retrying in %.2f s", exc, delay_s)
                 self.ready = False
-                await asyncio.sleep(backoff_s * (0.5 + random.random()))
-                backoff_s = min(self._max_backoff_s, backoff_s * 2)
+                await asyncio.sleep(delay_s)
 
     async def _resync(self) -> None:
         mirror = self.hub.mirror
