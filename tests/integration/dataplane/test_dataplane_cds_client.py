@@ -20,6 +20,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from stunner_common.backoff import Backoff
 from stunner_common.cds import (
     CDS_V2_SUBPROTOCOL,
     RESYNC_HEADER,
@@ -28,7 +29,6 @@ from stunner_common.cds import (
     encode_snapshot,
     encode_v1_delete,
 )
-from stunnerd.origin.backoff import Backoff
 from stunnerd.origin.base import ConfigEvent, ConfigOriginError
 from stunnerd.origin.cds import CdsOrigin
 

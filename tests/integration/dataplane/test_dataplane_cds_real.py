@@ -17,8 +17,8 @@ import pytest
 import redis.asyncio as aioredis
 from dataplane_harness import WATCH_ID, CdsServer, watch_config
 
+from stunner_common.backoff import Backoff
 from stunner_common.store import ConfigPublisher
-from stunnerd.origin.backoff import Backoff
 from stunnerd.origin.base import ConfigEvent
 from stunnerd.origin.cds import CdsOrigin
 from support.redis_server import RedisServer

@@ -153,3 +153,10 @@ def test_watch_url_maps_http_schemes_to_websocket_ones(
     base: str, ns: str | None, name: str | None, url: str
 ) -> None:
     assert watch_url(base, ns, name) == url
+
+
+def test_a_reset_reports_what_was_held_as_resync_deletes() -> None:
+    state = DeltaState()
+    state.apply(SnapshotEnvelope(type="snapshot", id="a/b", rev=4, config={"x": 1}))
+    assert state.reset() == [ConfigChange("a/b", 4, None, resync=True)]
+    assert (state.configs, state.rev) == ({}, 0)

@@ -16,7 +16,6 @@ from stunnerd.admin.stats import (
     TrafficStats,
     merge_snapshots,
 )
-from stunnerd.origin.backoff import Backoff
 from stunnerd.origin.base import ConfigOriginError, OriginSpec, parse_origin, resolve_id
 from stunnerd.workers.pool import WorkerPool
 
@@ -59,17 +58,6 @@ def test_the_id_comes_from_the_flag_then_the_env_pair_then_the_hostname() -> Non
 def test_an_id_without_exactly_one_slash_is_invalid(ident: str) -> None:
     with pytest.raises(ConfigOriginError, match="invalid id"):
         resolve_id(ident, {})
-
-
-def test_backoff_grows_exponentially_up_to_the_cap_and_is_jittered() -> None:
-    b = Backoff(initial_s=0.5, cap_s=4.0)
-    lows = [b.delay_s(n, lambda: 0.0) for n in range(6)]
-    highs = [b.delay_s(n, lambda: 0.999999) for n in range(6)]
-    assert lows == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
-    assert highs[0] == pytest.approx(0.5)
-    assert highs[5] == pytest.approx(4.0)
-    assert all(lo < hi for lo, hi in zip(lows, highs, strict=True))
-    assert b.delay_s(10_000, lambda: 0.5) == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize(

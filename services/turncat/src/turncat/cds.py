@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import logging
 import time
-from urllib.parse import quote
-
-import httpx
 
 from stunner_common.auth import ephemeral_credentials
+from stunner_common.cds import (
+    CdsAddressError,
+    CdsClient,
+    CdsHttpError,
+    CdsUnreachableError,
+)
+from stunner_common.cds import cds_base_url as _cds_base_url
 from stunner_common.config import ConfigError, ListenerConfig, StunnerConfig, parse_config
 from turncat.errors import LookupFailedError, UnreachableError
 from turncat.session import Credentials, CredentialSource
@@ -24,46 +28,37 @@ from turncat.uri import TRANSPORT_BY_PROTOCOL, K8sTarget, TurnTarget
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CDS_PORT = 13478
 EPHEMERAL_TTL_S = 3600
 
 
 def cds_base_url(address: str) -> str:
     """`host[:port]` or an http(s) URL to a base URL; the port defaults to 13478."""
-    url = address if "://" in address else f"http://{address}"
     try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, ValueError) as exc:
-        raise LookupFailedError(f"invalid CDS address {address!r}: {exc}") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise LookupFailedError(
-            f"invalid CDS address {address!r}: expected host:port or http(s)://"
-        )
-    if parsed.port is None and "://" not in address:
-        parsed = parsed.copy_with(port=DEFAULT_CDS_PORT)
-    return str(parsed.copy_with(path="", query=None)).rstrip("/")
+        return _cds_base_url(address)
+    except CdsAddressError as exc:
+        raise LookupFailedError(str(exc)) from None
 
 
-async def fetch_config(target: K8sTarget, cds_address: str, timeout_s: float) -> StunnerConfig:
+async def fetch_config(
+    target: K8sTarget, cds_address: str, timeout_s: float, token: str | None = None
+) -> StunnerConfig:
     base = cds_base_url(cds_address)
-    url = f"{base}/api/v1/configs/{quote(target.namespace)}/{quote(target.gateway)}"
+    client = CdsClient(base, token=token, timeout_s=timeout_s)
     try:
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
-            resp = await client.get(url)
-    except httpx.HTTPError as exc:
-        detail = str(exc) or type(exc).__name__
-        raise UnreachableError(f"cannot reach the CDS at {base}: {detail}") from None
-    if resp.status_code == 404:
+        body = await client.get(target.namespace, target.gateway)
+    except CdsUnreachableError as exc:
+        raise UnreachableError(f"cannot reach the CDS at {base}: {exc}") from None
+    except CdsHttpError as exc:
+        if exc.status == 404:
+            raise LookupFailedError(
+                f"the CDS at {base} has no config for gateway {target.namespace}/{target.gateway}"
+            ) from None
         raise LookupFailedError(
-            f"the CDS at {base} has no config for gateway {target.namespace}/{target.gateway}"
-        )
-    if resp.status_code != 200:
-        raise LookupFailedError(
-            f"the CDS at {base} answered {resp.status_code} for "
-            f"{target.namespace}/{target.gateway}: {resp.text.strip()[:200]}"
-        )
+            f"the CDS at {base} answered {exc.status} for "
+            f"{target.namespace}/{target.gateway}: {exc.body[:200]}"
+        ) from None
     try:
-        return parse_config(resp.content)
+        return parse_config(body)
     except ConfigError as exc:
         raise LookupFailedError(
             f"the CDS sent an invalid config for {target.namespace}/{target.gateway}: {exc}"

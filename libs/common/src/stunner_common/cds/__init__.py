@@ -1,14 +1,23 @@
 """The CDS wire contract shared by the config discovery service and its clients.
 
 Upstream v1 (full configs as Go marshals them, the zero config on delete) and our
-``stunner.cds.v2`` delta envelopes, plus a small client for the latter.
+``stunner.cds.v2`` delta envelopes, plus the one client of both (``CdsClient``).
 """
 
 from stunner_common.cds.client import (
+    DEFAULT_CDS_PORT,
+    CdsAddressError,
+    CdsClient,
     CdsClientError,
+    CdsHttpError,
     CdsProtocolError,
+    CdsUnreachableError,
     ConfigChange,
+    ConfigFrame,
     DeltaState,
+    WatchItem,
+    cds_base_url,
+    config_path,
     watch_configs,
     watch_url,
 )
@@ -36,11 +45,17 @@ from stunner_common.cds.wire import (
 
 __all__ = [
     "CDS_V2_SUBPROTOCOL",
+    "DEFAULT_CDS_PORT",
     "RESYNC_HEADER",
     "REV_HEADER",
+    "CdsAddressError",
+    "CdsClient",
     "CdsClientError",
+    "CdsHttpError",
     "CdsProtocolError",
+    "CdsUnreachableError",
     "ConfigChange",
+    "ConfigFrame",
     "ConfigListBody",
     "DeleteEnvelope",
     "DeltaState",
@@ -48,6 +63,9 @@ __all__ = [
     "ErrorBody",
     "PatchEnvelope",
     "SnapshotEnvelope",
+    "WatchItem",
+    "cds_base_url",
+    "config_path",
     "encode_config_list",
     "encode_delete",
     "encode_error",

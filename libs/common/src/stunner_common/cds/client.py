@@ -1,9 +1,11 @@
-"""A small client for the CDS delta protocol (``stunner.cds.v2``), for tools and stunnerd.
+"""The one CDS client: a one-shot GET (httpx) and a WebSocket watch (websockets).
 
-``DeltaState`` is the sans-IO half: feed it envelopes, it keeps the configs and the revision and
-tells you what changed. ``watch_configs`` is the I/O half: it connects with the v2 subprotocol,
-resumes with ``?since=REV`` after a disconnect (backoff with jitter) and yields one ``ConfigChange``
-per config that changed, so a caller never sees a duplicate or misses a delete.
+``DeltaState`` is the sans-IO half of the ``stunner.cds.v2`` delta protocol: feed it envelopes,
+it keeps the configs and the revision and tells you what changed. ``CdsClient`` is the I/O half:
+``get`` fetches once; ``watch`` offers the v2 subprotocol, resumes with ``?since=REV`` after a
+disconnect (capped backoff with jitter), falls back to upstream's full-config frames when the
+server does not speak v2, and yields one item per change, so a caller never sees a duplicate or
+misses a delete. Every request carries ``Authorization: Bearer <token>`` when a token is given.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import asyncio
 import logging
 import random
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
@@ -20,6 +22,7 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 import jsonpatch
 import pydantic
 
+from stunner_common.backoff import Backoff
 from stunner_common.cds.wire import (
     CDS_V2_SUBPROTOCOL,
     RESYNC_HEADER,
@@ -40,13 +43,42 @@ class CdsProtocolError(CdsClientError):
     """The server sent something that does not fit the state we hold (resync needed)."""
 
 
+class CdsAddressError(CdsClientError, ValueError):
+    """The CDS address is not ``host[:port]`` or an http(s)/ws(s) URL."""
+
+
+class CdsUnreachableError(CdsClientError):
+    """The CDS could not be reached, or the exchange broke off (the cause is chained)."""
+
+
+class CdsHttpError(CdsClientError):
+    """The CDS answered with a status other than 200 (or refused a watch)."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP error (status: {status}): {body}")
+        self.status = status
+        self.body = body
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigChange:
-    """``config`` is the new config of ``id`` at ``rev``, or None when ``id`` was deleted."""
+    """``config`` is the new config of ``id`` at ``rev``, or None when ``id`` was deleted.
+
+    ``resync`` marks the deletes a full resync reports for everything held before it (the
+    server's snapshot follows and re-creates what still exists).
+    """
 
     id: str
     rev: int
     config: dict[str, Any] | None
+    resync: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigFrame:
+    """One text frame of a server without the v2 subprotocol: a whole config (upstream v1)."""
+
+    text: str
 
 
 class DeltaState:
@@ -58,7 +90,7 @@ class DeltaState:
 
     def reset(self) -> list[ConfigChange]:
         """Forget everything (the server is about to send a full snapshot)."""
-        gone = [ConfigChange(i, self.rev, None) for i in sorted(self.configs)]
+        gone = [ConfigChange(i, self.rev, None, resync=True) for i in sorted(self.configs)]
         self.configs.clear()
         self.rev = 0
         return gone
@@ -92,16 +124,266 @@ class DeltaState:
         return ConfigChange(envelope.id, envelope.rev, None)
 
 
-def watch_url(base_url: str, namespace: str | None = None, name: str | None = None) -> str:
-    """The watch URL for all configs, one namespace, or one config, from ``http(s)``/``ws(s)``."""
-    parts = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
-    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+DEFAULT_CDS_PORT = 13478
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+CONNECT_TIMEOUT_S = 10.0
+PING_INTERVAL_S = 5.0
+PONG_TIMEOUT_S = 8.0
+# Statuses that mean "this watch will never be accepted as asked" (a tool gives up on them).
+REFUSED_STATUSES = frozenset({400, 401, 403, 404})
+
+
+def cds_base_url(address: str, default_port: int = DEFAULT_CDS_PORT) -> str:
+    """The http(s) base URL of a CDS from ``host[:port]`` or an http(s)/ws(s) URL.
+
+    A bare host gets ``default_port``; a URL keeps its own port (or its scheme's); any path,
+    query or fragment is dropped; ws/wss become http/https.
+    """
+    text = address.strip()
+    bare = "://" not in text
+    try:
+        parts = urlsplit(f"http://{text}" if bare else text)
+        port = parts.port
+    except ValueError as exc:
+        raise CdsAddressError(f"invalid CDS address {address!r}: {exc}") from None
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme.lower(), parts.scheme.lower())
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise CdsAddressError(f"invalid CDS address {address!r}: expected host:port or http(s)://")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    if port is None and bare:
+        port = default_port
+    return f"{scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
+def config_path(namespace: str | None = None, name: str | None = None) -> str:
+    """``/api/v1/configs``, narrowed to one namespace or one config."""
     path = "/api/v1/configs"
     if namespace is not None:
         path += "/" + quote(namespace, safe="")
         if name is not None:
             path += "/" + quote(name, safe="")
-    return urlunsplit((scheme, parts.netloc, path, urlencode({"watch": "true"}), ""))
+    return path
+
+
+def watch_url(base_url: str, namespace: str | None = None, name: str | None = None) -> str:
+    """The watch URL for all configs, one namespace, or one config, from ``http(s)``/``ws(s)``."""
+    return CdsClient(base_url).url(namespace, name, {"watch": "true"}, websocket=True)
+
+
+WatchItem = ConfigChange | ConfigFrame
+
+
+class CdsClient:
+    """One CDS server. ``get`` reads once; ``watch`` follows changes until the caller stops.
+
+    ``connected`` is set while a watch connection is open; ``attempts`` and ``connects`` count
+    watch connection attempts and successes (for status pages and tests).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        timeout_s: float = CONNECT_TIMEOUT_S,
+        ping_interval_s: float | None = PING_INTERVAL_S,
+        pong_timeout_s: float | None = PONG_TIMEOUT_S,
+        max_size: int = MAX_RESPONSE_BYTES,
+    ) -> None:
+        self.base_url = cds_base_url(address)
+        self._tls = self.base_url.startswith("https:")
+        self._netloc = urlsplit(self.base_url).netloc
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._ssl_context = ssl_context
+        self._timeout_s = timeout_s
+        self._ping_interval_s = ping_interval_s
+        self._pong_timeout_s = pong_timeout_s
+        self._max_size = max_size
+        self.connected = asyncio.Event()
+        self.attempts = 0
+        self.connects = 0
+
+    @property
+    def netloc(self) -> str:
+        return self._netloc
+
+    def url(
+        self,
+        namespace: str | None = None,
+        name: str | None = None,
+        params: Mapping[str, str] | None = None,
+        *,
+        websocket: bool = False,
+    ) -> str:
+        """The URL of a config, a namespace or all configs (http(s), or ws(s) for a watch)."""
+        scheme = ("wss" if self._tls else "ws") if websocket else ("https" if self._tls else "http")
+        query = urlencode(dict(params)) if params else ""
+        return urlunsplit((scheme, self._netloc, config_path(namespace, name), query, ""))
+
+    # --- one-shot ---------------------------------------------------------------------------
+
+    async def get(
+        self,
+        namespace: str | None = None,
+        name: str | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> bytes:
+        """GET a config (or a list) once and return the body of the 200 answer.
+
+        Raises ``CdsUnreachableError`` when the exchange fails and ``CdsHttpError`` for any other
+        status; the whole exchange is bounded by the client's timeout and size limit.
+        """
+        import httpx  # here, not at the top: the wire half is imported by servers too
+
+        url = self.url(namespace, name, params)
+        verify: ssl.SSLContext | bool = self._ssl_context if self._ssl_context else True
+        try:
+            async with (
+                asyncio.timeout(self._timeout_s),
+                httpx.AsyncClient(
+                    timeout=self._timeout_s, verify=verify, trust_env=False
+                ) as client,
+                client.stream(
+                    "GET", url, headers={"Accept": "application/json", **self._headers}
+                ) as resp,
+            ):
+                body = bytearray()
+                async for chunk in resp.aiter_bytes():
+                    body += chunk
+                    if len(body) > self._max_size:
+                        raise CdsUnreachableError(
+                            f"the CDS answer is larger than {self._max_size} bytes"
+                        )
+                status = resp.status_code
+        except (httpx.HTTPError, OSError, TimeoutError, ssl.SSLError) as exc:
+            detail = str(exc) or type(exc).__name__
+            raise CdsUnreachableError(detail) from exc
+        if status != 200:
+            raise CdsHttpError(status, bytes(body).decode(errors="replace").strip())
+        return bytes(body)
+
+    # --- watch ------------------------------------------------------------------------------
+
+    async def watch(
+        self,
+        namespace: str | None = None,
+        name: str | None = None,
+        params: Mapping[str, str] | None = None,
+        *,
+        state: DeltaState | None = None,
+        offer_v2: bool = True,
+        backoff: Backoff | None = None,
+        rand: Callable[[], float] = random.random,
+        give_up_on_refusal: bool = True,
+    ) -> AsyncIterator[WatchItem]:
+        """Yield every change of the topic, forever, reconnecting and resuming as needed.
+
+        With the v2 subprotocol the items are ``ConfigChange``s (a full resync first reports the
+        configs held before as ``resync`` deletes); without it, ``ConfigFrame``s. A malformed frame
+        is logged and skipped; a frame that does not fit the state held forces a fresh snapshot.
+        When ``give_up_on_refusal`` is set, a 400/401/403/404 answer to the upgrade raises
+        ``CdsHttpError``; every other failure is retried with ``backoff``. Stop the watch by
+        breaking out of the loop (or cancelling the task that iterates it).
+        """
+        from websockets.exceptions import (
+            InvalidHandshake,
+            InvalidStatus,
+            InvalidURI,
+            WebSocketException,
+        )
+
+        state = state if state is not None else DeltaState()
+        backoff = backoff or Backoff()
+        one = f"{namespace}/{name}" if namespace is not None and name is not None else None
+        attempt = 0
+        fresh = False
+        while True:
+            since = None if fresh or not state.configs else state.rev
+            fresh = False
+            try:
+                async for item in self._session(namespace, name, params, state, since, offer_v2):
+                    if isinstance(item, ConfigChange) and one is not None and item.id != one:
+                        log.debug("ignoring a CDS change for %s", item.id)
+                        continue
+                    attempt = 0
+                    yield item
+                log.info("CDS %s closed the watch, reconnecting", self._netloc)
+            except CdsProtocolError as exc:
+                log.warning("CDS watch %s: %s; resyncing from a fresh snapshot", self._netloc, exc)
+                fresh = True
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                if give_up_on_refusal and status in REFUSED_STATUSES:
+                    body = exc.response.body.decode(errors="replace") if exc.response.body else ""
+                    raise CdsHttpError(status, body.strip()) from exc
+                log.warning("CDS %s refused the watch (%d), retrying", self._netloc, status)
+            except (OSError, TimeoutError, InvalidHandshake, InvalidURI, WebSocketException) as exc:
+                log.warning("CDS watch %s failed: %r", self._netloc, exc)
+            except Exception:
+                # Whatever went wrong, never stop reconnecting.
+                log.exception("CDS watch %s failed unexpectedly", self._netloc)
+                fresh = True
+            finally:
+                self.connected.clear()
+            delay = backoff.delay_s(attempt, rand)
+            attempt += 1
+            log.debug("reconnecting to CDS %s in %.2f s", self._netloc, delay)
+            await asyncio.sleep(delay)
+
+    async def _session(
+        self,
+        namespace: str | None,
+        name: str | None,
+        params: Mapping[str, str] | None,
+        state: DeltaState,
+        since: int | None,
+        offer_v2: bool,
+    ) -> AsyncIterator[WatchItem]:
+        from websockets.asyncio.client import connect
+        from websockets.typing import Origin, Subprotocol
+
+        query = dict(params or {})
+        if since is not None:
+            query["since"] = str(since)
+        query["watch"] = "true"
+        url = self.url(namespace, name, query, websocket=True)
+        self.attempts += 1
+        async with asyncio.timeout(self._timeout_s):
+            ws = await connect(
+                url,
+                subprotocols=[Subprotocol(CDS_V2_SUBPROTOCOL)] if offer_v2 else None,
+                origin=Origin(self.base_url),
+                additional_headers=self._headers or None,
+                proxy=None,
+                ssl=self._ssl_context if self._tls else None,
+                ping_interval=self._ping_interval_s,
+                ping_timeout=self._pong_timeout_s,
+                open_timeout=self._timeout_s,
+                max_size=self._max_size,
+            )
+        async with ws:
+            self.connects += 1
+            self.connected.set()
+            v2 = ws.subprotocol == CDS_V2_SUBPROTOCOL
+            log.info("CDS watch %s connected (%s)", url, "delta" if v2 else "full-config")
+            if v2 and (ws.response is None or ws.response.headers.get(RESYNC_HEADER) != "delta"):
+                for gone in state.reset():  # a full snapshot follows
+                    yield gone
+            async for frame in ws:
+                if not isinstance(frame, str):
+                    raise CdsProtocolError("binary frame from CDS")
+                if not v2:
+                    yield ConfigFrame(frame)
+                    continue
+                try:
+                    envelope = parse_envelope(frame)
+                except pydantic.ValidationError as exc:
+                    log.warning("ignoring a malformed CDS frame: %s", exc.errors()[:1])
+                    continue
+                change = state.apply(envelope)  # raises CdsProtocolError when out of sync
+                if change is not None:
+                    yield change
 
 
 async def watch_configs(
@@ -114,58 +396,15 @@ async def watch_configs(
     state: DeltaState | None = None,
     min_backoff_s: float = 0.1,
     max_backoff_s: float = 5.0,
-    open_timeout_s: float = 10.0,
+    open_timeout_s: float = CONNECT_TIMEOUT_S,
 ) -> AsyncIterator[ConfigChange]:
-    """Yield every config change for the topic, forever, reconnecting and resuming as needed.
-
-    Stop it by breaking out of the loop (or cancelling the task that iterates it).
-    """
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import InvalidStatus, WebSocketException
-
-    state = state if state is not None else DeltaState()
-    base = watch_url(base_url, namespace, name)
-    headers = {"Authorization": f"Bearer {token}"} if token else None
-    backoff_s = min_backoff_s
-    resume = False
-    while True:
-        url = base + (f"&since={state.rev}" if resume else "")
-        try:
-            async with connect(
-                url,
-                subprotocols=[CDS_V2_SUBPROTOCOL],  # type: ignore[list-item]
-                additional_headers=headers,
-                ssl=ssl_context,
-                open_timeout=open_timeout_s,
-                max_size=None,
-            ) as ws:
-                backoff_s = min_backoff_s
-                resync = ws.response.headers.get(RESYNC_HEADER, "full") if ws.response else "full"
-                if resync != "delta":
-                    for change in state.reset():
-                        yield change
-                async for frame in ws:
-                    try:
-                        applied = state.apply(parse_envelope(frame))
-                    except pydantic.ValidationError as exc:
-                        log.warning("ignoring a malformed CDS frame: %s", exc)
-                        continue
-                    if applied is not None:
-                        yield applied
-                resume = True
-        except CdsProtocolError as exc:
-            log.warning("CDS stream out of sync, resyncing: %s", exc)
-            resume = False
-        except InvalidStatus as exc:
-            if exc.response.status_code in (400, 401, 403, 404):
-                raise CdsClientError(
-                    f"CDS refused the watch ({exc.response.status_code}): "
-                    f"{exc.response.body.decode(errors='replace') if exc.response.body else ''}"
-                ) from exc
-            log.info("CDS watch refused (%s), retrying", exc.response.status_code)
-            resume = True
-        except (OSError, TimeoutError, WebSocketException) as exc:
-            log.info("CDS connection lost (%s), reconnecting", exc)
-            resume = True
-        await asyncio.sleep(backoff_s * (0.5 + random.random()))
-        backoff_s = min(max_backoff_s, backoff_s * 2)
+    """The v2 changes of a topic, for tools: ``CdsClient.watch`` without full-config frames."""
+    client = CdsClient(base_url, token=token, ssl_context=ssl_context, timeout_s=open_timeout_s)
+    backoff = Backoff(initial_s=min_backoff_s, cap_s=max_backoff_s)
+    async for item in client.watch(namespace, name, state=state, backoff=backoff):
+        if isinstance(item, ConfigChange):
+            yield item
+        else:
+            log.warning(
+                "ignoring a full-config frame: the CDS does not speak %s", CDS_V2_SUBPROTOCOL
+            )
