@@ -29,46 +29,56 @@ quota is enforced (486). EVEN-PORT is honoured; with its R bit the next port is 
 
 from __future__ import annotations
 
-import hashlib
-import heapq
-import hmac
 import ipaddress
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from stunnerd.turn import codec
+from stunnerd.turn.allocation import (
+    CHANNEL_LIFETIME_S,
+    DEFAULT_LIFETIME_S,
+    MAX_LIFETIME_S,
+    PERMISSION_LIFETIME_S,
+    Allocation,
+    family_of,
+)
+from stunnerd.turn.auth import AuthenticatedRequest, Gatekeeper
 from stunnerd.turn.codec import Class, Method
 from stunnerd.turn.effects import (
     Address,
     AllocationCreated,
-    AllocationDeleted,
-    ChannelRouteAdded,
     ChannelRouteRemoved,
     CloseRelay,
     Effect,
-    OpenRelay,
     ReleasePort,
     SendToClient,
     SendToPeer,
 )
+from stunnerd.turn.methods import Pending, Policies, TurnMethods
 from stunnerd.turn.policies import (
     AllowAllPeers,
-    Authenticator,
     NoAuthenticator,
     NonceMint,
-    PeerPolicy,
     UserQuota,
     UserUsage,
 )
+from stunnerd.turn.reservations import RESERVATION_LIFETIME_S, Reservations
+from stunnerd.turn.retransmit import RETRANSMIT_CACHE_MAX, RETRANSMIT_CACHE_S, RetransmitCache
+from stunnerd.turn.timers import DeadlineKind, Deadlines
 
-DEFAULT_LIFETIME_S = 600
-MAX_LIFETIME_S = 3600
-PERMISSION_LIFETIME_S = 300
-CHANNEL_LIFETIME_S = 600
-RESERVATION_LIFETIME_S = 30.0
-RETRANSMIT_CACHE_S = 40.0
-RETRANSMIT_CACHE_MAX = 8192
+__all__ = [
+    "CHANNEL_LIFETIME_S",
+    "DEFAULT_LIFETIME_S",
+    "MAX_LIFETIME_S",
+    "PERMISSION_LIFETIME_S",
+    "RESERVATION_LIFETIME_S",
+    "RETRANSMIT_CACHE_MAX",
+    "RETRANSMIT_CACHE_S",
+    "SOFTWARE",
+    "Policies",
+    "TurnEngine",
+]
+
 SOFTWARE = "stunnerd"
 
 _AUTHENTICATED_METHODS = frozenset(
@@ -76,83 +86,7 @@ _AUTHENTICATED_METHODS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Policies:
-    authenticator: Authenticator
-    peers: PeerPolicy
-    quota: UserQuota
-
-
-class Channel:
-    __slots__ = ("expires", "number", "peer", "routed")
-
-    def __init__(self, number: int, peer: Address, expires: float) -> None:
-        self.number = number
-        self.peer = peer
-        self.expires = expires
-        self.routed = False
-
-
-class Allocation:
-    __slots__ = (
-        "channels",
-        "client",
-        "expires",
-        "family",
-        "key",
-        "peer_channels",
-        "permissions",
-        "relay",
-        "user_id",
-    )
-
-    def __init__(
-        self, client: Address, user_id: str, key: bytes, relay: Address, family: int, expires: float
-    ) -> None:
-        self.client = client
-        self.user_id = user_id
-        self.key = key
-        self.relay = relay
-        self.family = family
-        self.expires = expires
-        self.permissions: dict[str, float] = {}
-        self.channels: dict[int, Channel] = {}
-        self.peer_channels: dict[Address, Channel] = {}
-
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    transaction_id: bytes
-    user_id: str
-    key: bytes
-    lifetime_s: int
-    family: int
-    reserve_next: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class _Request:
-    """An authenticated request: the parsed message, the user and the key to sign answers with."""
-
-    message: codec.Message
-    client: Address
-    user_id: str
-    key: bytes
-    peers: tuple[Address, ...]  # every XOR-PEER-ADDRESS, in order
-
-
-def _family_of(ip: str) -> int:
-    return 6 if ":" in ip else 4
-
-
-def _lifetime(requested: int | None) -> int:
-    """RFC 8656 §7.2: the default unless asked for more, never above the maximum."""
-    if requested is None:
-        return DEFAULT_LIFETIME_S
-    return max(DEFAULT_LIFETIME_S, min(requested, MAX_LIFETIME_S))
-
-
-class TurnEngine:
+class TurnEngine(TurnMethods):
     """One listener's TURN state. All methods are synchronous and return effects."""
 
     def __init__(
@@ -169,24 +103,24 @@ class TurnEngine:
     ) -> None:
         ipaddress.ip_address(relay_ip)  # fail early on a bad advertised address
         self.relay_ip = relay_ip
-        self.relay_family = _family_of(relay_ip)
+        self.relay_family = family_of(relay_ip)
         self.stream = stream
         self.clock_offset_s = clock_offset_s  # unix time = now + offset (ephemeral expiry)
         self.software = software
         self.policies = policies or Policies(NoAuthenticator(), AllowAllPeers(), UserQuota())
         self.usage = usage if usage is not None else UserUsage()
-        self._nonces = (
+        nonces = (
             NonceMint(nonce_secret)
             if nonce_lifetime_s is None
             else NonceMint(nonce_secret, nonce_lifetime_s)
         )
+        self._gatekeeper = Gatekeeper(nonces)
         self.allocations: dict[Address, Allocation] = {}
-        self._pending: dict[Address, _Pending] = {}
-        self._cache: dict[tuple[Address, bytes], tuple[float, bytes]] = {}
-        self._deadlines: list[tuple[float, int, int, Address, Any]] = []
-        self._seq = 0
-        self._token_key = nonce_secret
-        self.reservations: dict[bytes, tuple[int, float]] = {}  # token -> (port, expiry)
+        self._pending: dict[Address, Pending] = {}
+        self._cache = RetransmitCache()
+        self._deadlines = Deadlines()
+        self._reservations = Reservations(nonce_secret)
+        self._indications = 0  # transaction ids of Data indications
         self.stats_dropped = 0
 
     # ------------------------------------------------------------------ public API
@@ -203,8 +137,13 @@ class TurnEngine:
             self._sync_routes(alloc, now, out)
         return out
 
+    @property
+    def reservations(self) -> dict[bytes, tuple[int, float]]:
+        """Held relay ports by RESERVATION-TOKEN: (port, expiry)."""
+        return self._reservations.held
+
     def next_deadline(self) -> float | None:
-        return self._deadlines[0][0] if self._deadlines else None
+        return self._deadlines.next()
 
     def handle_client(self, data: bytes, client: Address, now: float) -> list[Effect]:
         """One datagram (UDP, DTLS) or one de-framed message (TCP, TLS) from a client."""
@@ -242,9 +181,9 @@ class TurnEngine:
             return out
         if klass != Class.REQUEST:
             return out  # responses are not for a server
-        cached = self._cache.get((client, msg.transaction_id))
-        if cached is not None and cached[0] > now:
-            out.append(SendToClient(client, cached[1]))
+        cached = self._cache.get(client, msg.transaction_id, now)
+        if cached is not None:
+            out.append(SendToClient(client, cached))
             return out
         if decoded.unknown_required:
             self._answer(
@@ -282,7 +221,7 @@ class TurnEngine:
         request = self._authenticate(decoded, client, now, out)
         if request is None:
             return out
-        handler: Callable[[_Request, float, list[Effect]], None] = {
+        handler: Callable[[AuthenticatedRequest, float, list[Effect]], None] = {
             Method.ALLOCATE: self._allocate,
             Method.REFRESH: self._refresh,
             Method.CREATE_PERMISSION: self._create_permission,
@@ -333,17 +272,15 @@ class TurnEngine:
         )
         self.allocations[client] = alloc
         self.usage.add(pending.user_id)
-        self._schedule(alloc.expires, 0, client, None)
+        self._deadlines.schedule(alloc.expires, DeadlineKind.ALLOCATION, client, None)
         attrs: dict[str, Any] = {
             "XOR-RELAYED-ADDRESS": relay,
             "LIFETIME": pending.lifetime_s,
             "XOR-MAPPED-ADDRESS": client,
         }
         if reserved_port:
-            token = self._reservation_token()
-            expires = now + RESERVATION_LIFETIME_S
-            self.reservations[token] = (reserved_port, expires)
-            self._schedule(expires, 3, client, token)
+            token, expires = self._reservations.hold(reserved_port, now)
+            self._deadlines.schedule(expires, DeadlineKind.RESERVATION, client, token)
             attrs["RESERVATION-TOKEN"] = token
         answer = codec.encode(
             Method.ALLOCATE,
@@ -353,7 +290,7 @@ class TurnEngine:
             key=pending.key,
             software=self.software,
         )
-        self._remember(client, pending.transaction_id, answer, now)
+        self._cache.remember(client, pending.transaction_id, answer, now)
         out.append(SendToClient(client, answer))
         out.append(AllocationCreated(client, pending.user_id, relay, pending.lifetime_s))
         return out
@@ -371,7 +308,7 @@ class TurnEngine:
             key=pending.key,
             software=self.software,
         )
-        self._remember(client, pending.transaction_id, answer, now)
+        self._cache.remember(client, pending.transaction_id, answer, now)
         out.append(SendToClient(client, answer))
         return out
 
@@ -387,22 +324,19 @@ class TurnEngine:
     def tick(self, now: float) -> list[Effect]:
         """Expire allocations, permissions and channels whose deadline has passed."""
         out: list[Effect] = []
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            _, _, kind, client, item = heapq.heappop(heap)
-            if kind == 3:
-                held = self.reservations.get(item)
-                if held is not None and held[1] <= now:
-                    del self.reservations[item]
-                    out.append(ReleasePort(held[0]))
+        for kind, client, item in self._deadlines.due(now):
+            if kind is DeadlineKind.RESERVATION:
+                port = self._reservations.expire(item, now)
+                if port is not None:
+                    out.append(ReleasePort(port))
                 continue
             alloc = self.allocations.get(client)
             if alloc is None:
                 continue
-            if kind == 0:
+            if kind is DeadlineKind.ALLOCATION:
                 if alloc.expires <= now:
                     self._delete(alloc, "expired", out)
-            elif kind == 1:
+            elif kind is DeadlineKind.PERMISSION:
                 expires = alloc.permissions.get(item)
                 if expires is not None and expires <= now:
                     del alloc.permissions[item]
@@ -415,7 +349,7 @@ class TurnEngine:
                     if channel.routed:
                         channel.routed = False
                         out.append(ChannelRouteRemoved(client, channel.number, channel.peer))
-        self._purge_cache(now)
+        self._cache.purge(now)
         return out
 
     def close(self) -> list[Effect]:
@@ -423,9 +357,8 @@ class TurnEngine:
         out: list[Effect] = []
         for alloc in list(self.allocations.values()):
             self._delete(alloc, "shutdown", out)
-        for port, _expires in self.reservations.values():
+        for port in self._reservations.release_all():
             out.append(ReleasePort(port))
-        self.reservations.clear()
         self._pending.clear()
         self._deadlines.clear()
         return out
@@ -434,194 +367,20 @@ class TurnEngine:
 
     def _authenticate(
         self, decoded: codec.Decoded, client: Address, now: float, out: list[Effect]
-    ) -> _Request | None:
+    ) -> AuthenticatedRequest | None:
         """RFC 8489 §9.2.4 long-term credentials; returns None after answering a failure."""
-        msg, peers = decoded.message, decoded.peers
         auth = self.policies.authenticator
-        if not auth.enabled:
-            self._reply_error(out, client, msg, 400, "TURN is disabled (auth type none)", now)
-            return None
-        attrs = msg.attributes
-        if "MESSAGE-INTEGRITY" not in attrs:
-            self._challenge(out, client, msg, 401, "Unauthorized", now)
-            return None
-        username = attrs.get("USERNAME")
-        nonce = attrs.get("NONCE")
-        if username is None or nonce is None or "REALM" not in attrs:
-            self._reply_error(out, client, msg, 400, "Missing USERNAME, REALM or NONCE", now)
-            return None
-        if not self._nonces.valid(nonce, now):
-            self._challenge(out, client, msg, 438, "Stale Nonce", now)
-            return None
-        credential = auth.lookup(username, now + self.clock_offset_s)
-        if credential is None or not codec.check_integrity(msg, credential.key):
-            self._challenge(out, client, msg, 401, "Unauthorized", now)
-            return None
-        return _Request(msg, client, credential.user_id, credential.key, peers)
-
-    def _challenge(
-        self,
-        out: list[Effect],
-        client: Address,
-        msg: codec.Message,
-        code: int,
-        reason: str,
-        now: float,
-    ) -> None:
-        # Challenges are not cached: a retransmission gets a fresh nonce, which is harmless.
-        self._send(
-            out,
-            client,
-            codec.error_response(
-                msg.message_method,
-                msg.transaction_id,
-                code,
-                reason,
-                extra={
-                    "REALM": self.policies.authenticator.realm,
-                    "NONCE": self._nonces.issue(now),
-                },
-                software=self.software,
-            ),
-        )
-
-    # ------------------------------------------------------------------ methods
-
-    def _allocate(self, req: _Request, now: float, out: list[Effect]) -> None:
-        """RFC 8656 §7.2."""
-        client, msg = req.client, req.message
-        if client in self._pending:
-            if self._pending[client].transaction_id != msg.transaction_id:
-                self._fail(req, 437, "Allocation Mismatch", now, out)
-            return
-        if client in self.allocations:
-            self._fail(req, 437, "Allocation Mismatch", now, out)
-            return
-        attrs = msg.attributes
-        transport = attrs.get("REQUESTED-TRANSPORT")
-        if transport is None:
-            self._fail(req, 400, "Missing REQUESTED-TRANSPORT", now, out)
-            return
-        if transport & 0xFF000000 != codec.TRANSPORT_UDP:
-            self._fail(req, 442, "Unsupported Transport Protocol", now, out)
-            return
-        reserved_port = 0
-        if "RESERVATION-TOKEN" in attrs:
-            if "EVEN-PORT" in attrs or "REQUESTED-ADDRESS-FAMILY" in attrs:
-                self._fail(req, 400, "RESERVATION-TOKEN with EVEN-PORT or family", now, out)
-                return
-            held = self.reservations.get(attrs["RESERVATION-TOKEN"])
-            if held is None or held[1] <= now:
-                self._fail(req, 508, "Insufficient Capacity (no such reservation)", now, out)
-                return
-        family_code = attrs.get("REQUESTED-ADDRESS-FAMILY")
-        if family_code is not None:
-            wanted = {codec.FAMILY_IPV4: 4, codec.FAMILY_IPV6: 6}.get(family_code)
-            if wanted is None:
-                self._fail(req, 440, "Address Family not Supported", now, out)
-                return
-            if wanted != self.relay_family:
-                self._fail(req, 440, "Address Family not Supported", now, out)
-                return
-        if not self.policies.quota.allows(req.user_id, self.usage.counts):
-            self._fail(req, 486, "Allocation Quota Reached", now, out)
-            return
-        if "RESERVATION-TOKEN" in attrs:
-            reserved_port = self.reservations.pop(attrs["RESERVATION-TOKEN"])[0]
-        even = attrs.get("EVEN-PORT")
-        reserve_next = even is not None and bool(even & 0x80)
-        self._pending[client] = _Pending(
-            msg.transaction_id,
-            req.user_id,
-            req.key,
-            _lifetime(attrs.get("LIFETIME")),
-            self.relay_family,
-            reserve_next,
-        )
-        out.append(
-            OpenRelay(client, self.relay_family, even is not None, reserve_next, reserved_port)
-        )
-
-    def _refresh(self, req: _Request, now: float, out: list[Effect]) -> None:
-        """RFC 8656 §7.3: LIFETIME 0 deletes, otherwise the allocation is extended."""
-        alloc = self._owned_allocation(req, now, out)
-        if alloc is None:
-            return
-        attrs = req.message.attributes
-        family_code = attrs.get("REQUESTED-ADDRESS-FAMILY")
-        if family_code is not None and {1: 4, 2: 6}.get(family_code) != alloc.family:
-            self._fail(req, 443, "Peer Address Family Mismatch", now, out)
-            return
-        requested = attrs.get("LIFETIME")
-        if requested == 0:
-            self._delete(alloc, "refresh", out)
-            lifetime = 0
+        result = self._gatekeeper.check(decoded, client, now, now + self.clock_offset_s, auth)
+        if isinstance(result, AuthenticatedRequest):
+            return result
+        msg = decoded.message
+        if result.challenge:
+            # Challenges are not cached: a retransmission gets a fresh nonce, which is harmless.
+            answer = self._gatekeeper.challenge(msg, result, now, auth, self.software)
+            self._send(out, client, answer)
         else:
-            lifetime = _lifetime(requested)
-            alloc.expires = now + lifetime
-            self._schedule(alloc.expires, 0, alloc.client, None)
-        self._succeed(req, {"LIFETIME": lifetime}, now, out)
-
-    def _create_permission(self, req: _Request, now: float, out: list[Effect]) -> None:
-        """RFC 8656 §9: every XOR-PEER-ADDRESS must be acceptable or nothing is installed."""
-        alloc = self._owned_allocation(req, now, out)
-        if alloc is None:
-            return
-        peers = req.peers
-        if not peers:
-            self._fail(req, 400, "Missing XOR-PEER-ADDRESS", now, out)
-            return
-        for ip, _port in peers:
-            if _family_of(ip) != alloc.family:
-                self._fail(req, 443, "Peer Address Family Mismatch", now, out)
-                return
-            if not self.policies.peers.admits_ip(ip):
-                self._fail(req, 403, "Forbidden (peer not admitted by any route)", now, out)
-                return
-        for ip, _port in peers:
-            self._install_permission(alloc, ip, now)
-        self._sync_routes(alloc, now, out)
-        self._succeed(req, {}, now, out)
-
-    def _channel_bind(self, req: _Request, now: float, out: list[Effect]) -> None:
-        """RFC 8656 §11.2: bind or refresh; a channel and a peer are bound one to one."""
-        alloc = self._owned_allocation(req, now, out)
-        if alloc is None:
-            return
-        attrs = req.message.attributes
-        number = attrs.get("CHANNEL-NUMBER")
-        peer = attrs.get("XOR-PEER-ADDRESS")
-        if number is None or not codec.CHANNEL_MIN <= number <= codec.CHANNEL_MAX:
-            self._fail(req, 400, "Bad or missing CHANNEL-NUMBER", now, out)
-            return
-        if peer is None:
-            self._fail(req, 400, "Missing XOR-PEER-ADDRESS", now, out)
-            return
-        peer = (peer[0], peer[1])
-        if _family_of(peer[0]) != alloc.family:
-            self._fail(req, 443, "Peer Address Family Mismatch", now, out)
-            return
-        existing = alloc.channels.get(number)
-        if existing is not None and existing.peer != peer:
-            self._fail(req, 400, "Channel already bound to another peer", now, out)
-            return
-        other = alloc.peer_channels.get(peer)
-        if other is not None and other.number != number:
-            self._fail(req, 400, "Peer already bound to another channel", now, out)
-            return
-        if not self.policies.peers.admits(peer[0], peer[1]):
-            # a channel names a transport address, so the port must fall in an admitting
-            # cluster's range too (CreatePermission carries no port and checks the IP only)
-            self._fail(req, 403, "Forbidden (peer not admitted by any route)", now, out)
-            return
-        channel = existing or Channel(number, peer, 0.0)
-        channel.expires = now + CHANNEL_LIFETIME_S
-        alloc.channels[number] = channel
-        alloc.peer_channels[peer] = channel
-        self._schedule(channel.expires, 2, alloc.client, number)
-        self._install_permission(alloc, peer[0], now)
-        self._sync_routes(alloc, now, out)
-        self._succeed(req, {}, now, out)
+            self._reply_error(out, client, msg, result.code, result.reason, now)
+        return None
 
     def _send_indication(
         self, msg: codec.Message, client: Address, now: float, out: list[Effect]
@@ -656,125 +415,8 @@ class TurnEngine:
             return
         out.append(SendToPeer(client, channel.peer, parsed[1]))
 
-    # ------------------------------------------------------------------ helpers
-
-    def _owned_allocation(self, req: _Request, now: float, out: list[Effect]) -> Allocation | None:
-        """The client's allocation if this user made it (upstream §3.5), else answer 437."""
-        alloc = self.allocations.get(req.client)
-        if alloc is None or alloc.user_id != req.user_id or alloc.expires <= now:
-            self._fail(req, 437, "Allocation Mismatch", now, out)
-            return None
-        return alloc
-
-    def _install_permission(self, alloc: Allocation, ip: str, now: float) -> None:
-        expires = now + PERMISSION_LIFETIME_S
-        alloc.permissions[ip] = expires
-        self._schedule(expires, 1, alloc.client, ip)
-
-    def _sync_routes(self, alloc: Allocation, now: float, out: list[Effect]) -> None:
-        peers = self.policies.peers
-        for channel in alloc.channels.values():
-            ip, port = channel.peer
-            perm = alloc.permissions.get(ip)
-            wanted = (
-                channel.expires > now and perm is not None and perm > now and peers.admits(ip, port)
-            )
-            if wanted != channel.routed:
-                channel.routed = wanted
-                route = ChannelRouteAdded if wanted else ChannelRouteRemoved
-                out.append(route(alloc.client, channel.number, channel.peer))
-
-    def _delete(self, alloc: Allocation, reason: str, out: list[Effect]) -> None:
-        for channel in alloc.channels.values():
-            if channel.routed:
-                channel.routed = False
-                out.append(ChannelRouteRemoved(alloc.client, channel.number, channel.peer))
-        del self.allocations[alloc.client]
-        self.usage.remove(alloc.user_id)
-        self._compact_deadlines()
-        out.append(CloseRelay(alloc.client))
-        out.append(AllocationDeleted(alloc.client, alloc.user_id, reason))
-
-    def _compact_deadlines(self) -> None:
-        """Drop heap entries of deleted allocations once they dominate (heavy churn)."""
-        heap = self._deadlines
-        if len(heap) > 1024 and len(heap) > 16 * (len(self.allocations) + len(self.reservations)):
-            live = self.allocations
-            heap[:] = [e for e in heap if e[2] == 3 or e[3] in live]  # in place: tick() holds it
-            heapq.heapify(heap)
-
-    def _reservation_token(self) -> bytes:
-        """8 opaque bytes (RFC 8656 §14.9), unguessable without the engine's secret."""
-        self._seq += 1
-        return hmac.new(self._token_key, self._seq.to_bytes(8, "big"), hashlib.sha256).digest()[:8]
-
-    def _schedule(self, deadline: float, kind: int, client: Address, item: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self._deadlines, (deadline, self._seq, kind, client, item))
-
-    def _succeed(self, req: _Request, attrs: dict[str, Any], now: float, out: list[Effect]) -> None:
-        msg = req.message
-        answer = codec.encode(
-            msg.message_method,
-            Class.RESPONSE,
-            msg.transaction_id,
-            attrs,
-            key=req.key,
-            software=self.software,
-        )
-        self._answer(out, req.client, msg, answer, now)
-
-    def _fail(self, req: _Request, code: int, reason: str, now: float, out: list[Effect]) -> None:
-        msg = req.message
-        answer = codec.error_response(
-            msg.message_method,
-            msg.transaction_id,
-            code,
-            reason,
-            key=req.key,
-            software=self.software,
-        )
-        self._answer(out, req.client, msg, answer, now)
-
-    def _reply_error(
-        self,
-        out: list[Effect],
-        client: Address,
-        msg: codec.Message,
-        code: int,
-        reason: str,
-        now: float,
-    ) -> None:
-        answer = codec.error_response(
-            msg.message_method, msg.transaction_id, code, reason, software=self.software
-        )
-        self._answer(out, client, msg, answer, now)
-
-    def _answer(
-        self, out: list[Effect], client: Address, msg: codec.Message, answer: bytes, now: float
-    ) -> None:
-        self._remember(client, msg.transaction_id, answer, now)
-        out.append(SendToClient(client, answer))
-
-    def _send(self, out: list[Effect], client: Address, data: bytes) -> None:
-        out.append(SendToClient(client, data))
-
-    def _remember(self, client: Address, tid: bytes, answer: bytes, now: float) -> None:
-        self._purge_cache(now)
-        if len(self._cache) >= RETRANSMIT_CACHE_MAX:
-            self._cache.pop(next(iter(self._cache)))
-        self._cache[(client, tid)] = (now + RETRANSMIT_CACHE_S, answer)
-
-    def _purge_cache(self, now: float) -> None:
-        cache = self._cache
-        while cache:
-            key = next(iter(cache))
-            if cache[key][0] > now:
-                break
-            del cache[key]
-
 
 def _transaction_id(engine: TurnEngine) -> bytes:
     """Indications need a transaction id; uniqueness is all that matters (RFC 8489 §6)."""
-    engine._seq += 1
-    return engine._seq.to_bytes(12, "big")
+    engine._indications += 1
+    return engine._indications.to_bytes(12, "big")

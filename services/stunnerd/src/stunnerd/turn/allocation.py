@@ -1,0 +1,63 @@
+"""What an allocation holds: its relay, permissions and channels, and the lifetimes that bound them.
+
+Plain slotted classes (not dataclasses) because the engine mutates them on every refresh and the
+edge reads `Channel.peer` when it installs a ChannelData route. The lifetimes are RFC 8656's
+defaults; `lifetime()` is the §7.2 rule for a requested LIFETIME.
+"""
+
+from __future__ import annotations
+
+from stunnerd.turn.effects import Address
+
+DEFAULT_LIFETIME_S = 600
+MAX_LIFETIME_S = 3600
+PERMISSION_LIFETIME_S = 300
+CHANNEL_LIFETIME_S = 600
+
+
+class Channel:
+    __slots__ = ("expires", "number", "peer", "routed")
+
+    def __init__(self, number: int, peer: Address, expires: float) -> None:
+        self.number = number
+        self.peer = peer
+        self.expires = expires
+        self.routed = False
+
+
+class Allocation:
+    __slots__ = (
+        "channels",
+        "client",
+        "expires",
+        "family",
+        "key",
+        "peer_channels",
+        "permissions",
+        "relay",
+        "user_id",
+    )
+
+    def __init__(
+        self, client: Address, user_id: str, key: bytes, relay: Address, family: int, expires: float
+    ) -> None:
+        self.client = client
+        self.user_id = user_id
+        self.key = key
+        self.relay = relay
+        self.family = family
+        self.expires = expires
+        self.permissions: dict[str, float] = {}
+        self.channels: dict[int, Channel] = {}
+        self.peer_channels: dict[Address, Channel] = {}
+
+
+def family_of(ip: str) -> int:
+    return 6 if ":" in ip else 4
+
+
+def lifetime(requested: int | None) -> int:
+    """RFC 8656 §7.2: the default unless asked for more, never above the maximum."""
+    if requested is None:
+        return DEFAULT_LIFETIME_S
+    return max(DEFAULT_LIFETIME_S, min(requested, MAX_LIFETIME_S))

@@ -1,0 +1,300 @@
+"""The TURN methods a `TurnEngine` answers once a request is authenticated (RFC 8656 §7 to §11).
+
+Allocate, Refresh, CreatePermission and ChannelBind, and the bookkeeping they share: installing
+permissions and channels with their deadlines, keeping the ChannelData routes in step
+(`ChannelRouteAdded/Removed` are emitted here and only here), deleting an allocation, and
+answering (every answer to a request goes through the retransmission cache). `TurnEngine`
+inherits these and adds dispatch, peer traffic, timers and the relay handshake; the state they
+share is declared on `TurnMethods` so each half type-checks on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stunnerd.turn import codec
+from stunnerd.turn.allocation import (
+    CHANNEL_LIFETIME_S,
+    PERMISSION_LIFETIME_S,
+    Allocation,
+    Channel,
+    family_of,
+    lifetime,
+)
+from stunnerd.turn.auth import AuthenticatedRequest
+from stunnerd.turn.codec import Class
+from stunnerd.turn.effects import (
+    Address,
+    AllocationDeleted,
+    ChannelRouteAdded,
+    ChannelRouteRemoved,
+    CloseRelay,
+    Effect,
+    OpenRelay,
+    SendToClient,
+)
+from stunnerd.turn.policies import Authenticator, PeerPolicy, UserQuota, UserUsage
+from stunnerd.turn.reservations import Reservations
+from stunnerd.turn.retransmit import RetransmitCache
+from stunnerd.turn.timers import DeadlineKind, Deadlines
+
+
+@dataclass(frozen=True, slots=True)
+class Policies:
+    authenticator: Authenticator
+    peers: PeerPolicy
+    quota: UserQuota
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """An authenticated Allocate waiting for the edge to open its relay socket."""
+
+    transaction_id: bytes
+    user_id: str
+    key: bytes
+    lifetime_s: int
+    family: int
+    reserve_next: bool = False
+
+
+class TurnMethods:
+    """The request handlers; the state below is set up by `TurnEngine.__init__`."""
+
+    relay_family: int
+    software: str | None
+    policies: Policies
+    usage: UserUsage
+    allocations: dict[Address, Allocation]
+    _pending: dict[Address, Pending]
+    _cache: RetransmitCache
+    _deadlines: Deadlines
+    _reservations: Reservations
+
+    def _allocate(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:
+        """RFC 8656 §7.2."""
+        client, msg = req.client, req.message
+        if client in self._pending:
+            if self._pending[client].transaction_id != msg.transaction_id:
+                self._fail(req, 437, "Allocation Mismatch", now, out)
+            return
+        if client in self.allocations:
+            self._fail(req, 437, "Allocation Mismatch", now, out)
+            return
+        attrs = msg.attributes
+        transport = attrs.get("REQUESTED-TRANSPORT")
+        if transport is None:
+            self._fail(req, 400, "Missing REQUESTED-TRANSPORT", now, out)
+            return
+        if transport & 0xFF000000 != codec.TRANSPORT_UDP:
+            self._fail(req, 442, "Unsupported Transport Protocol", now, out)
+            return
+        reserved_port = 0
+        if "RESERVATION-TOKEN" in attrs:
+            if "EVEN-PORT" in attrs or "REQUESTED-ADDRESS-FAMILY" in attrs:
+                self._fail(req, 400, "RESERVATION-TOKEN with EVEN-PORT or family", now, out)
+                return
+            if not self._reservations.valid(attrs["RESERVATION-TOKEN"], now):
+                self._fail(req, 508, "Insufficient Capacity (no such reservation)", now, out)
+                return
+        family_code = attrs.get("REQUESTED-ADDRESS-FAMILY")
+        if family_code is not None:
+            wanted = {codec.FAMILY_IPV4: 4, codec.FAMILY_IPV6: 6}.get(family_code)
+            if wanted is None:
+                self._fail(req, 440, "Address Family not Supported", now, out)
+                return
+            if wanted != self.relay_family:
+                self._fail(req, 440, "Address Family not Supported", now, out)
+                return
+        if not self.policies.quota.allows(req.user_id, self.usage.counts):
+            self._fail(req, 486, "Allocation Quota Reached", now, out)
+            return
+        if "RESERVATION-TOKEN" in attrs:
+            reserved_port = self._reservations.claim(attrs["RESERVATION-TOKEN"])
+        even = attrs.get("EVEN-PORT")
+        reserve_next = even is not None and bool(even & 0x80)
+        self._pending[client] = Pending(
+            msg.transaction_id,
+            req.user_id,
+            req.key,
+            lifetime(attrs.get("LIFETIME")),
+            self.relay_family,
+            reserve_next,
+        )
+        out.append(
+            OpenRelay(client, self.relay_family, even is not None, reserve_next, reserved_port)
+        )
+
+    def _refresh(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:
+        """RFC 8656 §7.3: LIFETIME 0 deletes, otherwise the allocation is extended."""
+        alloc = self._owned_allocation(req, now, out)
+        if alloc is None:
+            return
+        attrs = req.message.attributes
+        family_code = attrs.get("REQUESTED-ADDRESS-FAMILY")
+        if family_code is not None and {1: 4, 2: 6}.get(family_code) != alloc.family:
+            self._fail(req, 443, "Peer Address Family Mismatch", now, out)
+            return
+        requested = attrs.get("LIFETIME")
+        if requested == 0:
+            self._delete(alloc, "refresh", out)
+            granted = 0
+        else:
+            granted = lifetime(requested)
+            alloc.expires = now + granted
+            self._deadlines.schedule(alloc.expires, DeadlineKind.ALLOCATION, alloc.client, None)
+        self._succeed(req, {"LIFETIME": granted}, now, out)
+
+    def _create_permission(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:
+        """RFC 8656 §9: every XOR-PEER-ADDRESS must be acceptable or nothing is installed."""
+        alloc = self._owned_allocation(req, now, out)
+        if alloc is None:
+            return
+        peers = req.peers
+        if not peers:
+            self._fail(req, 400, "Missing XOR-PEER-ADDRESS", now, out)
+            return
+        for ip, _port in peers:
+            if family_of(ip) != alloc.family:
+                self._fail(req, 443, "Peer Address Family Mismatch", now, out)
+                return
+            if not self.policies.peers.admits_ip(ip):
+                self._fail(req, 403, "Forbidden (peer not admitted by any route)", now, out)
+                return
+        for ip, _port in peers:
+            self._install_permission(alloc, ip, now)
+        self._sync_routes(alloc, now, out)
+        self._succeed(req, {}, now, out)
+
+    def _channel_bind(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:
+        """RFC 8656 §11.2: bind or refresh; a channel and a peer are bound one to one."""
+        alloc = self._owned_allocation(req, now, out)
+        if alloc is None:
+            return
+        attrs = req.message.attributes
+        number = attrs.get("CHANNEL-NUMBER")
+        peer = attrs.get("XOR-PEER-ADDRESS")
+        if number is None or not codec.CHANNEL_MIN <= number <= codec.CHANNEL_MAX:
+            self._fail(req, 400, "Bad or missing CHANNEL-NUMBER", now, out)
+            return
+        if peer is None:
+            self._fail(req, 400, "Missing XOR-PEER-ADDRESS", now, out)
+            return
+        peer = (peer[0], peer[1])
+        if family_of(peer[0]) != alloc.family:
+            self._fail(req, 443, "Peer Address Family Mismatch", now, out)
+            return
+        existing = alloc.channels.get(number)
+        if existing is not None and existing.peer != peer:
+            self._fail(req, 400, "Channel already bound to another peer", now, out)
+            return
+        other = alloc.peer_channels.get(peer)
+        if other is not None and other.number != number:
+            self._fail(req, 400, "Peer already bound to another channel", now, out)
+            return
+        if not self.policies.peers.admits(peer[0], peer[1]):
+            # a channel names a transport address, so the port must fall in an admitting
+            # cluster's range too (CreatePermission carries no port and checks the IP only)
+            self._fail(req, 403, "Forbidden (peer not admitted by any route)", now, out)
+            return
+        channel = existing or Channel(number, peer, 0.0)
+        channel.expires = now + CHANNEL_LIFETIME_S
+        alloc.channels[number] = channel
+        alloc.peer_channels[peer] = channel
+        self._deadlines.schedule(channel.expires, DeadlineKind.CHANNEL, alloc.client, number)
+        self._install_permission(alloc, peer[0], now)
+        self._sync_routes(alloc, now, out)
+        self._succeed(req, {}, now, out)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _owned_allocation(
+        self, req: AuthenticatedRequest, now: float, out: list[Effect]
+    ) -> Allocation | None:
+        """The client's allocation if this user made it (upstream §3.5), else answer 437."""
+        alloc = self.allocations.get(req.client)
+        if alloc is None or alloc.user_id != req.user_id or alloc.expires <= now:
+            self._fail(req, 437, "Allocation Mismatch", now, out)
+            return None
+        return alloc
+
+    def _install_permission(self, alloc: Allocation, ip: str, now: float) -> None:
+        expires = now + PERMISSION_LIFETIME_S
+        alloc.permissions[ip] = expires
+        self._deadlines.schedule(expires, DeadlineKind.PERMISSION, alloc.client, ip)
+
+    def _sync_routes(self, alloc: Allocation, now: float, out: list[Effect]) -> None:
+        peers = self.policies.peers
+        for channel in alloc.channels.values():
+            ip, port = channel.peer
+            perm = alloc.permissions.get(ip)
+            wanted = (
+                channel.expires > now and perm is not None and perm > now and peers.admits(ip, port)
+            )
+            if wanted != channel.routed:
+                channel.routed = wanted
+                route = ChannelRouteAdded if wanted else ChannelRouteRemoved
+                out.append(route(alloc.client, channel.number, channel.peer))
+
+    def _delete(self, alloc: Allocation, reason: str, out: list[Effect]) -> None:
+        for channel in alloc.channels.values():
+            if channel.routed:
+                channel.routed = False
+                out.append(ChannelRouteRemoved(alloc.client, channel.number, channel.peer))
+        del self.allocations[alloc.client]
+        self.usage.remove(alloc.user_id)
+        self._deadlines.compact(self.allocations, len(self._reservations))
+        out.append(CloseRelay(alloc.client))
+        out.append(AllocationDeleted(alloc.client, alloc.user_id, reason))
+
+    def _succeed(
+        self, req: AuthenticatedRequest, attrs: dict[str, Any], now: float, out: list[Effect]
+    ) -> None:
+        msg = req.message
+        answer = codec.encode(
+            msg.message_method,
+            Class.RESPONSE,
+            msg.transaction_id,
+            attrs,
+            key=req.key,
+            software=self.software,
+        )
+        self._answer(out, req.client, msg, answer, now)
+
+    def _fail(
+        self, req: AuthenticatedRequest, code: int, reason: str, now: float, out: list[Effect]
+    ) -> None:
+        msg = req.message
+        answer = codec.error_response(
+            msg.message_method,
+            msg.transaction_id,
+            code,
+            reason,
+            key=req.key,
+            software=self.software,
+        )
+        self._answer(out, req.client, msg, answer, now)
+
+    def _reply_error(
+        self,
+        out: list[Effect],
+        client: Address,
+        msg: codec.Message,
+        code: int,
+        reason: str,
+        now: float,
+    ) -> None:
+        answer = codec.error_response(
+            msg.message_method, msg.transaction_id, code, reason, software=self.software
+        )
+        self._answer(out, client, msg, answer, now)
+
+    def _answer(
+        self, out: list[Effect], client: Address, msg: codec.Message, answer: bytes, now: float
+    ) -> None:
+        self._cache.remember(client, msg.transaction_id, answer, now)
+        out.append(SendToClient(client, answer))
+
+    def _send(self, out: list[Effect], client: Address, data: bytes) -> None:
+        out.append(SendToClient(client, data))
