@@ -33,7 +33,7 @@ from stunner_operator.__main__ import _parser as operator_parser
 from stunner_operator.render.dataplane import render_deployment
 from stunner_operator.render.options import RenderOptions
 from stunner_operator.settings import OperatorSettings
-from stunnerd.app import build_parser as stunnerd_parser
+from stunnerd.cli import build_parser as stunnerd_parser
 from support.ports import free_port
 from support.processes import running, wait_for_tcp
 from support.redis_server import RedisServer

@@ -12,10 +12,11 @@ import pytest
 from aioice import stun
 from cryptography import x509
 from fixtures.stunnerd.client import UdpTurnClient
-from fixtures.stunnerd.inproc import echo_peer, make_config, running_server
+from fixtures.stunnerd.inproc import echo_peer, make_config, running_dataplane, running_server
 
 from stunner_common.config import parse_config, self_signed_pair
 from stunnerd.net.server import TurnServer
+from stunnerd.workers.local import LocalDataplane
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -199,14 +200,15 @@ async def test_listeners_can_be_added_and_removed_while_running(no_leaked_tasks:
     tcp = next(lst for lst in both.listeners if lst.name == "turn-tcp")
     listeners = [config.listeners[0].to_dict(), tcp.to_dict()]
     both = parse_config({**both.to_dict(), "listeners": listeners})
-    async with running_server(config) as server:
+    async with running_dataplane(config) as dataplane:
+        server = dataplane.server
         udp = server.listeners["turn-udp"]
-        await server.apply_config(both)
+        await dataplane.reconciler.apply(both)
         assert set(server.listeners) == {"turn-udp", "turn-tcp"}
         assert server.listeners["turn-udp"] is udp
         with socket.create_connection(("127.0.0.1", tcp.port), timeout=2):
             pass
-        await server.apply_config(config)
+        await dataplane.reconciler.apply(config)
         assert set(server.listeners) == {"turn-udp"}
 
 
@@ -244,10 +246,10 @@ async def test_ipv6_listener_relays_to_an_ipv6_peer(no_leaked_tasks: None) -> No
         def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
             self.transport.sendto(data, addr)  # type: ignore[attr-defined]
 
-    server = TurnServer(bind_host="::1")
+    dataplane = LocalDataplane(TurnServer(bind_host="::1"))
     peer_transport, _ = await loop.create_datagram_endpoint(Echo, local_addr=("::1", 0))
     try:
-        await server.apply_config(config)
+        await dataplane.reconciler.apply(config)
         peer = peer_transport.get_extra_info("sockname")[:2]
         client = UdpTurnClient(("::1", port))
         client.transport, _ = await loop.create_datagram_endpoint(
@@ -260,7 +262,7 @@ async def test_ipv6_listener_relays_to_an_ipv6_peer(no_leaked_tasks: None) -> No
                 stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": peer}
             )
             assert bound.message_class == stun.Class.RESPONSE
-            listener = server.listeners["v6"]
+            listener = dataplane.server.listeners["v6"]
             assert any(len(key[0]) == 4 for key in listener.routes)  # the fast path is armed
             client.send_raw(channel_data(0x4000, b"six"))
             assert await client.recv_raw() == channel_data(0x4000, b"six")
@@ -268,7 +270,7 @@ async def test_ipv6_listener_relays_to_an_ipv6_peer(no_leaked_tasks: None) -> No
             client.transport.close()
     finally:
         peer_transport.close()
-        await server.close()
+        await dataplane.close()
 
 
 async def test_strict_dns_cluster_admits_the_addresses_its_name_resolves_to(

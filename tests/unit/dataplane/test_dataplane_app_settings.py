@@ -7,16 +7,12 @@ import logging
 
 import pytest
 
-from stunnerd.app import (
-    DataplaneSettings,
-    JsonLogFormatter,
-    build_parser,
-    make_origin,
-    settings_from_env,
-)
+from stunnerd.app import make_origin
+from stunnerd.cli import JsonLogFormatter, build_parser
 from stunnerd.origin.base import ConfigOriginError
 from stunnerd.origin.cds import CdsOrigin
 from stunnerd.origin.file import FileOrigin
+from stunnerd.settings import StunnerdSettings, load_settings
 
 
 def test_the_origin_flag_beats_the_environment_which_beats_the_default() -> None:
@@ -25,26 +21,24 @@ def test_the_origin_flag_beats_the_environment_which_beats_the_default() -> None
         "STUNNER_NAMESPACE": "ns",
         "STUNNER_NAME": "gw",
     }
-    flagged = settings_from_env(
-        config="/etc/x.yaml", watch=False, turn_uri=None, ident=None, env=env
-    )
+    flagged = load_settings(env, config="/etc/x.yaml", watch=False, turn_uri=None, ident=None)
     assert flagged.origin == "/etc/x.yaml"
-    from_env = settings_from_env(config=None, watch=True, turn_uri=None, ident=None, env=env)
+    from_env = load_settings(env, config=None, watch=True, turn_uri=None, ident=None)
     assert (from_env.origin, from_env.namespace, from_env.name) == ("ws://cds:13478", "ns", "gw")
-    default = settings_from_env(config=None, watch=False, turn_uri=None, ident="a/b", env={})
+    default = load_settings({}, config=None, watch=False, turn_uri=None, ident="a/b")
     assert default.origin == ":13478"
     assert (default.namespace, default.name) == ("a", "b")
 
 
 def test_the_node_name_comes_from_the_environment() -> None:
     env = {"STUNNER_NODENAME": "worker-1"}
-    settings = settings_from_env(config=None, watch=True, turn_uri=None, ident="a/b", env=env)
+    settings = load_settings(env, config=None, watch=True, turn_uri=None, ident="a/b")
     assert settings.node == "worker-1"
 
 
 def test_a_bad_id_is_refused() -> None:
     with pytest.raises(ConfigOriginError, match="invalid id"):
-        settings_from_env(config=None, watch=True, turn_uri=None, ident="nope", env={})
+        load_settings({}, config=None, watch=True, turn_uri=None, ident="nope")
 
 
 @pytest.mark.parametrize(
@@ -58,12 +52,12 @@ def test_a_bad_id_is_refused() -> None:
     ],
 )
 def test_each_origin_form_builds_the_matching_client(origin: str, kind: type) -> None:
-    built = make_origin(DataplaneSettings(origin=origin, namespace="ns", name="gw"), {})
+    built = make_origin(StunnerdSettings(origin=origin, namespace="ns", name="gw"), {})
     assert isinstance(built, kind)
 
 
 def test_the_cds_client_gets_the_identity_and_node() -> None:
-    settings = DataplaneSettings(origin="ws://h:1", namespace="ns", name="gw", node="n1")
+    settings = StunnerdSettings(origin="ws://h:1", namespace="ns", name="gw", node="n1")
     origin = make_origin(settings, {})
     assert isinstance(origin, CdsOrigin)
     assert origin.ws_url() == "ws://h:1/api/v1/configs/ns/gw?node=n1&watch=true"

@@ -2,7 +2,9 @@
 
 The target here records what it is asked to do and keeps a table of running listeners, so the
 tests can assert exactly which listeners were touched and what runs after a failure. The same
-reconciler drives the real server in tests/integration/dataplane.
+`ListenerReconciler` drives the real server in tests/integration/dataplane; the `Reconciler`
+that puts it and the admin endpoints together is driven here through `TableDataplane`, which is
+`LocalDataplane.apply` over the table.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from stunner_common.config import (
     self_signed_pair,
     zero_config,
 )
+from stunnerd.admin.stats import StatsSnapshot
+from stunnerd.reconcile.listeners import ListenerReconciler, ReconcileError
 from stunnerd.reconcile.plan import Plan
-from stunnerd.reconcile.reconciler import ReconcileError, Reconciler
+from stunnerd.reconcile.reconciler import Reconciler
+from stunnerd.workers.base import ApplyOutcome
 
 
 class TableTarget:
@@ -61,6 +66,41 @@ class TableTarget:
         return self.can_rotate
 
 
+class TableDataplane:
+    """A `Dataplane` whose listeners are a `TableTarget`."""
+
+    def __init__(self, target: TableTarget) -> None:
+        self.listeners = ListenerReconciler(target)
+
+    async def start(self) -> None:
+        return None
+
+    async def apply(self, config: StunnerConfig) -> ApplyOutcome:
+        try:
+            result = await self.listeners.apply(config)
+        except ReconcileError as exc:
+            return ApplyOutcome(applied=False, error=str(exc))
+        return ApplyOutcome(applied=result.applied, ignored=result.ignored)
+
+    def stats(self) -> StatsSnapshot:
+        return StatsSnapshot()
+
+    async def refresh(self) -> None:
+        return None
+
+    def worker_status(self) -> None:
+        return None
+
+    async def allocations(self) -> int:
+        return 0
+
+    async def stop_accepting(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
 class RecordingAdmin:
     def __init__(self) -> None:
         self.applied: list[tuple[str, Plan]] = []
@@ -93,7 +133,7 @@ def edited(cfg: StunnerConfig, **changes: Any) -> StunnerConfig:
 
 async def test_the_first_config_starts_every_listener_after_installing_policies() -> None:
     target, admin = TableTarget(), RecordingAdmin()
-    rec = Reconciler(target, admin)
+    rec = Reconciler(TableDataplane(target), admin)
     result = await rec.apply(config(a=3478, b=3479), revision=7)
     assert result.applied
     assert target.ops == ["policies", "add a", "add b"]
@@ -104,7 +144,7 @@ async def test_the_first_config_starts_every_listener_after_installing_policies(
 
 async def test_an_identical_config_touches_nothing() -> None:
     target = TableTarget()
-    rec = Reconciler(target, RecordingAdmin())
+    rec = ListenerReconciler(target)
     await rec.apply(config(a=3478))
     target.ops.clear()
     result = await rec.apply(config(a=3478))
@@ -114,7 +154,7 @@ async def test_an_identical_config_touches_nothing() -> None:
 
 async def test_the_zero_config_is_ignored_and_the_running_config_stays() -> None:
     target = TableTarget()
-    rec = Reconciler(target)
+    rec = ListenerReconciler(target)
     first = config(a=3478)
     await rec.apply(first)
     target.ops.clear()
@@ -126,7 +166,7 @@ async def test_the_zero_config_is_ignored_and_the_running_config_stays() -> None
 
 async def test_a_port_change_removes_then_restarts_only_that_listener() -> None:
     target = TableTarget()
-    rec = Reconciler(target)
+    rec = ListenerReconciler(target)
     await rec.apply(config(a=3478, b=3479))
     target.ops.clear()
     result = await rec.apply(config(a=3478, b=4000))
@@ -137,7 +177,7 @@ async def test_a_port_change_removes_then_restarts_only_that_listener() -> None:
 
 async def test_a_failed_start_rolls_back_to_the_previous_listeners_and_reports_the_error() -> None:
     target = TableTarget()
-    rec = Reconciler(target)
+    rec = ListenerReconciler(target)
     before = config(a=3478, b=3479)
     await rec.apply(before)
     target.fail_add = {"c"}
@@ -151,7 +191,7 @@ async def test_a_failed_start_rolls_back_to_the_previous_listeners_and_reports_t
 
 async def test_a_bad_certificate_aborts_before_any_side_effect() -> None:
     target = TableTarget()
-    rec = Reconciler(target)
+    rec = ListenerReconciler(target)
     await rec.apply(config(a=3478))
     target.ops.clear()
     target.fail_check = {"b"}
@@ -163,7 +203,7 @@ async def test_a_bad_certificate_aborts_before_any_side_effect() -> None:
 
 async def test_a_loglevel_change_reaches_the_admin_surface_without_touching_listeners() -> None:
     target, admin = TableTarget(), RecordingAdmin()
-    rec = Reconciler(target, admin)
+    rec = Reconciler(TableDataplane(target), admin)
     first = config(a=3478)
     await rec.apply(first)
     target.ops.clear()
@@ -192,7 +232,7 @@ async def test_a_transport_that_cannot_rotate_certificates_is_restarted_instead(
         return parse_config(data)
 
     target = TableTarget()
-    rec = Reconciler(target)
+    rec = ListenerReconciler(target)
     await rec.apply(tls("one.example"))
     target.ops.clear()
     target.can_rotate = False

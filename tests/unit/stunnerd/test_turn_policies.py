@@ -9,7 +9,7 @@ import hmac
 import pytest
 
 from stunner_common.config import parse_config
-from stunnerd.policy import DnsCache, policies_for
+from stunnerd.routing import DnsCache, policies_for
 from stunnerd.turn.policies import (
     EphemeralAuthenticator,
     NonceMint,

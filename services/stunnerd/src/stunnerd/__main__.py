@@ -1,14 +1,14 @@
 """`stunnerd`: the TURN dataplane command; `python -m stunnerd` runs the same.
 
 The command (flags, config origins, reconcile, health, metrics, drain, workers) lives in
-`stunnerd.app`; this module only makes it runnable as a package.
+`stunnerd.app` and `stunnerd.cli`; this module only makes it runnable as a package.
 """
 
 from __future__ import annotations
 
 import sys
 
-from stunnerd.app import main
+from stunnerd.cli import main
 
 __all__ = ["main"]
 

@@ -2,126 +2,42 @@
 
 `run(settings)` is the whole life of a `stunnerd` process. It builds the dataplane (this process,
 or `--udp-thread-num` worker processes), loads or watches the config origin, applies each config
-as a delta, keeps `/ready` false until the first real config is in force, and on SIGTERM turns
-`/ready` to 503, refuses new allocations and exits once the last allocation ends or the grace
-period runs out (SIGINT does the same with a shorter grace period; a second signal exits at once).
-A config that fails to apply is logged and the previous one keeps serving; a one-shot load that
-fails exits with status 1.
+through the `Reconciler` (dataplane, then admin endpoints), keeps `/ready` false until the first
+real config is in force, and on SIGTERM turns `/ready` to 503, refuses new allocations and exits
+once the last allocation ends or the grace period runs out (SIGINT does the same with a shorter
+grace period; a second signal exits at once). A config that fails to apply is logged and the
+previous one keeps serving; a one-shot load that fails exits with status 1. The command line and
+the environment are read once, in `stunnerd.cli`, into the `StunnerdSettings` passed in here.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import json
 import logging
 import os
 import signal
 import sys
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
 
-from stunner_common.config import DEFAULT_HEALTHCHECK_ENDPOINT, ConfigError, StunnerConfig
-from stunner_common.loglevel import apply_log_spec
+from stunner_common.config import ConfigError, StunnerConfig
 from stunner_common.turnuri import default_config_from_uri
 from stunnerd.admin.health import Lifecycle
 from stunnerd.admin.servers import AdminServers
 from stunnerd.drain import drain
-from stunnerd.origin.base import (
-    DEFAULT_ORIGIN,
-    ConfigOrigin,
-    ConfigOriginError,
-    parse_origin,
-    resolve_id,
-)
+from stunnerd.origin.base import ConfigOrigin, ConfigOriginError, parse_origin
 from stunnerd.origin.cds import CdsOrigin
 from stunnerd.origin.file import FileOrigin
-from stunnerd.reconcile.plan import Plan
+from stunnerd.reconcile.reconciler import Reconciler
+from stunnerd.settings import StunnerdSettings
 from stunnerd.workers.base import ApplyOutcome, Dataplane
 
 log = logging.getLogger("stunnerd")
 
 EXIT_OK = 0
 EXIT_CONFIG = 1
-DEFAULT_GRACE_PERIOD_S = 3600.0
-DEFAULT_SIGINT_GRACE_PERIOD_S = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class DataplaneSettings:
-    """Everything `run` needs, built once from the command line and the environment."""
-
-    origin: str = DEFAULT_ORIGIN
-    watch: bool = False
-    turn_uri: str | None = None
-    namespace: str = "default"
-    name: str = "stunnerd"
-    node: str | None = None
-    log_spec: str | None = None
-    log_format: Literal["text", "json"] = "text"
-    udp_thread_num: int = 0
-    grace_period_s: float = DEFAULT_GRACE_PERIOD_S
-    sigint_grace_period_s: float = DEFAULT_SIGINT_GRACE_PERIOD_S
-    force_ready: bool = False
-    bind_host: str = "0.0.0.0"
-    file_poll_interval_s: float = 0.2
-    bootstrap_health_endpoint: str = DEFAULT_HEALTHCHECK_ENDPOINT
-    """Where /live answers in watch mode before the first config names an endpoint."""
-    health_port_override: int | None = None
-    """Serve health checks on this port whatever the config says (several on one host)."""
-
-
-def settings_from_env(
-    *,
-    config: str | None,
-    watch: bool,
-    turn_uri: str | None,
-    ident: str | None,
-    env: Mapping[str, str],
-    **rest: object,
-) -> DataplaneSettings:
-    """Resolve the origin (flag > STUNNER_CONFIG_ORIGIN > default) and the CDS identity."""
-    namespace, name = resolve_id(ident, env)
-    origin = config or env.get("STUNNER_CONFIG_ORIGIN") or DEFAULT_ORIGIN
-    return DataplaneSettings(
-        origin=origin,
-        watch=watch,
-        turn_uri=turn_uri,
-        namespace=namespace,
-        name=name,
-        node=env.get("STUNNER_NODENAME") or None,
-        **rest,  # type: ignore[arg-type]
-    )
-
-
-class JsonLogFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": round(record.created, 6),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, separators=(",", ":"))
-
-
-def configure_logging(log_format: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(JsonLogFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
-
-
-def make_origin(settings: DataplaneSettings, env: Mapping[str, str]) -> ConfigOrigin:
+def make_origin(settings: StunnerdSettings, env: Mapping[str, str]) -> ConfigOrigin:
     spec = parse_origin(settings.origin)
     if spec.kind == "file":
         # Zero (delete) configs reach the reconciler, which ignores them and counts them in
@@ -142,23 +58,39 @@ def make_origin(settings: DataplaneSettings, env: Mapping[str, str]) -> ConfigOr
     )
 
 
-def make_dataplane(settings: DataplaneSettings) -> Dataplane:
+def make_dataplane(settings: StunnerdSettings) -> Dataplane:
     if settings.udp_thread_num > 1:
-        from stunnerd.workers.pool import WorkerPool
+        from stunnerd.workers.pool import WorkerPool, WorkerTimeouts
 
         return WorkerPool(
-            settings.udp_thread_num, bind_host=settings.bind_host, log_spec=settings.log_spec
+            settings.udp_thread_num,
+            bind_host=settings.bind_host,
+            log_spec=settings.log_spec,
+            udp_gso=settings.udp_gso,
+            timeouts=WorkerTimeouts(
+                request_s=settings.worker_request_timeout_s,
+                stats_s=settings.worker_stats_timeout_s,
+                stop_s=settings.worker_stop_timeout_s,
+                restart_delay_s=settings.worker_restart_delay_s,
+            ),
         )
     from stunnerd.net.server import TurnServer
     from stunnerd.workers.local import LocalDataplane
 
-    return LocalDataplane(TurnServer(bind_host=settings.bind_host))
+    return LocalDataplane(
+        TurnServer(
+            bind_host=settings.bind_host,
+            udp_gso=settings.udp_gso,
+            dns_refresh_s=settings.dns_refresh_s,
+            dns_timeout_s=settings.dns_timeout_s,
+        )
+    )
 
 
 class ManagedDataplane:
-    """The running process: dataplane, admin servers, lifecycle and the config being served."""
+    """The running process: dataplane, admin servers, lifecycle and the reconciler."""
 
-    def __init__(self, settings: DataplaneSettings, dataplane: Dataplane) -> None:
+    def __init__(self, settings: StunnerdSettings, dataplane: Dataplane) -> None:
         self.settings = settings
         self.dataplane = dataplane
         self.lifecycle = Lifecycle(force_ready=settings.force_ready)
@@ -167,45 +99,27 @@ class ManagedDataplane:
             dataplane.stats,
             log_override=settings.log_spec,
             refresh=dataplane.refresh,
-            health_port=settings.health_port_override,
+            health_port=settings.health_port,
+            refresh_timeout_s=settings.stats_refresh_timeout_s,
         )
-        self.revision: int | None = None
-        self.applied_count = 0
-        self.rejected_count = 0
-        self.ignored_count = 0
-        self.admin.revision = lambda: self.revision
-        self.admin.config_counts = lambda: {
-            "applied": self.applied_count,
-            "rejected": self.rejected_count,
-            "ignored": self.ignored_count,
-        }
-        worker_status = getattr(dataplane, "worker_status", None)
-        if worker_status is not None:
-            self.admin.extra_status = lambda: {"workers": worker_status()}
+        self.reconciler = Reconciler(dataplane, self.admin)
+        self.admin.revision = lambda: self.reconciler.revision
+        self.admin.config_counts = self.reconciler.counts
+        self.admin.extra_status = self._worker_status
+
+    def _worker_status(self) -> dict[str, object]:
+        workers = self.dataplane.worker_status()
+        return {} if workers is None else {"workers": workers}
 
     async def apply(self, config: StunnerConfig, revision: int | None = None) -> ApplyOutcome:
-        received = time.perf_counter()
-        outcome = await self.dataplane.apply(config)
-        if outcome.error is not None:
-            self.rejected_count += 1
-            log.error("config not applied, running configuration unchanged: %s", outcome.error)
+        outcome = await self.reconciler.apply(config, revision=revision)
+        if outcome.error is not None or outcome.ignored:
             return outcome
-        if outcome.ignored:
-            self.ignored_count += 1
-            return outcome
-        try:
-            await self.admin.apply_admin(config, Plan())
-        except (OSError, ValueError) as exc:
-            log.error("admin servers: %s", exc)
-        if revision is not None:
-            self.revision = revision
-        self.applied_count += 1
         for name, port in outcome.started:
             # A stable line on stdout that scripts and tests wait for.
             print(f"stunnerd: listener {name} ready on port {port}", flush=True)
         if not self.lifecycle.draining:
             self.lifecycle.ready = True
-        log.debug("config handled in %.1f ms", (time.perf_counter() - received) * 1e3)
         return outcome
 
     async def follow(self, origin: ConfigOrigin) -> None:
@@ -216,11 +130,11 @@ class ManagedDataplane:
                 await self.apply(event.config, event.revision)
             except Exception:
                 # Never let one bad apply end the watch: the running config stays in force.
-                self.rejected_count += 1
+                self.reconciler.rejected_count += 1
                 log.exception("applying a config failed unexpectedly")
 
 
-async def run(settings: DataplaneSettings, env: Mapping[str, str] | None = None) -> int:
+async def run(settings: StunnerdSettings, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     loop = asyncio.get_running_loop()
     dataplane = make_dataplane(settings)
@@ -281,6 +195,7 @@ async def run(settings: DataplaneSettings, env: Mapping[str, str] | None = None)
                 stop_accepting=dataplane.stop_accepting,
                 grace_period_s=grace,
                 abort=abort,
+                check_interval_s=settings.drain_check_interval_s,
             )
         finally:
             second.cancel()
@@ -310,87 +225,3 @@ def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
         log.error("task %s failed: %r", task.get_name(), exc, exc_info=exc)
     else:
         log.error("task %s ended unexpectedly", task.get_name())
-
-
-def install_uvloop() -> None:
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="stunnerd", description="STUNner dataplane: a TURN relay driven by the Gateway API"
-    )
-    parser.add_argument("uri", nargs="?", help="a TURN URI: serve the default config it implies")
-    parser.add_argument(
-        "-c",
-        "--config",
-        help="config origin: a file path (watched), http(s)://CDS (one-shot) or ws(s)://CDS "
-        "(watch); default $STUNNER_CONFIG_ORIGIN, else :13478",
-    )
-    parser.add_argument("-w", "--watch", action="store_true", help="follow the origin for updates")
-    parser.add_argument("-i", "--id", help="<namespace>/<name> toward the CDS")
-    parser.add_argument("-l", "--log", help="log level spec (overrides the config's loglevel)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="same as -l all:DEBUG")
-    parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    parser.add_argument(
-        "-u",
-        "--udp-thread-num",
-        type=int,
-        default=0,
-        help="worker processes sharing each listener port with SO_REUSEPORT (0 or 1: one)",
-    )
-    parser.add_argument(
-        "--grace-period",
-        type=float,
-        default=DEFAULT_GRACE_PERIOD_S,
-        help="seconds to wait for allocations to end after SIGTERM",
-    )
-    parser.add_argument(
-        "--force-ready-status", action="store_true", help="keep /ready at 200 while draining"
-    )
-    parser.add_argument(
-        "--bind",
-        default=None,
-        help="address listener and relay sockets bind (default $STUNNERD_BIND_HOST or 0.0.0.0)",
-    )
-    return parser
-
-
-def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    env = os.environ if env is None else env
-    args = build_parser().parse_args(argv)
-    configure_logging(args.log_format)
-    log_spec = args.log or ("all:DEBUG" if args.verbose else None)
-    if log_spec:
-        apply_log_spec(log_spec)
-    if args.udp_thread_num < 0:
-        print("stunnerd: --udp-thread-num must not be negative", file=sys.stderr)
-        return EXIT_CONFIG
-    health_port = env.get("STUNNERD_HEALTH_PORT")
-    try:
-        settings = settings_from_env(
-            config=args.config,
-            watch=args.watch,
-            turn_uri=args.uri,
-            ident=args.id,
-            env=env,
-            log_spec=log_spec,
-            log_format=args.log_format,
-            udp_thread_num=args.udp_thread_num,
-            grace_period_s=args.grace_period,
-            force_ready=args.force_ready_status,
-            bind_host=args.bind or env.get("STUNNERD_BIND_HOST", "0.0.0.0"),
-            health_port_override=int(health_port) if health_port else None,
-        )
-    except (ConfigOriginError, ValueError) as exc:
-        print(f"stunnerd: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    install_uvloop()
-    return asyncio.run(run(settings, env))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

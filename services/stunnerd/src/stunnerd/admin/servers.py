@@ -108,7 +108,9 @@ class AdminServers:
         log_override: str | None = None,
         refresh: Callable[[], Awaitable[None]] | None = None,
         health_port: int | None = None,
+        refresh_timeout_s: float = REFRESH_TIMEOUT_S,
     ) -> None:
+        self._refresh_timeout_s = refresh_timeout_s
         self.lifecycle = lifecycle
         self._stats = stats
         self._refresh = refresh
@@ -181,7 +183,7 @@ class AdminServers:
         async def handle(path: str) -> Response:
             if self._refresh is not None and (only_path is None or path == only_path):
                 try:
-                    async with asyncio.timeout(REFRESH_TIMEOUT_S):
+                    async with asyncio.timeout(self._refresh_timeout_s):
                         await self._refresh()
                 except TimeoutError:
                     log.warning("stats refresh timed out; serving the last known counters")

@@ -24,7 +24,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)
+UDP_SEGMENT = 103  # linux/udp.h; the socket module does not name it
 GSO_MAX_SEGMENTS = 64
 GSO_MAX_BYTES = 60_000
 _GSO_SIZE = struct.Struct("=H").pack

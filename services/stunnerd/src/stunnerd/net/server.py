@@ -3,7 +3,8 @@
 `TurnServer` is what the command (and the reconciler) drives. It adds, removes and updates
 listeners at runtime, swaps policies in place for live allocations, keeps STRICT_DNS names
 resolved (every `DNS_REFRESH_S`, previous answer kept on failure), and reports allocation counts
-per listener. Its public methods match the reconciler's `DataplaneTarget`. One `UserUsage` is
+per listener. Its public methods are the `ListenerTarget` that
+`stunnerd.reconcile.listeners.ListenerReconciler` drives. One `UserUsage` is
 shared by all listeners, so `admin.user_quota` counts a user's allocations process-wide.
 """
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import socket
 import time
@@ -22,7 +22,7 @@ from stunnerd.net.batch import SendBatcher, gso_supported
 from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.listener import Listener, ListenerSpec, Traffic, UdpListener, new_traffic
 from stunnerd.net.stream import StreamListener
-from stunnerd.policy import DnsCache, dns_names, policies_for
+from stunnerd.routing import DnsCache, dns_names, policies_for
 from stunnerd.turn.engine import Policies
 from stunnerd.turn.policies import UserUsage
 
@@ -63,13 +63,15 @@ class TurnServer:
         bind_host: str = "0.0.0.0",
         usage: UserUsage | None = None,
         reuse_port: bool = False,
-        udp_gso: bool | None = None,
+        udp_gso: bool = True,
+        dns_refresh_s: float = DNS_REFRESH_S,
+        dns_timeout_s: float = DNS_TIMEOUT_S,
     ) -> None:
         self.bind_host = bind_host
         self.reuse_port = reuse_port
-        if udp_gso is None:
-            udp_gso = os.environ.get("STUNNERD_UDP_GSO", "1").lower() not in ("0", "false", "no")
         self.udp_gso = udp_gso and gso_supported()
+        self.dns_refresh_s = dns_refresh_s
+        self.dns_timeout_s = dns_timeout_s
         self._batcher: SendBatcher | None = None
         self.usage = usage if usage is not None else UserUsage()
         self.listeners: dict[str, Listener] = {}
@@ -93,23 +95,7 @@ class TurnServer:
     def port_of(self, name: str) -> int:
         return self.listeners[name].bound_port
 
-    # ---------------------------------------------------------------- whole-config helper
-
-    async def apply_config(self, config: StunnerConfig) -> None:
-        """Bring the listener set to `config` (simple form; the reconciler does it finely)."""
-        self.apply_policies(config)
-        wanted = {lst.name: lst for lst in config.listeners}
-        for name in list(self.listeners):
-            if name not in wanted:
-                await self.remove_listener(name)
-        for name, lst in wanted.items():
-            current = self.listeners.get(name)
-            if current is None or _restart_needed(current.spec, self._spec(lst)):
-                await self.add_listener(lst, config)
-            else:
-                self.update_listener(lst, config)
-
-    # ---------------------------------------------------------------- DataplaneTarget
+    # ---------------------------------------------------------------- ListenerTarget
 
     def check_listener(self, listener: ListenerConfig) -> None:
         try:
@@ -129,11 +115,7 @@ class TurnServer:
 
     def apply_policies(self, config: StunnerConfig) -> None:
         self._config = config
-        by_name = {lst.name: lst for lst in config.listeners}
-        for name, running in self.listeners.items():
-            lst = by_name.get(name)
-            if lst is not None:
-                running.set_policies(policies_for(lst, config, self.dns))
+        self._swap_policies(config)
         self._ensure_dns(config)
 
     async def add_listener(self, listener: ListenerConfig, config: StunnerConfig) -> None:
@@ -165,12 +147,6 @@ class TurnServer:
         if running is not None:
             await running.close()
             log.info("listener %s: closed", name)
-
-    def update_listener(self, listener: ListenerConfig, config: StunnerConfig) -> None:
-        self._config = config
-        running = self.listeners.get(listener.name)
-        if running is not None:
-            running.set_policies(policies_for(listener, config, self.dns))
 
     def rotate_certificate(self, listener: ListenerConfig) -> bool:
         running = self.listeners.get(listener.name)
@@ -257,37 +233,25 @@ class TurnServer:
             changed = False
             for name in names:
                 try:
-                    async with asyncio.timeout(DNS_TIMEOUT_S):
+                    async with asyncio.timeout(self.dns_timeout_s):
                         infos = await loop.getaddrinfo(name, None, type=socket.SOCK_DGRAM)
                 except (OSError, TimeoutError) as exc:
                     log.debug("dns: cannot resolve %s: %s (keeping previous answer)", name, exc)
                     continue
                 changed |= self.dns.update(name, {str(info[4][0]) for info in infos})
             if changed and config is not None:
-                self.apply_policies_in_place()
-            await asyncio.sleep(DNS_REFRESH_S)
+                # policies read the shared cache: re-evaluate the routes of live allocations
+                self._swap_policies(config)
+            await asyncio.sleep(self.dns_refresh_s)
 
-    def apply_policies_in_place(self) -> None:
-        """Re-evaluate routes after DNS answers changed (policies read the shared cache)."""
-        if self._config is None:
-            return
-        by_name = {lst.name: lst for lst in self._config.listeners}
+    def _swap_policies(self, config: StunnerConfig) -> None:
+        by_name = {lst.name: lst for lst in config.listeners}
         for name, running in self.listeners.items():
             lst = by_name.get(name)
             if lst is not None:
-                running.set_policies(policies_for(lst, self._config, self.dns))
+                running.set_policies(policies_for(lst, config, self.dns))
 
 
 def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("%s stopped: %r", task.get_name(), task.exception())
-
-
-def _restart_needed(old: ListenerSpec, new: ListenerSpec) -> bool:
-    return (old.protocol, old.port, old.relay_ip, old.tls, old.bind_host) != (
-        new.protocol,
-        new.port,
-        new.relay_ip,
-        new.tls,
-        new.bind_host,
-    )

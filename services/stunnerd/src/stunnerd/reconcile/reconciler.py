@@ -1,52 +1,27 @@
-"""Carry out a reconcile plan against the running dataplane, rolling back when a step fails.
+"""The one way a config reaches a running stunnerd: dataplane first, then the admin endpoints.
 
-The order follows upstream (reference §2.2): check everything that can be checked without side
-effects (TLS material) first, then swap the in-place policies, stop removed and restarting
-listeners, update the rest in place, start restarted and new listeners, and finally rebind the
-admin servers. A failure part-way runs the reverse plan (new → previous) best effort, so the
-previous config keeps serving, and the original error is reported. Configs are applied one at a
-time: the reconciler holds a lock for the whole apply.
+`Reconciler.apply` is called for every config a stunnerd process takes (the one-shot load, each
+config a watched origin delivers, the default config of a TURN URI). It plans the change against
+the config in force, hands the config to the dataplane (this process's listeners, reconciled by
+`ListenerReconciler`, or every worker process), and once the dataplane took it, brings the health
+and metrics servers and the log level to the config. It keeps the count of configs applied,
+rejected and ignored (zero configs, configs during a drain) and the revision in force, which
+`/status` reports. A config the dataplane rejects changes nothing; an admin endpoint that cannot
+be bound is logged and the listeners keep the new config (upstream behaves the same).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Protocol
 
-from stunner_common.config import ListenerConfig, StunnerConfig, is_zero_config
+from stunner_common.config import StunnerConfig
 from stunnerd.reconcile.plan import Plan, plan_reconcile
+from stunnerd.workers.base import ApplyOutcome, Dataplane
 
 log = logging.getLogger(__name__)
-
-
-class ReconcileError(Exception):
-    """A config could not be applied; the previous config was restored."""
-
-
-class DataplaneTarget(Protocol):
-    """The parts of the running server a reconcile drives."""
-
-    def check_listener(self, listener: ListenerConfig) -> None:
-        """Raise if the listener cannot be built (e.g. bad cert/key); no side effects."""
-
-    def apply_policies(self, config: StunnerConfig) -> None:
-        """Swap auth, peer admission and quota policies in place for every listener."""
-
-    async def add_listener(self, listener: ListenerConfig, config: StunnerConfig) -> None:
-        """Bind and start a listener (replacing one of the same name if it exists)."""
-
-    async def remove_listener(self, name: str) -> None:
-        """Close a listener and end its allocations; a no-op for an unknown name."""
-
-    def update_listener(self, listener: ListenerConfig, config: StunnerConfig) -> None:
-        """Apply routes and public address in place; allocations keep running."""
-
-    def rotate_certificate(self, listener: ListenerConfig) -> bool:
-        """Swap the TLS/DTLS credentials in place; False if the transport cannot."""
 
 
 class AdminTarget(Protocol):
@@ -55,138 +30,50 @@ class AdminTarget(Protocol):
     async def apply_admin(self, config: StunnerConfig, plan: Plan) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class ReconcileResult:
-    plan: Plan
-    applied: bool
-    ignored: bool = False
-    duration_s: float = 0.0
-    revision: int | None = None
-
-    @property
-    def restarted(self) -> tuple[str, ...]:
-        return self.plan.restarted
-
-
 class Reconciler:
-    """Applies configs to `target` one at a time; `running` is the config now in force."""
+    """Applies configs to `dataplane`, then to `admin`; `running` is the config in force."""
 
     def __init__(
         self,
-        target: DataplaneTarget,
-        admin: AdminTarget | None = None,
+        dataplane: Dataplane,
+        admin: AdminTarget,
         *,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self._target = target
+        self._dataplane = dataplane
         self._admin = admin
         self._clock = clock
-        self._lock = asyncio.Lock()
         self.running: StunnerConfig | None = None
         self.revision: int | None = None
-        self.generation = 0
         self.applied_count = 0
-        self.failed_count = 0
+        self.rejected_count = 0
+        self.ignored_count = 0
 
-    async def apply(self, config: StunnerConfig, *, revision: int | None = None) -> ReconcileResult:
-        async with self._lock:
-            started = self._clock()
-            if is_zero_config(config):
-                log.info("ignoring the zero (delete) config for %s", config.admin.name)
-                return ReconcileResult(Plan(), applied=False, ignored=True)
-            previous = self.running
-            plan = plan_reconcile(previous, config)
-            if plan.is_noop:
-                self.revision = revision if revision is not None else self.revision
-                return ReconcileResult(plan, applied=True, revision=self.revision)
-            try:
-                self._check(plan, config)
-            except Exception as exc:
-                self.failed_count += 1
-                log.error("config rejected, running configuration unchanged: %s", exc)
-                raise ReconcileError(str(exc)) from exc
-            try:
-                await self._execute(plan, config)
-            except Exception as exc:
-                self.failed_count += 1
-                log.error("applying config failed, running configuration unchanged: %s", exc)
-                await self._rollback(config, previous)
-                raise ReconcileError(str(exc)) from exc
-            self.running = config
-            self.revision = revision if revision is not None else self.revision
-            self.generation += 1
-            self.applied_count += 1
-            duration = self._clock() - started
-            if plan.restarted:
-                log.info(
-                    "config applied in %.1f ms, restarted: %s",
-                    duration * 1e3,
-                    ", ".join(f"[{r}]" for r in plan.restarted),
-                )
-            else:
-                log.info("config applied in %.1f ms: %s", duration * 1e3, plan.describe())
-            return ReconcileResult(plan, applied=True, duration_s=duration, revision=self.revision)
+    def counts(self) -> dict[str, int]:
+        return {
+            "applied": self.applied_count,
+            "rejected": self.rejected_count,
+            "ignored": self.ignored_count,
+        }
 
-    def _check(self, plan: Plan, new: StunnerConfig) -> None:
-        """Everything that can fail without side effects fails here, before any change."""
-        listeners = {lst.name: lst for lst in new.listeners}
-        for name in (*plan.restart_listeners, *plan.add_listeners, *plan.rotate_certs):
-            self._target.check_listener(listeners[name])
-
-    async def _execute(self, plan: Plan, new: StunnerConfig) -> None:
-        listeners = {lst.name: lst for lst in new.listeners}
-        to_start = [*plan.restart_listeners, *plan.add_listeners]
-        self._target.apply_policies(new)
-        for name in (*plan.remove_listeners, *plan.restart_listeners):
-            await self._target.remove_listener(name)
-        for name in plan.update_listeners:
-            self._target.update_listener(listeners[name], new)
-        for name in plan.rotate_certs:
-            if not self._target.rotate_certificate(listeners[name]):
-                log.info("listener %s cannot rotate its certificate in place, restarting", name)
-                await self._target.remove_listener(name)
-                await self._target.add_listener(listeners[name], new)
-        for name in to_start:
-            await self._target.add_listener(listeners[name], new)
-        if self._admin is not None:
-            await self._admin.apply_admin(new, plan)
-
-    async def _rollback(self, failed: StunnerConfig, previous: StunnerConfig | None) -> None:
-        """Best effort: walk back from the failed config to the previous one."""
-        if previous is None:
-            for lst in failed.listeners:
-                await self._best_effort(self._target.remove_listener(lst.name))
-            return
-        back = plan_reconcile(failed, previous)
-        listeners = {lst.name: lst for lst in previous.listeners}
+    async def apply(self, config: StunnerConfig, *, revision: int | None = None) -> ApplyOutcome:
+        received = self._clock()
+        plan = plan_reconcile(self.running, config)
+        outcome = await self._dataplane.apply(config)
+        if outcome.error is not None:
+            self.rejected_count += 1
+            log.error("config not applied, running configuration unchanged: %s", outcome.error)
+            return outcome
+        if outcome.ignored:
+            self.ignored_count += 1
+            return outcome
         try:
-            self._target.apply_policies(previous)
-        except Exception:
-            log.exception("rollback: restoring policies failed")
-        for name in (*back.remove_listeners, *back.restart_listeners):
-            await self._best_effort(self._target.remove_listener(name))
-        for name in back.update_listeners:
-            try:
-                self._target.update_listener(listeners[name], previous)
-            except Exception:
-                log.exception("rollback: updating listener %s failed", name)
-        for name in back.rotate_certs:
-            try:
-                self._target.rotate_certificate(listeners[name])
-            except Exception:
-                log.exception("rollback: restoring the certificate of %s failed", name)
-        # Re-add every previous listener that is not known to be running unchanged.
-        for name in (*back.restart_listeners, *back.add_listeners):
-            await self._best_effort(self._target.add_listener(listeners[name], previous))
-        if self._admin is not None:
-            try:
-                await self._admin.apply_admin(previous, back)
-            except Exception:
-                log.exception("rollback: restoring the admin servers failed")
-
-    @staticmethod
-    async def _best_effort(step: Awaitable[None]) -> None:
-        try:
-            await step
-        except Exception:
-            log.exception("rollback step failed")
+            await self._admin.apply_admin(config, plan)
+        except (OSError, ValueError) as exc:
+            log.error("admin servers: %s", exc)
+        self.running = config
+        if revision is not None:
+            self.revision = revision
+        self.applied_count += 1
+        log.debug("config handled in %.1f ms", (self._clock() - received) * 1e3)
+        return outcome

@@ -2,7 +2,7 @@
 
 Policies are small immutable objects injected into each `TurnEngine`; a config change builds new
 ones and swaps them in (`TurnEngine.set_policies`) without touching live allocations. The config →
-policy conversion lives outside this package (`stunnerd.policy`), so this module stays free of
+policy conversion lives outside this package (`stunnerd.routing`), so this module stays free of
 pydantic and of any I/O. Nonces are minted here too: an opaque, verifiable, time-limited token
 (RFC 8489 §9.2) keyed by a secret the edge draws once per engine.
 """

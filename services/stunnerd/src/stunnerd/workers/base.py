@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from stunner_common.config import StunnerConfig
 from stunnerd.admin.stats import StatsSnapshot
@@ -32,6 +32,9 @@ class Dataplane(Protocol):
 
     async def refresh(self) -> None:
         """Bring `stats()` up to date (asks the workers, if any)."""
+
+    def worker_status(self) -> list[dict[str, Any]] | None:
+        """Per-worker process ids and allocation counts for `/status`; None without workers."""
 
     async def allocations(self) -> int: ...
 

@@ -56,12 +56,12 @@ async def handle(
     return reply
 
 
-async def serve(index: int, bind_host: str, log_override: str | None) -> int:
+async def serve(index: int, bind_host: str, log_override: str | None, udp_gso: bool) -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     w_transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
-    dataplane = LocalDataplane(TurnServer(bind_host=bind_host, reuse_port=True))
+    dataplane = LocalDataplane(TurnServer(bind_host=bind_host, reuse_port=True, udp_gso=udp_gso))
     log.debug("worker %d ready", index)
     try:
         while True:
@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--bind", default="0.0.0.0")
     parser.add_argument("--log", default=None, help="log spec that overrides the config's")
+    parser.add_argument("--no-udp-gso", dest="udp_gso", action="store_false")
     args = parser.parse_args(argv)
     logging.basicConfig(
         stream=sys.stderr,
@@ -97,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(serve(args.index, args.bind, args.log))
-    return uvloop.run(serve(args.index, args.bind, args.log))
+        return asyncio.run(serve(args.index, args.bind, args.log, args.udp_gso))
+    return uvloop.run(serve(args.index, args.bind, args.log, args.udp_gso))
 
 
 if __name__ == "__main__":

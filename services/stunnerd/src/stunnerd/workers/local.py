@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from stunner_common.config import StunnerConfig
 from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, TrafficStats
 from stunnerd.net.server import TurnServer
-from stunnerd.reconcile.reconciler import ReconcileError, Reconciler
+from stunnerd.reconcile.listeners import ListenerReconciler, ReconcileError
 from stunnerd.turn.policies import UserQuota
 from stunnerd.workers.base import ApplyOutcome
 
@@ -33,7 +33,7 @@ class _NoNewAllocations(UserQuota):
 class LocalDataplane:
     def __init__(self, server: TurnServer | None = None) -> None:
         self.server = server if server is not None else TurnServer()
-        self.reconciler = Reconciler(self.server)
+        self.reconciler = ListenerReconciler(self.server)
         self.draining = False
 
     async def start(self) -> None:
@@ -80,6 +80,9 @@ class LocalDataplane:
         )
 
     async def refresh(self) -> None:
+        return None
+
+    def worker_status(self) -> None:
         return None
 
     async def allocations(self) -> int:

@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import logging
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from stunner_common.config import StunnerConfig
@@ -30,10 +31,15 @@ from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 
 log = logging.getLogger(__name__)
 
-WORKER_REQUEST_TIMEOUT_S = 30.0
-WORKER_STATS_TIMEOUT_S = 2.0
-WORKER_STOP_TIMEOUT_S = 10.0
-WORKER_RESTART_DELAY_S = 0.5
+
+@dataclass(frozen=True, slots=True)
+class WorkerTimeouts:
+    """How long the supervisor waits on a worker (from `StunnerdSettings`)."""
+
+    request_s: float = 30.0
+    stats_s: float = 2.0
+    stop_s: float = 10.0
+    restart_delay_s: float = 0.5
 
 
 class WorkerError(Exception):
@@ -43,7 +49,15 @@ class WorkerError(Exception):
 class Worker:
     """One child process and the requests in flight to it."""
 
-    def __init__(self, index: int, bind_host: str, log_spec: str | None) -> None:
+    def __init__(
+        self,
+        index: int,
+        bind_host: str,
+        log_spec: str | None,
+        *,
+        udp_gso: bool = True,
+        stop_timeout_s: float = 10.0,
+    ) -> None:
         self.index = index
         self._argv = [
             sys.executable,
@@ -54,7 +68,9 @@ class Worker:
             "--bind",
             bind_host,
             *(["--log", log_spec] if log_spec else []),
+            *([] if udp_gso else ["--no-udp-gso"]),
         ]
+        self._stop_timeout_s = stop_timeout_s
         self.proc: asyncio.subprocess.Process | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -125,7 +141,7 @@ class Worker:
                 proc.stdin.write(encode({"op": "close"}))
                 proc.stdin.close()
         try:
-            async with asyncio.timeout(WORKER_STOP_TIMEOUT_S):
+            async with asyncio.timeout(self._stop_timeout_s):
                 await proc.wait()
         except TimeoutError:
             log.warning("worker %d did not stop, killing pid %d", self.index, proc.pid)
@@ -141,11 +157,21 @@ class WorkerPool:
     """The `Dataplane` of a multi-process stunnerd."""
 
     def __init__(
-        self, count: int, *, bind_host: str = "0.0.0.0", log_spec: str | None = None
+        self,
+        count: int,
+        *,
+        bind_host: str = "0.0.0.0",
+        log_spec: str | None = None,
+        udp_gso: bool = True,
+        timeouts: WorkerTimeouts = WorkerTimeouts(),
     ) -> None:
         if count < 1:
             raise ValueError("a worker pool needs at least one worker")
-        self.workers = [Worker(i, bind_host, log_spec) for i in range(count)]
+        self.timeouts = timeouts
+        self.workers = [
+            Worker(i, bind_host, log_spec, udp_gso=udp_gso, stop_timeout_s=timeouts.stop_s)
+            for i in range(count)
+        ]
         self.retired = StatsSnapshot()  # traffic counted by workers that have since died
         self.running: StunnerConfig | None = None
         self._lock = asyncio.Lock()
@@ -176,22 +202,22 @@ class WorkerPool:
                     except Exception:  # the watchdog must outlive any one restart
                         log.exception("worker %d: restart failed; trying again", worker.index)
                         worker.exited.set()
-                        await asyncio.sleep(WORKER_RESTART_DELAY_S)
+                        await asyncio.sleep(self.timeouts.restart_delay_s)
 
     async def _restart(self, worker: Worker) -> None:
         await worker.stop()
-        await asyncio.sleep(WORKER_RESTART_DELAY_S)
+        await asyncio.sleep(self.timeouts.restart_delay_s)
         await worker.start()
         async with self._lock:
             if self.running is not None:
                 await self._apply_one(worker, self.running)
             if self.draining:
-                await worker.request({"op": "drain"}, WORKER_REQUEST_TIMEOUT_S)
+                await worker.request({"op": "drain"}, self.timeouts.request_s)
 
     async def _apply_one(self, worker: Worker, config: StunnerConfig) -> dict[str, Any]:
         message = {"op": "apply", "config": config.canonical_json()}
         try:
-            return await worker.request(message, WORKER_REQUEST_TIMEOUT_S)
+            return await worker.request(message, self.timeouts.request_s)
         except WorkerError as exc:
             return {"error": str(exc)}
 
@@ -249,7 +275,7 @@ class WorkerPool:
     async def refresh(self) -> None:
         async def one(worker: Worker) -> None:
             try:
-                reply = await worker.request({"op": "stats"}, WORKER_STATS_TIMEOUT_S)
+                reply = await worker.request({"op": "stats"}, self.timeouts.stats_s)
             except WorkerError as exc:
                 log.warning("%s", exc)
                 return
@@ -268,7 +294,7 @@ class WorkerPool:
         async with self._lock:
             for worker in self.workers:
                 try:
-                    await worker.request({"op": "drain"}, WORKER_REQUEST_TIMEOUT_S)
+                    await worker.request({"op": "drain"}, self.timeouts.request_s)
                 except WorkerError as exc:
                     log.warning("%s", exc)
 

@@ -1,0 +1,135 @@
+"""The `stunnerd` command line: flags, logging set-up, the settings, then `stunnerd.app.run`.
+
+This is the edge where the process is configured: the flags and the environment become one
+`StunnerdSettings`, logging handlers are installed (text or JSON lines on stderr) and the event
+loop is chosen (uvloop when installed). Everything below receives what it needs as arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from pydantic import ValidationError
+
+from stunner_common.loglevel import apply_log_spec
+from stunnerd.app import EXIT_CONFIG, run
+from stunnerd.origin.base import ConfigOriginError
+from stunnerd.settings import DEFAULT_GRACE_PERIOD_S, load_settings
+
+
+class JsonLogFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": round(record.created, 6),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, separators=(",", ":"))
+
+
+def configure_logging(log_format: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+def install_uvloop() -> None:
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stunnerd", description="STUNner dataplane: a TURN relay driven by the Gateway API"
+    )
+    parser.add_argument("uri", nargs="?", help="a TURN URI: serve the default config it implies")
+    parser.add_argument(
+        "-c",
+        "--config",
+        help="config origin: a file path (watched), http(s)://CDS (one-shot) or ws(s)://CDS "
+        "(watch); default $STUNNER_CONFIG_ORIGIN, else :13478",
+    )
+    parser.add_argument("-w", "--watch", action="store_true", help="follow the origin for updates")
+    parser.add_argument("-i", "--id", help="<namespace>/<name> toward the CDS")
+    parser.add_argument("-l", "--log", help="log level spec (overrides the config's loglevel)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="same as -l all:DEBUG")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "-u",
+        "--udp-thread-num",
+        type=int,
+        default=0,
+        help="worker processes sharing each listener port with SO_REUSEPORT (0 or 1: one)",
+    )
+    parser.add_argument(
+        "--grace-period",
+        type=float,
+        default=DEFAULT_GRACE_PERIOD_S,
+        help="seconds to wait for allocations to end after SIGTERM",
+    )
+    parser.add_argument(
+        "--force-ready-status", action="store_true", help="keep /ready at 200 while draining"
+    )
+    parser.add_argument(
+        "--bind",
+        default=None,
+        help="address listener and relay sockets bind (default $STUNNERD_BIND_HOST or 0.0.0.0)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_format)
+    log_spec = args.log or ("all:DEBUG" if args.verbose else None)
+    if log_spec:
+        apply_log_spec(log_spec)
+    if args.udp_thread_num < 0:
+        print("stunnerd: --udp-thread-num must not be negative", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        settings = load_settings(
+            env,
+            config=args.config,
+            watch=args.watch,
+            turn_uri=args.uri,
+            ident=args.id,
+            log_spec=log_spec,
+            log_format=args.log_format,
+            udp_thread_num=args.udp_thread_num,
+            grace_period_s=args.grace_period,
+            force_ready=args.force_ready_status,
+            bind_host=args.bind,
+        )
+    except (ConfigOriginError, ValueError) as exc:
+        print(f"stunnerd: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_CONFIG
+    install_uvloop()
+    return asyncio.run(run(settings, env))
+
+
+def _one_line(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
+            for err in exc.errors()
+        )
+    return str(exc)

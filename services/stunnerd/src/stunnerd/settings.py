@@ -1,0 +1,116 @@
+"""stunnerd's settings: built once in `main` from the command line and the environment.
+
+Flags win over the environment. Variables with the `STUNNERD_` prefix set the field of the same
+name (`STUNNERD_BIND_HOST`, `STUNNERD_HEALTH_PORT`, `STUNNERD_UDP_GSO`, `STUNNERD_GRACE_PERIOD_S`,
+...); the upstream variables keep their names: `STUNNER_CONFIG_ORIGIN` (the origin when `-c` is
+not given), `STUNNER_NAMESPACE`/`STUNNER_NAME` (the identity toward the CDS when `--id` is not
+given) and `STUNNER_NODENAME`. Every duration is in seconds and its name ends in `_s`. Nothing
+below `stunnerd.app` reads the environment: the parts that need a setting get it passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+from pydantic_settings.sources.utils import parse_env_vars
+
+from stunner_common.config import DEFAULT_HEALTHCHECK_ENDPOINT
+from stunnerd.origin.base import DEFAULT_ORIGIN, resolve_id
+
+DEFAULT_GRACE_PERIOD_S = 3600.0
+DEFAULT_SIGINT_GRACE_PERIOD_S = 5.0
+
+
+class StunnerdSettings(BaseSettings):
+    """Everything `stunnerd.app.run` needs."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STUNNERD_", frozen=True, extra="forbid", env_ignore_empty=True
+    )
+
+    origin: str = DEFAULT_ORIGIN
+    watch: bool = False
+    turn_uri: str | None = None
+    namespace: str = "default"
+    name: str = "stunnerd"
+    node: str | None = None
+    log_spec: str | None = None
+    log_format: Literal["text", "json"] = "text"
+    udp_thread_num: int = Field(0, ge=0)
+    """Worker processes sharing each listener port with SO_REUSEPORT (0 or 1: this process)."""
+    grace_period_s: float = Field(DEFAULT_GRACE_PERIOD_S, ge=0)
+    sigint_grace_period_s: float = Field(DEFAULT_SIGINT_GRACE_PERIOD_S, ge=0)
+    force_ready: bool = False
+    bind_host: str = "0.0.0.0"
+    """Where listener and relay sockets bind (upstream: the wildcard address)."""
+    udp_gso: bool = True
+    """Batch datagrams to one destination into one `sendmsg` with UDP_SEGMENT, where supported."""
+    file_poll_interval_s: float = Field(0.2, gt=0)
+    bootstrap_health_endpoint: str = DEFAULT_HEALTHCHECK_ENDPOINT
+    """Where /live answers in watch mode before the first config names an endpoint."""
+    health_port: int | None = Field(None, ge=0, le=65535)
+    """Serve health checks on this port whatever the config says (several on one host)."""
+    dns_refresh_s: float = Field(5.0, gt=0)
+    """How often STRICT_DNS cluster names are resolved again."""
+    dns_timeout_s: float = Field(5.0, gt=0)
+    stats_refresh_timeout_s: float = Field(2.0, gt=0)
+    """How long a scrape waits for fresh counters (from the workers) before serving the last."""
+    drain_check_interval_s: float = Field(0.2, gt=0)
+    worker_request_timeout_s: float = Field(30.0, gt=0)
+    worker_stats_timeout_s: float = Field(2.0, gt=0)
+    worker_stop_timeout_s: float = Field(10.0, gt=0)
+    worker_restart_delay_s: float = Field(0.5, ge=0)
+
+
+class _MappingEnvSource(EnvSettingsSource):
+    """The `STUNNERD_*` variables of a given mapping (the process environment, or a test's)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+        super().__init__(StunnerdSettings)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(
+            self._env, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
+        )
+
+
+def load_settings(
+    env: Mapping[str, str],
+    *,
+    config: str | None,
+    watch: bool,
+    turn_uri: str | None,
+    ident: str | None,
+    log_spec: str | None = None,
+    log_format: str | None = None,
+    udp_thread_num: int | None = None,
+    grace_period_s: float | None = None,
+    force_ready: bool = False,
+    bind_host: str | None = None,
+) -> StunnerdSettings:
+    """Flags (None: not given) over `env` over the defaults; raises ValueError or
+    `ConfigOriginError` (a bad `--id`) with a message for the user."""
+    namespace, name = resolve_id(ident, env)
+    values: dict[str, Any] = dict(_MappingEnvSource(env)())
+    values.update(
+        origin=config or env.get("STUNNER_CONFIG_ORIGIN") or DEFAULT_ORIGIN,
+        watch=watch or values.get("watch", False),
+        turn_uri=turn_uri,
+        namespace=namespace,
+        name=name,
+        node=env.get("STUNNER_NODENAME") or None,
+        force_ready=force_ready or values.get("force_ready", False),
+    )
+    flags = {
+        "log_spec": log_spec,
+        "log_format": log_format,
+        "udp_thread_num": udp_thread_num,
+        "grace_period_s": grace_period_s,
+        "bind_host": bind_host,
+    }
+    values.update({key: value for key, value in flags.items() if value is not None})
+    return StunnerdSettings.model_validate(values)
