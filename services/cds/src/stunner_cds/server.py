@@ -7,6 +7,7 @@ import logging
 import uvicorn
 
 from stunner_cds.app import create_app
+from stunner_cds.limits import RequestLimits, protocol_class
 from stunner_cds.settings import CdsSettings
 
 
@@ -31,11 +32,19 @@ def build_server(
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
+        http=protocol_class(
+            RequestLimits(
+                max_header_bytes=settings.max_header_bytes,
+                max_query_bytes=settings.max_query_bytes,
+                max_body_bytes=settings.max_body_bytes,
+                request_head_timeout_s=settings.request_head_timeout_s,
+            )
+        ),
         port=settings.port,
         ws="websockets-sansio",
         ws_ping_interval=settings.ping_interval_s,
         ws_ping_timeout=settings.ping_timeout_s,
-        ws_max_size=64 * 1024,
+        ws_max_size=settings.ws_max_message_bytes,
         ws_per_message_deflate=False,
         ssl_certfile=settings.tls_cert_file,
         ssl_keyfile=settings.tls_key_file,
