@@ -7,9 +7,25 @@ PACKAGES := libs/common services/stunnerd services/cds services/operator service
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit lint format run bench clean
+.PHONY: setup bpf test unit lint format run bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) bpf
+
+# stunnerd's kernel offload program: built whenever clang and the libbpf headers are present
+# (a build output, never committed; stunnerd runs without it and says why in /status).
+BPF_SRC := services/stunnerd/bpf/stunner_offload.bpf.c
+BPF_OBJ := services/stunnerd/src/stunnerd/offload/stunner_offload.bpf.o
+BPF_CFLAGS := -O2 -g -Wall -Werror -target bpf -I/usr/include/$(shell uname -m)-linux-gnu
+
+bpf:
+	@if command -v clang >/dev/null && [ -f /usr/include/bpf/bpf_helpers.h ]; then \
+		$(MAKE) --no-print-directory $(BPF_OBJ); \
+	else \
+		echo "clang or libbpf-dev missing: stunnerd's kernel offload is not built"; \
+	fi
+
+$(BPF_OBJ): $(BPF_SRC)
+	clang $(BPF_CFLAGS) -c $< -o $@
 
 $(STAMP): requirements-dev.txt $(foreach p,$(PACKAGES),$(p)/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,4 +57,5 @@ bench: setup
 	$(BIN)/python -m bench
 
 clean:
+	rm -f $(BPF_OBJ)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
