@@ -23,11 +23,60 @@ def test_multi_document_text_parses_every_supported_object() -> None:
 
 
 def test_invalid_yaml_is_reported_with_its_document_and_line() -> None:
-    result = parse_manifests(HIERARCHY + "\n---\nkind: Gateway\n  bad: [", "x.yaml")
-    assert result.objects == ()
+    text = HIERARCHY + "\n---\nkind: Gateway\n  bad: ["
+    result = parse_manifests(text, "x.yaml")
     (err,) = result.errors
     assert err.index == 3
-    assert str(err).startswith("x.yaml document 3: invalid YAML at line")
+    # The line is that of the whole file, not of the document.
+    line = text.splitlines().index("  bad: [") + 1
+    assert str(err).startswith(f"x.yaml document 3: invalid YAML at line {line},")
+    # The file's other documents still load.
+    assert [type(o).__name__ for o in result.objects] == [
+        "Dataplane",
+        "GatewayConfig",
+        "GatewayClass",
+    ]
+
+
+def test_a_bad_document_keeps_its_last_good_version_and_the_others_load(tmp_path: Path) -> None:
+    other_gateway = UDP_GATEWAY.replace("name: gw", "name: gw2")
+    path = tmp_path / "all.yaml"
+    path.write_text(HIERARCHY + "\n---\n" + UDP_GATEWAY)
+    ms = ManifestSet(tmp_path)
+    first = ms.reload()
+    assert ("Gateway", "stunner", "gw") in first.objects
+    # Document 3 (the Gateway) breaks while a new document 4 is added.
+    path.write_text(
+        HIERARCHY + "\n---\n" + UDP_GATEWAY.replace("TURN-UDP", "[") + "\n---\n" + other_gateway
+    )
+    second = ms.reload()
+    (err,) = second.new_errors
+    assert (err.path, err.index) == (str(path), 3)
+    assert (
+        second.objects[("Gateway", "stunner", "gw")] == first.objects[("Gateway", "stunner", "gw")]
+    )
+    assert ("Gateway", "stunner", "gw2") in second.objects
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [
+        ("---\na: 1\n", 1),
+        ("a: 1\n---\nb: 2\n", 2),
+        ("# c\n---\na: 1\n---\n", 2),
+        ("a: 1\n...\n# tail\n", 1),
+        ("a: |\n  ---\n  x\n---\nb: 1\n", 2),
+        ("--- {a: 1}\n--- {b: 2}\n", 2),
+    ],
+)
+def test_documents_split_as_yaml_does(text: str, count: int) -> None:
+    import yaml
+
+    from stunner_operator.manifests.loader import split_documents
+
+    chunks = split_documents(text)
+    assert len(chunks) == count == len(list(yaml.safe_load_all(text)))
+    assert [yaml.safe_load(c) for _, c in chunks] == list(yaml.safe_load_all(text))
 
 
 def test_invalid_object_is_reported_with_file_and_document_index() -> None:
@@ -116,3 +165,36 @@ def test_sync_renders_the_folder_and_logs_one_line_per_status(
     assert not delta.configs_changed
     assert list(op.renderer.configs()) == ["stunner/gw"]
     assert any("all.yaml" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+
+
+def test_a_deleted_object_is_logged_as_deleted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "h.yaml").write_text(HIERARCHY)
+    (tmp_path / "gw.yaml").write_text(UDP_GATEWAY)
+    op = LocalOperator(tmp_path, None)
+    op.sync()
+    caplog.set_level("INFO", logger="stunner_operator")
+    (tmp_path / "gw.yaml").unlink()
+    op.sync()
+    lines = [r.getMessage() for r in caplog.records]
+    assert "Gateway stunner/gw: deleted" in lines
+    assert not any("not managed" in line for line in lines)
+
+
+def test_a_malformed_annotation_is_logged_as_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gw = UDP_GATEWAY.replace(
+        "metadata: {name: gw, namespace: stunner}",
+        "metadata:\n  name: gw\n  namespace: stunner\n"
+        "  annotations: {stunner.l7mp.io/service-type: None}",
+    )
+    (tmp_path / "all.yaml").write_text(HIERARCHY + "\n---\n" + gw)
+    caplog.set_level("INFO", logger="stunner_operator")
+    LocalOperator(tmp_path, None).sync()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "Gateway stunner/gw: annotation stunner.l7mp.io/service-type: 'None' is not one of "
+        "ClusterIP, NodePort, ExternalName, LoadBalancer; using LoadBalancer"
+    ]

@@ -144,7 +144,7 @@ spec:
     by_name = {ls.name: conditions(ls) for ls in render_.status.listeners}
     # Ports: l0,l1 -> 3478; l2,l3 -> 3479; l4,l5 -> 3480; l6,l7 -> 3481.
     assert by_name["l1"]["Conflicted"] == ("True", "ProtocolConflict")  # DTLS after UDP on 3478
-    assert by_name["l7"]["Conflicted"] == ("True", "ProtocolConflict")
+    assert by_name["l7"]["Conflicted"] == ("True", "PortConflict")  # UDP after UDP on 3481
     assert by_name["l3"]["Conflicted"] == ("True", "ProtocolConflict")  # TLS after TCP on 3479
     assert by_name["l4"]["Conflicted"] == ("False", "NoConflicts")
     assert by_name["l5"]["Conflicted"] == ("False", "NoConflicts")

@@ -117,7 +117,7 @@ def test_external_traffic_policy_only_for_node_port_and_load_balancer(
 
 def test_disable_session_affinity(render: Render) -> None:
     svc = service(render(HIERARCHY, gateway("{stunner.l7mp.io/disable-session-affinity: 'true'}")))
-    assert svc["spec"]["sessionAffinity"] == "None"
+    assert "sessionAffinity" not in svc["spec"]  # Kubernetes' default is None
 
 
 @pytest.mark.parametrize(
@@ -234,19 +234,62 @@ def test_deployment_carries_gateway_config_and_gateway_annotations_but_pods_do_n
     }
 
 
-def test_deployment_defaults(render: Render) -> None:
+def test_deployment_defaults_are_those_of_gateway_md(render: Render) -> None:
     dep = deployment(render(HIERARCHY, gateway()))
+    pod = dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    # No default command/args/resources in GATEWAY.md: nothing invented.
+    assert not {"command", "args", "resources", "envFrom"} & set(container)
+    assert container["livenessProbe"]["httpGet"] == {"path": "/live", "port": 8086}
+    assert pod["terminationGracePeriodSeconds"] == 30
+    assert "hostNetwork" not in pod  # false is Kubernetes' default
+    assert "replicas" not in dep["spec"]  # an autoscaler may own it
+
+
+@pytest.mark.parametrize(
+    ("image", "policy"),
+    [
+        ("l7mp/stunnerd:latest", "Always"),
+        ("l7mp/stunnerd", "Always"),
+        ("registry:5000/l7mp/stunnerd", "Always"),
+        ("l7mp/stunnerd:1.2.0", "IfNotPresent"),
+        ("registry:5000/stunnerd:1.0", "IfNotPresent"),
+        ("l7mp/stunnerd@sha256:" + "0" * 64, "IfNotPresent"),
+    ],
+)
+def test_image_pull_policy_defaults_by_tag(render: Render, image: str, policy: str) -> None:
+    dp = f"""
+apiVersion: stunner.l7mp.io/v1
+kind: Dataplane
+metadata: {{name: default}}
+spec: {{image: "{image}"}}
+"""
+    (container,) = deployment(render(HIERARCHY, dp, gateway()))["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert container["imagePullPolicy"] == policy
+
+
+def test_dataplane_env_from_reaches_the_container(render: Render) -> None:
+    dp = """
+apiVersion: stunner.l7mp.io/v1
+kind: Dataplane
+metadata: {name: default}
+spec:
+  image: l7mp/stunnerd:1.0
+  envFrom:
+  - configMapRef: {name: stunner-env}
+  - secretRef: {name: stunner-secret-env}
+    prefix: S_
+  terminationGracePeriodSeconds: 3600
+"""
+    dep = deployment(render(HIERARCHY, dp, gateway()))
     (container,) = dep["spec"]["template"]["spec"]["containers"]
-    assert container["command"] == ["stunnerd"]
-    assert container["args"] == ["-w", "--udp-thread-num=16"]
-    assert container["imagePullPolicy"] == "Always"
-    assert container["livenessProbe"]["httpGet"] == {
-        "path": "/live",
-        "port": 8086,
-        "scheme": "HTTP",
-    }
+    assert container["envFrom"] == [
+        {"configMapRef": {"name": "stunner-env"}},
+        {"secretRef": {"name": "stunner-secret-env"}, "prefix": "S_"},
+    ]
     assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 3600
-    assert "replicas" not in dep["spec"]
 
 
 def test_cds_address_option_reaches_the_dataplane_pods(render: Render) -> None:

@@ -99,8 +99,9 @@ def test_same_port_in_same_family_conflicts_but_udp_and_tcp_do_not(render: Rende
     assert names == ["stunner/gw/a", "stunner/gw/b"]
     assert listener_status(r, "c") == {
         "Accepted": ("False", "PortUnavailable"),
-        "Conflicted": ("True", "ProtocolConflict"),
+        "Conflicted": ("True", "PortConflict"),  # UDP is TURN-UDP
         "ResolvedRefs": ("True", "ResolvedRefs"),
+        "Programmed": ("False", "Invalid"),
     }
 
 

@@ -1,23 +1,41 @@
-"""Reading a folder of Kubernetes YAML into objects, keeping each file's last good version.
+"""Reading a folder of Kubernetes YAML into objects, keeping each document's last good version.
 
 Local mode treats every ``*.yaml``/``*.yml``/``*.json`` file under the folder as ``kubectl apply``
-would: multi-document files, any order, Secrets with ``data`` or ``stringData``. A file that fails
-to parse, or holds an invalid object, is reported with its path and document index and keeps
-contributing the objects of its last good version, so a typo never tears down published configs.
+would: multi-document files, any order, Secrets with ``data`` or ``stringData``. Each document
+stands alone: one that fails to parse, or holds an invalid object, is reported with its path and
+document index and keeps contributing the objects of its last good version, while the file's
+other documents load as usual. So a typo never tears down published configs.
+
+Input is bounded before it is trusted: a file larger than ``max_file_bytes`` is not read, a
+document nested deeper than ``MAX_DEPTH`` or expanding (through YAML aliases) to more than
+``MAX_NODES`` nodes is refused before it is built, and text that is not UTF-8 is refused. Each
+such file or document keeps its last good version, like any other bad input.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from yaml import events
 
 from stunner_common.crds import CrdError, K8sObject, UnsupportedKindError, parse_object
 from stunner_operator.render.store import ObjKey, key_of
 
 SUFFIXES = (".yaml", ".yml", ".json")
+MAX_FILE_BYTES = 4 * 1024 * 1024
+"""Larger files are refused unread (etcd caps one object at 1.5 MB; a file holds a few)."""
+MAX_DEPTH = 100
+"""Deepest nesting of mappings and sequences in one document (Kubernetes objects use < 20)."""
+MAX_NODES = 200_000
+"""Most nodes one document may hold once its aliases are expanded (the "billion laughs" bound)."""
+
+_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_DOC_START = re.compile(r"^---(?:[ \t]|$)")
+_DOC_END = re.compile(r"^\.\.\.(?:[ \t]|$)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,25 +56,105 @@ class FileResult:
     objects: tuple[K8sObject, ...]
     errors: tuple[ManifestError, ...]
     skipped: tuple[str, ...] = ()
+    documents: dict[int, tuple[K8sObject, ...]] = field(default_factory=dict)
+    """The objects of every document that parsed, by document index."""
+
+
+class _Refused(Exception):
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+
+
+def split_documents(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of each YAML document, split at ``---`` and ``...`` lines.
+
+    As in YAML, a ``---`` that opens the text does not make an empty document before it. A
+    ``---`` line inside a block scalar would have to be indented, so it never splits one.
+    """
+    docs: list[tuple[int, list[str]]] = [(0, [])]
+    opened = False
+    for number, line in enumerate(text.splitlines(keepends=True)):
+        if _DOC_START.match(line):
+            first_lines = docs[-1][1]
+            if len(docs) == 1 and not opened and not _has_content(first_lines):
+                docs[-1] = (number, [line])
+            else:
+                docs.append((number, [line]))
+            opened = True
+        elif _DOC_END.match(line):
+            docs.append((number + 1, []))
+            opened = False
+        else:
+            docs[-1][1].append(line)
+    out = [(start, "".join(lines)) for start, lines in docs]
+    if out and not _has_content(out[-1][1].splitlines()) and not _DOC_START.match(out[-1][1]):
+        out.pop()  # trailing comments or a final "...": not a document
+    return out
+
+
+def _has_content(lines: list[str]) -> bool:
+    return any(ln.strip() and not ln.lstrip().startswith(("#", "%")) for ln in lines)
+
+
+def check_shape(text: str) -> None:
+    """Refuse a document nested too deep or too large once expanded, without building it."""
+    anchors: dict[str, int] = {}
+    stack: list[list[int | str | None]] = []  # [expanded size, anchor]
+    total = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        line = event.start_mark.line if event.start_mark is not None else None
+        size = 0
+        if isinstance(event, events.CollectionStartEvent):
+            stack.append([1, event.anchor])
+            if len(stack) > MAX_DEPTH:
+                raise _Refused(f"nested deeper than {MAX_DEPTH} levels", line)
+            continue
+        if isinstance(event, events.CollectionEndEvent):
+            done, anchor = stack.pop()
+            assert isinstance(done, int)
+            size = done
+            if isinstance(anchor, str):
+                anchors[anchor] = size
+        elif isinstance(event, events.ScalarEvent):
+            size = 1
+            if event.anchor:
+                anchors[event.anchor] = 1
+        elif isinstance(event, events.AliasEvent):
+            size = anchors.get(event.anchor or "", 1)
+        else:
+            continue
+        if stack:
+            parent = stack[-1][0]
+            assert isinstance(parent, int)
+            stack[-1][0] = grown = parent + size
+        else:
+            total = grown = total + size
+        if grown > MAX_NODES:
+            raise _Refused(
+                f"expands to more than {MAX_NODES} nodes (YAML aliases nested too far?)", line
+            )
 
 
 def parse_manifests(text: str, path: str = "<text>") -> FileResult:
     """Every supported object of a (multi-document) YAML or JSON text, plus what went wrong."""
-    objects: list[K8sObject] = []
     errors: list[ManifestError] = []
     skipped: list[str] = []
-    try:
-        docs = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        problem = getattr(err, "problem", None) or str(err)
-        if mark is None:
-            return FileResult((), (ManifestError(path, None, f"invalid YAML: {problem}"),))
-        index = _document_index(text, mark.line)
-        where = f"at line {mark.line + 1}, column {mark.column + 1}"
-        return FileResult((), (ManifestError(path, index, f"invalid YAML {where}: {problem}"),))
-    for index, doc in enumerate(docs):
+    documents: dict[int, tuple[K8sObject, ...]] = {}
+    for index, (first_line, chunk) in enumerate(split_documents(text)):
+        try:
+            check_shape(chunk)
+            doc = yaml.load(chunk, Loader=_Loader)
+        except _Refused as err:
+            where = "" if err.line is None else f" at line {first_line + err.line + 1}"
+            errors.append(ManifestError(path, index, f"refused{where}: {err.message}"))
+            continue
+        except yaml.YAMLError as err:
+            errors.append(ManifestError(path, index, _yaml_problem(err, first_line)))
+            continue
         if doc is None:
+            documents[index] = ()
             continue
         if (
             isinstance(doc, dict)
@@ -66,6 +164,8 @@ def parse_manifests(text: str, path: str = "<text>") -> FileResult:
             items = doc["items"]
         else:
             items = [doc]
+        objects: list[K8sObject] = []
+        failed = False
         for item in items:
             try:
                 objects.append(parse_object(item))
@@ -73,23 +173,19 @@ def parse_manifests(text: str, path: str = "<text>") -> FileResult:
                 skipped.append(f"{path} document {index}: {err}")
             except CrdError as err:
                 errors.append(ManifestError(path, index, str(err)))
-    return FileResult(tuple(objects), tuple(errors), tuple(skipped))
+                failed = True
+        if not failed:
+            documents[index] = tuple(objects)
+    objects_all = tuple(o for i in sorted(documents) for o in documents[i])
+    return FileResult(objects_all, tuple(errors), tuple(skipped), documents)
 
 
-def _document_index(text: str, line: int) -> int:
-    """The 0-based YAML document that holds ``line`` (documents are split by ``---``)."""
-    index = 0
-    seen_content = False
-    for number, raw in enumerate(text.splitlines()):
-        if number >= line:
-            break
-        if raw.startswith("---"):
-            if seen_content:
-                index += 1
-            seen_content = False
-        elif raw.strip() and not raw.lstrip().startswith("#"):
-            seen_content = True
-    return index
+def _yaml_problem(err: yaml.YAMLError, first_line: int) -> str:
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    if mark is None:
+        return f"invalid YAML: {problem}"
+    return f"invalid YAML at line {first_line + mark.line + 1}, column {mark.column + 1}: {problem}"
 
 
 def manifest_files(root: Path) -> list[Path]:
@@ -115,17 +211,36 @@ class ReloadResult:
 
 
 class ManifestSet:
-    """The objects of a folder, file by file; a broken file keeps its last good objects."""
+    """The objects of a folder, document by document; a bad document keeps its last good objects."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> None:
         self.root = root
+        self.max_file_bytes = max_file_bytes
         self._digest: dict[Path, str] = {}
-        self._good: dict[Path, tuple[K8sObject, ...]] = {}
+        self._good: dict[Path, dict[int, tuple[K8sObject, ...]]] = {}
         self._errors: dict[Path, tuple[ManifestError, ...]] = {}
 
     @property
     def errors(self) -> list[ManifestError]:
         return [e for path in sorted(self._errors) for e in self._errors[path]]
+
+    def _read(self, path: Path) -> bytes | ManifestError:
+        """The file's bytes, or why they are refused; never more than the limit is read."""
+        try:
+            size = path.stat().st_size
+            if size <= self.max_file_bytes:
+                with path.open("rb") as fh:
+                    raw = fh.read(self.max_file_bytes + 1)
+                size = len(raw)
+        except OSError as err:
+            return ManifestError(str(path), None, f"cannot read: {err.strerror or err}")
+        if size > self.max_file_bytes:
+            return ManifestError(
+                str(path),
+                None,
+                f"file too large ({size} bytes; the limit is {self.max_file_bytes})",
+            )
+        return raw
 
     def reload(self) -> ReloadResult:
         """Re-read the folder (files whose content changed); return the merged objects."""
@@ -139,10 +254,13 @@ class ManifestSet:
             self._errors.pop(gone, None)
             changed.append(str(gone))
         for path in present:
-            try:
-                raw = path.read_bytes()
-            except OSError as err:
-                new_errors.append(ManifestError(str(path), None, f"cannot read: {err}"))
+            raw = self._read(path)
+            if isinstance(raw, ManifestError):
+                # The whole file keeps its last good version; report it once per change.
+                if self._errors.get(path) != (raw,):
+                    self._errors[path] = (raw,)
+                    self._digest.pop(path, None)
+                    new_errors.append(raw)
                 continue
             digest = hashlib.sha256(raw).hexdigest()
             if self._digest.get(path) == digest:
@@ -151,21 +269,34 @@ class ManifestSet:
             changed.append(str(path))
             try:
                 text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                result = FileResult((), (ManifestError(str(path), None, "not UTF-8 text"),))
-            else:
-                result = parse_manifests(text, str(path))
+            except UnicodeDecodeError as err:
+                bad = ManifestError(
+                    str(path),
+                    None,
+                    f"not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})",
+                )
+                self._errors[path] = (bad,)
+                new_errors.append(bad)
+                continue
+            result = parse_manifests(text, str(path))
             skipped.extend(result.skipped)
+            old = self._good.get(path, {})
+            good = dict(result.documents)
+            for problem in result.errors:
+                index = problem.index
+                if index is not None and index not in good and index in old:
+                    good[index] = old[index]
+            self._good[path] = good
             if result.errors:
                 self._errors[path] = result.errors
                 new_errors.extend(result.errors)
             else:
                 self._errors.pop(path, None)
-                self._good[path] = result.objects
         objects: dict[ObjKey, K8sObject] = {}
         origin: dict[ObjKey, Path] = {}
         for path in sorted(self._good):
-            for obj in self._good[path]:
+            docs = self._good[path]
+            for obj in (o for i in sorted(docs) for o in docs[i]):
                 key = key_of(obj)
                 if key in objects and origin[key] != path:
                     new_errors.append(

@@ -72,17 +72,28 @@ class LocalOperator:
         deletes = [key for key in self._applied if key not in desired]
         self._applied = dict(desired)
         delta = self.renderer.apply(upserts, deletes)
+        gone = set(deletes)
         for key in sorted(delta.statuses):
             status = delta.statuses[key]
-            if status is None:
+            if key in gone:
+                log.info("%s: deleted", _object_label(key))
+            elif status is None:
                 log.info("%s: no status (not managed by this operator)", _object_label(key))
             else:
                 log.info("%s: %s", _object_label(key), status.summary())
+                self._log_warnings(key)
         for cid in sorted(delta.deleted):
             log.info("config %s removed", cid)
         if delta.configs_changed:
             self._wake.set()
         return delta
+
+    def _log_warnings(self, key: ObjKey) -> None:
+        if key[0] != "Gateway":
+            return
+        render = self.renderer.gateway(key[1], key[2])
+        for warning in render.warnings if render is not None else ():
+            log.warning("%s: %s", _object_label(key), warning)
 
     def _safe_sync(self) -> None:
         # A failed render must not stop the operator: the published configs stay as they were

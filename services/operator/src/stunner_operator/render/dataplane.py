@@ -38,6 +38,7 @@ _HEALTH_PORT_RE = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*port$")
 _HEALTH_PROTO_RE = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*protocol$")
 
 CONTAINER_NAME = "stunner-daemon"
+DEFAULT_TERMINATION_GRACE_S = 30  # GATEWAY.md, Dataplane terminationGracePeriodSeconds
 HEALTH_PORT = 8086
 METRICS_PORT = 8080
 
@@ -61,11 +62,16 @@ def merged_annotations(gw: Gateway, gwconfig: GatewayConfig) -> dict[str, str]:
     return out
 
 
-def port_map(annotations: dict[str, str], key: str) -> dict[str, int]:
-    """The JSON ``{"listener": port}`` map of a nodeport/targetport annotation; junk is ignored."""
+def parse_port_map(annotations: dict[str, str], key: str) -> tuple[dict[str, int], list[str]]:
+    """The JSON ``{"listener": port}`` map of a nodeport/targetport annotation, and its problems.
+
+    GATEWAY.md's examples leave the braces out (``"udp-listener": 30000``), so a bare list of
+    pairs is read as if braced. Entries that are not a port (an integer in 1-65535) are dropped
+    and named in the problems, as is an annotation that is not such a map at all.
+    """
     raw = annotations.get(key)
     if raw is None:
-        return {}
+        return {}, []
     data: Any = None
     for text in (raw, "{" + raw + "}"):
         try:
@@ -74,12 +80,59 @@ def port_map(annotations: dict[str, str], key: str) -> dict[str, int]:
         except json.JSONDecodeError:
             continue
     if not isinstance(data, dict):
-        return {}
+        return {}, [f"annotation {key}: {raw!r} is not a JSON map of listener name to port"]
     out: dict[str, int] = {}
+    problems: list[str] = []
     for name, port in data.items():
         if isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535:
             out[str(name)] = port
-    return out
+        else:
+            problems.append(
+                f"annotation {key}: port {port!r} of listener {name!r} is not in 1-65535"
+            )
+    return out, problems
+
+
+def port_map(annotations: dict[str, str], key: str) -> dict[str, int]:
+    """The valid entries of a nodeport/targetport annotation (see ``parse_port_map``)."""
+    return parse_port_map(annotations, key)[0]
+
+
+_BOOLEAN_ANNOTATIONS = (
+    MIXED_PROTOCOL,
+    DISABLE_MANAGED_DATAPLANE,
+    DISABLE_HEALTH_CHECK_EXPOSE,
+    DISABLE_SESSION_AFFINITY,
+)
+
+
+def annotation_problems(annotations: dict[str, str], listener_names: list[str]) -> list[str]:
+    """What is wrong with the ``stunner.l7mp.io/*`` annotations: each is ignored, not fatal."""
+    problems: list[str] = []
+    kind = annotations.get(SERVICE_TYPE)
+    if kind is not None and kind not in SERVICE_TYPES:
+        problems.append(
+            f"annotation {SERVICE_TYPE}: {kind!r} is not one of {', '.join(SERVICE_TYPES)}; "
+            "using LoadBalancer"
+        )
+    for key in (NODEPORT, TARGETPORT):
+        ports, bad = parse_port_map(annotations, key)
+        problems.extend(bad)
+        problems.extend(
+            f"annotation {key}: the Gateway has no listener {name!r}"
+            for name in ports
+            if name not in listener_names
+        )
+    for key in _BOOLEAN_ANNOTATIONS:
+        value = annotations.get(key)
+        if value is not None and value.strip().lower() not in ("true", "false"):
+            problems.append(f"annotation {key}: {value!r} is not true or false; read as false")
+    policy = annotations.get(EXTERNAL_TRAFFIC_POLICY)
+    if policy is not None and policy.strip().lower() not in ("local", "cluster"):
+        problems.append(
+            f"annotation {EXTERNAL_TRAFFIC_POLICY}: {policy!r} is not Local or Cluster; ignored"
+        )
+    return problems
 
 
 def service_type(annotations: dict[str, str]) -> str:
@@ -161,10 +214,8 @@ def render_service(
         },
         "ports": ports,
     }
-    if is_true(annotations.get(DISABLE_SESSION_AFFINITY)):
-        spec["sessionAffinity"] = "None"
-    else:
-        spec["sessionAffinity"] = "ClientIP"
+    if not is_true(annotations.get(DISABLE_SESSION_AFFINITY)):
+        spec["sessionAffinity"] = "ClientIP"  # disabled: Kubernetes' default, None
     if annotations.get(EXTERNAL_TRAFFIC_POLICY, "").strip().lower() == "local" and svc_type in (
         "NodePort",
         "LoadBalancer",
@@ -195,6 +246,19 @@ def render_service(
     }
 
 
+def default_pull_policy(image: str) -> str:
+    """GATEWAY.md: ``Always`` for the ``latest`` tag, ``IfNotPresent`` otherwise.
+
+    An image without tag or digest is the registry's ``latest``, as the container runtime pulls
+    it, so it counts as ``latest`` too.
+    """
+    if "@" in image:
+        return "IfNotPresent"
+    last = image.rsplit("/", 1)[-1]
+    tag = last.split(":", 1)[1] if ":" in last else "latest"
+    return "Always" if tag == "latest" else "IfNotPresent"
+
+
 def render_deployment(
     gw: Gateway, dataplane: Dataplane, annotations: dict[str, str], options: RenderOptions
 ) -> dict[str, Any]:
@@ -205,6 +269,7 @@ def render_deployment(
     """
     ns, name = gw.metadata.namespace, gw.metadata.name
     dp = dataplane.spec
+    image = dp.image or options.default_image
     labels = {k: v for k, v in gw.metadata.labels.items() if k not in options.label_filter}
     labels.update(
         {OWNED_BY_LABEL: OWNED_BY_VALUE, RELATED_GATEWAY_NAME: name, RELATED_GATEWAY_NAMESPACE: ns}
@@ -227,24 +292,25 @@ def render_deployment(
     ]
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
-        "image": dp.image or options.default_image,
-        "imagePullPolicy": dp.image_pull_policy or "Always",
-        "command": list(dp.command) or ["stunnerd"],
-        "args": list(dp.args) or ["-w", "--udp-thread-num=16"],
-        "env": env,
-        "resources": dp.resources
-        if dp.resources is not None
-        else {"limits": {"memory": "20M"}, "requests": {"cpu": "250m"}},
-        "ports": [{"name": "metrics-port", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "image": image,
+        "imagePullPolicy": dp.image_pull_policy or default_pull_policy(image),
     }
+    # GATEWAY.md gives no default command or args: the image's entrypoint runs unless set.
+    if dp.command:
+        container["command"] = list(dp.command)
+    if dp.args:
+        container["args"] = list(dp.args)
+    container["env"] = env
+    if dp.env_from:
+        container["envFrom"] = [dict(e) for e in dp.env_from]
+    if dp.resources is not None:  # GATEWAY.md: "Default: none"
+        container["resources"] = dp.resources
+    container["ports"] = [{"name": "metrics-port", "containerPort": METRICS_PORT}]
     if not dp.disable_health_check:
         for probe, path in (("livenessProbe", "/live"), ("readinessProbe", "/ready")):
             container[probe] = {
-                "httpGet": {"path": path, "port": HEALTH_PORT, "scheme": "HTTP"},
+                "httpGet": {"path": path, "port": HEALTH_PORT},
                 "periodSeconds": 15,
-                "timeoutSeconds": 1,
-                "successThreshold": 1,
-                "failureThreshold": 3,
             }
     if dp.container_security_context is not None:
         container["securityContext"] = dp.container_security_context
@@ -252,9 +318,10 @@ def render_deployment(
         "containers": [container],
         "terminationGracePeriodSeconds": dp.termination_grace_period_seconds
         if dp.termination_grace_period_seconds is not None
-        else 3600,
-        "hostNetwork": dp.host_network,
+        else DEFAULT_TERMINATION_GRACE_S,
     }
+    if dp.host_network:
+        pod_spec["hostNetwork"] = True
     for key, value in (
         ("affinity", dp.affinity),
         ("tolerations", dp.tolerations),

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stunner_common.config import StunnerConfig
-from stunner_common.crds import Gateway, GatewayClass, K8sObject, UDPRoute, UDPRouteV1A2
+from stunner_common.crds import (
+    Gateway,
+    GatewayClass,
+    K8sObject,
+    ParentReference,
+    UDPRoute,
+    UDPRouteV1A2,
+)
 from stunner_operator.render.clusters import BackendProblem, ClusterRender, render_cluster
 from stunner_operator.render.gateway import (
     PROTOCOLS,
@@ -35,6 +42,7 @@ from stunner_operator.render.routes import (
     rejection_reason,
 )
 from stunner_operator.render.status import (
+    Condition,
     GatewayClassStatus,
     ParentRef,
     RouteParentStatus,
@@ -89,6 +97,30 @@ class RenderDelta:
     @property
     def configs_changed(self) -> bool:
         return bool(self.configs or self.deleted)
+
+
+def _accepted_by(
+    view: View, ref: ParentReference, route: Route, gw: Gateway, render: GatewayRender
+) -> Condition:
+    """The route's Accepted condition for one parent: attached to a listener that is served?"""
+    gid = f"{gw.metadata.namespace}/{gw.metadata.name}"
+    listeners = [
+        ls.name
+        for ls in gw.spec.listeners
+        if PROTOCOLS.get(ls.protocol.upper()) is not None and ref_attaches(view, ref, route, gw, ls)
+    ]
+    if not listeners:
+        return false("Accepted", "NotAllowedByListeners", rejection_reason(view, ref, route, gw))
+    left_out = dict(render.unprogrammed)
+    if any(name not in left_out for name in listeners):
+        return true("Accepted", "Accepted", f"parent {gid} accepted the route")
+    why = "; ".join(f"{name}: {left_out[name]}" for name in listeners)
+    return false(
+        "Accepted",
+        "Pending",
+        f"parent {gid} takes the route only on listener(s) left out of its dataplane config "
+        f"({why}); no client can reach the route's backends",
+    )
 
 
 class Renderer:
@@ -326,16 +358,8 @@ class Renderer:
                     accepted = false(
                         "Accepted", "Pending", f"parent {gid} is invalid: {render.error}"
                     )
-                elif any(
-                    PROTOCOLS.get(ls.protocol.upper()) is not None
-                    and ref_attaches(view, ref, route, gw, ls)
-                    for ls in gw.spec.listeners
-                ):
-                    accepted = true("Accepted", "Accepted", f"parent {gid} accepted the route")
                 else:
-                    accepted = false(
-                        "Accepted", "NotAllowedByListeners", rejection_reason(view, ref, route, gw)
-                    )
+                    accepted = _accepted_by(view, ref, route, gw, render)
             if problems is None:
                 problems = cluster_for(view, route).problems
             if problems:

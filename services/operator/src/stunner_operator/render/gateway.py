@@ -40,6 +40,7 @@ from stunner_operator.render.dataplane import (
     MIXED_PROTOCOL,
     TARGETPORT,
     ExposedListener,
+    annotation_problems,
     exposed_listeners,
     is_true,
     merged_annotations,
@@ -162,6 +163,10 @@ class GatewayRender:
     error: str | None
     deps: frozenset[ObjKey]
     referencing_routes: frozenset[ObjKey]
+    unprogrammed: tuple[tuple[str, str], ...] = ()
+    """(listener name, why) for every listener left out of the config."""
+    warnings: tuple[str, ...] = ()
+    """Problems that did not stop the render (malformed annotations); also in the status."""
 
     @property
     def config_id(self) -> str:
@@ -173,6 +178,7 @@ class _ListenerState:
     spec: Listener
     protocol: str | None
     conflict: str | None = None
+    conflict_reason: str = "ProtocolConflict"
     cert: tuple[str, str] | None = None
     tls_error: str | None = None
     public: tuple[str, str, int] | None = None
@@ -183,6 +189,12 @@ class _ListenerState:
     @property
     def renderable(self) -> bool:
         return self.protocol is not None and self.conflict is None and self.tls_error is None
+
+    def why_not(self) -> str:
+        """Why this listener is left out of the config ("" when it is not)."""
+        if self.protocol is None:
+            return f"unsupported protocol {self.spec.protocol!r}"
+        return self.conflict or self.tls_error or ""
 
 
 def _tls_material(view: View, gw: Gateway, ls: Listener) -> tuple[tuple[str, str] | None, str]:
@@ -359,21 +371,37 @@ def render_gateway(
 
     annotations = merged_annotations(gw, gwconfig)
     targetports = port_map(annotations, TARGETPORT)
+    warnings = tuple(annotation_problems(annotations, [ls.name for ls in gw.spec.listeners]))
 
     # Listeners in spec order: protocol, then port conflicts per transport family, then TLS.
+    # A listener takes two ports of its family: its Service port (spec.port) and the port
+    # stunnerd binds (the targetport annotation, else spec.port); either may clash.
     states: list[_ListenerState] = []
-    used: dict[tuple[bool, int], str] = {}
+    service_ports: dict[tuple[bool, int], _ListenerState] = {}
+    bound_ports: dict[tuple[bool, int], _ListenerState] = {}
     for ls in gw.spec.listeners:
         st = _ListenerState(ls, PROTOCOLS.get(ls.protocol.upper()))
         states.append(st)
         if st.protocol is None:
             continue
-        slot = (st.protocol in UDP_FAMILY, ls.port)
-        if slot in used:
-            family = "UDP" if slot[0] else "TCP"
-            st.conflict = f"port {ls.port}/{family} is already used by listener {used[slot]}"
+        udp = st.protocol in UDP_FAMILY
+        family = "UDP" if udp else "TCP"
+        bound = targetports.get(ls.name, ls.port)
+        other = service_ports.get((udp, ls.port))
+        if other is not None:
+            st.conflict = f"port {ls.port}/{family} is already used by listener {other.spec.name}"
+        elif (other := bound_ports.get((udp, bound))) is not None:
+            st.conflict = (
+                f"target port {bound}/{family} (annotation {TARGETPORT}) is already used "
+                f"by listener {other.spec.name}"
+            )
+        if other is not None:
+            st.conflict_reason = (
+                "ProtocolConflict" if other.protocol != st.protocol else "PortConflict"
+            )
             continue
-        used[slot] = ls.name
+        service_ports[(udp, ls.port)] = st
+        bound_ports[(udp, bound)] = st
         if st.protocol in TLS_PROTOCOLS:
             st.cert, problem = _tls_material(view, gw, ls)
             if st.cert is None:
@@ -382,7 +410,7 @@ def render_gateway(
     candidates = [
         ExposedListener(st.spec, "UDP" if st.protocol in UDP_FAMILY else "TCP")
         for st in states
-        if st.protocol is not None and st.conflict is None
+        if st.renderable
     ]
     exposed = exposed_listeners(candidates, annotations)
     stored_svc = _public_service(view, gw)
@@ -444,23 +472,40 @@ def render_gateway(
             gw, key, f"rendered dataplane config is invalid: {err}", options, view, refs
         )
 
-    status = _gateway_status(gw, states, options, stored_svc)
+    status = _gateway_status(gw, states, options, warnings)
     deletes: tuple[ObjKey, ...] = ()
     deployment: dict[str, Any] | None = render_deployment(gw, dataplane, annotations, options)
     if is_true(annotations.get(DISABLE_MANAGED_DATAPLANE)):
         deployment = None
         deletes = (("Deployment", ns, name),)
     return GatewayRender(
-        key, config, status, service, deployment, deletes, None, frozenset(view.deps), refs
+        key,
+        config,
+        status,
+        service,
+        deployment,
+        deletes,
+        None,
+        frozenset(view.deps),
+        refs,
+        tuple((st.spec.name, st.why_not()) for st in states if not st.renderable),
+        warnings,
     )
 
 
 def _admin(ns: str, name: str, gwconfig: GatewayConfig, dataplane: Dataplane) -> AdminConfig:
     dp = dataplane.spec
+    # v1alpha1 GatewayConfigs name the endpoint (a v1alpha1-only field, so kept as an extra of
+    # the shared model); v1 Dataplanes switch the default one on.
+    named = (gwconfig.spec.model_extra or {}).get("metricsEndpoint")
+    metrics = named if isinstance(named, str) and named else ""
+    if not metrics and dp.enable_metrics_endpoint:
+        metrics = METRICS_ENDPOINT
     return AdminConfig(
         name=f"{ns}/{name}",
         loglevel=gwconfig.spec.log_level or "all:INFO",
-        metrics_endpoint=METRICS_ENDPOINT if dp.enable_metrics_endpoint else "",
+        metrics_endpoint=metrics,
+        user_quota=gwconfig.spec.user_quota or 0,
         healthcheck_endpoint="" if dp.disable_health_check else DEFAULT_HEALTHCHECK,
         offload_engine=cast(OffloadEngine, dp.offload_engine or "None"),
         offload_interfaces=tuple(sorted(dp.offload_interfaces)),
@@ -490,6 +535,7 @@ def _listener_config(
 def _listener_status(st: _ListenerState) -> ListenerStatus:
     ls = st.spec
     conds: tuple[Condition, ...]
+    left_out = f"listener {ls.name} is left out of the dataplane config: {st.why_not()}"
     if st.protocol is None:
         conds = (
             false(
@@ -500,13 +546,15 @@ def _listener_status(st: _ListenerState) -> ListenerStatus:
             ),
             false("Conflicted", "NoConflicts"),
             true("ResolvedRefs", "ResolvedRefs"),
+            false("Programmed", "Invalid", left_out),
         )
         return ListenerStatus(ls.name, 0, conds)
     if st.conflict is not None:
         conds = (
             false("Accepted", "PortUnavailable", f"listener {ls.name}: {st.conflict}"),
-            true("Conflicted", "ProtocolConflict", f"listener {ls.name}: {st.conflict}"),
+            true("Conflicted", st.conflict_reason, f"listener {ls.name}: {st.conflict}"),
             true("ResolvedRefs", "ResolvedRefs"),
+            false("Programmed", "Invalid", left_out),
         )
         return ListenerStatus(ls.name, st.attached, conds)
     if st.tls_error is not None:
@@ -514,22 +562,25 @@ def _listener_status(st: _ListenerState) -> ListenerStatus:
             true("Accepted", "Accepted", "listener accepted"),
             false("Conflicted", "NoConflicts"),
             false("ResolvedRefs", "InvalidCertificateRef", st.tls_error),
+            false("Programmed", "Invalid", left_out),
         )
         return ListenerStatus(ls.name, 0, conds)
     conds = (
         true("Accepted", "Accepted", "listener accepted"),
         false("Conflicted", "NoConflicts"),
         true("ResolvedRefs", "ResolvedRefs", "listener object references resolved"),
+        true("Programmed", "Programmed", "listener is in the dataplane config"),
     )
     return ListenerStatus(ls.name, st.attached, conds)
 
 
 def _gateway_status(
-    gw: Gateway, states: list[_ListenerState], options: RenderOptions, stored: Service | None
+    gw: Gateway, states: list[_ListenerState], options: RenderOptions, warnings: tuple[str, ...]
 ) -> GatewayStatus:
-    accepted = true(
-        "Accepted", "Accepted", f"gateway accepted by controller {options.controller_name}"
-    )
+    message = f"gateway accepted by controller {options.controller_name}"
+    if warnings:
+        message += "; ignored: " + "; ".join(warnings)
+    accepted = true("Accepted", "Accepted", message)
     missing = [st for st in states if st.public is None]
     if not missing:
         programmed = true(
@@ -537,9 +588,15 @@ def _gateway_status(
         )
     else:
         hints = []
-        unexposed = [st.spec.name for st in missing if st.protocol is not None and not st.exposed]
+        unexposed = [st.spec.name for st in missing if st.renderable and not st.exposed]
         waiting = [st.spec.name for st in missing if st.exposed]
         invalid = [st.spec.name for st in missing if st.protocol is None]
+        conflicted = [st.spec.name for st in missing if st.conflict is not None]
+        no_cert = [st.spec.name for st in missing if st.tls_error is not None]
+        if conflicted:
+            hints.append(f"listener(s) {', '.join(conflicted)} conflict on a port")
+        if no_cert:
+            hints.append(f"listener(s) {', '.join(no_cert)} have no usable TLS certificate")
         if unexposed:
             hints.append(
                 f"listener(s) {', '.join(unexposed)} not exposed by the Service "
