@@ -250,7 +250,7 @@ def test_the_command_renders_the_example_folder_with_print() -> None:
     ("args", "message"),
     [
         (["--kubeconfig", "/nonexistent/kubeconfig"], "cannot load kubeconfig"),
-        (["--print"], "--print needs --manifests DIR"),
+        (["--print"], "--print needs --manifests PATH"),
         (["--manifests", "/nonexistent/folder"], "no such file or folder"),
     ],
 )

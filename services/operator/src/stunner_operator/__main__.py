@@ -40,7 +40,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-url", help="Redis URL (env REDIS_URL)")
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig for Kubernetes mode")
     p.add_argument("--cds-address", help="host[:port] of the CDS the dataplane pods use")
-    p.add_argument("--print", dest="print_only", action="store_true", help="render once, print")
+    p.add_argument(
+        "--print", dest="print_only", action="store_true", help="render once, print the configs"
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="render --manifests once and print every object the operator would write (YAML)",
+    )
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
     return p
 
@@ -157,6 +164,32 @@ def _print_once(settings: OperatorSettings, root: Path) -> int:
     return 1 if operator.manifests.errors else 0
 
 
+def _dry_run(settings: OperatorSettings, root: Path) -> int:
+    from stunner_operator.dryrun import dry_run
+
+    result = dry_run(root, _options(settings))
+    sys.stdout.write(result.yaml())
+    sys.stdout.flush()
+    for problem in result.problems:
+        print(problem, file=sys.stderr)
+    return 0
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why ``path`` (a manifest file or folder) cannot be read, or None."""
+    try:
+        if path.is_dir():
+            next(path.iterdir(), None)
+        else:
+            with path.open("rb"):
+                pass
+    except FileNotFoundError:
+        return "no such file or folder"
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     overrides = {
@@ -177,16 +210,19 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     _configure_logging(settings.log_level, settings.log_format)
     if settings.manifests is None:
-        if args.print_only:
-            print("stunner-operator: --print needs --manifests DIR", file=sys.stderr)
+        if args.print_only or args.dry_run:
+            flag = "--dry-run" if args.dry_run else "--print"
+            print(f"stunner-operator: {flag} needs --manifests PATH", file=sys.stderr)
             return EXIT_USAGE
         try:
             return asyncio.run(_run_kubernetes(settings))
         except KeyboardInterrupt:
             return 0
-    if not settings.manifests.exists():
-        print(f"stunner-operator: {settings.manifests}: no such file or folder", file=sys.stderr)
+    if (why := _unreadable(settings.manifests)) is not None:
+        print(f"stunner-operator: {settings.manifests}: {why}", file=sys.stderr)
         return EXIT_USAGE
+    if args.dry_run:
+        return _dry_run(settings, settings.manifests)
     if args.print_only:
         return _print_once(settings, settings.manifests)
     try:

@@ -219,6 +219,8 @@ class ManifestSet:
         self._digest: dict[Path, str] = {}
         self._good: dict[Path, dict[int, tuple[K8sObject, ...]]] = {}
         self._errors: dict[Path, tuple[ManifestError, ...]] = {}
+        self.origin: dict[ObjKey, tuple[str, int]] = {}
+        """Where each loaded object comes from: (file, document index)."""
 
     @property
     def errors(self) -> list[ManifestError]:
@@ -294,17 +296,19 @@ class ManifestSet:
                 self._errors.pop(path, None)
         objects: dict[ObjKey, K8sObject] = {}
         origin: dict[ObjKey, Path] = {}
+        self.origin = {}
         for path in sorted(self._good):
             docs = self._good[path]
-            for obj in (o for i in sorted(docs) for o in docs[i]):
+            for index, obj in ((i, o) for i in sorted(docs) for o in docs[i]):
                 key = key_of(obj)
+                self.origin[key] = (str(path), index)
                 if key in objects and origin[key] != path:
                     new_errors.append(
                         ManifestError(
                             str(path),
                             None,
-                            f"{key[0]} {key[1]}/{key[2]} is also defined in {origin[key]}; "
-                            "this copy wins",
+                            f"{key[0]} {'/'.join(k for k in key[1:] if k)} is also defined "
+                            f"in {origin[key]}; this copy wins",
                         )
                     )
                 objects[key] = obj
