@@ -23,13 +23,8 @@ from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL
 
 from stunner_common.config import TlsPair
-from stunnerd.net.listener import (
-    Address,
-    ClosingDatagramProtocol,
-    Listener,
-    SendTo,
-    open_listener_socket,
-)
+from stunnerd.net.listener import Address, Listener, SendTo
+from stunnerd.net.udp import ClosingDatagramProtocol, open_listener_socket
 
 log = logging.getLogger(__name__)
 

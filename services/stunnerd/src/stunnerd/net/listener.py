@@ -15,36 +15,47 @@ restarts. A route carries the list of the cluster that admitted its peer, resolv
 route is installed, so counting costs a few integer additions per datagram: no lookup by name,
 no allocation, no lock (each worker process counts its own; the supervisor sums them).
 
-Subclasses provide the client transport: UDP here, TCP/TLS in `stream.py`, DTLS in `dtls.py`.
+Subclasses provide the client transport: UDP in `udp.py`, TCP/TLS in `stream.py`, DTLS in
+`dtls.py`; the relay sockets and the peer → client half of the fast path are in `relay.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
-import struct
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from stunner_common.config import TlsPair
 from stunnerd.net.batch import SendBatcher
+from stunnerd.net.relay import (
+    RX_BYTES,
+    RX_PKTS,
+    TX_BYTES,
+    TX_PKTS,
+    Address,
+    DatagramRelayProtocol,
+    SendTo,
+    Traffic,
+    bind_even_pair,
+    bind_relay_socket,
+    new_traffic,
+)
 from stunnerd.turn import effects as fx
 from stunnerd.turn.engine import Policies, TurnEngine
 from stunnerd.turn.policies import UserUsage
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "Address",
+    "Listener",
+    "ListenerSpec",
+    "SendTo",
+    "Traffic",
+    "new_traffic",
+]
 
-Address = tuple[str, int]
-SendTo = Callable[[bytes, Any], None]
-Traffic = list[int]  # [rx packets, rx bytes, tx packets, tx bytes]
-RX_PKTS, RX_BYTES, TX_PKTS, TX_BYTES = 0, 1, 2, 3
-_CHANNEL_HEADER = struct.Struct("!HH").pack
-SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
-EVEN_PORT_ATTEMPTS = 64
-TRANSPORT_CLOSE_TIMEOUT_S = 1.0
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,99 +71,11 @@ class ListenerSpec:
     reuse_port: bool = False  # share the port with other worker processes (SO_REUSEPORT)
 
 
-def tune_udp_socket(sock: socket.socket) -> None:
-    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-        with contextlib.suppress(OSError):  # the kernel caps it; never fatal
-            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
-
-
-def new_traffic() -> Traffic:
-    return [0, 0, 0, 0]
-
-
 def _wire_forms(addr: Address) -> tuple[Any, ...]:
     """The address tuples asyncio hands us for `addr`: IPv6 sockets add flowinfo and scope id."""
     if ":" in addr[0]:
         return (addr, (addr[0], addr[1], 0, 0))
     return (addr,)
-
-
-class DatagramRelayProtocol(asyncio.DatagramProtocol):
-    """The relay socket of one allocation; peer → client ChannelData goes out via `client_send`."""
-
-    __slots__ = ("client", "client_send", "listener", "peer_channels", "sock", "transport")
-
-    def __init__(self, listener: Listener, client: Address, sock: socket.socket) -> None:
-        self.listener = listener
-        self.client = client
-        self.sock = sock  # the raw socket, for batched sends to peers
-        self.client_send: SendTo = listener.client_sender(client)
-        # peer address -> (channel number, traffic counters of the peer's cluster)
-        self.peer_channels: dict[Any, tuple[int, Traffic]] = {}
-        self.transport: asyncio.DatagramTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        hit = self.peer_channels.get(addr)
-        if hit is not None:
-            n = len(data)
-            counts = hit[1]
-            counts[0] += 1
-            counts[1] += n
-            self.client_send(_CHANNEL_HEADER(hit[0], n) + data, self.client)
-            return
-        self.listener.peer_slow_path(self.client, addr, data)
-
-    def error_received(self, exc: Exception) -> None:
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("relay for %s: %s", self.client, exc)
-
-
-class UdpRelayProtocol(DatagramRelayProtocol):
-    """Relay whose client speaks plain UDP: ChannelData to the client goes through the batcher."""
-
-    __slots__ = ("client_sock", "send", "traffic")
-
-    def __init__(self, listener: Listener, client: Address, sock: socket.socket) -> None:
-        super().__init__(listener, client, sock)
-        self.send = listener.batcher.send
-        self.client_sock: socket.socket = listener.sock  # type: ignore[attr-defined]
-        self.traffic = listener.traffic
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        hit = self.peer_channels.get(addr)
-        if hit is not None:
-            n = len(data)
-            counts = hit[1]
-            counts[0] += 1
-            counts[1] += n
-            counts = self.traffic
-            counts[2] += 1
-            counts[3] += n + 4
-            self.send(self.client_sock, _CHANNEL_HEADER(hit[0], n) + data, self.client)
-            return
-        self.listener.peer_slow_path(self.client, addr, data)
-
-
-class StreamRelayProtocol(DatagramRelayProtocol):
-    """Relay whose client speaks a stream (TCP/TLS): ChannelData is padded to 4 bytes."""
-
-    __slots__ = ()
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        hit = self.peer_channels.get(addr)
-        if hit is not None:
-            n = len(data)
-            counts = hit[1]
-            counts[0] += 1
-            counts[1] += n
-            pad = -n % 4
-            frame = _CHANNEL_HEADER(hit[0], n) + data
-            self.client_send(frame + b"\x00" * pad if pad else frame, self.client)
-            return
-        self.listener.peer_slow_path(self.client, addr, data)
 
 
 class Listener:
@@ -216,6 +139,10 @@ class Listener:
 
     async def _close_transport(self) -> None:
         raise NotImplementedError
+
+    def client_socket(self) -> socket.socket | None:
+        """The listener's UDP socket, where relays can send to clients directly (TURN-UDP)."""
+        return None
 
     @property
     def bound_port(self) -> int:
@@ -349,9 +276,9 @@ class Listener:
                 if sock is None:
                     raise OSError(f"reserved port {effect.reserved_port} is gone")
             elif effect.reserve_next:
-                sock, held = self._bind_even_pair(effect.family)
+                sock, held = bind_even_pair(self.spec.bind_host, effect.family)
             else:
-                sock = self._bind_relay_socket(effect.family, effect.even_port)
+                sock = bind_relay_socket(self.spec.bind_host, effect.family, effect.even_port)
         except OSError as exc:
             log.warning("listener %s: cannot open a relay socket: %s", self.name, exc)
             self.apply(self.engine.relay_failed(effect.client, self.loop.time()))
@@ -361,39 +288,6 @@ class Listener:
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    def _relay_host(self, family: int) -> tuple[socket.AddressFamily, str]:
-        af = socket.AF_INET6 if family == 6 else socket.AF_INET
-        host = self.spec.bind_host
-        if (af == socket.AF_INET6) != (":" in host):
-            host = "::" if af == socket.AF_INET6 else "0.0.0.0"
-        return af, host
-
-    def _bind_relay_socket(self, family: int, even: bool, port: int = 0) -> socket.socket:
-        af, host = self._relay_host(family)
-        for _ in range(EVEN_PORT_ATTEMPTS if even else 1):
-            sock = socket.socket(af, socket.SOCK_DGRAM)
-            try:
-                sock.setblocking(False)
-                sock.bind((host, port))
-            except OSError:
-                sock.close()
-                raise
-            if not even or sock.getsockname()[1] % 2 == 0:
-                tune_udp_socket(sock)
-                return sock
-            sock.close()
-        raise OSError("no even relay port found")
-
-    def _bind_even_pair(self, family: int) -> tuple[socket.socket, socket.socket]:
-        """An even relay port P and a socket held on P + 1 (EVEN-PORT with R, RFC 8656 §14.6)."""
-        for _ in range(EVEN_PORT_ATTEMPTS):
-            sock = self._bind_relay_socket(family, True)
-            try:
-                return sock, self._bind_relay_socket(family, False, sock.getsockname()[1] + 1)
-            except OSError:
-                sock.close()
-        raise OSError("no free pair of relay ports found")
 
     async def _start_relay(
         self, client: Address, sock: socket.socket, held: socket.socket | None = None
@@ -461,124 +355,3 @@ class Listener:
             held.close()
         self.held_ports.clear()
         await self._close_transport()
-
-
-class ClosingDatagramProtocol(asyncio.DatagramProtocol):
-    """Resolves `closed` once the transport has really released its socket (and its port)."""
-
-    def __init__(self) -> None:
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    async def wait_closed(self) -> None:
-        """asyncio closes a datagram socket one loop turn after `close()`; a listener that
-        restarts on the same port must wait for that, or its bind fails with EADDRINUSE."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(TRANSPORT_CLOSE_TIMEOUT_S):
-                await asyncio.shield(self.closed)
-
-
-_P = TypeVar("_P", bound="ClosingDatagramProtocol")
-
-
-async def open_listener_socket(
-    loop: asyncio.AbstractEventLoop, spec: ListenerSpec, factory: Callable[[], _P]
-) -> tuple[socket.socket, asyncio.DatagramTransport, _P]:
-    """Bind the UDP socket of a TURN-UDP or TURN-DTLS listener (shared with the other workers
-    when `reuse_port`) and wrap it in a datagram endpoint; the socket is closed on failure."""
-    family = socket.AF_INET6 if ":" in spec.bind_host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_DGRAM)
-    try:
-        sock.setblocking(False)
-        if spec.reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((spec.bind_host, spec.port))
-        tune_udp_socket(sock)
-        transport, protocol = await loop.create_datagram_endpoint(factory, sock=sock)
-    except BaseException:
-        sock.close()
-        raise
-    return sock, transport, protocol
-
-
-class UdpListenerProtocol(ClosingDatagramProtocol):
-    """TURN-UDP: routed ChannelData is forwarded right here; the rest goes to the engine."""
-
-    __slots__ = ("routes", "send", "slow_path", "traffic")
-
-    def __init__(self, listener: UdpListener) -> None:
-        super().__init__()
-        self.routes = listener.routes
-        self.send = listener.batcher.send
-        self.slow_path = listener.client_slow_path
-        self.traffic = listener.traffic
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        size = len(data)
-        counts = self.traffic
-        counts[0] += 1
-        counts[1] += size
-        if size >= 4 and 0x40 <= data[0] <= 0x7F:
-            route = self.routes.get((addr, (data[0] << 8) | data[1]))
-            if route is not None:
-                n = (data[2] << 8) | data[3]
-                if n <= size - 4:
-                    counts = route[2]
-                    counts[2] += 1
-                    counts[3] += n
-                    self.send(route[0], data[4 : 4 + n], route[1])
-                    return
-        self.slow_path(data, addr)
-
-    def error_received(self, exc: Exception) -> None:
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("UDP listener socket error: %s", exc)
-
-
-class UdpListener(Listener):
-    stream = False
-    relay_class = UdpRelayProtocol
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.transport: asyncio.DatagramTransport | None = None
-        self.protocol: UdpListenerProtocol | None = None
-        self.sock: socket.socket | None = None
-        self._sendto: SendTo | None = None
-
-    async def start(self) -> None:
-        sock, transport, protocol = await open_listener_socket(
-            self.loop, self.spec, lambda: UdpListenerProtocol(self)
-        )
-        self.protocol = protocol
-        self.transport = transport
-        self.sock = sock
-        self._sendto = transport.sendto
-        self.connections = self.connections_total = 1
-
-    @property
-    def bound_port(self) -> int:
-        assert self.transport is not None
-        return int(self.transport.get_extra_info("sockname")[1])
-
-    def client_sender(self, client: Address) -> SendTo:
-        assert self._sendto is not None
-        return self._sendto
-
-    def send_to_client(self, client: Address, data: bytes) -> None:
-        if self._sendto is not None:
-            counts = self.traffic
-            counts[TX_PKTS] += 1
-            counts[TX_BYTES] += len(data)
-            self._sendto(data, client)
-
-    async def _close_transport(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-            self.transport = None
-            self._sendto = None
-            if self.protocol is not None:
-                await self.protocol.wait_closed()

@@ -20,8 +20,9 @@ import time
 from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
 from stunnerd.net.batch import SendBatcher, gso_supported
 from stunnerd.net.dtls import DtlsListener
-from stunnerd.net.listener import Listener, ListenerSpec, Traffic, UdpListener, new_traffic
+from stunnerd.net.listener import Listener, ListenerSpec, Traffic, new_traffic
 from stunnerd.net.stream import StreamListener
+from stunnerd.net.udp import UdpListener
 from stunnerd.routing import DnsCache, dns_names, policies_for
 from stunnerd.turn.engine import Policies
 from stunnerd.turn.policies import UserUsage

@@ -19,7 +19,8 @@ import tempfile
 from typing import Any
 
 from stunner_common.config import TlsPair
-from stunnerd.net.listener import Address, Listener, SendTo, StreamRelayProtocol
+from stunnerd.net.listener import Address, Listener, SendTo
+from stunnerd.net.relay import StreamRelayProtocol
 from stunnerd.turn.codec import stream_frame_length
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,149 @@
+"""TURN-UDP: the listener whose clients send plain datagrams, and the client → peer fast path.
+
+Also the listener sockets that TURN-UDP and TURN-DTLS share: bound with SO_REUSEPORT when several
+worker processes serve one port, and closed only once the kernel released the port.
+
+`UdpListenerProtocol.datagram_received` is the hottest function of the server: a ChannelData
+datagram (first byte 0x40-0x7F) whose (client address, channel) has a route is counted and handed
+to the `SendBatcher` for the relay socket with one dict lookup; everything else goes to the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from stunnerd.net.listener import Listener, ListenerSpec
+from stunnerd.net.relay import TX_BYTES, TX_PKTS, Address, SendTo, UdpRelayProtocol, tune_udp_socket
+
+log = logging.getLogger(__name__)
+
+TRANSPORT_CLOSE_TIMEOUT_S = 1.0
+
+
+class ClosingDatagramProtocol(asyncio.DatagramProtocol):
+    """Resolves `closed` once the transport has really released its socket (and its port)."""
+
+    def __init__(self) -> None:
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    async def wait_closed(self) -> None:
+        """asyncio closes a datagram socket one loop turn after `close()`; a listener that
+        restarts on the same port must wait for that, or its bind fails with EADDRINUSE."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(TRANSPORT_CLOSE_TIMEOUT_S):
+                await asyncio.shield(self.closed)
+
+
+_P = TypeVar("_P", bound="ClosingDatagramProtocol")
+
+
+async def open_listener_socket(
+    loop: asyncio.AbstractEventLoop, spec: ListenerSpec, factory: Callable[[], _P]
+) -> tuple[socket.socket, asyncio.DatagramTransport, _P]:
+    """Bind the UDP socket of a TURN-UDP or TURN-DTLS listener (shared with the other workers
+    when `reuse_port`) and wrap it in a datagram endpoint; the socket is closed on failure."""
+    family = socket.AF_INET6 if ":" in spec.bind_host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.setblocking(False)
+        if spec.reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((spec.bind_host, spec.port))
+        tune_udp_socket(sock)
+        transport, protocol = await loop.create_datagram_endpoint(factory, sock=sock)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, transport, protocol
+
+
+class UdpListenerProtocol(ClosingDatagramProtocol):
+    """TURN-UDP: routed ChannelData is forwarded right here; the rest goes to the engine."""
+
+    __slots__ = ("routes", "send", "slow_path", "traffic")
+
+    def __init__(self, listener: UdpListener) -> None:
+        super().__init__()
+        self.routes = listener.routes
+        self.send = listener.batcher.send
+        self.slow_path = listener.client_slow_path
+        self.traffic = listener.traffic
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        size = len(data)
+        counts = self.traffic
+        counts[0] += 1
+        counts[1] += size
+        if size >= 4 and 0x40 <= data[0] <= 0x7F:
+            route = self.routes.get((addr, (data[0] << 8) | data[1]))
+            if route is not None:
+                n = (data[2] << 8) | data[3]
+                if n <= size - 4:
+                    counts = route[2]
+                    counts[2] += 1
+                    counts[3] += n
+                    self.send(route[0], data[4 : 4 + n], route[1])
+                    return
+        self.slow_path(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("UDP listener socket error: %s", exc)
+
+
+class UdpListener(Listener):
+    stream = False
+    relay_class = UdpRelayProtocol
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.transport: asyncio.DatagramTransport | None = None
+        self.protocol: UdpListenerProtocol | None = None
+        self.sock: socket.socket | None = None
+        self._sendto: SendTo | None = None
+
+    async def start(self) -> None:
+        sock, transport, protocol = await open_listener_socket(
+            self.loop, self.spec, lambda: UdpListenerProtocol(self)
+        )
+        self.protocol = protocol
+        self.transport = transport
+        self.sock = sock
+        self._sendto = transport.sendto
+        self.connections = self.connections_total = 1
+
+    @property
+    def bound_port(self) -> int:
+        assert self.transport is not None
+        return int(self.transport.get_extra_info("sockname")[1])
+
+    def client_sender(self, client: Address) -> SendTo:
+        assert self._sendto is not None
+        return self._sendto
+
+    def client_socket(self) -> socket.socket | None:
+        return self.sock
+
+    def send_to_client(self, client: Address, data: bytes) -> None:
+        if self._sendto is not None:
+            counts = self.traffic
+            counts[TX_PKTS] += 1
+            counts[TX_BYTES] += len(data)
+            self._sendto(data, client)
+
+    async def _close_transport(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+            self._sendto = None
+            if self.protocol is not None:
+                await self.protocol.wait_closed()
