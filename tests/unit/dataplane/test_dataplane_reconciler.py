@@ -22,10 +22,10 @@ from stunner_common.config import (
     zero_config,
 )
 from stunnerd.admin.stats import StatsSnapshot
+from stunnerd.reconcile.dataplane import ApplyOutcome
 from stunnerd.reconcile.listeners import ListenerReconciler, ReconcileError
 from stunnerd.reconcile.plan import Plan
 from stunnerd.reconcile.reconciler import Reconciler
-from stunnerd.workers.base import ApplyOutcome
 
 
 class TableTarget:

@@ -10,13 +10,8 @@ import pytest
 from aioice import stun
 
 from stunnerd.turn import effects as fx
-from stunnerd.turn.engine import (
-    CHANNEL_LIFETIME_S,
-    DEFAULT_LIFETIME_S,
-    PERMISSION_LIFETIME_S,
-    Policies,
-    TurnEngine,
-)
+from stunnerd.turn.allocation import CHANNEL_LIFETIME_S, DEFAULT_LIFETIME_S, PERMISSION_LIFETIME_S
+from stunnerd.turn.engine import Policies, TurnEngine
 from stunnerd.turn.policies import (
     AllowAllPeers,
     EphemeralAuthenticator,

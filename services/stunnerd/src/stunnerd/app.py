@@ -27,9 +27,9 @@ from stunnerd.drain import drain
 from stunnerd.origin.base import ConfigOrigin, ConfigOriginError, parse_origin
 from stunnerd.origin.cds import CdsOrigin
 from stunnerd.origin.file import FileOrigin
+from stunnerd.reconcile.dataplane import ApplyOutcome, Dataplane
 from stunnerd.reconcile.reconciler import Reconciler
 from stunnerd.settings import StunnerdSettings
-from stunnerd.workers.base import ApplyOutcome, Dataplane
 
 log = logging.getLogger("stunnerd")
 

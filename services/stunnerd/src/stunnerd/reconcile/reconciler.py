@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from stunner_common.config import StunnerConfig
+from stunnerd.reconcile.dataplane import ApplyOutcome, Dataplane
 from stunnerd.reconcile.plan import Plan, plan_reconcile
-from stunnerd.workers.base import ApplyOutcome, Dataplane
 
 log = logging.getLogger(__name__)
 

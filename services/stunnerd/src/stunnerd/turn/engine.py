@@ -31,14 +31,11 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from stunnerd.turn import codec
 from stunnerd.turn.allocation import (
-    CHANNEL_LIFETIME_S,
-    DEFAULT_LIFETIME_S,
-    MAX_LIFETIME_S,
-    PERMISSION_LIFETIME_S,
     Allocation,
     family_of,
 )
@@ -54,36 +51,32 @@ from stunnerd.turn.effects import (
     SendToClient,
     SendToPeer,
 )
-from stunnerd.turn.methods import Pending, Policies, TurnMethods
+from stunnerd.turn.methods import Pending, TurnMethods
 from stunnerd.turn.policies import (
     AllowAllPeers,
+    Authenticator,
     NoAuthenticator,
     NonceMint,
+    PeerPolicy,
     UserQuota,
     UserUsage,
 )
-from stunnerd.turn.reservations import RESERVATION_LIFETIME_S, Reservations
-from stunnerd.turn.retransmit import RETRANSMIT_CACHE_MAX, RETRANSMIT_CACHE_S, RetransmitCache
+from stunnerd.turn.reservations import Reservations
+from stunnerd.turn.retransmit import RetransmitCache
 from stunnerd.turn.timers import DeadlineKind, Deadlines
-
-__all__ = [
-    "CHANNEL_LIFETIME_S",
-    "DEFAULT_LIFETIME_S",
-    "MAX_LIFETIME_S",
-    "PERMISSION_LIFETIME_S",
-    "RESERVATION_LIFETIME_S",
-    "RETRANSMIT_CACHE_MAX",
-    "RETRANSMIT_CACHE_S",
-    "SOFTWARE",
-    "Policies",
-    "TurnEngine",
-]
 
 SOFTWARE = "stunnerd"
 
 _AUTHENTICATED_METHODS = frozenset(
     {Method.ALLOCATE, Method.REFRESH, Method.CREATE_PERMISSION, Method.CHANNEL_BIND}
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Policies:
+    authenticator: Authenticator
+    peers: PeerPolicy
+    quota: UserQuota
 
 
 class TurnEngine(TurnMethods):

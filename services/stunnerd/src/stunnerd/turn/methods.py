@@ -11,7 +11,7 @@ share is declared on `TurnMethods` so each half type-checks on its own.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stunnerd.turn import codec
 from stunnerd.turn.allocation import (
@@ -34,17 +34,13 @@ from stunnerd.turn.effects import (
     OpenRelay,
     SendToClient,
 )
-from stunnerd.turn.policies import Authenticator, PeerPolicy, UserQuota, UserUsage
+from stunnerd.turn.policies import UserUsage
 from stunnerd.turn.reservations import Reservations
 from stunnerd.turn.retransmit import RetransmitCache
 from stunnerd.turn.timers import DeadlineKind, Deadlines
 
-
-@dataclass(frozen=True, slots=True)
-class Policies:
-    authenticator: Authenticator
-    peers: PeerPolicy
-    quota: UserQuota
+if TYPE_CHECKING:
+    from stunnerd.turn.engine import Policies
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from stunner_common.config import StunnerConfig
 from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, TrafficStats
 from stunnerd.net.server import TurnServer
+from stunnerd.reconcile.dataplane import ApplyOutcome
 from stunnerd.reconcile.listeners import ListenerReconciler, ReconcileError
 from stunnerd.turn.policies import UserQuota
-from stunnerd.workers.base import ApplyOutcome
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from stunner_common.config import StunnerConfig
 from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, merge_snapshots
-from stunnerd.workers.base import ApplyOutcome
+from stunnerd.reconcile.dataplane import ApplyOutcome
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,8 @@
-"""The interface the command drives, whether the server runs here or in worker processes."""
+"""`Dataplane`: what the `Reconciler` and the command drive, here or in worker processes.
+
+Implemented by `stunnerd.workers.local.LocalDataplane` (this process's `TurnServer`) and
+`stunnerd.workers.pool.WorkerPool` (`--udp-thread-num` worker processes).
+"""
 
 from __future__ import annotations
 
