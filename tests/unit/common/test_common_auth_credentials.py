@@ -16,6 +16,7 @@ from stunner_common.auth import (
     ephemeral_username,
     ephemeral_username_valid,
     long_term_key,
+    parse_ephemeral_username,
 )
 
 NOW = 1_700_000_000.0
@@ -72,6 +73,10 @@ def test_credentials_expire_ttl_seconds_from_now_truncated() -> None:
         ("1_700_000_100", None),
         (" 1700000100", None),
         ("99999999999999999999:1700000100", 1700000100),
+        ("99999999999999999999999:bob", None),
+        ("9223372036854775808:bob", None),
+        ("1700000100\n", None),
+        ("\u0661\u0667\u0660\u0660", None),
     ],
 )
 def test_expiry_is_the_first_part_that_parses_as_a_go_integer(
@@ -92,6 +97,8 @@ def test_expiry_is_the_first_part_that_parses_as_a_go_integer(
         ("0:alice", False),
         ("alice", False),
         ("-1", False),
+        ("99999999999999999999999:bob", False),
+        ("9223372036854775807:bob", True),
     ],
 )
 def test_username_is_valid_until_its_expiry_second(username: str, valid: bool) -> None:
@@ -134,3 +141,20 @@ def test_long_term_key_agrees_with_aioice() -> None:
         assert long_term_key(username, realm, password) == turn.make_integrity_key(
             username, realm, password
         )
+
+
+@pytest.mark.parametrize(
+    ("username", "parsed"),
+    [
+        ("1700000100:alice", (1700000100, "alice")),
+        ("alice:1700000100", (1700000100, "alice:1700000100")),
+        ("-5:alice", (-5, "alice")),
+        ("0:alice", None),
+        ("99999999999999999999999:bob", None),
+        ("bob", None),
+    ],
+)
+def test_parse_gives_expiry_and_user_id_or_none_without_a_usable_expiry(
+    username: str, parsed: tuple[int, str] | None
+) -> None:
+    assert parse_ephemeral_username(username) == parsed

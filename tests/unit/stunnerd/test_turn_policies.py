@@ -8,6 +8,7 @@ import hmac
 
 import pytest
 
+from stunner_common.auth import parse_ephemeral_username
 from stunner_common.config import parse_config
 from stunnerd.routing import DnsCache, policies_for
 from stunnerd.turn.policies import (
@@ -15,7 +16,6 @@ from stunnerd.turn.policies import (
     NonceMint,
     StaticAuthenticator,
     UserQuota,
-    parse_ephemeral_username,
 )
 
 NOW = 1_700_000_000
@@ -44,6 +44,12 @@ def test_ephemeral_password_is_base64_hmac_sha1_of_the_username() -> None:
     auth = EphemeralAuthenticator("r", "secret")
     mac = hmac.new(b"secret", b"123:u", hashlib.sha1).digest()
     assert auth.password("123:u") == base64.b64encode(mac).decode()
+
+
+def test_an_expiry_beyond_int64_is_no_expiry_and_the_username_is_refused() -> None:
+    auth = EphemeralAuthenticator("r", "s")
+    assert auth.lookup("99999999999999999999999:bob", NOW) is None
+    assert auth.lookup(f"99999999999999999999999:{NOW}", NOW) is not None  # next part counts
 
 
 def test_ephemeral_username_is_valid_up_to_and_including_its_expiry_second() -> None:

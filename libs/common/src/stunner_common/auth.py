@@ -23,16 +23,17 @@ __all__ = [
     "ephemeral_username",
     "ephemeral_username_valid",
     "long_term_key",
+    "parse_ephemeral_username",
 ]
 
 # Go's strconv.Atoi on 64-bit: optional sign, decimal digits, within int64.
-_ATOI = re.compile(r"^[+-]?[0-9]+$")
+_ATOI = re.compile(r"[+-]?[0-9]+")
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 
 
 def _atoi(text: str) -> int | None:
-    if not _ATOI.match(text) or len(text) > 25:
+    if len(text) > 25 or not _ATOI.fullmatch(text):
         return None
     value = int(text)
     return value if _INT64_MIN <= value <= _INT64_MAX else None
@@ -59,7 +60,12 @@ def ephemeral_credentials(
 
 
 def ephemeral_expiry(username: str) -> int | None:
-    """The expiry timestamp in a TURN REST username: its first ``:``-separated integer part."""
+    """The expiry timestamp in a TURN REST username: its first ``:``-separated integer part.
+
+    A part is an integer when Go's ``strconv.Atoi`` would take it: optional sign, ASCII digits,
+    within int64. A part outside int64 is not an expiry (it never means "valid forever"), so
+    ``99999999999999999999999:bob`` has none and is refused.
+    """
     for part in username.split(":"):
         value = _atoi(part)
         if value is not None:
@@ -67,10 +73,21 @@ def ephemeral_expiry(username: str) -> int | None:
     return None
 
 
+def parse_ephemeral_username(username: str) -> tuple[int, str] | None:
+    """(expiry, user id) of a TURN REST username, or None when it carries no non-zero expiry.
+
+    The one rule every checker uses; the expiry is not compared with the clock here.
+    """
+    expiry = ephemeral_expiry(username)
+    if expiry is None or expiry == 0:
+        return None
+    return expiry, ephemeral_user_id(username)
+
+
 def ephemeral_username_valid(username: str, now: float) -> bool:
     """True if the username carries a non-zero expiry that is not before `now` (seconds)."""
-    expiry = ephemeral_expiry(username)
-    return expiry is not None and expiry != 0 and expiry >= int(now // 1)
+    parsed = parse_ephemeral_username(username)
+    return parsed is not None and parsed[0] >= int(now // 1)
 
 
 def ephemeral_user_id(username: str) -> str:

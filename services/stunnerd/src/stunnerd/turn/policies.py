@@ -3,13 +3,14 @@
 Policies are small immutable objects injected into each `TurnEngine`; a config change builds new
 ones and swaps them in (`TurnEngine.set_policies`) without touching live allocations. The config →
 policy conversion lives outside this package (`stunnerd.routing`), so this module stays free of
-pydantic and of any I/O. Nonces are minted here too: an opaque, verifiable, time-limited token
-(RFC 8489 §9.2) keyed by a secret the edge draws once per engine.
+pydantic and of any I/O. Credentials (the long-term key, TURN REST usernames and passwords) are
+`stunner_common.auth`'s, the one rule every part of the system shares. Nonces are minted here
+too: an opaque, verifiable, time-limited token (RFC 8489 §9.2) keyed by a secret the edge draws
+once per engine.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import struct
@@ -17,13 +18,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from stunner_common.auth import ephemeral_password, long_term_key, parse_ephemeral_username
+
 NONCE_LIFETIME_S = 3600.0
 _CACHE_MAX = 4096
-
-
-def long_term_key(username: str, realm: str, password: str) -> bytes:
-    """RFC 8489 §9.2.2: MD5(username ":" realm ":" password), no SASLprep (as upstream)."""
-    return hashlib.md5(f"{username}:{realm}:{password}".encode(), usedforsecurity=False).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,24 +59,6 @@ class StaticAuthenticator:
         return Credential(username, self._key)
 
 
-def parse_ephemeral_username(username: str) -> tuple[int, str] | None:
-    """TURN REST usernames (upstream §3.4): (expiry unix seconds, user id) or None if malformed.
-
-    The first ':'-separated part that is a decimal integer is the expiry; the user id is the
-    second part of a two-part name whose first part is the timestamp, else the whole name.
-    """
-    parts = username.split(":")
-    for index, part in enumerate(parts):
-        text = part[1:] if part[:1] in "+-" else part
-        if text.isdigit() and text.isascii():
-            expiry = int(part)
-            if expiry == 0:
-                return None
-            user_id = parts[1] if len(parts) == 2 and index == 0 else username
-            return expiry, user_id
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class EphemeralAuthenticator:
     realm: str
@@ -86,8 +66,7 @@ class EphemeralAuthenticator:
     enabled: bool = True
 
     def password(self, username: str) -> str:
-        mac = hmac.new(self.secret.encode(), username.encode(), hashlib.sha1).digest()
-        return base64.b64encode(mac).decode()
+        return ephemeral_password(self.secret, username)
 
     _keys: dict[str, tuple[int, Credential]] = field(
         default_factory=dict, init=False, repr=False, compare=False
