@@ -20,9 +20,9 @@ from typing import Protocol, cast
 
 from OpenSSL import SSL, crypto
 
+from stunner_common.framing import StreamDeframer, StreamOutOfSyncError
 from turncat.errors import BadInputError, UnreachableError
 from turncat.uri import Transport
-from turncat.wire import StreamDeframer
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class StreamCarrier(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             frames = self._deframer.feed(data)
-        except ValueError as exc:
+        except StreamOutOfSyncError as exc:
             log.warning("closing TURN connection: %s", exc)
             self.close()
             return

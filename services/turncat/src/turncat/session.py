@@ -24,6 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from stunner_common.framing import channel_data, is_channel_data, parse_channel_data
 from turncat.carrier import Carrier, FrameSink, TlsOptions, open_carrier
 from turncat.errors import (
     AuthFailedError,
@@ -59,7 +60,6 @@ CarrierOpener = Callable[
 
 MAX_AUTH_ROUNDS = 4
 DEFAULT_LIFETIME_S = 600
-_PAD = (b"", b"\x00\x00\x00", b"\x00\x00", b"\x00")
 
 
 def _discard(frame: bytes) -> None:
@@ -98,7 +98,6 @@ class TurnSession:
         self._auth: LongTermAuth | None = None
         self._pending: dict[bytes, asyncio.Future[Message]] = {}
         self._channel = CHANNEL_MIN
-        self._chan_hdr = self._channel.to_bytes(2, "big")
         self._pad = False
         self._send_frame: Callable[[bytes], None] = _discard
         self._refresher: asyncio.Task[None] | None = None
@@ -189,20 +188,15 @@ class TurnSession:
         """Relay one datagram to the peer as ChannelData (dropped if the session is not open)."""
         if not self._open:
             return
-        n = len(payload)
-        if self._pad and n & 3:
-            self._send_frame(b"".join((self._chan_hdr, n.to_bytes(2, "big"), payload, _PAD[n & 3])))
-        else:
-            self._send_frame(self._chan_hdr + n.to_bytes(2, "big") + payload)
+        self._send_frame(channel_data(self._channel, payload, stream=self._pad))
 
     def frame_received(self, frame: bytes) -> None:
-        if frame[0] & 0xC0 == 0x40:
-            if frame[0:2] == self._chan_hdr and len(frame) >= 4:
-                n = int.from_bytes(frame[2:4], "big")
-                if self._open and len(frame) >= 4 + n:
-                    self._on_data(frame[4 : 4 + n])
-                    return
-            self.dropped += 1
+        if is_channel_data(frame):
+            parsed = parse_channel_data(frame)
+            if self._open and parsed is not None and parsed[0] == self._channel:
+                self._on_data(parsed[1])
+            else:
+                self.dropped += 1
             return
         msg = parse_stun(frame)
         if msg is None:

@@ -4,8 +4,9 @@ aioice 0.13 parses and builds STUN messages (RFC 8489) and knows most TURN attri
 skips unknown attributes silently and lacks a few that a TURN server must recognise
 (REQUESTED-ADDRESS-FAMILY, EVEN-PORT, RESERVATION-TOKEN, UNKNOWN-ATTRIBUTES). They are registered
 here, and the raw attribute types are scanned so that the engine can answer 420 for unknown
-comprehension-required attributes (RFC 8489 §7.3.1). ChannelData framing (RFC 8656 §12.5) is plain
-byte arithmetic and lives here too, so the engine never imports aioice directly.
+comprehension-required attributes (RFC 8489 §7.3.1). ChannelData and stream framing (RFC 8656
+§12.5) are `stunner_common.framing`'s, shared with turncat, and re-exported here so the engine
+reaches the wire through this one module and never imports aioice directly.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from typing import Any
 
 from aioice import stun
 
+from stunner_common.framing import channel_data as channel_data
+from stunner_common.framing import parse_channel_data as parse_channel_data
+from stunner_common.framing import stream_frame_length as stream_frame_length
+
 COOKIE = stun.COOKIE
 HEADER_LENGTH = stun.HEADER_LENGTH
 CHANNEL_MIN = 0x4000
@@ -34,7 +39,6 @@ Message = stun.Message
 
 _HEADER = struct.Struct("!HHI12s")
 _ATTR_HEADER = struct.Struct("!HH")
-CHANNEL_HEADER = struct.Struct("!HH")
 
 TRANSPORT_UDP = 17 << 24  # REQUESTED-TRANSPORT carries the protocol number in its top byte
 FAMILY_IPV4 = 0x01
@@ -331,34 +335,3 @@ def error_response(
 
 def check_integrity(message: Message, key: bytes) -> bool:
     return bool(message.check_message_integrity(key))
-
-
-def channel_data(channel: int, payload: bytes, *, stream: bool) -> bytes:
-    """ChannelData framing; over stream transports the frame is padded to 4 bytes (§12.5)."""
-    frame = CHANNEL_HEADER.pack(channel, len(payload)) + payload
-    if stream and len(payload) % 4:
-        frame += bytes(-len(payload) % 4)
-    return frame
-
-
-def parse_channel_data(data: bytes) -> tuple[int, bytes] | None:
-    """Return (channel, payload) or None when the frame is short or its length lies."""
-    if len(data) < 4:
-        return None
-    channel, length = CHANNEL_HEADER.unpack_from(data)
-    if length > len(data) - 4:
-        return None
-    return channel, data[4 : 4 + length]
-
-
-def stream_frame_length(buf: bytes | bytearray, offset: int = 0) -> int:
-    """Bytes the next frame takes on a stream (ChannelData padded); 0 = need more, -1 = bad."""
-    if len(buf) - offset < 4:
-        return 0
-    first = buf[offset]
-    length = (buf[offset + 2] << 8) | buf[offset + 3]
-    if 0x40 <= first <= 0x7F:
-        return 4 + length + (-length % 4)
-    if first & 0xC0 == 0:
-        return HEADER_LENGTH + length
-    return -1
