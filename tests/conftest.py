@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -25,3 +26,13 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
     before = set(asyncio.all_tasks())
     yield
     await assert_no_leaked_tasks(before)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A command's ``main`` run in-process replaces the root handlers; put them back after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

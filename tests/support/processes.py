@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -99,3 +100,9 @@ def running(argv: Sequence[str], **kwargs: object) -> Iterator[ServerProcess]:
         yield proc
     finally:
         proc.stop()
+
+
+def command(script: str, module: str) -> list[str]:
+    """The argv that runs one of our console scripts: the venv's script, else ``python -m``."""
+    path = Path(sys.executable).parent / script
+    return [str(path)] if path.exists() else [sys.executable, "-m", module]

@@ -77,3 +77,8 @@ def test_bad_settings_are_refused(bad: dict[str, object]) -> None:
 def test_cli_flags_match_the_documented_command() -> None:
     args = parse_args(["--host", "h", "--port", "1", "--redis-url", "redis://x"])
     assert (args.host, args.port, args.redis_url) == ("h", 1, "redis://x")
+
+
+def test_a_reconnect_floor_above_the_ceiling_is_refused() -> None:
+    with pytest.raises(ValueError, match="reconnect_min_s must not exceed reconnect_max_s"):
+        CdsSettings(reconnect_min_s=3.0, reconnect_max_s=2.0)

@@ -1,14 +1,11 @@
-"""The command's settings: origin precedence, identity, origin kinds and JSON log lines."""
+"""The command's settings: origin precedence, identity and origin kinds."""
 
 from __future__ import annotations
-
-import json
-import logging
 
 import pytest
 
 from stunnerd.app import make_origin
-from stunnerd.cli import JsonLogFormatter, build_parser
+from stunnerd.cli import build_parser
 from stunnerd.origin.base import ConfigOriginError
 from stunnerd.origin.cds import CdsOrigin
 from stunnerd.origin.file import FileOrigin
@@ -78,10 +75,3 @@ def test_the_parser_accepts_upstream_flags() -> None:
     assert args.grace_period == 30.0
     positional = build_parser().parse_args(["turn://u:p@127.0.0.1:3478"])
     assert positional.uri == "turn://u:p@127.0.0.1:3478"
-
-
-def test_json_log_lines_carry_level_logger_and_message() -> None:
-    record = logging.LogRecord("stunnerd.x", logging.WARNING, __file__, 1, "hello %s", ("w",), None)
-    line = json.loads(JsonLogFormatter().format(record))
-    assert (line["level"], line["logger"], line["msg"]) == ("WARNING", "stunnerd.x", "hello w")
-    assert isinstance(line["ts"], float)

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import logging
 import sys
-from collections.abc import Callable
 
 from pydantic import ValidationError
 
 from stunner_cds.server import build_server
 from stunner_cds.settings import CdsSettings
+from stunner_common.cli import add_version_argument
+from stunner_common.logs import LOG_FORMATS, configure_logging
+from stunner_common.runtime import run as run_loop
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -25,6 +25,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tls-cert-file", help="serve https/wss with this certificate (PEM)")
     parser.add_argument("--tls-key-file", help="private key for --tls-cert-file (PEM)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    parser.add_argument(
+        "--log-format", choices=LOG_FORMATS, help="text or json (env CDS_LOG_FORMAT, default text)"
+    )
+    add_version_argument(parser, "stunner-cds")
     return parser.parse_args(argv)
 
 
@@ -39,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             "tls_cert_file": args.tls_cert_file,
             "tls_key_file": args.tls_key_file,
             "log_level": args.log_level,
+            "log_format": args.log_format,
         }.items()
         if value is not None
     }
@@ -47,25 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"stunner-cds: invalid settings:\n{exc}", file=sys.stderr)
         return 2
-    level = getattr(logging, settings.log_level.upper(), None)
-    if not isinstance(level, int):
-        print(f"stunner-cds: unknown log level {settings.log_level!r}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = build_server(settings)
-    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=_loop_factory()) as r:
-        r.run(server.serve())
-    return 0
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed: fanning out to many watchers is mostly socket writes."""
     try:
-        import uvloop
-    except ImportError:
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
+        configure_logging(settings.log_format, settings.log_level)
+    except ValueError as exc:
+        print(f"stunner-cds: {exc}", file=sys.stderr)
+        return 2
+    server = build_server(settings)
+    # uvloop when installed: fanning out to many watchers is mostly socket writes.
+    with contextlib.suppress(KeyboardInterrupt):
+        run_loop(server.serve())
+    return 0
 
 
 if __name__ == "__main__":

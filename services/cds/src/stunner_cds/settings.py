@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from stunner_common.logs import LogFormat
+
 DEFAULT_PORT = 13478
 
 
@@ -47,6 +49,7 @@ class CdsSettings(BaseSettings):
         10.0, gt=0, description="Time a client has to send a complete request head (408)."
     )
     log_level: str = "INFO"
+    log_format: LogFormat = "text"
 
     @model_validator(mode="after")
     def _tls_pair(self) -> CdsSettings:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import socket
@@ -21,12 +20,14 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from stunner_common.logs import configure_logging
+from stunner_common.runtime import run as run_loop
 from stunner_operator.manifests.local import LocalOperator
 from stunner_operator.publish import RedisConfigSink
 from stunner_operator.render.options import RenderOptions
 from stunner_operator.settings import OperatorSettings
 
-log = logging.getLogger("stunner_operator")
+log = logging.getLogger("stunner_operator")  # not __name__: "__main__" under python -m
 
 EXIT_USAGE = 2
 
@@ -50,29 +51,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
     return p
-
-
-def _configure_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler()
-    if fmt == "json":
-
-        class _Json(logging.Formatter):
-            def format(self, record: logging.LogRecord) -> str:
-                return json.dumps(
-                    {
-                        "time": self.formatTime(record),
-                        "level": record.levelname,
-                        "logger": record.name,
-                        "message": record.getMessage(),
-                    }
-                )
-
-        handler.setFormatter(_Json())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 def _options(settings: OperatorSettings) -> RenderOptions:
@@ -208,14 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as err:
         print(f"stunner-operator: invalid settings: {err}", file=sys.stderr)
         return EXIT_USAGE
-    _configure_logging(settings.log_level, settings.log_format)
+    try:
+        configure_logging(settings.log_format, settings.log_level)
+    except ValueError as err:
+        print(f"stunner-operator: {err}", file=sys.stderr)
+        return EXIT_USAGE
     if settings.manifests is None:
         if args.print_only or args.dry_run:
             flag = "--dry-run" if args.dry_run else "--print"
             print(f"stunner-operator: {flag} needs --manifests PATH", file=sys.stderr)
             return EXIT_USAGE
         try:
-            return asyncio.run(_run_kubernetes(settings))
+            return run_loop(_run_kubernetes(settings))
         except KeyboardInterrupt:
             return 0
     if (why := _unreadable(settings.manifests)) is not None:
@@ -226,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_only:
         return _print_once(settings, settings.manifests)
     try:
-        return asyncio.run(_run_local(settings, settings.manifests))
+        return run_loop(_run_local(settings, settings.manifests))
     except KeyboardInterrupt:
         return 0
 

@@ -31,7 +31,7 @@ from stunnerd.reconcile.dataplane import ApplyOutcome, Dataplane
 from stunnerd.reconcile.reconciler import Reconciler
 from stunnerd.settings import StunnerdSettings
 
-log = logging.getLogger("stunnerd")
+log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_CONFIG = 1

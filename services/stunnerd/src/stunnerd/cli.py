@@ -1,58 +1,27 @@
 """The `stunnerd` command line: flags, logging set-up, the settings, then `stunnerd.app.run`.
 
 This is the edge where the process is configured: the flags and the environment become one
-`StunnerdSettings`, logging handlers are installed (text or JSON lines on stderr) and the event
-loop is chosen (uvloop when installed). Everything below receives what it needs as arguments.
+`StunnerdSettings`, logging handlers are installed (`stunner_common.logs`: text, or JSON lines
+on stderr) and the event loop is started (`stunner_common.runtime`: uvloop when installed).
+Everything below receives what it needs as arguments.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import json
-import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
 
 from pydantic import ValidationError
 
+from stunner_common.cli import add_version_argument
 from stunner_common.loglevel import apply_log_spec
+from stunner_common.logs import LOG_FORMATS, configure_logging
+from stunner_common.runtime import run as run_loop
 from stunnerd.app import EXIT_CONFIG, run
 from stunnerd.origin.base import ConfigOriginError
 from stunnerd.settings import DEFAULT_GRACE_PERIOD_S, load_settings
-
-
-class JsonLogFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": round(record.created, 6),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, separators=(",", ":"))
-
-
-def configure_logging(log_format: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(JsonLogFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
-
-
-def install_uvloop() -> None:
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-i", "--id", help="<namespace>/<name> toward the CDS")
     parser.add_argument("-l", "--log", help="log level spec (overrides the config's loglevel)")
     parser.add_argument("-v", "--verbose", action="store_true", help="same as -l all:DEBUG")
-    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     parser.add_argument(
         "-u",
         "--udp-thread-num",
@@ -92,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="address listener and relay sockets bind (default $STUNNERD_BIND_HOST or 0.0.0.0)",
     )
+    add_version_argument(parser, "stunnerd")
     return parser
 
 
@@ -122,8 +92,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except (ConfigOriginError, ValueError) as exc:
         print(f"stunnerd: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG
-    install_uvloop()
-    return asyncio.run(run(settings, env))
+    return run_loop(run(settings, env))
 
 
 def _one_line(exc: Exception) -> str:

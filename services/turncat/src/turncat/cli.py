@@ -22,7 +22,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from stunner_common import logs
+from stunner_common.cli import add_version_argument
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
+from stunner_common.runtime import run as run_loop
 from turncat.carrier import TlsOptions
 from turncat.cds import resolve_k8s
 from turncat.errors import (
@@ -38,7 +41,7 @@ from turncat.session import CredentialSource, DataCallback, LostCallback, TurnSe
 from turncat.settings import TurncatSettings
 from turncat.uri import K8sTarget, LocalAddress, parse_local, parse_peer, parse_server
 
-log = logging.getLogger("turncat")
+log = logging.getLogger(__name__)
 
 USAGE_EXAMPLES = """\
 examples:
@@ -57,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=USAGE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version_argument(p, "turncat")
     p.add_argument("local", help="udp://host:port, tcp://host:port or - (stdin/stdout)")
     p.add_argument(
         "server",
@@ -86,11 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def configure_logging(spec: str) -> None:
-    logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not parse_log_spec(spec):
         raise BadInputError(
             f"invalid log spec {spec!r}: expected scope:LEVEL[,scope:LEVEL...], e.g. all:INFO"
         )
+    logs.configure_logging("text", logging.WARNING)
     apply_log_spec(spec)
 
 
@@ -206,15 +210,6 @@ async def preflight(tunnel: Tunnel) -> None:
         await tunnel.end_session(session)
 
 
-def _run_loop(args: argparse.Namespace, settings: TurncatSettings) -> None:
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(run(args, settings))
-    else:
-        uvloop.run(run(args, settings))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -227,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = TurncatSettings()
         except ValidationError as exc:
             raise BadInputError(f"invalid TURNCAT_* setting: {exc}") from None
-        _run_loop(args, settings)
+        run_loop(run(args, settings))
     except TurncatError as exc:
         print(f"turncat: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -16,11 +16,13 @@ from typing import Any
 
 from stunner_common.config import ConfigError, parse_config
 from stunner_common.loglevel import apply_log_spec
+from stunner_common.logs import configure_logging
+from stunner_common.runtime import run as run_loop
 from stunnerd.net.server import TurnServer
 from stunnerd.workers.local import LocalDataplane
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 
-log = logging.getLogger("stunnerd.worker")
+log = logging.getLogger(__name__)
 
 
 async def handle(
@@ -85,21 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", default=None, help="log spec that overrides the config's")
     parser.add_argument("--no-udp-gso", dest="udp_gso", action="store_false")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        stream=sys.stderr,
-        format=f"%(asctime)s worker-{args.index} %(name)s %(levelname)s: %(message)s",
-        level=logging.INFO,
-    )
+    configure_logging("text", tag=f"worker-{args.index}")
     apply_log_spec(args.log or "all:INFO")
     # The supervisor owns the lifecycle (drain, grace period); a terminal's Ctrl-C or a signal
     # to the process group must not kill the workers under it. A worker ends when stdin closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(serve(args.index, args.bind, args.log, args.udp_gso))
-    return uvloop.run(serve(args.index, args.bind, args.log, args.udp_gso))
+    return run_loop(serve(args.index, args.bind, args.log, args.udp_gso))
 
 
 if __name__ == "__main__":

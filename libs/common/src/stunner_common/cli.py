@@ -1,0 +1,26 @@
+"""Command-line conventions every service's ``__main__`` shares."""
+
+from __future__ import annotations
+
+import argparse
+from importlib.metadata import PackageNotFoundError, version
+
+__all__ = ["add_version_argument", "distribution_version"]
+
+
+def distribution_version(distribution: str) -> str:
+    """The installed version of ``distribution`` (e.g. ``stunnerd``), or ``unknown``."""
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def add_version_argument(parser: argparse.ArgumentParser, distribution: str) -> None:
+    """``--version``: print ``<prog> <version>`` to stdout and exit 0."""
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {distribution_version(distribution)}",
+        help="print the version and exit",
+    )
