@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_commands import command
 
 from support.ports import free_port
-from support.processes import running
+from support.processes import command, running
 
 pytestmark = pytest.mark.integration
 
