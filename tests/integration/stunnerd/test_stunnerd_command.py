@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from aioice import stun
 from fixtures.stunnerd.client import UdpTurnClient
-from fixtures.stunnerd.harness import wait_ready
-from fixtures.stunnerd.inproc import PASSWORD, USER, echo_peer
+from fixtures.stunnerd.inproc import echo_peer
 
 from support.ports import free_udp_tcp_port
 from support.processes import ServerProcess
+from support.stunnerd_process import PASSWORD, USER, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -7,10 +7,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from fixtures.stunnerd.harness import PASSWORD, REALM, SECRET, USER, Stunnerd, start_stunnerd
 
 from support.ports import free_port
 from support.processes import ServerProcess, which
+from support.stunnerd_process import PASSWORD, REALM, SECRET, USER, Stunnerd, start_stunnerd
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 from aioice.turn import create_turn_endpoint
-from fixtures.stunnerd.inproc import PASSWORD, USER, echo_peer, make_config, running_server
+from fixtures.stunnerd.inproc import echo_peer, make_config, running_server
+
+from support.stunnerd_process import PASSWORD, USER
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
 

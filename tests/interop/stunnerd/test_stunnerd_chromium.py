@@ -20,9 +20,10 @@ from urllib.parse import urlencode
 
 import pytest
 import websockets
-from fixtures.stunnerd.inproc import PASSWORD, USER, make_config, running_server
+from fixtures.stunnerd.inproc import make_config, running_server
 
 from support.processes import which
+from support.stunnerd_process import PASSWORD, USER
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
 

@@ -6,9 +6,9 @@ import re
 import subprocess
 
 import pytest
-from fixtures.stunnerd.harness import PASSWORD, SECRET, USER, Stunnerd
 
 from support.processes import which
+from support.stunnerd_process import PASSWORD, SECRET, USER, Stunnerd
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
 

@@ -7,12 +7,13 @@ import asyncio
 import base64
 import copy
 import ssl
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from aioice.turn import create_turn_endpoint
-from dataplane_harness import (
+
+from stunner_common.config import self_signed_pair
+from support.stunnerd_process import (
     PASSWORD,
     USER,
     EchoAllocation,
@@ -22,17 +23,9 @@ from dataplane_harness import (
     health_port,
     listener_ports,
 )
-
-from stunner_common.config import self_signed_pair
-from support.turncat_harness import UdpEcho, udp_echo
+from support.turncat_harness import UdpEcho
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def echo() -> AsyncIterator[UdpEcho]:
-    async with udp_echo() as peer:
-        yield peer
 
 
 def der(cert_b64: str) -> bytes:

@@ -5,28 +5,21 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from aioice.stun import TransactionFailed
-from dataplane_harness import (
+
+from support.stunnerd_process import (
     EchoAllocation,
     ManagedStunnerd,
     base_config,
     health_port,
     listener_ports,
 )
-
-from support.turncat_harness import UdpEcho, udp_echo
+from support.turncat_harness import UdpEcho
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def echo() -> AsyncIterator[UdpEcho]:
-    async with udp_echo() as peer:
-        yield peer
 
 
 async def start(tmp_path: Path, *args: str) -> tuple[ManagedStunnerd, int]:

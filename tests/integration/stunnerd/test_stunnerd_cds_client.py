@@ -15,7 +15,6 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from dataplane_harness import WATCH_ID, watch_config
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
@@ -31,6 +30,7 @@ from stunner_common.cds import (
 )
 from stunnerd.origin.base import ConfigEvent, ConfigOriginError
 from stunnerd.origin.cds import CdsOrigin
+from support.stunnerd_process import WATCH_ID, watch_config
 
 pytestmark = pytest.mark.integration
 

@@ -9,32 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dataplane_harness import (
+
+from support.stunnerd_process import (
     EchoAllocation,
     ManagedStunnerd,
     base_config,
     health_port,
     listener_ports,
 )
-
-from support.turncat_harness import UdpEcho, udp_echo
+from support.turncat_harness import UdpEcho
 
 pytestmark = pytest.mark.integration
 
 PACKETS = 1500
 INTERVAL_S = 0.002
 CHANGES = 12
-
-
-@pytest.fixture
-async def echo() -> AsyncIterator[UdpEcho]:
-    async with udp_echo() as peer:
-        yield peer
 
 
 def changes(base: dict[str, Any], extra_port: int) -> list[dict[str, Any]]:

@@ -9,38 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
-from dataplane_harness import WATCH_ID, CdsServer, watch_config
 
 from stunner_common.backoff import Backoff
 from stunner_common.store import ConfigPublisher
 from stunnerd.origin.base import ConfigEvent
 from stunnerd.origin.cds import CdsOrigin
-from support.redis_server import RedisServer
+from support.cds_server import CdsServer
+from support.stunnerd_process import WATCH_ID, watch_config
 
 pytestmark = pytest.mark.integration
 
 STEP_TIMEOUT_S = 10.0
-
-
-@pytest.fixture
-def cds(redis: RedisServer, tmp_path: Path) -> Iterator[CdsServer]:
-    server = CdsServer(redis.url, tmp_path)
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def publisher(redis: RedisServer) -> AsyncIterator[ConfigPublisher]:
-    client = aioredis.from_url(redis.url)
-    yield ConfigPublisher(client)
-    await client.aclose()
 
 
 class Follower:

@@ -6,49 +6,25 @@ The operator's side is played by the shared Redis publisher, exactly as the oper
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
-from dataplane_harness import (
-    CdsServer,
+
+from stunner_common.store import ConfigPublisher
+from support.cds_server import CdsServer
+from support.stunnerd_process import (
     EchoAllocation,
     ManagedStunnerd,
     base_config,
     health_port,
     listener_ports,
 )
-
-from stunner_common.store import ConfigPublisher
-from support.redis_server import RedisServer
-from support.turncat_harness import UdpEcho, udp_echo
+from support.turncat_harness import UdpEcho
 
 pytestmark = pytest.mark.integration
 
 ID = "stunner/udp-gateway"
-
-
-@pytest.fixture
-def cds(redis: RedisServer, tmp_path: Path) -> Iterator[CdsServer]:
-    server = CdsServer(redis.url, tmp_path)
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def publisher(redis: RedisServer) -> AsyncIterator[ConfigPublisher]:
-    client = aioredis.from_url(redis.url)
-    yield ConfigPublisher(client)
-    await client.aclose()
-
-
-@pytest.fixture
-async def echo() -> AsyncIterator[UdpEcho]:
-    async with udp_echo() as peer:
-        yield peer
 
 
 def rendered(port: int) -> dict[str, Any]:

@@ -15,7 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-from dataplane_harness import (
+
+from stunner_common.config import zero_config
+from support.stunnerd_process import (
     PASSWORD,
     USER,
     EchoAllocation,
@@ -24,17 +26,9 @@ from dataplane_harness import (
     health_port,
     listener_ports,
 )
-
-from stunner_common.config import zero_config
-from support.turncat_harness import UdpEcho, udp_echo
+from support.turncat_harness import UdpEcho
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def echo() -> AsyncIterator[UdpEcho]:
-    async with udp_echo() as peer:
-        yield peer
 
 
 @pytest.fixture

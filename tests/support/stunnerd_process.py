@@ -1,29 +1,38 @@
-"""A real stunnerd process driven through its config file, and TURN clients that echo through it.
+"""The one wrapper around a real stunnerd process, and TURN clients that echo through it.
 
-`ManagedStunnerd` rewrites the config file atomically and waits on `/status` until the process
-has taken (or rejected) the new config. `EchoAllocation` is one aioice TURN allocation that sends
-to a UDP echo peer; `echoes()` tells whether data still flows through that same allocation.
+`ManagedStunnerd` starts `python -m stunnerd` on a config file (or another origin), rewrites the
+file atomically and waits on `/status` until the process has taken (or rejected) the new config.
+`start_stunnerd` starts one with a listener of every kind (interop tests). `EchoAllocation` is
+one aioice TURN allocation that sends to a UDP echo peer; `echoes()` tells whether data still
+flows through that same allocation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import json
 import os
+import re
 import signal
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 from aioice.turn import TurnTransport, create_turn_endpoint
 
+from stunner_common.config import self_signed_pair
 from support.ports import free_port, free_udp_tcp_port
-from support.processes import ServerProcess, wait_for_tcp
+from support.processes import ServerProcess
 
-USER, PASSWORD = "user1", "passwd1"
+REALM = "stunner.l7mp.io"
+USER, PASSWORD, SECRET = "user1", "passwd1", "my-shared-secret"
+PROTOCOLS = ("TURN-UDP", "TURN-TCP", "TURN-TLS", "TURN-DTLS")
 STEP_TIMEOUT_S = 20.0
 
 
@@ -79,7 +88,12 @@ def base_config(
 
 
 class ManagedStunnerd:
-    """stunnerd on a config file (default), or with `origin` (e.g. a CDS URL) and `health`."""
+    """stunnerd on a config file (default), or with `origin` (e.g. a CDS URL) and `health`.
+
+    The health port comes from the config's `healthcheck_endpoint` or from `health` (passed as
+    `STUNNERD_HEALTH_PORT`); without either, `/status` is not reachable and only `wait_listeners`
+    and `stop` apply.
+    """
 
     def __init__(
         self,
@@ -93,9 +107,12 @@ class ManagedStunnerd:
         self.tmp = tmp
         self.path = tmp / "stunnerd.json"
         self.config = copy.deepcopy(config or {})
+        self.health_port: int | None = None
         if config is not None:
             self.path.write_text(json.dumps(self.config))
-            self.health_port = int(config["admin"]["healthcheck_endpoint"].rsplit(":", 1)[1])
+            endpoint = config["admin"].get("healthcheck_endpoint") or ""
+            if endpoint:
+                self.health_port = int(endpoint.rsplit(":", 1)[1])
         if health is not None:
             self.health_port = health
         argv = [sys.executable, "-m", "stunnerd", "-c", origin or str(self.path)]
@@ -105,7 +122,13 @@ class ManagedStunnerd:
         self.proc = ServerProcess(
             [*argv, "--bind", "127.0.0.1", *args], env=full_env, log_path=tmp / "stunnerd.log"
         )
-        self.http = httpx.AsyncClient(timeout=2.0)
+        self._http: httpx.AsyncClient | None = None
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=2.0)
+        return self._http
 
     async def status(self) -> dict[str, Any]:
         reply = await self.http.get(f"http://127.0.0.1:{self.health_port}/status")
@@ -149,9 +172,18 @@ class ManagedStunnerd:
     def log(self) -> str:
         return self.proc.output()[-4000:]
 
+    def wait_listeners(self, count: int, timeout_s: float = 15.0) -> None:
+        """Block until `count` listeners printed their ready line."""
+        wait_ready(self.proc, count, timeout_s)
+
+    def stop(self) -> None:
+        """Stop the process by PID (use `close()` where an event loop runs)."""
+        self.proc.stop()
+
     async def close(self) -> None:
         """Stop without waiting for allocations: a second SIGTERM ends the drain at once."""
-        await self.http.aclose()
+        if self._http is not None:
+            await self._http.aclose()
         if self.proc.alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGTERM)
@@ -242,28 +274,68 @@ def health_port() -> int:
     return free_port()
 
 
-class CdsServer:
-    """The real `stunner-cds` process on a free port, reading the given Redis."""
+def wait_ready(proc: ServerProcess, count: int, timeout_s: float = 15.0) -> None:
+    """Block until stunnerd printed `count` "listener ... ready on port" lines."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"stunnerd exited early:\n{proc.output()[-3000:]}")
+        if len(re.findall(r"ready on port", proc.output())) >= count:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"stunnerd not ready:\n{proc.output()[-3000:]}")
 
-    def __init__(self, redis_url: str, workdir: Path) -> None:
-        self.port = free_port()
-        self.redis_url = redis_url
-        self.workdir = workdir
-        self.proc: ServerProcess | None = None
-        self.starts = 0
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+@dataclass
+class Stunnerd:
+    """A stunnerd with one listener of every kind (`start_stunnerd`)."""
 
-    def start(self) -> None:
-        self.starts += 1
-        argv = [sys.executable, "-m", "stunner_cds", "--host", "127.0.0.1"]
-        argv += ["--port", str(self.port), "--redis-url", self.redis_url]
-        self.proc = ServerProcess(argv, log_path=self.workdir / f"cds-{self.starts}.log")
-        wait_for_tcp("127.0.0.1", self.port, proc=self.proc)
+    proc: ManagedStunnerd
+    ports: dict[str, int]  # protocol -> port
+    cert_path: Path
+    key_path: Path
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.stop()
-            self.proc = None
+
+def every_listener_config(
+    auth: dict[str, object], cert: str, key: str
+) -> tuple[dict[str, Any], dict[str, int]]:
+    ports: dict[str, int] = {}
+    listeners = []
+    for proto in PROTOCOLS:
+        port = free_udp_tcp_port()
+        ports[proto] = port
+        listener: dict[str, object] = {
+            "name": f"default/gw/{proto.lower()}",
+            "protocol": proto,
+            "address": "127.0.0.1",
+            "port": port,
+            "routes": ["default/loopback"],
+        }
+        if proto in ("TURN-TLS", "TURN-DTLS"):
+            listener.update(cert=cert, key=key)
+        listeners.append(listener)
+    config = {
+        "version": "v1",
+        "admin": {"name": "default/gw", "loglevel": "all:INFO", "healthcheck_endpoint": ""},
+        "auth": auth,
+        "listeners": listeners,
+        "clusters": [{"name": "default/loopback", "type": "STATIC", "endpoints": ["127.0.0.0/8"]}],
+    }
+    return config, ports
+
+
+def start_stunnerd(tmp: Path, auth: dict[str, object]) -> Stunnerd:
+    """stunnerd with every listener kind on loopback; stop it with `.proc.stop()`."""
+    cert_b64, key_b64 = self_signed_pair("127.0.0.1")
+    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
+    cert_path.write_bytes(base64.b64decode(cert_b64))
+    key_path.write_bytes(base64.b64decode(key_b64))
+    config, ports = every_listener_config(auth, cert_b64, key_b64)
+    # tests stop it with allocations still open
+    server = ManagedStunnerd(tmp, config, "--grace-period", "0")
+    try:
+        server.wait_listeners(len(PROTOCOLS))
+    except BaseException:
+        server.stop()
+        raise
+    return Stunnerd(server, ports, cert_path, key_path)

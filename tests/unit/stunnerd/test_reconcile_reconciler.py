@@ -2,7 +2,7 @@
 
 The target here records what it is asked to do and keeps a table of running listeners, so the
 tests can assert exactly which listeners were touched and what runs after a failure. The same
-`ListenerReconciler` drives the real server in tests/integration/dataplane; the `Reconciler`
+`ListenerReconciler` drives the real server in tests/integration/stunnerd; the `Reconciler`
 that puts it and the admin endpoints together is driven here through `TableDataplane`, which is
 `LocalDataplane.apply` over the table.
 """

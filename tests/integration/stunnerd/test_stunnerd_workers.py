@@ -10,29 +10,22 @@ from __future__ import annotations
 import copy
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from dataplane_harness import (
+
+from support.stunnerd_process import (
     EchoAllocation,
     ManagedStunnerd,
     base_config,
     health_port,
     listener_ports,
 )
-
-from support.turncat_harness import UdpEcho, udp_echo
+from support.turncat_harness import UdpEcho
 
 pytestmark = pytest.mark.integration
 
 MAX_CLIENTS = 40
-
-
-@pytest.fixture
-async def echo() -> AsyncIterator[UdpEcho]:
-    async with udp_echo() as peer:
-        yield peer
 
 
 async def test_two_workers_share_the_port_relay_and_take_every_config(

@@ -10,12 +10,13 @@ allocations are spread until each worker holds one, so the figures are sums over
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dataplane_harness import (
+from prometheus_client.parser import text_string_to_metric_families
+
+from support.stunnerd_process import (
     STEP_TIMEOUT_S,
     EchoAllocation,
     ManagedStunnerd,
@@ -23,21 +24,13 @@ from dataplane_harness import (
     health_port,
     listener_ports,
 )
-from prometheus_client.parser import text_string_to_metric_families
-
-from support.turncat_harness import UdpEcho, udp_echo
+from support.turncat_harness import UdpEcho
 
 pytestmark = pytest.mark.integration
 
 PAYLOAD_BYTES = 100
 PER_ALLOCATION = 25
 MAX_CLIENTS = 40
-
-
-@pytest.fixture
-async def echo() -> AsyncIterator[UdpEcho]:
-    async with udp_echo() as peer:
-        yield peer
 
 
 def samples(scrape: str, metric: str) -> dict[tuple[str, str], float]:
