@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PACKAGES := libs/common services/stunnerd services/cds services/operator services/turncat
+PACKAGES := libs/common services/stunnerd services/cds services/operator services/turncat services/auth
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 

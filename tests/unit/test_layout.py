@@ -16,8 +16,9 @@ PACKAGES = {
     "services/cds": "stunner_cds",
     "services/operator": "stunner_operator",
     "services/turncat": "turncat",
+    "services/auth": "stunner_auth",
 }
-SCRIPTS = {"stunnerd", "turncat", "stunner-cds", "stunner-operator"}
+SCRIPTS = {"stunnerd", "turncat", "stunner-cds", "stunner-operator", "stunner-auth"}
 
 
 @pytest.mark.parametrize(("folder", "module"), sorted(PACKAGES.items()))
@@ -68,4 +69,5 @@ def test_import_contracts_forbid_services_importing_each_other() -> None:
         "stunner_cds",
         "stunner_operator",
         "turncat",
+        "stunner_auth",
     }

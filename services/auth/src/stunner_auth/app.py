@@ -1,0 +1,178 @@
+"""The auth service's HTTP API: upstream stunner-auth-service's two endpoints, plus health.
+
+``GET /?service=turn`` answers a TURN REST API stanza and ``GET /ice?service=turn`` an
+RTCConfiguration, both filtered by ``namespace``, ``gateway``, ``listener`` and shaped by
+``username``, ``ttl`` and ``iceTransportPolicy``. Errors are ``{"code": N, "message": ...}``.
+Unlike upstream, whose API is unauthenticated, a bearer token can be required (``AUTH_TOKEN``);
+``/healthz`` and ``/readyz`` stay open for probes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+
+from stunner_auth import __version__
+from stunner_auth.feed import ConfigFeed
+from stunner_auth.ice import IcePolicy, IceQuery, NoMatchError, ice_config, turn_rest_answer
+from stunner_auth.settings import AuthSettings
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.headers = headers
+
+
+def error_response(code: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse({"code": code, "message": message}, status_code=code, headers=headers)
+
+
+def _feed(request: Request) -> ConfigFeed:
+    feed: ConfigFeed = request.app.state.feed
+    return feed
+
+
+def _settings(request: Request) -> AuthSettings:
+    settings: AuthSettings = request.app.state.settings
+    return settings
+
+
+Feed = Annotated[ConfigFeed, Depends(_feed)]
+Settings = Annotated[AuthSettings, Depends(_settings)]
+
+
+def _query(
+    settings: Settings,
+    service: Annotated[str | None, Query(description="Must be `turn`.")] = None,
+    namespace: Annotated[str | None, Query(description="Only Gateways in this namespace.")] = None,
+    gateway: Annotated[str | None, Query(description="Only this Gateway.")] = None,
+    listener: Annotated[str | None, Query(description="Only this listener.")] = None,
+    username: Annotated[
+        str | None, Query(description="User id put in ephemeral usernames (`expiry:username`).")
+    ] = None,
+    ttl: Annotated[int | None, Query(description="Lifetime of ephemeral credentials, s.")] = None,
+    ice_transport_policy: Annotated[
+        str, Query(alias="iceTransportPolicy", description="`all` (default) or `relay`.")
+    ] = "all",
+) -> IceQuery:
+    if service != "turn":
+        raise ApiError(400, f"service must be 'turn' (got {service!r})")
+    ttl_s = settings.default_ttl_s if ttl is None else ttl
+    if not 0 < ttl_s <= settings.max_ttl_s:
+        raise ApiError(400, f"ttl must be between 1 and {settings.max_ttl_s} seconds (got {ttl_s})")
+    if ice_transport_policy not in ("all", "relay"):
+        raise ApiError(
+            400, f"iceTransportPolicy must be 'all' or 'relay' (got {ice_transport_policy!r})"
+        )
+    policy: IcePolicy = "relay" if ice_transport_policy == "relay" else "all"
+    if username is not None and not username:
+        raise ApiError(400, "username must not be empty")
+    return IceQuery(namespace, gateway, listener, username, ttl_s, policy)
+
+
+Filters = Annotated[IceQuery, Depends(_query)]
+
+
+def _answer(feed: ConfigFeed, build: Callable[[], dict[str, object]]) -> dict[str, object]:
+    if not feed.ready:
+        raise ApiError(503, "no configs yet: the config discovery service has not answered")
+    try:
+        return build()
+    except NoMatchError as exc:
+        raise ApiError(404, str(exc)) from exc
+
+
+def create_app(settings: AuthSettings) -> FastAPI:
+    token = settings.token.get_secret_value().encode() if settings.token else None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        cds_token = settings.cds_token.get_secret_value() if settings.cds_token else None
+        feed = ConfigFeed(settings.cds_url, token=cds_token, timeout_s=settings.cds_timeout_s)
+        app.state.feed = feed
+        app.state.settings = settings
+        feed.start()
+        try:
+            yield
+        finally:
+            await feed.stop()
+
+    app = FastAPI(
+        title="STUNner authentication service",
+        version=__version__,
+        description=__doc__,
+        lifespan=lifespan,
+    )
+
+    @app.get("/", summary="TURN REST API credentials (username, password, ttl, uris)")
+    async def turn_auth(feed: Feed, query: Filters) -> dict[str, object]:
+        return _answer(feed, lambda: turn_rest_answer(feed.configs, query, time.time()))
+
+    @app.get("/ice", summary="An RTCConfiguration (iceServers, iceTransportPolicy)")
+    async def ice(feed: Feed, query: Filters) -> dict[str, object]:
+        return _answer(feed, lambda: ice_config(feed.configs, query, time.time()))
+
+    @app.get("/healthz", summary="Liveness")
+    async def healthz(feed: Feed) -> dict[str, Any]:
+        return {"status": "ok", "configs": len(feed.configs)}
+
+    @app.get("/readyz", summary="Readiness: the CDS has answered and its configs arrived")
+    async def readyz(feed: Feed) -> Any:
+        if not feed.ready:
+            return error_response(503, "config discovery service not reachable yet")
+        return {"status": "ready", "configs": len(feed.configs)}
+
+    @app.middleware("http")
+    async def bearer_token(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        if token is None or request.url.path in OPEN_PATHS or request.method == "OPTIONS":
+            return await call_next(request)
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
+            log.info("refused a request to %s: missing or wrong bearer token", request.url.path)
+            return error_response(
+                401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}
+            )
+        return await call_next(request)
+
+    origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+    if origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET"],
+            allow_headers=["Authorization"],
+        )
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> Response:
+        return error_response(exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(f"{e.get('loc', ('',))[-1]}: {e.get('msg', '')}" for e in exc.errors())
+        return error_response(400, f"invalid request: {problems}")
+
+    return app

@@ -1,0 +1,88 @@
+"""The configs the auth service answers from, kept in sync with the CDS by one watch.
+
+The shared CDS client (``stunner_common.cds.watch_configs``) resumes after disconnects and yields
+each change once; this module parses each config and keeps the latest valid one per id. A config
+that does not validate is dropped with a warning (the previous one of that id is forgotten too,
+rather than handing out credentials the dataplane no longer accepts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import httpx
+
+from stunner_common.cds import CdsClientError, watch_configs
+from stunner_common.config import ConfigError, StunnerConfig, parse_config
+
+log = logging.getLogger(__name__)
+
+
+class ConfigFeed:
+    """Owns one background task that mirrors every config the CDS serves."""
+
+    def __init__(self, cds_url: str, *, token: str | None = None, timeout_s: float = 5.0) -> None:
+        self.cds_url = cds_url if "://" in cds_url else f"http://{cds_url}"
+        self.token = token
+        self.timeout_s = timeout_s
+        self.configs: dict[str, StunnerConfig] = {}
+        self._cds_seen = False
+        self._expected = 0
+        self._received = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        """True once the CDS has answered and, if it holds configs, the watch has sent them."""
+        return self._cds_seen and (self._expected == 0 or self._received)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="auth-cds-feed")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _probe(self) -> None:
+        """One plain GET: tells readiness how many configs the watch is about to send."""
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        http_url = self.cds_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+            while True:
+                try:
+                    resp = await client.get(f"{http_url}/api/v1/configs", headers=headers)
+                    if resp.status_code == 200:
+                        self._expected = len(resp.json().get("items") or [])
+                        self._cds_seen = True
+                        return
+                    log.warning("CDS answered %s to the config list", resp.status_code)
+                except (httpx.HTTPError, ValueError) as exc:
+                    log.info("CDS not reachable yet (%s)", exc)
+                await asyncio.sleep(1.0)
+
+    async def _run(self) -> None:
+        probe = asyncio.create_task(self._probe(), name="auth-cds-probe")
+        try:
+            async for change in watch_configs(self.cds_url, token=self.token):
+                self._received = True
+                if change.config is None:
+                    self.configs.pop(change.id, None)
+                    log.info("config %s deleted", change.id)
+                    continue
+                try:
+                    self.configs[change.id] = parse_config(change.config, expand_env=False)
+                    log.info("config %s updated (rev %d)", change.id, change.rev)
+                except ConfigError as exc:
+                    self.configs.pop(change.id, None)
+                    log.warning("ignoring invalid config %s: %s", change.id, exc)
+        except CdsClientError as exc:
+            log.error("CDS watch failed for good: %s", exc)
+            raise
+        finally:
+            probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probe
