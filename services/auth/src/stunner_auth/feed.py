@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 
-import httpx
-
-from stunner_common.cds import CdsClientError, watch_configs
+from stunner_common.cds import CdsClient, CdsClientError, ConfigChange
 from stunner_common.config import ConfigError, StunnerConfig, parse_config
 
 log = logging.getLogger(__name__)
+
+PROBE_INTERVAL_S = 1.0
 
 
 class ConfigFeed:
     """Owns one background task that mirrors every config the CDS serves."""
 
     def __init__(self, cds_url: str, *, token: str | None = None, timeout_s: float = 5.0) -> None:
-        self.cds_url = cds_url if "://" in cds_url else f"http://{cds_url}"
-        self.token = token
-        self.timeout_s = timeout_s
+        self.client = CdsClient(cds_url, token=token, timeout_s=timeout_s)
         self.configs: dict[str, StunnerConfig] = {}
         self._cds_seen = False
         self._expected = 0
@@ -49,36 +48,24 @@ class ConfigFeed:
 
     async def _probe(self) -> None:
         """One plain GET: tells readiness how many configs the watch is about to send."""
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        http_url = self.cds_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
-        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            while True:
-                try:
-                    resp = await client.get(f"{http_url}/api/v1/configs", headers=headers)
-                    if resp.status_code == 200:
-                        self._expected = len(resp.json().get("items") or [])
-                        self._cds_seen = True
-                        return
-                    log.warning("CDS answered %s to the config list", resp.status_code)
-                except (httpx.HTTPError, ValueError) as exc:
-                    log.info("CDS not reachable yet (%s)", exc)
-                await asyncio.sleep(1.0)
+        while True:
+            try:
+                body = json.loads(await self.client.get())
+                self._expected = len(body.get("items") or [])
+                self._cds_seen = True
+                return
+            except (CdsClientError, ValueError, AttributeError) as exc:
+                log.info("CDS %s not answering yet: %s", self.client.netloc, exc)
+            await asyncio.sleep(PROBE_INTERVAL_S)
 
     async def _run(self) -> None:
         probe = asyncio.create_task(self._probe(), name="auth-cds-probe")
         try:
-            async for change in watch_configs(self.cds_url, token=self.token):
-                self._received = True
-                if change.config is None:
-                    self.configs.pop(change.id, None)
-                    log.info("config %s deleted", change.id)
-                    continue
-                try:
-                    self.configs[change.id] = parse_config(change.config, expand_env=False)
-                    log.info("config %s updated (rev %d)", change.id, change.rev)
-                except ConfigError as exc:
-                    self.configs.pop(change.id, None)
-                    log.warning("ignoring invalid config %s: %s", change.id, exc)
+            async for change in self.client.watch():
+                if isinstance(change, ConfigChange):
+                    self._apply(change)
+                else:
+                    log.warning("ignoring a full-config frame: the CDS does not speak v2")
         except CdsClientError as exc:
             log.error("CDS watch failed for good: %s", exc)
             raise
@@ -86,3 +73,16 @@ class ConfigFeed:
             probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await probe
+
+    def _apply(self, change: ConfigChange) -> None:
+        self._received = True
+        if change.config is None:
+            self.configs.pop(change.id, None)
+            log.info("config %s deleted", change.id)
+            return
+        try:
+            self.configs[change.id] = parse_config(change.config, expand_env=False)
+            log.info("config %s updated (rev %d)", change.id, change.rev)
+        except ConfigError as exc:
+            self.configs.pop(change.id, None)
+            log.warning("ignoring invalid config %s: %s", change.id, exc)
