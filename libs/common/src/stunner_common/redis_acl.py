@@ -1,0 +1,80 @@
+"""Redis users with least privilege for the config store, and Redis URLs safe to log.
+
+Redis always runs with a password and without a usable ``default`` user: the operator logs in as
+``stunner-operator``, which may run the publisher's scripts on the ``stunner:*`` keys and stream
+and nothing else; the CDS logs in as ``stunner-cds``, which may only read them (snapshot in
+MULTI/EXEC, stream tail). The rules are written once here and rendered into a Redis config by
+``make run``, by the compose stack and (as the same lines) by the Helm chart, whose test checks
+them against these. No channel, no admin or dangerous command, no other key.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from typing import Final
+from urllib.parse import quote, urlsplit, urlunsplit
+
+__all__ = [
+    "CDS_RULES",
+    "CDS_USER",
+    "OPERATOR_RULES",
+    "OPERATOR_USER",
+    "acl_config",
+    "new_password",
+    "redact_url",
+    "redis_url",
+]
+
+OPERATOR_USER: Final = "stunner-operator"
+CDS_USER: Final = "stunner-cds"
+
+_BASE: Final = "resetkeys ~stunner:* resetchannels -@all +@connection -@admin -@dangerous"
+OPERATOR_RULES: Final = (
+    f"{_BASE} +ping +evalsha +eval +script|load +script|exists"
+    " +get +incr +hget +hgetall +hkeys +hset +hdel +xadd +xrange +xlen +multi +exec +discard"
+)
+"""The publisher's Lua scripts (HSET/HDEL/INCR/XADD on ``stunner:*``) and reads of the same keys."""
+CDS_RULES: Final = (
+    f"{_BASE} +ping +get +hget +hgetall +hkeys +xread +xrange +xrevrange +xlen"
+    " +multi +exec +discard"
+)
+"""Reads only: the snapshot (in MULTI/EXEC) and the stream tail."""
+
+
+def new_password() -> str:
+    """A fresh random password (URL-safe, 256 bits)."""
+    return secrets.token_urlsafe(32)
+
+
+def acl_config(passwords: Mapping[str, str]) -> str:
+    """``user`` lines for a redis.conf: the default user off, one line per known user given."""
+    rules = {OPERATOR_USER: OPERATOR_RULES, CDS_USER: CDS_RULES}
+    lines = ["user default off"]
+    for user, password in passwords.items():
+        if user not in rules:
+            raise ValueError(f"unknown Redis user {user!r}")
+        lines.append(f"user {user} on >{password} {rules[user]}")
+    return "\n".join(lines) + "\n"
+
+
+def redis_url(
+    user: str, password: str, host: str = "127.0.0.1", port: int = 6379, *, tls: bool = False
+) -> str:
+    """``redis[s]://user:password@host:port/0`` with both parts percent-encoded."""
+    scheme = "rediss" if tls else "redis"
+    hostpart = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@{hostpart}:{port}/0"
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (for logs and error messages)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+    except ValueError:
+        return "<unparsable URL>"
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, ""))
