@@ -7,7 +7,7 @@ PACKAGES := libs/common services/stunnerd services/cds services/operator service
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup bpf test unit lint format run bench clean
+.PHONY: setup bpf test unit lint format run stop bench clean
 
 setup: $(STAMP) bpf
 
@@ -50,8 +50,12 @@ test: setup lint
 unit: setup
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
+# The local stack in the foreground (Ctrl-C, closing the terminal or `make stop` ends it).
 run: setup
-	$(BIN)/python scripts/run_local.py
+	$(BIN)/python scripts/run_local.py $(RUN_ARGS)
+
+stop:
+	$(PYTHON) scripts/run_local.py --stop
 
 bench: setup
 	$(BIN)/python -m bench

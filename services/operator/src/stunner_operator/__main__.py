@@ -21,6 +21,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from stunner_common.logs import configure_logging
+from stunner_common.redis_acl import redact_url
 from stunner_common.runtime import run as run_loop
 from stunner_operator.manifests.local import LocalOperator
 from stunner_operator.publish import RedisConfigSink
@@ -95,7 +96,7 @@ async def _run_kubernetes(settings: OperatorSettings) -> int:
         await controller.run(lost)
 
     stop = _stop_on_signals()
-    log.info("Kubernetes mode: publishing to %s", settings.redis_url)
+    log.info("Kubernetes mode: publishing to %s", redact_url(settings.redis_url))
     try:
         if settings.leader_elect:
             elector = LeaderElector(
@@ -126,7 +127,7 @@ async def _run_local(settings: OperatorSettings, root: Path) -> int:
         retry_s=settings.publish_retry_s,
     )
     stop = _stop_on_signals()
-    log.info("local mode: watching %s, publishing to %s", root, settings.redis_url)
+    log.info("local mode: watching %s, publishing to %s", root, redact_url(settings.redis_url))
     try:
         await operator.run(stop)
     finally:
