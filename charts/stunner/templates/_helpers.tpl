@@ -64,26 +64,59 @@ stunner-redis
 {{- end -}}
 
 {{/*
-The REDIS_URL environment variable of the operator and the CDS: the chart's own Redis, a
-Secret holding the URL, or a plain external URL; rendering fails with a message when Redis is
-disabled and neither is given.
+REDIS_PASSWORD and REDIS_URL of the operator or the CDS: pass (dict "ctx" $ "user" "operator")
+or "cds". With the chart's Redis, each logs in as its own ACL user with the password from the
+Secret "stunner-redis" (Kubernetes expands $(REDIS_PASSWORD) in the URL). With an external
+Redis: a Secret holding the whole URL, or a URL plus a password Secret. Rendering fails with a
+message when Redis is disabled and no external Redis is given.
 */}}
 {{- define "stunner.redisUrlEnv" -}}
-- name: REDIS_URL
-{{- if .Values.redis.enabled }}
-  value: {{ printf "redis://%s.%s.svc:6379/0" (include "stunner.redisName" .) .Release.Namespace | quote }}
-{{- else if .Values.redis.urlSecret.name }}
+{{- $v := .ctx.Values.redis -}}
+{{- if $v.enabled }}
+- name: REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.redis.urlSecret.name | quote }}
-      key: {{ .Values.redis.urlSecret.key | default "url" | quote }}
-{{- else if .Values.redis.url }}
-{{- if not (regexMatch "^rediss?://" .Values.redis.url) }}
-{{- fail (printf "redis.url must start with redis:// or rediss://, got %q" .Values.redis.url) }}
+      name: {{ include "stunner.redisName" .ctx }}
+      key: {{ printf "%s-password" .user }}
+- name: REDIS_URL
+  value: {{ printf "redis://stunner-%s:$(REDIS_PASSWORD)@%s.%s.svc:6379/0" .user (include "stunner.redisName" .ctx) .ctx.Release.Namespace | quote }}
+{{- else if $v.external.urlSecret.name }}
+- name: REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.external.urlSecret.name | quote }}
+      key: {{ $v.external.urlSecret.key | default "url" | quote }}
+{{- else if $v.external.url }}
+{{- if not (regexMatch "^rediss?://" $v.external.url) }}
+{{- fail (printf "redis.external.url must start with redis:// or rediss://, got %q" $v.external.url) }}
 {{- end }}
-  value: {{ .Values.redis.url | quote }}
+{{- if $v.external.passwordSecret.name }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.external.passwordSecret.name | quote }}
+      key: {{ $v.external.passwordSecret.key | default "password" | quote }}
+- name: REDIS_URL
+  value: {{ regexReplaceAll "^(rediss?://)(?:([^:@/]*)(?::[^@/]*)?@)?" $v.external.url "${1}${2}:$(REDIS_PASSWORD)@" | quote }}
 {{- else }}
-{{- fail "redis.enabled is false: set redis.url (e.g. redis://my-redis:6379/0) or redis.urlSecret.name" }}
+- name: REDIS_URL
+  value: {{ $v.external.url | quote }}
+{{- end }}
+{{- else }}
+{{- fail "redis.enabled is false: set redis.external.url (e.g. rediss://my-redis:6380/0) or redis.external.urlSecret.name" }}
 {{- end }}
 {{- end -}}
 
+{{/* Labels selecting the stunnerd pods the operator provisions (any Gateway). */}}
+{{- define "stunner.dataplaneSelector" -}}
+app: stunner
+{{- end -}}
+
+{{/* Redis ACL rules of the operator and the CDS users: keep equal to stunner_common.redis_acl. */}}
+{{- define "stunner.redisOperatorRules" -}}
+resetkeys ~stunner:* resetchannels -@all +@connection -@admin -@dangerous +ping +evalsha +eval +script|load +script|exists +get +incr +hget +hgetall +hkeys +hset +hdel +xadd +xrange +xlen +multi +exec +discard
+{{- end -}}
+
+{{- define "stunner.redisCdsRules" -}}
+resetkeys ~stunner:* resetchannels -@all +@connection -@admin -@dangerous +ping +get +hget +hgetall +hkeys +xread +xrange +xrevrange +xlen +multi +exec +discard
+{{- end -}}

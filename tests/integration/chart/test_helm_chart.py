@@ -30,6 +30,7 @@ from chart_support import (
 from stunner_cds.settings import CdsSettings
 from stunner_common.crds import Dataplane, Gateway
 from stunner_operator.__main__ import _parser as operator_parser
+from stunner_operator.k8s.resources import BY_KIND, WATCHED, WRITABLE
 from stunner_operator.render.dataplane import render_deployment
 from stunner_operator.render.options import RenderOptions
 from stunner_operator.settings import OperatorSettings
@@ -41,10 +42,29 @@ from support.redis_server import RedisServer
 pytestmark = pytest.mark.integration
 
 EXTERNAL_REDIS = "redis://redis.example.internal:6379/3"
+EXTERNAL_TLS_REDIS = "rediss://stunner@redis.example.internal:6380/0"
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "external-redis": {"redis": {"enabled": False, "url": EXTERNAL_REDIS}},
-    "redis-url-from-secret": {"redis": {"enabled": False, "urlSecret": {"name": "my-redis"}}},
+    "external-redis": {"redis": {"enabled": False, "external": {"url": EXTERNAL_REDIS}}},
+    "redis-url-from-secret": {
+        "redis": {"enabled": False, "external": {"urlSecret": {"name": "my-redis"}}}
+    },
+    "external-redis-with-password": {
+        "redis": {
+            "enabled": False,
+            "external": {"url": EXTERNAL_TLS_REDIS, "passwordSecret": {"name": "redis-pw"}},
+        }
+    },
+    "everything-on": {
+        "monitoring": {"serviceMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
+        "tests": {"turncat": {"peer": "udp://10.0.0.5:9001"}},
+        "auth": {"tokenSecret": {"name": "auth-token"}, "corsOrigins": "https://app.example"},
+    },
+    "everything-off": {
+        "gatewayAPI": {"installCRDs": False},
+        "auth": {"enabled": False},
+        "networkPolicy": {"enabled": False},
+    },
     "redis-persistence": {"redis": {"persistence": {"enabled": True, "storageClass": "fast"}}},
     "one-cds-replica": {"cds": {"replicas": 1}},
     "registry-and-pull-secrets": {
@@ -61,7 +81,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "commonLabels": {"team": "media"},
     },
 }
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "Dataplane"}
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "Dataplane", "CustomResourceDefinition"}
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -136,6 +156,8 @@ def test_every_rendered_object_is_valid_against_the_kubernetes_schemas(values: s
             assert "namespace" not in obj["metadata"], name
         else:
             assert obj["metadata"]["namespace"] == NAMESPACE, name
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # the Prometheus operator's kinds: checked in test_chart_ship.py
         if obj["apiVersion"].startswith("stunner.l7mp.io/"):
             errors += custom_resource_errors(obj, crds)
         else:
@@ -156,7 +178,15 @@ def test_default_render_has_every_component(default: Rendered) -> None:
         ("PodDisruptionBudget", "stunner-cds"),
         ("Deployment", "stunner-redis"),
         ("Service", "stunner-redis"),
+        ("Secret", "stunner-redis"),
         ("Dataplane", "default"),
+        ("Deployment", "stunner-auth"),
+        ("Service", "stunner-auth"),
+        ("NetworkPolicy", "stunner-redis"),
+        ("NetworkPolicy", "stunner-cds"),
+        ("CustomResourceDefinition", "gatewayclasses.gateway.networking.k8s.io"),
+        ("CustomResourceDefinition", "gateways.gateway.networking.k8s.io"),
+        ("CustomResourceDefinition", "udproutes.gateway.networking.k8s.io"),
     }
     assert "stunner-config-discovery" in default.notes
 
@@ -224,10 +254,12 @@ def test_cds_environment_is_understood_by_the_cds_settings(
 ) -> None:
     env = container_env(_container(default.get("Deployment", "stunner-cds")))
     for name, value in env.items():
-        monkeypatch.setenv(name, value)
+        if isinstance(value, str):
+            monkeypatch.setenv(name, value)
     settings = CdsSettings()
     assert (settings.host, settings.port) == ("0.0.0.0", 13478)
-    assert settings.redis_url == f"redis://stunner-redis.{NAMESPACE}.svc:6379/0"
+    # Kubernetes expands $(REDIS_PASSWORD) from the Secret before the CDS sees it.
+    assert settings.redis_url == BUNDLED_URL.format(user="cds")
 
 
 def test_real_cds_started_with_the_chart_environment_passes_the_chart_probes(
@@ -258,11 +290,16 @@ def _redis_env(rendered: Rendered) -> list[Any]:
     ]
 
 
+BUNDLED_URL = "redis://stunner-{user}:$(REDIS_PASSWORD)@stunner-redis." + NAMESPACE + ".svc:6379/0"
+
+
 def test_operator_and_cds_use_the_bundled_redis_service_by_default(default: Rendered) -> None:
     svc = default.get("Service", "stunner-redis")
     port = svc["spec"]["ports"][0]["port"]
-    url = f"redis://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{port}/0"
-    assert _redis_env(default) == [url, url]
+    host = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{port}"
+    assert _redis_env(default) == [
+        f"redis://stunner-{user}:$(REDIS_PASSWORD)@{host}/0" for user in ("operator", "cds")
+    ]
     assert _pods_selected(default, svc["spec"]["selector"]) == ["stunner-redis"]
     redis_container = _container(default.get("Deployment", "stunner-redis"))
     assert {p["containerPort"] for p in redis_container["ports"]} == {port}
@@ -280,20 +317,32 @@ def test_external_redis_url_can_come_from_a_secret() -> None:
     assert _redis_env(rendered) == [ref, ref]
 
 
+def test_an_external_redis_password_secret_goes_into_the_url() -> None:
+    rendered = render(VALUE_SETS["external-redis-with-password"])
+    url = "rediss://stunner:$(REDIS_PASSWORD)@redis.example.internal:6380/0"
+    assert _redis_env(rendered) == [url, url]
+    env = container_env(_container(rendered.get("Deployment", "stunner-cds")))
+    assert env["REDIS_PASSWORD"] == {"secretKeyRef": {"name": "redis-pw", "key": "password"}}
+
+
 def test_persistent_redis_mounts_its_claim() -> None:
     rendered = render(VALUE_SETS["redis-persistence"])
     claim = rendered.get("PersistentVolumeClaim", "stunner-redis")
     assert claim["spec"]["storageClassName"] == "fast"
     volumes = rendered.get("Deployment", "stunner-redis")["spec"]["template"]["spec"]["volumes"]
-    assert volumes == [{"name": "data", "persistentVolumeClaim": {"claimName": "stunner-redis"}}]
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": "stunner-redis"}} in volumes
 
 
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"redis": {"enabled": False}}, "at '/redis': 'anyOf' failed"),
-        ({"redis": {"enabled": False, "urlSecret": {"name": ""}}}, "at '/redis'"),
-        ({"redis": {"enabled": False, "url": "http://x:6379"}}, "at '/redis/url'"),
+        ({"redis": {"enabled": False}}, "at '/redis/external': 'anyOf' failed"),
+        ({"redis": {"enabled": False, "external": {"urlSecret": {"name": ""}}}}, "at '/redis"),
+        (
+            {"redis": {"enabled": False, "external": {"url": "http://x:6379"}}},
+            "/redis/external/url",
+        ),
+        ({"tests": {"turncat": {"peer": "10.0.0.5:9001"}}}, "at '/tests/turncat/peer'"),
         ({"cds": {"replicas": "two"}}, "at '/cds/replicas': got string, want integer"),
         ({"cds": {"port": 70000}}, "at '/cds/port'"),
         ({"operator": {"logFormat": "xml"}}, "at '/operator/logFormat'"),
@@ -328,52 +377,45 @@ def _allowed(rules: list[dict[str, Any]], group: str, resource: str, verb: str) 
     )
 
 
-NEEDED = [
-    ("gateway.networking.k8s.io", "gatewayclasses", "watch"),
-    ("gateway.networking.k8s.io", "gateways", "list"),
-    ("gateway.networking.k8s.io", "udproutes", "watch"),
-    ("gateway.networking.k8s.io", "gatewayclasses/status", "patch"),
-    ("gateway.networking.k8s.io", "gateways/status", "update"),
-    ("gateway.networking.k8s.io", "udproutes/status", "patch"),
-    ("stunner.l7mp.io", "gatewayconfigs", "watch"),
-    ("stunner.l7mp.io", "dataplanes", "list"),
-    ("stunner.l7mp.io", "staticservices", "get"),
-    ("stunner.l7mp.io", "udproutes", "watch"),
-    ("stunner.l7mp.io", "udproutes/status", "patch"),
-    ("", "services", "create"),
-    ("", "services", "patch"),
-    ("", "services", "delete"),
-    ("", "secrets", "watch"),
-    ("", "nodes", "list"),
-    ("", "endpoints", "watch"),
-    ("discovery.k8s.io", "endpointslices", "watch"),
-    ("apps", "deployments", "create"),
-    ("apps", "deployments", "patch"),
-    ("apps", "deployments", "delete"),
-    ("", "events", "create"),
-]
-NOT_GRANTED = [
-    ("", "secrets", "update"),
-    ("", "secrets", "create"),
-    ("", "pods", "delete"),
-    ("apps", "daemonsets", "create"),
-    ("stunner.l7mp.io", "dataplanes", "delete"),
-]
+def _needed_by_the_operator() -> set[tuple[str, str, str]]:
+    """(group, resource, verb) the operator's Kubernetes code uses, read from that code: it
+    lists and watches WATCHED, merge-patches the status of what it reports on, and applies
+    (PATCH, or POST when missing) and deletes WRITABLE."""
+    needed = set()
+    for res in WATCHED:
+        needed |= {(res.group, res.plural, "list"), (res.group, res.plural, "watch")}
+    for kind in ("GatewayClass", "Gateway", "UDPRoute", "UDPRouteV1A2"):
+        res = BY_KIND[kind]
+        needed.add((res.group, f"{res.plural}/status", "patch"))
+    for res in WRITABLE.values():
+        needed |= {(res.group, res.plural, verb) for verb in ("create", "patch", "delete")}
+    return needed
 
 
-def test_operator_cluster_role_grants_what_the_operator_needs(default: Rendered) -> None:
+def _granted(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_operator_cluster_role_grants_exactly_what_the_operator_code_uses(
+    default: Rendered,
+) -> None:
     rules = default.get("ClusterRole", "stunner-operator")["rules"]
-    missing = [n for n in NEEDED if not _allowed(rules, *n)]
-    assert missing == []
-    extra = [n for n in NOT_GRANTED if _allowed(rules, *n)]
-    assert extra == []
+    assert _granted(rules) == _needed_by_the_operator()
 
 
 def test_leader_election_leases_are_granted_in_the_release_namespace(default: Rendered) -> None:
     role = default.get("Role", "stunner-operator-leader-election")
     assert role["metadata"]["namespace"] == NAMESPACE
-    for verb in ("get", "create", "update"):
-        assert _allowed(role["rules"], "coordination.k8s.io", "leases", verb)
+    # The elector reads the Lease, creates it, and merge-patches it to renew or take it over.
+    assert _granted(role["rules"]) == {
+        ("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "patch")
+    }
 
 
 def test_roles_are_bound_to_the_operator_service_account(default: Rendered) -> None:
@@ -403,7 +445,7 @@ def test_operator_environment_is_understood_by_the_operator_settings(
         if isinstance(value, str):
             monkeypatch.setenv(name, value)
     settings = OperatorSettings()
-    assert settings.redis_url == f"redis://stunner-redis.{NAMESPACE}.svc:6379/0"
+    assert settings.redis_url == BUNDLED_URL.format(user="operator")
     assert settings.controller_name == "stunner.l7mp.io/gateway-operator"
     assert settings.log_format == "text"
 
