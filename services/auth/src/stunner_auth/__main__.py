@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import logging
 import sys
 
 import uvicorn
@@ -13,6 +11,9 @@ from pydantic import ValidationError
 
 from stunner_auth.app import create_app
 from stunner_auth.settings import AuthSettings
+from stunner_common.cli import add_version_argument
+from stunner_common.logs import configure_logging
+from stunner_common.runtime import run as run_loop
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -24,6 +25,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, help="listen port (env AUTH_PORT, default 8088)")
     parser.add_argument("--cds-url", help="config discovery service (env CDS_SERVER_ADDR)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    parser.add_argument("--log-format", choices=("text", "json"), help="env AUTH_LOG_FORMAT")
+    add_version_argument(parser, "stunner-auth")
     return parser.parse_args(argv)
 
 
@@ -58,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             "port": args.port,
             "cds_url": args.cds_url,
             "log_level": args.log_level,
+            "log_format": args.log_format,
         }.items()
         if value is not None
     }
@@ -66,14 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"stunner-auth: invalid settings: {settings_error(exc)}", file=sys.stderr)
         return 2
-    level = getattr(logging, settings.log_level.upper(), None)
-    if not isinstance(level, int):
-        print(f"stunner-auth: unknown log level {settings.log_level!r}", file=sys.stderr)
+    try:
+        configure_logging(settings.log_format, settings.log_level)
+    except ValueError as exc:
+        print(f"stunner-auth: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = build_server(settings)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(server.serve())
+        run_loop(server.serve())
     return 0
 
 

@@ -6,6 +6,8 @@ Environment: ``AUTH_*`` (``AUTH_HOST``, ``AUTH_PORT``, ``AUTH_TOKEN``, ...), the
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -37,3 +39,4 @@ class AuthSettings(BaseSettings):
     cds_timeout_s: float = Field(5.0, gt=0)
     shutdown_timeout_s: float = Field(5.0, gt=0)
     log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
