@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 
 import pytest
+from aioice import stun
 
 from stunnerd.turn import codec
 
@@ -181,3 +184,37 @@ def test_data_indications_are_valid_stun_with_a_fingerprint(peer: tuple[str, int
     assert message.attributes["XOR-PEER-ADDRESS"] == peer
     assert message.attributes["DATA"] == b"hello"
     assert "FINGERPRINT" in message.attributes
+
+
+def test_importing_the_codec_leaves_aioice_as_shipped() -> None:
+    probe = (
+        "from aioice import stun\n"
+        "before = (len(stun.ATTRIBUTES), dict(stun.ATTRIBUTES_BY_TYPE))\n"
+        "import stunnerd.turn.codec\n"
+        "assert (len(stun.ATTRIBUTES), dict(stun.ATTRIBUTES_BY_TYPE)) == before\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_extra_turn_attributes_round_trip_without_aioice_knowing_them() -> None:
+    assert 0x0018 not in stun.ATTRIBUTES_BY_TYPE  # aioice 0.13 lacks EVEN-PORT
+    attrs = {
+        "REQUESTED-TRANSPORT": codec.TRANSPORT_UDP,
+        "EVEN-PORT": 0x80,
+        "REQUESTED-ADDRESS-FAMILY": codec.FAMILY_IPV6,
+        "RESERVATION-TOKEN": b"12345678",
+        "UNKNOWN-ATTRIBUTES": (0x001A, 0x7FFF),
+    }
+    raw = codec.encode(codec.Method.ALLOCATE, codec.Class.REQUEST, b"t" * 12, attrs, key=b"k" * 16)
+    decoded = codec.decode(raw)
+    assert decoded.unknown_required == ()
+    assert {name: decoded.message.attributes[name] for name in attrs} == attrs
+    assert codec.check_integrity(decoded.message, b"k" * 16)
+
+
+def test_a_malformed_extra_attribute_in_a_request_is_a_bad_request() -> None:
+    even_port = b"\x00\x18\x00\x02\x80\x00\x00\x00"  # EVEN-PORT must be 1 byte, not 2
+    raw = b"\x00\x03\x00\x08\x21\x12\xa4\x42" + b"t" * 12 + even_port
+    with pytest.raises(codec.StunBadRequestError, match="EVEN-PORT"):
+        codec.decode(raw)

@@ -22,6 +22,9 @@ from stunnerd.turn.policies import (
     UserUsage,
 )
 
+# The scripted client is aioice, an independent encoder; it needs TURN's extra attributes.
+pytestmark = pytest.mark.usefixtures("aioice_turn_attributes")
+
 REALM = "stunner.l7mp.io"
 RELAY_IP = "192.0.2.1"
 PEER = ("10.0.0.5", 7000)

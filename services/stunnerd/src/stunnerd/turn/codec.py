@@ -2,9 +2,12 @@
 
 aioice 0.13 parses and builds STUN messages (RFC 8489) and knows most TURN attributes, but it
 skips unknown attributes silently and lacks a few that a TURN server must recognise
-(REQUESTED-ADDRESS-FAMILY, EVEN-PORT, RESERVATION-TOKEN, UNKNOWN-ATTRIBUTES). They are registered
-here, and the raw attribute types are scanned so that the engine can answer 420 for unknown
-comprehension-required attributes (RFC 8489 §7.3.1). ChannelData and stream framing (RFC 8656
+(REQUESTED-ADDRESS-FAMILY, EVEN-PORT, RESERVATION-TOKEN, UNKNOWN-ATTRIBUTES). This module keeps
+its own attribute tables (aioice's plus those four) and never writes into aioice's globals, so
+another user of aioice in the process sees aioice as shipped: `decode` adds the extra attributes
+to the parsed message itself and `encode` packs from our tables. The raw attribute types are
+scanned so that the engine can answer 420 for unknown comprehension-required attributes
+(RFC 8489 §7.3.1). ChannelData and stream framing (RFC 8656
 §12.5) are `stunner_common.framing`'s, shared with turncat, and re-exported here so the engine
 reaches the wire through this one module and never imports aioice directly.
 """
@@ -73,19 +76,23 @@ def _unpack_even_port(data: bytes) -> int:
     return int(data[0])
 
 
-_EXTRA_ATTRIBUTES: list[stun.AttributeEntry] = [
+EXTRA_ATTRIBUTES: tuple[stun.AttributeEntry, ...] = (
     (0x000A, "UNKNOWN-ATTRIBUTES", _pack_attr_types, _unpack_attr_types),
     (0x0017, "REQUESTED-ADDRESS-FAMILY", _pack_family, _unpack_family),
     (0x0018, "EVEN-PORT", _pack_even_port, _unpack_even_port),
     (0x0022, "RESERVATION-TOKEN", stun.pack_bytes, stun.unpack_bytes),
-]
-for _entry in _EXTRA_ATTRIBUTES:
-    if _entry[0] not in stun.ATTRIBUTES_BY_TYPE:
-        stun.ATTRIBUTES.append(_entry)
-        stun.ATTRIBUTES_BY_TYPE[_entry[0]] = _entry
-        stun.ATTRIBUTES_BY_NAME[_entry[1]] = _entry
+)
+"""The TURN attributes aioice 0.13 lacks, as aioice attribute entries (type, name, pack, unpack)."""
 
-KNOWN_ATTRIBUTE_TYPES = frozenset(stun.ATTRIBUTES_BY_TYPE)
+# The extras aioice's parser skips (all of them in 0.13; none if a later aioice knows them).
+_EXTRA_BY_TYPE: dict[int, stun.AttributeEntry] = {
+    entry[0]: entry for entry in EXTRA_ATTRIBUTES if entry[0] not in stun.ATTRIBUTES_BY_TYPE
+}
+ATTRIBUTES_BY_NAME: dict[str, stun.AttributeEntry] = {
+    **{entry[1]: entry for entry in EXTRA_ATTRIBUTES},
+    **stun.ATTRIBUTES_BY_NAME,
+}
+KNOWN_ATTRIBUTE_TYPES = frozenset(stun.ATTRIBUTES_BY_TYPE) | frozenset(_EXTRA_BY_TYPE)
 _KNOWN_METHODS = frozenset(int(m) for m in Method)
 
 
@@ -132,6 +139,7 @@ def decode(data: bytes) -> Decoded:
     is_request = msg_type & 0x0110 == 0
     unknown: list[int] = []
     peers: list[tuple[str, int]] = []
+    extras: list[tuple[stun.AttributeEntry, bytes]] = []
     integrity_seen = False
     pos = HEADER_LENGTH
     end = len(data)
@@ -155,6 +163,8 @@ def decode(data: bytes) -> Decoded:
             peers.append((ip, port))
         elif attr_type == 0x0008:
             integrity_seen = True
+        elif attr_type in _EXTRA_BY_TYPE:
+            extras.append((_EXTRA_BY_TYPE[attr_type], data[pos + 4 : pos + 4 + attr_len]))
         pos += 4 + attr_len + (-attr_len % 4)
     if method not in _KNOWN_METHODS:
         if is_request:
@@ -162,6 +172,8 @@ def decode(data: bytes) -> Decoded:
         raise StunDecodeError("unknown method")
     try:
         message = stun.parse_message(data)
+        for (_, name, _, unpack_value), value in extras:
+            message.attributes[name] = unpack_value(value)
     except (ValueError, IndexError, UnicodeDecodeError, struct.error) as exc:
         if is_request:
             raise StunBadRequestError(method, tid, f"malformed attribute: {exc}") from exc
@@ -217,7 +229,7 @@ def encode(
     if software:
         items.append(("SOFTWARE", software))
     for name, value in items:
-        attr_type, _, pack_value, _ = stun.ATTRIBUTES_BY_NAME[name]
+        attr_type, _, pack_value, _ = ATTRIBUTES_BY_NAME[name]
         if pack_value is stun.pack_xor_address:
             packed = pack_xor_address(value, transaction_id)
         else:
