@@ -37,6 +37,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy $(foreach p,$(PACKAGES),$(p)/src)
+	$(BIN)/mypy tests bench
 	$(BIN)/lint-imports
 
 format: setup

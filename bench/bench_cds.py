@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 WATCHERS = 1000
 LATENCY_UPDATES = 40
@@ -60,7 +60,7 @@ def _wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 15.0)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited early")
+            raise RuntimeError(f"{proc.args!r} exited early")
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -121,7 +121,8 @@ async def _peer_serve(redis_url: str, port: int) -> None:
 
     redis = aioredis.Redis.from_url(redis_url)
     clients: set[ServerConnection] = set()
-    latest = {k.decode(): v.decode() for k, v in (await redis.hgetall(CONFIGS_HASH)).items()}
+    stored: dict[bytes, bytes] = cast(Any, await redis.hgetall(CONFIGS_HASH))
+    latest = {k.decode(): v.decode() for k, v in stored.items()}
 
     async def handler(ws: ServerConnection) -> None:
         clients.add(ws)
@@ -135,7 +136,9 @@ async def _peer_serve(redis_url: str, port: int) -> None:
     async with serve(handler, "127.0.0.1", port, compression=None, max_queue=None):
         last = "$"
         while True:
-            reply = await redis.xread({EVENTS_STREAM: last}, block=1000)
+            reply: list[tuple[bytes, list[tuple[str, dict[bytes, bytes]]]]] = cast(
+                Any, await redis.xread({EVENTS_STREAM: last}, block=1000)
+            )
             for _stream, entries in reply or []:
                 for event_id, fields in entries:
                     last = event_id

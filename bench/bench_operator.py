@@ -268,7 +268,7 @@ async def _edit_latency(folder: Any, redis_url: str, edits: int) -> tuple[list[f
         last = "0-0"
         async with asyncio.timeout(10):
             while len(await client.hkeys("stunner:configs")) < 2:
-                got = await client.xread({EVENTS_STREAM: last}, block=200)
+                got: Any = await client.xread({EVENTS_STREAM: last}, block=200)
                 if got:
                     last = got[0][1][-1][0]
         cfg = folder / "gatewayconfig.yaml"

@@ -321,8 +321,8 @@ def main() -> None:
         "uclient paces its sessions, so allocations/s mostly measures uclient and the CPU "
         "per allocation is the figure to compare"
     )
-    for name, (ms, per_s) in alloc.items():
-        print(f"{name:<9} {ms:6.2f} ms CPU/allocation  {per_s:7.1f} allocations/s (wall)")
+    for name, (alloc_ms, rate_s) in alloc.items():
+        print(f"{name:<9} {alloc_ms:6.2f} ms CPU/allocation  {rate_s:7.1f} allocations/s (wall)")
     cpu_ratio = alloc["stunnerd"][0] / alloc["coturn"][0]
     print(f"RATIO cpu_per_allocation stunnerd/coturn = {cpu_ratio:.2f}")
     print(

@@ -28,8 +28,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any
+
+from stunner_common.runtime import run as run_loop
 
 HOST = "127.0.0.1"
 USER, PASSWORD, REALM = "user1", "passwd1", "stunner.l7mp.io"
@@ -97,7 +100,7 @@ def wait_log(log: Path, text: str, proc: subprocess.Popen[bytes], timeout_s: flo
         if text in log.read_text(errors="replace"):
             return
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited: {log.read_text(errors='replace')[-1000:]}")
+            raise RuntimeError(f"{proc.args!r} exited: {log.read_text(errors='replace')[-1000:]}")
         time.sleep(0.05)
     raise TimeoutError(f"{text!r} never appeared in {log}")
 
@@ -222,13 +225,8 @@ def run_turncat_loop(turn_port: int, peer_port: int, tmp: Path) -> float:
     return rate
 
 
-def run_async(coro: object) -> tuple[int, float]:
-    try:
-        import uvloop
-
-        return uvloop.run(coro)  # type: ignore[arg-type,no-any-return]
-    except ImportError:
-        return asyncio.run(coro)  # type: ignore[arg-type]
+def run_async(coro: Coroutine[Any, Any, tuple[int, float]]) -> tuple[int, float]:
+    return run_loop(coro)
 
 
 def run_iperf(turn_port: int, tmp: Path) -> None:

@@ -19,11 +19,11 @@ from stunnerd.offload.datapath import ChannelEntries, Datapath, channel_entries
 
 def _entries(cmd: dict[str, Any]) -> ChannelEntries:
     return channel_entries(
-        tuple(cmd["client"]),  # type: ignore[arg-type]
-        tuple(cmd["listener"]),  # type: ignore[arg-type]
+        tuple(cmd["client"]),
+        tuple(cmd["listener"]),
         int(cmd["channel"]),
-        tuple(cmd["peer"]),  # type: ignore[arg-type]
-        tuple(cmd["relay"]),  # type: ignore[arg-type]
+        tuple(cmd["peer"]),
+        tuple(cmd["relay"]),
     )
 
 

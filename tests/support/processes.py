@@ -60,7 +60,7 @@ class ServerProcess:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout_s)
-        if self._log is not subprocess.DEVNULL:
+        if not isinstance(self._log, int):
             self._log.close()
         return self.proc.returncode
 

@@ -223,7 +223,7 @@ class EchoAllocation:
 
     @property
     def relay(self) -> tuple[str, int]:
-        return tuple(self.transport.get_extra_info("sockname"))  # type: ignore[return-value]
+        return tuple(self.transport.get_extra_info("sockname"))
 
     @classmethod
     async def open(

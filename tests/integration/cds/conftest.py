@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
-from cds_helpers import RunningCds, running_cds
 
 from stunner_common.store import ConfigPublisher
+from support.cds import RunningCds, running_cds
 from support.redis_server import RedisServer
 
 

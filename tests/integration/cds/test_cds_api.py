@@ -10,7 +10,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cds_helpers import (
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from stunner_common.cds import encode_v1_config
+from stunner_common.config import parse_config, self_signed_pair
+from stunner_common.store import ConfigPublisher
+from support.cds import (
     RunningCds,
     config,
     eventually,
@@ -19,12 +25,6 @@ from cds_helpers import (
     running_cds,
     wait_rev,
 )
-from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
-
-from stunner_common.cds import encode_v1_config
-from stunner_common.config import parse_config, self_signed_pair
-from stunner_common.store import ConfigPublisher
 from support.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration

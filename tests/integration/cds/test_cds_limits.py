@@ -12,10 +12,10 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-from cds_helpers import FRAME_TIMEOUT_S, RunningCds, http_get, running_cds
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from support.cds import FRAME_TIMEOUT_S, RunningCds, http_get, running_cds
 from support.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+from typing import Any, cast
 
 import pytest
 import redis.asyncio as aioredis
-from cds_helpers import config
 
 from stunner_common.config import parse_config
 from stunner_common.redis_keys import CONFIGS_HASH, EVENTS_STREAM, REV_COUNTER
@@ -17,12 +17,13 @@ from stunner_common.store import (
     InvalidConfigIdError,
     StoreError,
 )
+from support.cds import config
 
 pytestmark = pytest.mark.integration
 
 
 async def stream(store: aioredis.Redis) -> list[dict[str, str]]:
-    entries = await store.xrange(EVENTS_STREAM)
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = cast(Any, await store.xrange(EVENTS_STREAM))
     return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
 
 

@@ -8,20 +8,10 @@ import contextlib
 import json
 import shutil
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis.asyncio as aioredis
-from cds_helpers import (
-    RunningCds,
-    config,
-    eventually,
-    http_get,
-    recv_json,
-    recv_text,
-    running_cds,
-    wait_rev,
-)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -39,6 +29,16 @@ from stunner_common.cds import (
 from stunner_common.config import parse_config
 from stunner_common.redis_keys import EVENTS_STREAM
 from stunner_common.store import ConfigPublisher, PublishResult
+from support.cds import (
+    RunningCds,
+    config,
+    eventually,
+    http_get,
+    recv_json,
+    recv_text,
+    running_cds,
+    wait_rev,
+)
 from support.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -237,7 +237,7 @@ async def test_clients_reconnect_after_a_cds_restart_and_resync(
 
 
 async def _start(redis: RedisServer, port: int = 0) -> RunningCds:
-    from cds_helpers import start_cds, wait_ready
+    from support.cds import start_cds, wait_ready
 
     cds = await start_cds(redis.url, port=port)
     await wait_ready(cds)
@@ -283,7 +283,7 @@ async def test_malformed_stream_entries_are_stepped_over(
             await feed.synced.wait()
         watcher, _ = hub.subscribe(Topic(), Mode.V1)
         watcher.frames.clear()
-        junk_id = (await store.xadd(EVENTS_STREAM, {"something": "else"})).decode()
+        junk_id = cast(bytes, await store.xadd(EVENTS_STREAM, {"something": "else"})).decode()
         await eventually(lambda: _past(hub, junk_id), what="the feed stepped over the junk entry")
         await publisher.upsert("ns/a", realm_config("ns/a", "r1"))
         await eventually(lambda: _at_rev(hub, 2), what="the next change applied")

@@ -20,7 +20,6 @@ import hypothesis
 import pytest
 import redis.asyncio as aioredis
 import schemathesis
-from cds_helpers import config
 from hypothesis import HealthCheck, Phase
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -32,6 +31,7 @@ from schemathesis.specs.openapi.checks import (
 
 from stunner_common.config import parse_config
 from stunner_common.store import ConfigPublisher
+from support.cds import config
 from support.ports import free_port
 from support.processes import ServerProcess, wait_for_tcp
 from support.redis_server import RedisServer
@@ -92,7 +92,7 @@ def test_cli_rejects_bad_settings_with_a_message_and_exit_code() -> None:
 
 def test_schemathesis_finds_no_server_errors_or_schema_violations(cds_process: str) -> None:
     schema = schemathesis.openapi.from_url(f"{cds_process}/openapi.json")
-    operations = [result.ok() for result in schema.get_all_operations()]
+    operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
     assert len(operations) == 7
     settings = hypothesis.settings(
         max_examples=EXAMPLES_PER_OPERATION,
@@ -103,10 +103,14 @@ def test_schemathesis_finds_no_server_errors_or_schema_violations(cds_process: s
         suppress_health_check=list(HealthCheck),
     )
 
-    def fuzz(operation: schemathesis.APIOperation, mode: GenerationMode, checks: list[Any]) -> None:
+    def fuzz(
+        operation: schemathesis.APIOperation[Any, Any, Any, Any],
+        mode: GenerationMode,
+        checks: list[Any],
+    ) -> None:
         @settings
         @hypothesis.given(case=operation.as_strategy(mode))
-        def check(case: schemathesis.Case) -> None:
+        def check(case: schemathesis.Case[Any]) -> None:
             case.call_and_validate(base_url=cds_process, checks=checks, timeout=10)
 
         check()

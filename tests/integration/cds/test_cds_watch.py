@@ -8,16 +8,6 @@ import socket
 from typing import Any
 
 import pytest
-from cds_helpers import (
-    RunningCds,
-    config,
-    eventually,
-    http_get,
-    recv_json,
-    recv_text,
-    running_cds,
-    wait_rev,
-)
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -29,6 +19,16 @@ from stunner_common.cds import (
 )
 from stunner_common.config import parse_config
 from stunner_common.store import ConfigPublisher
+from support.cds import (
+    RunningCds,
+    config,
+    eventually,
+    http_get,
+    recv_json,
+    recv_text,
+    running_cds,
+    wait_rev,
+)
 from support.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration

@@ -193,7 +193,7 @@ def test_channel_data_is_relayed_both_ways_by_tc_with_right_checksums(
     check_relayed(client, peer)
     assert peer["checks"], peer
     assert all(c is True for c in peer["checks"]), peer["checks"]
-    counters = driver.channel("counters")
+    counters: Any = driver.channel("counters")
     payload = sum(len(expected(i)) for i in range(20))
     assert counters["to_peer"] == [20, payload]
     assert counters["to_client"] == [20, payload + 3 * 20]
@@ -378,6 +378,6 @@ def test_channel_data_is_relayed_both_ways_by_native_xdp(topo: Topology, driver:
     check_relayed(client, peer)
     assert peer["checks"], peer
     assert all(c is True for c in peer["checks"]), peer["checks"]
-    counters = driver.channel("counters")
+    counters: Any = driver.channel("counters")
     assert counters["to_peer"][0] == 20
     assert counters["to_client"][0] == 20

@@ -147,8 +147,8 @@ async def cluster() -> AsyncIterator[tuple[kmock.KubernetesEmulator, Cluster]]:
     async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator):
         for res in RESOURCES:
             if not res.optional:
-                emulator.resources[f"{res.api_version}/{res.plural}"] = {}
-        emulator.resources[f"{DEPLOYMENT.api_version}/{DEPLOYMENT.plural}"] = {}
+                emulator.resources[f"{res.api_version}/{res.plural}"] = {}  # type: ignore[assignment]
+        emulator.resources[f"{DEPLOYMENT.api_version}/{DEPLOYMENT.plural}"] = {}  # type: ignore[assignment]
         async with aiohttp.ClientSession() as session:
             yield emulator, Cluster(str(emulator.url).rstrip("/"), session)
 
@@ -276,7 +276,7 @@ async def test_kubernetes_mode_renders_publishes_and_writes_back(
         return await client.hget(CONFIGS_HASH, "stunner/udp-gateway") is None
 
     await eventually(config_gone)
-    entries = await client.xrange(EVENTS_STREAM)
+    entries: Any = await client.xrange(EVENTS_STREAM)
     assert entries[-1][1]["op"] == "delete"
 
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 async def api() -> AsyncIterator[KubeApi]:
     async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator):
-        emulator.resources[f"{LEASE.api_version}/{LEASE.plural}"] = {}
+        emulator.resources[f"{LEASE.api_version}/{LEASE.plural}"] = {}  # type: ignore[assignment]
         client = KubeApi(ApiClient(Configuration(host=str(emulator.url).rstrip("/"))))
         try:
             yield client

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import redis.asyncio as aioredis
@@ -86,7 +87,7 @@ async def client(redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
 async def next_event(client: aioredis.Redis, last_id: str) -> tuple[str, dict[str, str]]:
     async with asyncio.timeout(DEADLINE_S):
         while True:
-            got = await client.xread({EVENTS_STREAM: last_id}, block=500, count=1)
+            got: Any = await client.xread({EVENTS_STREAM: last_id}, block=500, count=1)
             if got:
                 ((_stream, entries),) = got
                 entry_id, fields = entries[0]
@@ -94,7 +95,7 @@ async def next_event(client: aioredis.Redis, last_id: str) -> tuple[str, dict[st
 
 
 async def configs(client: aioredis.Redis) -> dict[str, dict[str, object]]:
-    raw = await client.hgetall(CONFIGS_HASH)
+    raw: dict[str, str] = cast(Any, await client.hgetall(CONFIGS_HASH))
     return {k: json.loads(v) for k, v in raw.items()}
 
 
@@ -140,7 +141,7 @@ async def test_local_mode_publishes_the_folder_and_follows_edits(
         # An edit reaches Redis: both Gateways share the GatewayConfig.
         cfg = folder / "gatewayconfig.yaml"
         cfg.write_text(cfg.read_text().replace("pass-1", "pass-2"))
-        changed = set()
+        changed: set[str] = set()
         while changed != {"stunner/udp-gateway", "stunner/tcp-gateway"}:
             last, fields = await next_event(client, last)
             assert fields["op"] == "upsert"

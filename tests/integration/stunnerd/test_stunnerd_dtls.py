@@ -76,7 +76,7 @@ async def test_dtls_hello_gets_a_cookie_first_then_stun_flows_over_dtls(
             first = client.received[0]
             assert first[0] == 22  # a handshake record...
             assert first[13] == 3  # ...carrying HelloVerifyRequest
-            assert len(listener.sessions) == 1
+            assert len(listener.sessions) == 1  # type: ignore[attr-defined]
             binding = stun.Message(stun.Method.BINDING, stun.Class.REQUEST)
             reply = await client.request(binding)
             assert reply.message_class == stun.Class.RESPONSE
@@ -101,6 +101,6 @@ async def test_a_spoofed_hello_gets_only_a_small_cookie_and_leaves_no_state(
             answer = await client.recv_datagram()
             assert answer[13] == 3
             assert len(answer) < 2 * len(hello)  # no certificate flight to a forged source
-            assert listener.sessions == {}
+            assert listener.sessions == {}  # type: ignore[attr-defined]
         finally:
             client.sock.close()

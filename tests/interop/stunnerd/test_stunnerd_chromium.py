@@ -83,7 +83,7 @@ async def chromium(binary: str, url: str, profile: Path) -> AsyncIterator[str]:
     )
     try:
         assert proc.stderr is not None
-        seen = []
+        seen: list[str] = []
         async with asyncio.timeout(20):
             while True:
                 line = (await proc.stderr.readline()).decode(errors="replace")

@@ -6,11 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from operator_support import FIXTURES, objects_from_yaml
 
 from stunner_common.crds import K8sObject
 from stunner_operator.render.engine import Renderer
 from stunner_operator.render.options import RenderOptions
+from support.operator import FIXTURES, objects_from_yaml
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 import yaml
-from operator_support import FIXTURES
 
 from stunner_common.config import StunnerConfig
 from stunner_operator.__main__ import main
 from stunner_operator.manifests.loader import split_documents
+from support.operator import FIXTURES
 
 SEEDS = FIXTURES / "seeds"
 EDGE = FIXTURES / "edge"

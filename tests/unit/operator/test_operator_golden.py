@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from operator_support import FIXTURES, objects_from_yaml, snapshot
 
 from stunner_common.config import StunnerConfig
 from stunner_operator.render.engine import Renderer
 from stunner_operator.render.store import key_of
+from support.operator import FIXTURES, objects_from_yaml, snapshot
 
 SEEDS = FIXTURES / "seeds"
 GOLDEN = FIXTURES / "golden"

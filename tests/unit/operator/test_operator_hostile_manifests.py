@@ -8,10 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from operator_support import HIERARCHY, UDP_GATEWAY
 
 from stunner_operator.manifests.loader import MAX_DEPTH, MAX_NODES, ManifestSet, parse_manifests
 from stunner_operator.manifests.local import LocalOperator
+from support.operator import HIERARCHY, UDP_GATEWAY
 
 PEAK_BYTES = 32 * 1024 * 1024
 

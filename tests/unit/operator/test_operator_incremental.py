@@ -7,11 +7,10 @@ import json
 import random
 from collections.abc import Callable
 
-from operator_support import HIERARCHY, UDP_GATEWAY, objects_from_yaml, snapshot
-
 from stunner_common.crds import K8sObject
 from stunner_operator.render.engine import Renderer
 from stunner_operator.render.store import ObjKey, key_of
+from support.operator import HIERARCHY, UDP_GATEWAY, objects_from_yaml, snapshot
 
 Render = Callable[..., Renderer]
 

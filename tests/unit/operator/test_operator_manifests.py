@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from operator_support import HIERARCHY, UDP_GATEWAY
 
 from stunner_operator.manifests.loader import ManifestSet, parse_manifests
 from stunner_operator.manifests.local import LocalOperator
+from support.operator import HIERARCHY, UDP_GATEWAY
 
 
 def test_multi_document_text_parses_every_supported_object() -> None:

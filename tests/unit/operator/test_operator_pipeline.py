@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from operator_support import HIERARCHY, conditions
-
 from stunner_operator.render.engine import Renderer
+from support.operator import HIERARCHY, conditions
 
 Render = Callable[..., Renderer]
 

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from operator_support import HIERARCHY
 
 from stunner_operator.render.engine import Renderer
 from stunner_operator.render.options import RenderOptions, cds_server_uri
+from support.operator import HIERARCHY
 
 Render = Callable[..., Renderer]
 

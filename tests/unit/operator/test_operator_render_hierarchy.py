@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from operator_support import HIERARCHY, UDP_GATEWAY, conditions
 
 from stunner_operator.render.engine import Renderer
+from support.operator import HIERARCHY, UDP_GATEWAY, conditions
 
 Render = Callable[..., Renderer]
 
@@ -76,7 +76,7 @@ def test_broken_parameters_ref_invalidates_class_and_gateways(
     assert r.configs() == {}
     cls = r.statuses()[("GatewayClass", "", "stunner")]
     assert conditions(cls) == {"Accepted": ("False", "InvalidParameters")}
-    assert message in cls.conditions[0].message
+    assert message in cls.conditions[0].message  # type: ignore[union-attr]
     gw = r.gateway("stunner", "gw")
     assert gw is not None
     assert gw.status is not None

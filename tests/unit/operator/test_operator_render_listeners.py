@@ -7,10 +7,10 @@ import datetime
 from collections.abc import Callable
 
 import pytest
-from operator_support import HIERARCHY, conditions
 
 from stunner_common.config.tls import self_signed_pair
 from stunner_operator.render.engine import Renderer
+from support.operator import HIERARCHY, conditions
 
 Render = Callable[..., Renderer]
 

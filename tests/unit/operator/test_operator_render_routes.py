@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from operator_support import HIERARCHY, UDP_GATEWAY, conditions
 
 from stunner_operator.render.engine import Renderer
 from stunner_operator.render.options import RenderOptions
 from stunner_operator.render.status import RouteStatus
+from support.operator import HIERARCHY, UDP_GATEWAY, conditions
 
 Render = Callable[..., Renderer]
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from operator_support import HIERARCHY, UDP_GATEWAY, objects_from_yaml
 
 from stunner_common.crds import CrdError, parse_object
 from stunner_operator.render.engine import Renderer
+from support.operator import HIERARCHY, UDP_GATEWAY, objects_from_yaml
 
 texts = st.one_of(
     st.sampled_from(

@@ -278,9 +278,9 @@ def test_retransmission_of_the_successful_allocate_is_not_a_mismatch() -> None:
     raw = client.build(stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24})
     effects = engine.handle_client(raw, client.addr, T0)
     assert any(isinstance(e, fx.OpenRelay) for e in effects)
-    first = sent(engine.relay_opened(client.addr, 50000, T0), client.addr)
+    answer = sent(engine.relay_opened(client.addr, 50000, T0), client.addr)
     again = sent(engine.handle_client(raw, client.addr, T0 + 1), client.addr)
-    assert first == again
+    assert answer == again
     assert stun.parse_message(again[0]).message_class == stun.Class.RESPONSE
 
 

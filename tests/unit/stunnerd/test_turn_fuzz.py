@@ -25,12 +25,13 @@ def engine() -> TurnEngine:
 
 def seeds() -> list[bytes]:
     out = []
-    for method, attrs in [
+    requests: list[tuple[stun.Method, dict[str, object]]] = [
         (stun.Method.BINDING, {}),
         (stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24, "LIFETIME": 600}),
         (stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": ("1.2.3.4", 5)}),
         (stun.Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": ("::1", 5)}),
-    ]:
+    ]
+    for method, attrs in requests:
         msg = stun.Message(method, stun.Class.REQUEST, attributes=dict(attrs))
         msg.attributes.update({"USERNAME": "u", "REALM": "r", "NONCE": b"0" * 40})
         msg.add_message_integrity(b"k" * 16)

@@ -9,7 +9,7 @@ import hmac
 import pytest
 
 from stunner_common.auth import parse_ephemeral_username
-from stunner_common.config import parse_config
+from stunner_common.config import StunnerConfig, parse_config
 from stunnerd.routing import DnsCache, policies_for
 from stunnerd.turn.policies import (
     EphemeralAuthenticator,
@@ -82,7 +82,7 @@ def test_quota_zero_is_unlimited() -> None:
     assert not UserQuota(2).allows("u", {"u": 2})
 
 
-def config(clusters: list[dict[str, object]], routes: list[str]) -> object:
+def config(clusters: list[dict[str, object]], routes: list[str]) -> StunnerConfig:
     return parse_config(
         {
             "version": "v1",
@@ -102,7 +102,7 @@ def test_peer_admission_follows_routes_clusters_and_port_ranges() -> None:
         ],
         ["media", "v6", "missing"],
     )
-    peers = policies_for(cfg.listeners[0], cfg).peers  # type: ignore[attr-defined]
+    peers = policies_for(cfg.listeners[0], cfg).peers
     assert peers.admits("10.0.0.7", 15000)
     assert not peers.admits("10.0.0.7", 9999)
     assert peers.admits_ip("10.0.0.7")
@@ -114,7 +114,7 @@ def test_peer_admission_follows_routes_clusters_and_port_ranges() -> None:
 
 def test_tcp_clusters_admit_permissions_but_not_udp_data() -> None:
     cfg = config([{"name": "tcp", "protocol": "TCP", "endpoints": ["1.1.1.1"]}], ["tcp"])
-    peers = policies_for(cfg.listeners[0], cfg).peers  # type: ignore[attr-defined]
+    peers = policies_for(cfg.listeners[0], cfg).peers
     assert peers.admits_ip("1.1.1.1")
     assert not peers.admits("1.1.1.1", 5000)
 
@@ -124,7 +124,7 @@ def test_strict_dns_clusters_admit_what_the_names_resolve_to() -> None:
         [{"name": "dns", "type": "STRICT_DNS", "endpoints": ["media.example.com"]}], ["dns"]
     )
     dns = DnsCache()
-    peers = policies_for(cfg.listeners[0], cfg, dns).peers  # type: ignore[attr-defined]
+    peers = policies_for(cfg.listeners[0], cfg, dns).peers
     assert not peers.admits("10.9.9.9", 1)
     assert dns.update("media.example.com", {"10.9.9.9"})
     assert peers.admits("10.9.9.9", 1)
@@ -156,7 +156,7 @@ def test_traffic_is_attributed_to_the_first_routed_udp_cluster_that_admits_the_p
         ["tcp", "media", "wide", "dns"],
     )
     dns = DnsCache()
-    peers = policies_for(cfg.listeners[0], cfg, dns).peers  # type: ignore[attr-defined]
+    peers = policies_for(cfg.listeners[0], cfg, dns).peers
     assert peers.cluster_of("10.0.0.7", 15000) == "media"
     assert peers.cluster_of("10.0.0.7", 9999) == "wide"
     assert peers.cluster_of("192.168.1.1", 15000) is None

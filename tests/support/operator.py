@@ -11,7 +11,7 @@ import yaml
 from stunner_common.crds import K8sObject, parse_object
 from stunner_operator.render.engine import Renderer
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "operator"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "operator"
 
 
 def objects_from_yaml(text: str) -> list[K8sObject]:
