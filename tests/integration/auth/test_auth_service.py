@@ -9,11 +9,11 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
-from auth_helpers import eventually_ok, running_auth
-from integration.cds.cds_helpers import RunningCds, running_cds
 
 from stunner_common.auth import ephemeral_password
 from stunner_common.store import ConfigPublisher
+from support.auth import eventually_ok, running_auth
+from support.cds import RunningCds, running_cds
 from support.ports import free_port
 from support.redis_server import RedisServer
 

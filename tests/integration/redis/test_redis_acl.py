@@ -114,7 +114,7 @@ async def test_the_cds_user_cannot_write_or_reach_anything_else(
 ) -> None:
     _operator, cds = clients
     with pytest.raises(NoPermissionError):
-        await cds.execute_command(*command)
+        await cds.execute_command(*command)  # type: ignore[no-untyped-call]
 
 
 @pytest.mark.parametrize(
@@ -134,7 +134,7 @@ async def test_the_operator_user_reaches_only_the_stunner_keys(
 ) -> None:
     operator, _cds = clients
     with pytest.raises(NoPermissionError):
-        await operator.execute_command(*command)
+        await operator.execute_command(*command)  # type: ignore[no-untyped-call]
 
 
 async def test_no_password_or_a_wrong_one_is_refused(acl_redis: AclRedis) -> None:

@@ -16,11 +16,11 @@ from urllib.parse import urlencode
 import pytest
 import redis.asyncio as aioredis
 from fixtures.stunnerd.inproc import make_config, running_server
-from integration.auth.auth_helpers import running_auth
-from integration.cds.cds_helpers import running_cds
 from interop.stunnerd.test_stunnerd_chromium import chromium, page_result, page_server
 
 from stunner_common.store import ConfigPublisher
+from support.auth import running_auth
+from support.cds import running_cds
 from support.processes import which
 from support.redis_server import RedisServer
 
