@@ -75,6 +75,7 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
             ),
         )
     from stunnerd.net.server import TurnServer
+    from stunnerd.offload.manager import OffloadManager
     from stunnerd.workers.local import LocalDataplane
 
     return LocalDataplane(
@@ -83,6 +84,7 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
             udp_gso=settings.udp_gso,
             dns_refresh_s=settings.dns_refresh_s,
             dns_timeout_s=settings.dns_timeout_s,
+            offload=OffloadManager(),
         )
     )
 
@@ -105,11 +107,17 @@ class ManagedDataplane:
         self.reconciler = Reconciler(dataplane, self.admin)
         self.admin.revision = lambda: self.reconciler.revision
         self.admin.config_counts = self.reconciler.counts
-        self.admin.extra_status = self._worker_status
+        self.admin.extra_status = self._extra_status
 
-    def _worker_status(self) -> dict[str, object]:
+    def _extra_status(self) -> dict[str, object]:
+        out: dict[str, object] = {}
         workers = self.dataplane.worker_status()
-        return {} if workers is None else {"workers": workers}
+        if workers is not None:
+            out["workers"] = workers
+        offload_status = getattr(self.dataplane, "offload_status", None)
+        if offload_status is not None:
+            out["offload"] = offload_status()
+        return out
 
     async def apply(self, config: StunnerConfig, revision: int | None = None) -> ApplyOutcome:
         outcome = await self.reconciler.apply(config, revision=revision)

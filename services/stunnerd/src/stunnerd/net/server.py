@@ -16,6 +16,7 @@ import logging
 import secrets
 import socket
 import time
+from typing import Any
 
 from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
 from stunnerd.net.batch import SendBatcher, gso_supported
@@ -23,6 +24,7 @@ from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.listener import Listener, ListenerSpec, Traffic, new_traffic
 from stunnerd.net.stream import StreamListener
 from stunnerd.net.udp import UdpListener
+from stunnerd.offload.manager import OffloadManager
 from stunnerd.routing import DnsCache, dns_names, policies_for
 from stunnerd.turn.engine import Policies
 from stunnerd.turn.policies import UserUsage
@@ -67,8 +69,10 @@ class TurnServer:
         udp_gso: bool = True,
         dns_refresh_s: float = DNS_REFRESH_S,
         dns_timeout_s: float = DNS_TIMEOUT_S,
+        offload: OffloadManager | None = None,
     ) -> None:
         self.bind_host = bind_host
+        self.offload = offload  # the kernel fast path, for this process's TURN-UDP listeners
         self.reuse_port = reuse_port
         self.udp_gso = udp_gso and gso_supported()
         self.dns_refresh_s = dns_refresh_s
@@ -164,6 +168,8 @@ class TurnServer:
             self._dns_task = None
         for name in list(self.listeners):
             await self.remove_listener(name)
+        if self.offload is not None:
+            self.offload.close()
 
     # ---------------------------------------------------------------- internals
 
@@ -200,6 +206,7 @@ class TurnServer:
             raise ListenerError(f"listener {spec.name}: unknown protocol {spec.protocol!r}")
         if self._batcher is None:
             self._batcher = SendBatcher(loop, enabled=self.udp_gso)
+        extra: dict[str, Any] = {"offload": self.offload} if kind is UdpListener else {}
         try:
             return kind(
                 spec,
@@ -211,6 +218,7 @@ class TurnServer:
                 batcher=self._batcher,
                 traffic=self.listener_traffic.setdefault(spec.name, new_traffic()),
                 cluster_traffic=self.cluster_traffic,
+                **extra,
             )
         except Exception as exc:
             raise ListenerError(f"listener {spec.name}: {exc}") from exc

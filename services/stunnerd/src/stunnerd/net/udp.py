@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 from stunnerd.net.listener import Listener, ListenerSpec
 from stunnerd.net.relay import TX_BYTES, TX_PKTS, Address, SendTo, UdpRelayProtocol, tune_udp_socket
+from stunnerd.offload.manager import OffloadManager
+from stunnerd.turn import effects as fx
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +106,38 @@ class UdpListener(Listener):
     stream = False
     relay_class = UdpRelayProtocol
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, offload: OffloadManager | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.transport: asyncio.DatagramTransport | None = None
         self.protocol: UdpListenerProtocol | None = None
         self.sock: socket.socket | None = None
         self._sendto: SendTo | None = None
+        self.offload = offload  # the kernel fast path mirrors this listener's channel routes
+
+    def _route_added(self, effect: fx.ChannelRouteAdded) -> None:
+        super()._route_added(effect)
+        relay = self.relays.get(effect.client)
+        if self.offload is not None and relay is not None and relay.transport is not None:
+            self.offload.channel_added(
+                self.name,
+                effect.client,
+                effect.channel,
+                effect.peer,
+                listener_addr=(self.spec.bind_host, self.bound_port),
+                relay_addr=relay.sock.getsockname()[:2],
+                listener_traffic=self.traffic,
+                cluster_traffic=self.cluster_counts(effect.peer),
+            )
+
+    def _route_removed(self, effect: fx.ChannelRouteRemoved) -> None:
+        if self.offload is not None:
+            self.offload.channel_removed(self.name, effect.client, effect.channel)
+        super()._route_removed(effect)
+
+    async def close(self) -> None:
+        await super().close()
+        if self.offload is not None:
+            self.offload.listener_closed(self.name)
 
     async def start(self) -> None:
         sock, transport, protocol = await open_listener_socket(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from stunner_common.config import StunnerConfig
 from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, TrafficStats
@@ -47,6 +48,10 @@ class LocalDataplane:
             result = await self.reconciler.apply(config)
         except ReconcileError as exc:
             return ApplyOutcome(applied=False, error=str(exc))
+        if self.server.offload is not None and not result.ignored:
+            self.server.offload.configure(
+                config.admin.offload_engine, config.admin.offload_interfaces
+            )
         names = (*result.plan.restart_listeners, *result.plan.add_listeners)
         return ApplyOutcome(
             applied=result.applied,
@@ -80,7 +85,13 @@ class LocalDataplane:
         )
 
     async def refresh(self) -> None:
-        return None
+        if self.server.offload is not None:
+            self.server.offload.poll()  # what the kernel relayed, into the traffic counters
+
+    def offload_status(self) -> dict[str, Any]:
+        if self.server.offload is None:
+            return {"engine": "None", "active": False, "reason": "not available in this process"}
+        return self.server.offload.status()
 
     def worker_status(self) -> None:
         return None
