@@ -171,3 +171,15 @@ def prime_neighbours(topo: Topology) -> None:
 
 def popen(topo: Topology, ns: str, argv: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
     return subprocess.Popen(topo.argv(ns, *argv), text=True, **kwargs)  # type: ignore[call-overload]
+
+
+_FETCH = (
+    "import sys, urllib.request\n"
+    "print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+)
+
+
+def http_get(topo: Topology, ns: str, url: str) -> str:
+    """GET a URL from inside a namespace (stunnerd's /status, /metrics); '' if it fails."""
+    done = topo.run(ns, sys.executable, "-c", _FETCH, url, timeout_s=15)
+    return done.stdout if done.returncode == 0 else ""
