@@ -269,3 +269,72 @@ def test_switching_the_engine_live_loses_no_packet(
         assert dep.cluster_packets() == {"rx": 301, "tx": 301}  # 300 + the binding probe
     finally:
         dep.proc.stop()
+
+
+SERVER = str(Path(__file__).parents[2] / "support" / "offload_server.py")
+
+
+class InProcess:
+    """stunnerd's server in the server namespace, with the engine's clock in the test's hand."""
+
+    def __init__(self, topo: Topology, path: Path) -> None:
+        self.proc = subprocess.Popen(
+            topo.python(topo.server, SERVER, str(path)),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if line != "ready":
+            self.proc.kill()
+            pytest.fail(f"server did not start: {self.proc.communicate()[1][-2000:]}")
+
+    def __call__(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        answer: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        return answer
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("advance_s", "what"),
+    [(301, "the permission expired"), (3601, "the allocation expired")],
+)
+def test_an_expiry_removes_the_kernel_entries_at_once(
+    topo: Topology, tmp_path: Path, peer: None, advance_s: int, what: str
+) -> None:
+    path = tmp_path / "stunnerd.json"
+    path.write_text(json.dumps(config("TC")))
+    server = InProcess(topo, path)
+    proc = probe(topo, count=150, interval_ms=20)
+    try:
+        before = server("status")
+        assert before["offload"]["channels"] == 1
+        assert before["entries"] == [1, 1]
+        after = server(f"advance {advance_s}")
+        assert after["offload"]["channels"] == 0, what
+        assert after["entries"] == [0, 0], what
+        relayed = after["offload"]["packets"]
+        result = probe_result(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.close()
+    assert result["received"] < result["sent"]  # the engine refuses the rest, so does the kernel
+    assert relayed > 0

@@ -34,14 +34,8 @@ def _status(port: int) -> dict[str, Any]:
     return data
 
 
-def test_an_offload_that_cannot_load_is_reported_and_the_relay_keeps_working(
-    tmp_path: Path, udp_echo_peer: int
-) -> None:
-    uclient = which("turnutils_uclient")
-    if uclient is None:
-        pytest.skip("turnutils_uclient (coturn) is not installed")
-    port, health = free_udp_tcp_port(), free_port()
-    cfg = {
+def _config(port: int, health: int) -> dict[str, Any]:
+    return {
         "version": "v1",
         "admin": {
             "name": "test/fallback",
@@ -64,23 +58,44 @@ def test_an_offload_that_cannot_load_is_reported_and_the_relay_keeps_working(
         ],
         "clusters": [{"name": "test/loopback", "type": "STATIC", "endpoints": ["127.0.0.0/8"]}],
     }
+
+
+def _start(tmp_path: Path, *args: str) -> tuple[ServerProcess, int, int]:
+    """stunnerd, offload_engine TC, an offload object that does not exist: (proc, port, health)."""
+    port, health = free_udp_tcp_port(), free_port()
     path = tmp_path / "stunnerd.json"
-    path.write_text(json.dumps(cfg))
-    missing = tmp_path / "no-such.bpf.o"
-    env = {**os.environ, "STUNNERD_OFFLOAD_OBJECT": str(missing)}
+    path.write_text(json.dumps(_config(port, health)))
+    env = {**os.environ, "STUNNERD_OFFLOAD_OBJECT": str(tmp_path / "no-such.bpf.o")}
     proc = ServerProcess(
-        [STUNNERD, "-c", str(path), "--bind", "127.0.0.1"],
+        [STUNNERD, "-c", str(path), "--bind", "127.0.0.1", *args],
         env=env,
         log_path=tmp_path / "stunnerd.log",
     )
+    return proc, port, health
+
+
+def _wait_status(proc: ServerProcess, health: int) -> dict[str, Any]:
+    deadline = time.monotonic() + 20
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline and not status.get("listeners"):
+        if not proc.alive():
+            pytest.fail(f"stunnerd exited: {proc.output()[-2000:]}")
+        try:
+            status = _status(health)
+        except OSError:
+            time.sleep(0.1)
+    return status
+
+
+def test_an_offload_that_cannot_load_is_reported_and_the_relay_keeps_working(
+    tmp_path: Path, udp_echo_peer: int
+) -> None:
+    uclient = which("turnutils_uclient")
+    if uclient is None:
+        pytest.skip("turnutils_uclient (coturn) is not installed")
+    proc, port, health = _start(tmp_path)
     try:
-        deadline = time.monotonic() + 15
-        status: dict[str, Any] = {}
-        while time.monotonic() < deadline and not status.get("listeners"):
-            try:
-                status = _status(health)
-            except OSError:
-                time.sleep(0.1)
+        status = _wait_status(proc, health)
         assert status.get("offload", {}).get("active") is False, status
         assert status["offload"]["engine"] == "TC"
         assert "no-such.bpf.o is missing" in status["offload"]["reason"]
@@ -97,3 +112,16 @@ def test_an_offload_that_cannot_load_is_reported_and_the_relay_keeps_working(
     warnings = [line for line in proc.output().splitlines() if "offload" in line.lower()]
     assert len([w for w in warnings if "WARNING" in w]) == 1, warnings
     assert "no-such.bpf.o is missing" in warnings[0]
+
+
+def test_with_worker_processes_the_offload_stays_off_and_says_why(tmp_path: Path) -> None:
+    proc, _port, health = _start(tmp_path, "--udp-thread-num", "2")
+    try:
+        status = _wait_status(proc, health)
+    finally:
+        proc.stop()
+    assert status["offload"] == {
+        "engine": "TC",
+        "active": False,
+        "reason": "the kernel offload runs only with --udp-thread-num 1",
+    }

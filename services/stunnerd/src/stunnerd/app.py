@@ -117,6 +117,14 @@ class ManagedDataplane:
         offload_status = getattr(self.dataplane, "offload_status", None)
         if offload_status is not None:
             out["offload"] = offload_status()
+        else:
+            running = self.reconciler.running
+            engine = running.admin.offload_engine if running is not None else "None"
+            out["offload"] = {
+                "engine": engine,
+                "active": False,
+                "reason": "the kernel offload runs only with --udp-thread-num 1",
+            }
         return out
 
     async def apply(self, config: StunnerConfig, revision: int | None = None) -> ApplyOutcome:
