@@ -292,6 +292,33 @@ spec:
     assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 3600
 
 
+def test_an_offload_engine_gets_the_capabilities_to_load_bpf(
+    render: Render,
+) -> None:
+    h = HIERARCHY.replace(
+        'spec: {image: "stunnerd:test"}',
+        "spec: {image: 'stunnerd:test', offloadEngine: TC, offloadInterfaces: [eth0],"
+        " containerSecurityContext: {runAsUser: 0, capabilities: {add: [NET_ADMIN], drop: [ALL]}}}",
+    )
+    r = render(h, gateway())
+    (container,) = deployment(r)["spec"]["template"]["spec"]["containers"]
+    assert container["securityContext"] == {
+        "runAsUser": 0,
+        "capabilities": {"add": ["BPF", "NET_ADMIN"], "drop": ["ALL"]},
+    }
+    gw = r.gateway("stunner", "gw")
+    assert gw is not None
+    assert gw.config.admin.offload_engine == "TC"
+    assert gw.config.admin.offload_interfaces == ("eth0",)
+
+
+def test_without_an_offload_engine_the_pod_gets_no_extra_capability(render: Render) -> None:
+    (container,) = deployment(render(HIERARCHY, gateway()))["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert "securityContext" not in container
+
+
 def test_cds_address_option_reaches_the_dataplane_pods(render: Render) -> None:
     r = render(HIERARCHY, gateway(), options=RenderOptions(cds_address="10.0.0.9"))
     (container,) = deployment(r)["spec"]["template"]["spec"]["containers"]

@@ -259,6 +259,18 @@ def default_pull_policy(image: str) -> str:
     return "Always" if tag == "latest" else "IfNotPresent"
 
 
+OFFLOAD_CAPABILITIES = ("BPF", "NET_ADMIN")
+
+
+def _with_capabilities(context: dict[str, Any] | None, caps: tuple[str, ...]) -> dict[str, Any]:
+    """A copy of a container securityContext that also adds `caps` (kept sorted, no repeats)."""
+    out = dict(context or {})
+    capabilities = dict(out.get("capabilities") or {})
+    capabilities["add"] = sorted({*capabilities.get("add", ()), *caps})
+    out["capabilities"] = capabilities
+    return out
+
+
 def render_deployment(
     gw: Gateway, dataplane: Dataplane, annotations: dict[str, str], options: RenderOptions
 ) -> dict[str, Any]:
@@ -290,6 +302,9 @@ def render_deployment(
         {"name": "STUNNER_CONFIG_ORIGIN", "value": cds_server_uri(options.cds_address)},
         *(dict(e) for e in dp.env),
     ]
+    # With an offload engine stunnerd loads BPF and attaches it to the pod's interfaces; only
+    # then does the pod get those capabilities.
+    offload = (dp.offload_engine or "None") != "None"
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image,
@@ -314,6 +329,10 @@ def render_deployment(
             }
     if dp.container_security_context is not None:
         container["securityContext"] = dp.container_security_context
+    if offload:
+        container["securityContext"] = _with_capabilities(
+            container.get("securityContext"), OFFLOAD_CAPABILITIES
+        )
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "terminationGracePeriodSeconds": dp.termination_grace_period_seconds
