@@ -1,0 +1,65 @@
+"""OffloadManager without a kernel: what it reports and keeps when the datapath cannot start."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from stunnerd.offload.datapath import Datapath
+from stunnerd.offload.manager import OffloadManager
+
+
+def broken(tmp_path: Path) -> OffloadManager:
+    return OffloadManager(lambda: Datapath(str(tmp_path / "gone.bpf.o")))
+
+
+def test_the_default_engine_is_none_and_says_so(tmp_path: Path) -> None:
+    assert broken(tmp_path).status() == {
+        "engine": "None",
+        "active": False,
+        "reason": "offload_engine is None",
+    }
+
+
+def test_a_datapath_that_cannot_start_gives_one_warning_and_the_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager = broken(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        manager.configure("TC", ["eth0"])
+        manager.configure("TC", ["eth0"])  # the same config again: no second attempt
+    status = manager.status()
+    assert status["engine"] == "TC"
+    assert status["active"] is False
+    assert "gone.bpf.o is missing" in status["reason"]
+    assert len([r for r in caplog.records if "offload" in r.getMessage()]) == 1
+
+
+def test_channels_are_kept_while_inactive_and_forgotten_when_removed(tmp_path: Path) -> None:
+    manager = broken(tmp_path)
+    manager.configure("TC")
+    counts = [0, 0, 0, 0]
+    manager.channel_added(
+        "l",
+        ("10.0.0.1", 4000),
+        0x4000,
+        ("10.0.1.1", 5000),
+        listener_addr=("0.0.0.0", 3478),
+        relay_addr=("0.0.0.0", 50000),
+        listener_traffic=counts,
+        cluster_traffic=counts,
+    )
+    assert list(manager.channels) == [("l", ("10.0.0.1", 4000), 0x4000)]
+    manager.channel_removed("l", ("10.0.0.1", 4000), 0x4000)
+    assert manager.channels == {}
+    manager.poll()  # nothing to read, nothing counted
+    assert counts == [0, 0, 0, 0]
+
+
+def test_switching_back_to_none_clears_the_reason(tmp_path: Path) -> None:
+    manager = broken(tmp_path)
+    manager.configure("XDP")
+    manager.configure("None")
+    assert manager.status()["reason"] == "offload_engine is None"
