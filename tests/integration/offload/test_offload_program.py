@@ -381,3 +381,17 @@ def test_channel_data_is_relayed_both_ways_by_native_xdp(topo: Topology, driver:
     counters: Any = driver.channel("counters")
     assert counters["to_peer"][0] == 20
     assert counters["to_client"][0] == 20
+
+
+def test_xdp_cannot_fix_the_partial_checksums_of_a_local_sender_behind_a_veth(
+    topo: Topology, driver: Driver
+) -> None:
+    """Why `Auto` keeps veths on TC: XDP sees only the CHECKSUM_PARTIAL seed of a local sender,
+    updates it incrementally, and the receiver drops the result (TC gets it right, above)."""
+    netns.set_gro(topo, topo.peer, "eth0", on=True)
+    netns.prime_neighbours(topo)
+    driver("attach", engine="XDP", interfaces=[topo.server_client_if, topo.server_peer_if])
+    driver.channel("put")
+    with pytest.raises(AssertionError):
+        exchange(topo, count=1)
+    assert driver.channel("counters")["to_peer"] == [1, 160]
