@@ -112,7 +112,8 @@ class OffloadManager:
     def _stop(self) -> None:
         if self.datapath is None:
             return
-        self.poll()
+        self.datapath.detach()  # the kernel stops relaying; the maps live on until close()
+        self.poll()  # so this reads the final counts
         for chan in self.channels.values():
             chan.entries = None
         datapath, self.datapath = self.datapath, None
