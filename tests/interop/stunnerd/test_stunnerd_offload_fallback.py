@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.stunnerd.harness import PASSWORD, REALM, USER
 
 from support.ports import free_port, free_udp_tcp_port
 from support.processes import ServerProcess, which
+from support.stunnerd_process import PASSWORD, REALM, USER
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
 
