@@ -308,6 +308,7 @@ def test_an_offload_engine_gets_the_capabilities_to_load_bpf(
     }
     gw = r.gateway("stunner", "gw")
     assert gw is not None
+    assert gw.config is not None
     assert gw.config.admin.offload_engine == "TC"
     assert gw.config.admin.offload_interfaces == ("eth0",)
 
