@@ -76,7 +76,9 @@ class Topology:
         return ["ip", "netns", "exec", ns, *cmd]
 
     def python(self, ns: str, *args: str) -> list[str]:
-        return self.argv(ns, sys.executable, *args)
+        # -P: a script in tests/support must not shadow the standard library with its
+        # neighbours (support/operator.py would hide `operator`)
+        return self.argv(ns, sys.executable, "-P", *args)
 
     def run(self, ns: str, *cmd: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
