@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +14,7 @@ from aioice import stun
 from stunnerd.turn import effects as fx
 from stunnerd.turn.allocation import CHANNEL_LIFETIME_S, DEFAULT_LIFETIME_S, PERMISSION_LIFETIME_S
 from stunnerd.turn.engine import Policies, TurnEngine
+from stunnerd.turn.guard import RequestLimits
 from stunnerd.turn.policies import (
     AllowAllPeers,
     EphemeralAuthenticator,
@@ -718,13 +721,20 @@ def test_garbage_is_dropped_silently(data: bytes) -> None:
     assert engine.handle_client(data, ("1.2.3.4", 5), T0) == []
 
 
-def test_request_with_truncated_attribute_gets_400() -> None:
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [
+        (b"\x00\x01", 400),  # Binding: its attributes are scanned
+        (b"\x00\x03", 401),  # Allocate without MESSAGE-INTEGRITY: challenged, never scanned
+    ],
+)
+def test_request_with_truncated_attribute(method: bytes, expected: int) -> None:
     engine = make_engine()
-    raw = b"\x00\x03\x00\x08\x21\x12\xa4\x42" + b"t" * 12 + b"\x00\x19\x00\x08\x11\x00\x00\x00"
+    raw = method + b"\x00\x08\x21\x12\xa4\x42" + b"t" * 12 + b"\x00\x19\x00\x08\x11\x00\x00\x00"
     reply = stun.parse_message(
         sent(engine.handle_client(raw, ("1.2.3.4", 5), T0), ("1.2.3.4", 5))[0]
     )
-    assert code(reply) == 400
+    assert code(reply) == expected
 
 
 def test_request_with_unknown_method_gets_400() -> None:
@@ -800,3 +810,110 @@ def test_deadlines_of_deleted_allocations_do_not_pile_up_under_churn() -> None:
     assert len(engine._deadlines) <= 1100
     assert engine.next_deadline() is not None
     assert fx.AllocationDeleted(first.addr, "user1", "expired") in engine.tick(T0 + 601)
+
+
+# --------------------------------------------------------------------------- hostile input
+
+
+def stuffed_allocate(count: int) -> bytes:
+    """An unauthenticated Allocate carrying `count` XOR-PEER-ADDRESS attributes."""
+    attrs = b"".join(
+        b"\x00\x12\x00\x08" + struct.pack("!BBHI", 0, 1, 1 + i, 0x5E12A443) for i in range(count)
+    )
+    return struct.pack("!HHI", 0x0003, len(attrs), 0x2112A442) + b"t" * 12 + attrs
+
+
+def test_a_datagram_over_the_size_limit_is_dropped_unread() -> None:
+    engine = make_engine(limits=RequestLimits(max_message_bytes=1500))
+    assert engine.handle_client(stuffed_allocate(5000), ("1.2.3.4", 5), T0) == []
+    assert engine.stats_dropped == 1
+
+
+def test_an_unsigned_request_is_challenged_whatever_it_carries() -> None:
+    engine = make_engine()
+    (answer,) = sent(
+        engine.handle_client(stuffed_allocate(120), ("1.2.3.4", 5), T0), ("1.2.3.4", 5)
+    )
+    assert code(stun.parse_message(answer)) == 401
+
+
+def test_a_signed_request_over_the_attribute_limit_gets_a_short_400() -> None:
+    engine = make_engine(limits=RequestLimits(max_attributes=10))
+    client = Client(engine)
+    client.allocate()
+    peers = {"XOR-PEER-ADDRESS": ("10.0.0.5", 7000)}
+    raw = bytearray(client.build(stun.Method.CREATE_PERMISSION, peers))
+    # eleven more attributes in front of MESSAGE-INTEGRITY: rebuild with a padded body
+    extra = b"\x80\x22\x00\x04abcd" * 11
+    body = bytes(raw[20:])
+    forged = struct.pack("!HH", 0x0008, len(body) + len(extra)) + bytes(raw[4:20]) + extra + body
+    reply = client.exchange(forged, T0)
+    assert reply is not None
+    assert code(reply) == 400
+    assert "more than 10 attributes" in reply.attributes["ERROR-CODE"][1]
+    assert len(bytes(reply)) < len(forged)
+
+
+def test_challenges_per_source_ip_are_rate_limited_with_bounded_state() -> None:
+    engine = make_engine(limits=RequestLimits(challenge_rate_per_s=1, challenge_burst=5))
+    bare = b"\x00\x03\x00\x00\x21\x12\xa4\x42" + b"t" * 12
+    answers = [
+        sent(engine.handle_client(bare, ("1.2.3.4", p), T0), ("1.2.3.4", p)) for p in range(8)
+    ]
+    assert [len(a) for a in answers] == [1] * 5 + [0] * 3
+    assert engine.stats_challenges_suppressed == 3
+    assert sent(engine.handle_client(bare, ("1.2.3.5", 1), T0), ("1.2.3.5", 1))  # another source
+    assert sent(engine.handle_client(bare, ("1.2.3.4", 9), T0 + 1.0), ("1.2.3.4", 9))  # refilled
+    # a legitimate client that got its challenge still allocates: only challenges are limited
+    client = Client(engine, addr=("1.2.3.6", 1))
+    assert client.allocate(T0 + 1.0).message_class == stun.Class.RESPONSE
+
+
+def test_a_401_to_a_bare_request_is_no_larger_than_coturns() -> None:
+    """coturn 4.6 answers the same 20 bytes with 112 (bench hostile compares them live)."""
+    engine = make_engine()
+    bare = b"\x00\x03\x00\x00\x21\x12\xa4\x42" + b"t" * 12
+    (answer,) = sent(engine.handle_client(bare, ("1.2.3.4", 5), T0), ("1.2.3.4", 5))
+    assert len(answer) <= 112
+
+
+def test_send_indications_from_a_client_without_allocation_are_dropped_undecoded() -> None:
+    engine = make_engine()
+    send = stun.Message(
+        stun.Method.SEND, stun.Class.INDICATION, attributes={"XOR-PEER-ADDRESS": PEER, "DATA": b"x"}
+    )
+    assert engine.handle_client(bytes(send), ("1.2.3.4", 5), T0) == []
+    assert engine.stats_dropped == 1
+
+
+def test_unknown_attributes_in_a_signed_request_get_420_after_authentication() -> None:
+    engine = make_engine()
+    client = Client(engine)
+    client.allocate()
+    raw = client.build(stun.Method.REFRESH, {"LIFETIME": 600})
+    body = raw[20:]
+    extra = b"\x7f\xfe\x00\x00"
+    forged = struct.pack("!HH", 0x0004, len(body) + len(extra)) + raw[4:20] + extra + body
+    reply = client.exchange(forged, T0)
+    assert reply is not None
+    assert code(reply) == 401  # the integrity no longer matches: authentication comes first
+    signed = stun.Message(stun.Method.REFRESH, stun.Class.REQUEST)
+    signed.attributes.update({"USERNAME": "user1", "REALM": REALM, "NONCE": client.nonce})
+    unsigned = bytes(signed)
+    with_unknown = unsigned[:2] + struct.pack("!H", len(unsigned) - 20 + 4) + unsigned[4:] + extra
+    digest = hmac.new(
+        client.key,
+        with_unknown[:2] + struct.pack("!H", len(with_unknown) - 20 + 24) + with_unknown[4:],
+        hashlib.sha1,
+    ).digest()
+    final = (
+        with_unknown[:2]
+        + struct.pack("!H", len(with_unknown) - 20 + 24)
+        + with_unknown[4:]
+        + b"\x00\x08\x00\x14"
+        + digest
+    )
+    reply = client.exchange(final, T0)
+    assert reply is not None
+    assert code(reply) == 420
+    assert reply.attributes["UNKNOWN-ATTRIBUTES"] == (0x7FFE,)

@@ -74,6 +74,8 @@ def test_nonces_expire_and_cannot_be_forged_or_come_from_the_future() -> None:
     assert not mint.valid(nonce, 50.0)
     assert not NonceMint(b"t" * 32).valid(nonce, 100.0)
     assert not mint.valid(b"x" * 40, 100.0)
+    assert not mint.valid(b"x" * 24, 100.0)
+    assert len(nonce) == 24
     assert not mint.valid(b"", 100.0)
 
 

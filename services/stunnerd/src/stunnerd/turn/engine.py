@@ -34,12 +34,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stunnerd.turn import codec
+from stunnerd.turn import codec, precheck
 from stunnerd.turn.allocation import (
     Allocation,
     family_of,
 )
-from stunnerd.turn.auth import AuthenticatedRequest, Gatekeeper
+from stunnerd.turn.auth import AuthenticatedRequest, Gatekeeper, Refusal
 from stunnerd.turn.codec import Class, Method
 from stunnerd.turn.effects import (
     Address,
@@ -51,6 +51,7 @@ from stunnerd.turn.effects import (
     SendToClient,
     SendToPeer,
 )
+from stunnerd.turn.guard import ChallengeBudget, RequestLimits
 from stunnerd.turn.methods import Pending, TurnMethods
 from stunnerd.turn.policies import (
     AllowAllPeers,
@@ -93,6 +94,7 @@ class TurnEngine(TurnMethods):
         clock_offset_s: float = 0.0,
         software: str | None = SOFTWARE,
         nonce_lifetime_s: float | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         ipaddress.ip_address(relay_ip)  # fail early on a bad advertised address
         self.relay_ip = relay_ip
@@ -107,7 +109,9 @@ class TurnEngine(TurnMethods):
             if nonce_lifetime_s is None
             else NonceMint(nonce_secret, nonce_lifetime_s)
         )
-        self._gatekeeper = Gatekeeper(nonces)
+        self.limits = limits or RequestLimits()
+        budget = ChallengeBudget(self.limits.challenge_rate_per_s, self.limits.challenge_burst)
+        self._gatekeeper = Gatekeeper(nonces, budget, self.limits.max_attributes)
         self.allocations: dict[Address, Allocation] = {}
         self._pending: dict[Address, Pending] = {}
         self._cache = RetransmitCache()
@@ -115,6 +119,7 @@ class TurnEngine(TurnMethods):
         self._reservations = Reservations(nonce_secret)
         self._indications = 0  # transaction ids of Data indications
         self.stats_dropped = 0
+        self.stats_challenges_suppressed = 0  # 401/438 not sent: the source was over budget
 
     # ------------------------------------------------------------------ public API
 
@@ -139,7 +144,13 @@ class TurnEngine(TurnMethods):
         return self._deadlines.next()
 
     def handle_client(self, data: bytes, client: Address, now: float) -> list[Effect]:
-        """One datagram (UDP, DTLS) or one de-framed message (TCP, TLS) from a client."""
+        """One datagram (UDP, DTLS) or one de-framed message (TCP, TLS) from a client.
+
+        What a request costs before its credentials are proven is bounded: the header is checked
+        in constant time, a request without MESSAGE-INTEGRITY is challenged without reading its
+        attributes, and the full decode (aioice) runs only on authenticated requests, on Binding
+        requests and on Send indications of clients that hold an allocation.
+        """
         out: list[Effect] = []
         if not data:
             return out
@@ -147,81 +158,131 @@ class TurnEngine(TurnMethods):
         if 0x40 <= first <= 0x7F:
             self._channel_data(data, client, out)
             return out
-        if first == 0 and data[1:2] == b"\x16":  # Send indication: the relay path, parse by hand
-            fast = codec.parse_send_indication(data)
-            if fast is not None:
-                self._relay_to_peer(client, fast[0], fast[1], now, out)
-                return out
         try:
-            decoded = codec.decode(data)
-        except codec.StunBadRequestError as exc:
-            self._send(
-                out,
-                client,
-                codec.error_response(
-                    exc.method, exc.transaction_id, 400, str(exc), software=self.software
-                ),
-            )
-            return out
+            head = precheck.header(data, self.limits.max_message_bytes)
         except codec.StunDecodeError:
             self.stats_dropped += 1
             return out
-        msg = decoded.message
-        klass = msg.message_class
+        klass = head.msg_type & 0x0110
         if klass == Class.INDICATION:
-            if msg.message_method == Method.SEND and not decoded.unknown_required:
-                self._send_indication(msg, client, now, out)
+            if head.method == Method.SEND and client in self.allocations:
+                self._indication(data, client, now, out)
+            else:
+                self.stats_dropped += 1
             return out
         if klass != Class.REQUEST:
             return out  # responses are not for a server
-        cached = self._cache.get(client, msg.transaction_id, now)
+        cached = self._cache.get(client, head.transaction_id, now)
         if cached is not None:
             out.append(SendToClient(client, cached))
             return out
+        method = head.method
+        try:
+            if method == Method.BINDING:
+                self._binding(data, head, client, out)
+            elif method not in _AUTHENTICATED_METHODS:
+                self._refuse(out, client, head, 400, "Bad Request")
+            else:
+                self._authenticated(data, head, client, now, out)
+        except codec.StunBadRequestError as exc:
+            self._refuse(out, client, head, 400, str(exc))
+        except codec.StunDecodeError:
+            self.stats_dropped += 1
+        return out
+
+    def _binding(
+        self, data: bytes, head: precheck.Header, client: Address, out: list[Effect]
+    ) -> None:
+        """RFC 8489 §6.3.1: the one request anyone may make; its attributes are only scanned."""
+        found = precheck.scan(data, head, self.limits.max_attributes)
+        if found.unknown_required:
+            self._unknown_attributes(out, client, head, found.unknown_required)
+            return
+        self._send(
+            out,
+            client,
+            codec.encode(
+                Method.BINDING,
+                Class.RESPONSE,
+                head.transaction_id,
+                {"XOR-MAPPED-ADDRESS": client},
+                software=self.software,
+            ),
+        )
+
+    def _authenticated(
+        self, data: bytes, head: precheck.Header, client: Address, now: float, out: list[Effect]
+    ) -> None:
+        """Authenticate on the raw bytes (RFC 8489 §9.2.4), then decode and dispatch."""
+        auth = self.policies.authenticator
+        checked = self._gatekeeper.check(data, head, now, now + self.clock_offset_s, auth)
+        if isinstance(checked, Refusal):
+            if checked.challenge:
+                answer = self._gatekeeper.challenge(head, checked, client, now, auth, self.software)
+                if answer is None:
+                    self.stats_challenges_suppressed += 1
+                else:
+                    self._send(out, client, answer)
+            else:
+                self._refuse(out, client, head, checked.code, checked.reason)
+            return
+        decoded = codec.decode(data)
         if decoded.unknown_required:
-            self._answer(
-                out,
-                client,
-                msg,
-                codec.error_response(
-                    msg.message_method,
-                    msg.transaction_id,
-                    420,
-                    "Unknown Attribute",
-                    extra={"UNKNOWN-ATTRIBUTES": decoded.unknown_required},
-                    software=self.software,
-                ),
-                now,
-            )
-            return out
-        method = msg.message_method
-        if method == Method.BINDING:
-            self._send(
-                out,
-                client,
-                codec.encode(
-                    Method.BINDING,
-                    Class.RESPONSE,
-                    msg.transaction_id,
-                    {"XOR-MAPPED-ADDRESS": client},
-                    software=self.software,
-                ),
-            )
-            return out
-        if method not in _AUTHENTICATED_METHODS:
-            self._reply_error(out, client, msg, 400, "Bad Request", now)
-            return out
-        request = self._authenticate(decoded, client, now, out)
-        if request is None:
-            return out
+            # RFC 8489 §6.3.1: unknown comprehension-required attributes, after authentication
+            self._unknown_attributes(out, client, head, decoded.unknown_required)
+            return
+        request = AuthenticatedRequest(
+            decoded.message, client, checked.user_id, checked.key, decoded.peers
+        )
         handler: Callable[[AuthenticatedRequest, float, list[Effect]], None] = {
             Method.ALLOCATE: self._allocate,
             Method.REFRESH: self._refresh,
             Method.CREATE_PERMISSION: self._create_permission,
             Method.CHANNEL_BIND: self._channel_bind,
-        }[method]
+        }[Method(head.method)]
         handler(request, now, out)
-        return out
+
+    def _indication(self, data: bytes, client: Address, now: float, out: list[Effect]) -> None:
+        """A Send indication from a client with an allocation (RFC 8656 §10.2)."""
+        fast = codec.parse_send_indication(data)
+        if fast is not None:
+            self._relay_to_peer(client, fast[0], fast[1], now, out)
+            return
+        try:
+            decoded = codec.decode(data)
+        except ValueError:  # StunDecodeError and StunBadRequestError: indications get no answer
+            self.stats_dropped += 1
+            return
+        if not decoded.unknown_required:
+            self._send_indication(decoded.message, client, now, out)
+
+    def _refuse(
+        self, out: list[Effect], client: Address, head: precheck.Header, code: int, reason: str
+    ) -> None:
+        """A short error answer to a request refused before authentication; not cached."""
+        self._send(
+            out,
+            client,
+            codec.error_response(
+                head.method, head.transaction_id, code, reason, software=self.software
+            ),
+        )
+
+    def _unknown_attributes(
+        self, out: list[Effect], client: Address, head: precheck.Header, types: tuple[int, ...]
+    ) -> None:
+        self._send(
+            out,
+            client,
+            codec.error_response(
+                head.method,
+                head.transaction_id,
+                420,
+                "Unknown Attribute",
+                extra={"UNKNOWN-ATTRIBUTES": types},
+                software=self.software,
+            ),
+        )
 
     def handle_peer(self, client: Address, peer: Address, data: bytes, now: float) -> list[Effect]:
         """A datagram from `peer` arrived on `client`'s relay (the edge's slow path)."""
@@ -355,25 +416,6 @@ class TurnEngine(TurnMethods):
         self._pending.clear()
         self._deadlines.clear()
         return out
-
-    # ------------------------------------------------------------------ authentication
-
-    def _authenticate(
-        self, decoded: codec.Decoded, client: Address, now: float, out: list[Effect]
-    ) -> AuthenticatedRequest | None:
-        """RFC 8489 §9.2.4 long-term credentials; returns None after answering a failure."""
-        auth = self.policies.authenticator
-        result = self._gatekeeper.check(decoded, client, now, now + self.clock_offset_s, auth)
-        if isinstance(result, AuthenticatedRequest):
-            return result
-        msg = decoded.message
-        if result.challenge:
-            # Challenges are not cached: a retransmission gets a fresh nonce, which is harmless.
-            answer = self._gatekeeper.challenge(msg, result, now, auth, self.software)
-            self._send(out, client, answer)
-        else:
-            self._reply_error(out, client, msg, result.code, result.reason, now)
-        return None
 
     def _send_indication(
         self, msg: codec.Message, client: Address, now: float, out: list[Effect]

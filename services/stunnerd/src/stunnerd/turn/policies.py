@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -174,11 +173,16 @@ class UserUsage:
             self.counts.pop(user_id, None)
 
 
-_NONCE_TS = struct.Struct("!Q")
+NONCE_LENGTH = 24
+"""Characters in a nonce: kept short because every 401 carries one (no answer to a request
+without credentials may be larger than coturn's)."""
 
 
 class NonceMint:
-    """Nonces = hex(issue time) + truncated HMAC; valid for `lifetime_s`, never from the future."""
+    """Nonces = base64url(issue time in ms, 6 bytes + HMAC-SHA256 truncated to 12 bytes).
+
+    Valid for `lifetime_s`, never from the future; 24 characters.
+    """
 
     __slots__ = ("_secret", "_verified", "lifetime_s")
 
@@ -189,25 +193,25 @@ class NonceMint:
         self.lifetime_s = lifetime_s
         self._verified: dict[bytes, float] = {}  # nonce -> issue time, once its MAC checked out
 
-    def _mac(self, stamp: bytes) -> str:
-        return hmac.new(self._secret, stamp, hashlib.sha256).hexdigest()[:24]
+    def _mac(self, stamp: bytes) -> bytes:
+        return hmac.new(self._secret, stamp, hashlib.sha256).digest()[:12]
 
     def issue(self, now: float) -> bytes:
-        stamp = _NONCE_TS.pack(int(now * 1000))
-        return (stamp.hex() + self._mac(stamp)).encode()
+        stamp = max(0, int(now * 1000)).to_bytes(6, "big")
+        return base64.urlsafe_b64encode(stamp + self._mac(stamp))
 
     def valid(self, nonce: bytes, now: float) -> bool:
         issued = self._verified.get(nonce)
         if issued is None:
-            if len(nonce) != 40:
+            if len(nonce) != NONCE_LENGTH:
                 return False
             try:
-                stamp = bytes.fromhex(nonce[:16].decode("ascii"))
-            except (UnicodeDecodeError, ValueError):
+                raw = base64.urlsafe_b64decode(nonce)
+            except ValueError:
                 return False
-            if not hmac.compare_digest(self._mac(stamp).encode(), nonce[16:]):
+            if len(raw) != 18 or not hmac.compare_digest(self._mac(raw[:6]), raw[6:]):
                 return False
-            issued = int.from_bytes(stamp, "big") / 1000
+            issued = int.from_bytes(raw[:6], "big") / 1000
             if len(self._verified) >= _CACHE_MAX:
                 self._verified.clear()
             self._verified[nonce] = issued
