@@ -21,6 +21,7 @@ from stunner_common.config import (
     StunnerConfig,
     parse_endpoint,
 )
+from stunnerd.protected import Network, ProtectedRanges, dns_may_admit, inside
 from stunnerd.turn.engine import Policies
 from stunnerd.turn.policies import (
     Authenticator,
@@ -63,17 +64,32 @@ class ClusterMatcher:
     dns_names: tuple[str, ...] = ()
     dns: DnsCache | None = None
 
-    def contains(self, ip: str) -> bool:
-        if any(ep.contains(ip) for ep in self.endpoints):
+    def contains(self, ip: str, guard: Network | None = None) -> bool:
+        """Does the cluster hold `ip`? Inside a protected range (`guard`), only explicitly."""
+        if guard is None:
+            if any(ep.contains(ip) for ep in self.endpoints):
+                return True
+            dns = self.dns
+            return dns is not None and any(ip in dns.addresses.get(n, ()) for n in self.dns_names)
+        if any(ep.contains(ip) and inside(ep.network, guard) for ep in self.endpoints):
             return True
-        dns = self.dns
-        return dns is not None and any(ip in dns.addresses.get(n, ()) for n in self.dns_names)
+        return self._dns_admits_protected(ip)
 
-    def matches(self, ip: str, port: int) -> bool:
-        if any(ep.matches(ip, port) for ep in self.endpoints):
+    def matches(self, ip: str, port: int, guard: Network | None = None) -> bool:
+        if guard is None:
+            if any(ep.matches(ip, port) for ep in self.endpoints):
+                return True
+            dns = self.dns
+            return dns is not None and any(ip in dns.addresses.get(n, ()) for n in self.dns_names)
+        if any(ep.matches(ip, port) and inside(ep.network, guard) for ep in self.endpoints):
             return True
+        return self._dns_admits_protected(ip)
+
+    def _dns_admits_protected(self, ip: str) -> bool:
         dns = self.dns
-        return dns is not None and any(ip in dns.addresses.get(n, ()) for n in self.dns_names)
+        return dns is not None and any(
+            ip in dns.addresses.get(n, ()) and dns_may_admit(n, ip) for n in self.dns_names
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +102,8 @@ class RoutePeerPolicy:
 
     clusters: tuple[ClusterMatcher, ...]
     dns: DnsCache | None = None
+    protected: ProtectedRanges = field(default_factory=ProtectedRanges.build)
+    """Peers a route must name explicitly (`stunnerd.protected`)."""
     _memo: dict[tuple[str, int], bool] = field(default_factory=dict, compare=False, repr=False)
     _memo_version: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)
     _cluster_memo: dict[tuple[str, int], str | None] = field(
@@ -103,7 +121,8 @@ class RoutePeerPolicy:
         key = (ip, -1)
         hit = self._memo.get(key)
         if hit is None:
-            hit = any(c.contains(ip) for c in self.clusters)
+            guard = self.protected.guard_of(ip)
+            hit = any(c.contains(ip, guard) for c in self.clusters)
             self._remember(key, hit)
         return hit
 
@@ -112,7 +131,8 @@ class RoutePeerPolicy:
         key = (ip, port)
         hit = self._memo.get(key)
         if hit is None:
-            hit = any(c.protocol == "UDP" and c.matches(ip, port) for c in self.clusters)
+            guard = self.protected.guard_of(ip)
+            hit = any(c.protocol == "UDP" and c.matches(ip, port, guard) for c in self.clusters)
             self._remember(key, hit)
         return hit
 
@@ -127,8 +147,10 @@ class RoutePeerPolicy:
         memo = self._cluster_memo
         if key in memo:
             return memo[key]
+        guard = self.protected.guard_of(ip)
         name = next(
-            (c.name for c in self.clusters if c.protocol == "UDP" and c.matches(ip, port)), None
+            (c.name for c in self.clusters if c.protocol == "UDP" and c.matches(ip, port, guard)),
+            None,
         )
         if len(memo) >= _CACHE_MAX:
             memo.clear()
@@ -163,21 +185,28 @@ def cluster_matcher(cluster: ClusterConfig, dns: DnsCache | None) -> ClusterMatc
 
 
 def peer_policy_for(
-    listener: ListenerConfig, config: StunnerConfig, dns: DnsCache | None = None
+    listener: ListenerConfig,
+    config: StunnerConfig,
+    dns: DnsCache | None = None,
+    protected: ProtectedRanges | None = None,
 ) -> RoutePeerPolicy:
     by_name: Mapping[str, ClusterConfig] = {c.name: c for c in config.clusters}
     matchers = tuple(
         cluster_matcher(by_name[route], dns) for route in listener.routes if route in by_name
     )
-    return RoutePeerPolicy(matchers, dns)
+    return RoutePeerPolicy(matchers, dns, protected or ProtectedRanges.build())
 
 
 def policies_for(
-    listener: ListenerConfig, config: StunnerConfig, dns: DnsCache | None = None
+    listener: ListenerConfig,
+    config: StunnerConfig,
+    dns: DnsCache | None = None,
+    protected: ProtectedRanges | None = None,
 ) -> Policies:
+    """`protected`: the ranges a route must name explicitly (default: the standard ones)."""
     return Policies(
         authenticator_for(config),
-        peer_policy_for(listener, config, dns),
+        peer_policy_for(listener, config, dns, protected),
         UserQuota(max(0, config.admin.user_quota)),
     )
 
