@@ -5,11 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aioice import stun
 from fixtures.stunnerd.inproc import make_config, running_server
 from OpenSSL import SSL
+
+from stunnerd.net.dtls import DtlsListener
+from stunnerd.net.guard import ClientLimits, ConnectionLimits
+from stunnerd.net.server import TurnServer
+from stunnerd.turn.guard import RequestLimits
+from stunnerd.workers.local import LocalDataplane
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -102,5 +109,78 @@ async def test_a_spoofed_hello_gets_only_a_small_cookie_and_leaves_no_state(
             assert answer[13] == 3
             assert len(answer) < 2 * len(hello)  # no certificate flight to a forged source
             assert listener.sessions == {}  # type: ignore[attr-defined]
+        finally:
+            client.sock.close()
+
+
+@contextlib.asynccontextmanager
+async def dtls_server(**connection: float) -> AsyncIterator[tuple[DtlsListener, int]]:
+    config = make_config(("TURN-DTLS",))
+    limits = ClientLimits(RequestLimits(), ConnectionLimits(**connection))  # type: ignore[arg-type]
+    dataplane = LocalDataplane(TurnServer(bind_host="127.0.0.1", limits=limits))
+    try:
+        await dataplane.reconciler.apply(config)
+        listener = dataplane.server.listeners["turn-dtls"]
+        assert isinstance(listener, DtlsListener)
+        yield listener, config.listeners[0].port
+    finally:
+        await dataplane.close()
+
+
+async def returned_cookie(client: DtlsClient, port: int) -> None:
+    """ClientHello, HelloVerifyRequest, ClientHello with the cookie; then stop."""
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(SSL.WantReadError):
+        client.conn.do_handshake()
+    await loop.sock_sendto(client.sock, client.conn.bio_read(65536), ("127.0.0.1", port))
+    client.conn.bio_write(await client.recv_datagram())
+    with contextlib.suppress(SSL.WantReadError):
+        client.conn.do_handshake()
+    await client.flush()
+
+
+async def eventually(check: Callable[[], bool], what: str) -> None:
+    async with asyncio.timeout(10):
+        while not check():  # noqa: ASYNC110 - the server's timers decide
+            await asyncio.sleep(0.01)
+
+
+async def test_dtls_sessions_over_the_per_source_cap_are_not_started(
+    no_leaked_tasks: None,
+) -> None:
+    async with dtls_server(max_per_source=2) as (listener, port):
+        clients = [DtlsClient(("127.0.0.1", port)) for _ in range(3)]
+        try:
+            for client in clients[:2]:
+                await client.handshake()
+            await returned_cookie(clients[2], port)
+            await eventually(lambda: listener.refused_connections == 1, "third refused")
+            assert len(listener.sessions) == 2
+            assert listener.sources.counts == {"127.0.0.1": 2}
+        finally:
+            for client in clients:
+                client.sock.close()
+
+
+async def test_a_dtls_handshake_that_stalls_is_dropped(no_leaked_tasks: None) -> None:
+    async with dtls_server(handshake_timeout_s=0.3) as (listener, port):
+        client = DtlsClient(("127.0.0.1", port))
+        try:
+            await returned_cookie(client, port)
+            await eventually(lambda: len(listener.sessions) == 1, "session started")
+            await eventually(lambda: not listener.sessions, "stalled session dropped")
+            assert listener.sources.counts == {}
+        finally:
+            client.sock.close()
+
+
+async def test_a_dtls_session_without_a_first_message_is_dropped(no_leaked_tasks: None) -> None:
+    async with dtls_server(first_message_timeout_s=0.3) as (listener, port):
+        client = DtlsClient(("127.0.0.1", port))
+        try:
+            await client.handshake()
+            await eventually(lambda: listener.connections == 1, "session established")
+            await eventually(lambda: not listener.sessions, "silent session dropped")
+            assert listener.connections == 0
         finally:
             client.sock.close()

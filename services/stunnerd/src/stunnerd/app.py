@@ -67,6 +67,7 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
             bind_host=settings.bind_host,
             log_spec=settings.log_spec,
             udp_gso=settings.udp_gso,
+            limits=settings.client_limits(),
             timeouts=WorkerTimeouts(
                 request_s=settings.worker_request_timeout_s,
                 stats_s=settings.worker_stats_timeout_s,
@@ -85,6 +86,7 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
             dns_refresh_s=settings.dns_refresh_s,
             dns_timeout_s=settings.dns_timeout_s,
             offload=OffloadManager(),
+            limits=settings.client_limits(),
         )
     )
 

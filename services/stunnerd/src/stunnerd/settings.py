@@ -18,7 +18,23 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from pydantic_settings.sources.utils import parse_env_vars
 
 from stunner_common.config import DEFAULT_HEALTHCHECK_ENDPOINT
+from stunnerd.net.guard import (
+    DEFAULT_FIRST_MESSAGE_TIMEOUT_S,
+    DEFAULT_HANDSHAKE_TIMEOUT_S,
+    DEFAULT_MAX_PER_SOURCE,
+    DEFAULT_PREAUTH_MIN_BYTES_PER_S,
+    DEFAULT_PREAUTH_WINDOW_S,
+    ClientLimits,
+    ConnectionLimits,
+)
 from stunnerd.origin.base import DEFAULT_ORIGIN, resolve_id
+from stunnerd.turn.guard import (
+    DEFAULT_CHALLENGE_BURST,
+    DEFAULT_CHALLENGE_RATE_PER_S,
+    DEFAULT_MAX_ATTRIBUTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    RequestLimits,
+)
 
 DEFAULT_GRACE_PERIOD_S = 3600.0
 DEFAULT_SIGINT_GRACE_PERIOD_S = 5.0
@@ -63,6 +79,40 @@ class StunnerdSettings(BaseSettings):
     worker_stats_timeout_s: float = Field(2.0, gt=0)
     worker_stop_timeout_s: float = Field(10.0, gt=0)
     worker_restart_delay_s: float = Field(0.5, ge=0)
+    # What a client without credentials may cost (stunnerd README, "Hostile input").
+    max_stun_message_bytes: int = Field(DEFAULT_MAX_MESSAGE_BYTES, ge=548, le=65555)
+    """A STUN message larger than this is dropped unread (ChannelData is not limited)."""
+    max_stun_attributes: int = Field(DEFAULT_MAX_ATTRIBUTES, ge=8)
+    """A request with more attributes gets a 400 without being decoded."""
+    challenge_rate_per_s: float = Field(DEFAULT_CHALLENGE_RATE_PER_S, ge=0)
+    """401/438 answers per source IP and second (0: unlimited); over it, requests are dropped."""
+    challenge_burst: int = Field(DEFAULT_CHALLENGE_BURST, ge=1)
+    max_connections_per_source: int = Field(DEFAULT_MAX_PER_SOURCE, ge=0)
+    """TCP/TLS connections and DTLS sessions per source IP and listener (0: unlimited)."""
+    handshake_timeout_s: float = Field(DEFAULT_HANDSHAKE_TIMEOUT_S, gt=0)
+    """A TLS or DTLS handshake must finish within this."""
+    first_message_timeout_s: float = Field(DEFAULT_FIRST_MESSAGE_TIMEOUT_S, gt=0)
+    """A new TCP/TLS/DTLS client must send a complete message within this."""
+    preauth_min_bytes_per_s: float = Field(DEFAULT_PREAUTH_MIN_BYTES_PER_S, ge=0)
+    """Until it holds an allocation, a connection sending less than this on average is closed."""
+    preauth_window_s: float = Field(DEFAULT_PREAUTH_WINDOW_S, gt=0)
+
+    def client_limits(self) -> ClientLimits:
+        return ClientLimits(
+            RequestLimits(
+                max_message_bytes=self.max_stun_message_bytes,
+                max_attributes=self.max_stun_attributes,
+                challenge_rate_per_s=self.challenge_rate_per_s,
+                challenge_burst=self.challenge_burst,
+            ),
+            ConnectionLimits(
+                max_per_source=self.max_connections_per_source,
+                handshake_timeout_s=self.handshake_timeout_s,
+                first_message_timeout_s=self.first_message_timeout_s,
+                preauth_min_bytes_per_s=self.preauth_min_bytes_per_s,
+                preauth_window_s=self.preauth_window_s,
+            ),
+        )
 
 
 class _MappingEnvSource(EnvSettingsSource):

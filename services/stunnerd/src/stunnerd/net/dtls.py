@@ -6,6 +6,11 @@ go to the same fast path / engine as TURN-UDP; anything the connection wants to 
 from the BIO and sent as a datagram. Handshake retransmissions follow OpenSSL's DTLS timer
 (`DTLSv1_get_timeout`). A close_notify, a fatal alert or a long idle period without an allocation
 ends the session, and with it the allocation (RFC 8656 §3.1).
+
+Sessions without an allocation are held to `stunnerd.net.guard.ConnectionLimits`: at most
+`max_per_source` per source IP (counted once the client returned the cookie, before any
+handshake work), a handshake within `handshake_timeout_s`, a first record within
+`first_message_timeout_s` after it, then a minimum average rate until the client allocates.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL
 
 from stunner_common.config import TlsPair
+from stunnerd.net.guard import SourceCounter
 from stunnerd.net.listener import Address, Listener, SendTo
 from stunnerd.net.udp import ClosingDatagramProtocol, open_listener_socket
 
@@ -66,10 +72,13 @@ class DtlsSession:
         "client",
         "conn",
         "established",
+        "guard_handle",
         "idle_handle",
         "last_seen",
         "listener",
+        "records",
         "timer",
+        "window_bytes",
     )
 
     def __init__(self, listener: DtlsListener, addr: Any, conn: SSL.Connection) -> None:
@@ -80,10 +89,14 @@ class DtlsSession:
         self.established = False
         self.timer: asyncio.TimerHandle | None = None
         self.idle_handle: asyncio.TimerHandle | None = None
+        self.guard_handle: asyncio.TimerHandle | None = None
         self.last_seen = listener.loop.time()
+        self.records = 0
+        self.window_bytes = 0
 
     def feed(self, data: bytes) -> None:
         self.last_seen = self.listener.loop.time()
+        self.window_bytes += len(data)
         conn = self.conn
         try:
             if data:
@@ -103,6 +116,7 @@ class DtlsSession:
                     record = conn.recv(65536)
                 except SSL.WantReadError:
                     break
+                self.records += 1
                 self.listener.client_record(record, self.client)
         except SSL.ZeroReturnError:
             self.listener.drop_session(self, "closed by the client")
@@ -155,9 +169,10 @@ class DtlsSession:
 
     def close(self, notify: bool) -> None:
         self._cancel_timer()
-        if self.idle_handle is not None:
-            self.idle_handle.cancel()
-            self.idle_handle = None
+        for handle in (self.idle_handle, self.guard_handle):
+            if handle is not None:
+                handle.cancel()
+        self.idle_handle = self.guard_handle = None
         if notify:
             with contextlib.suppress(SSL.Error):
                 self.conn.shutdown()
@@ -199,6 +214,8 @@ class DtlsListener(Listener):
         self.transport: asyncio.DatagramTransport | None = None
         self.protocol: DtlsListenerProtocol | None = None
         self.sendto: SendTo | None = None
+        self.sources = SourceCounter(self.limits.connection.max_per_source)
+        self.refused_connections = 0  # over the per-source cap
 
     async def start(self) -> None:
         _sock, transport, self.protocol = await open_listener_socket(
@@ -245,14 +262,26 @@ class DtlsListener(Listener):
                     return
         except SSL.Error:
             return
+        if not self.sources.acquire(addr[0]):
+            self.refused_connections += 1
+            return
         session = DtlsSession(self, addr, conn)
         self.sessions[addr] = session
         self._arm_idle(session)
+        session.guard_handle = self.loop.call_later(
+            self.limits.connection.handshake_timeout_s, self._guard_check, session
+        )
         session.feed(b"")
 
     def session_established(self, session: DtlsSession) -> None:
         self.connections += 1
         self.connections_total += 1
+        if session.guard_handle is not None:
+            session.guard_handle.cancel()
+        session.window_bytes = 0
+        session.guard_handle = self.loop.call_later(
+            self.limits.connection.first_message_timeout_s, self._guard_check, session
+        )
 
     def _arm_idle(self, session: DtlsSession) -> None:
         session.idle_handle = self.loop.call_later(IDLE_TIMEOUT_S, self._idle_check, session)
@@ -267,10 +296,34 @@ class DtlsListener(Listener):
             return
         self._arm_idle(session)
 
+    def _guard_check(self, session: DtlsSession) -> None:
+        """Before an allocation: handshake, then a first record, then a minimum average rate."""
+        session.guard_handle = None
+        if self.sessions.get(session.addr) is not session:
+            return
+        if session.client in self.engine.allocations:
+            return
+        limits = self.limits.connection
+        if not session.established:
+            reason = f"handshake not finished within {limits.handshake_timeout_s:g} s"
+        elif session.records == 0:
+            reason = f"no message within {limits.first_message_timeout_s:g} s"
+        elif session.window_bytes < limits.preauth_min_bytes_per_s * limits.preauth_window_s:
+            reason = f"slower than {limits.preauth_min_bytes_per_s:g} B/s before allocating"
+        else:
+            session.window_bytes = 0
+            delay = (
+                limits.first_message_timeout_s if session.records == 0 else limits.preauth_window_s
+            )
+            session.guard_handle = self.loop.call_later(delay, self._guard_check, session)
+            return
+        self.drop_session(session, reason)
+
     def drop_session(self, session: DtlsSession, reason: str) -> None:
         if self.sessions.get(session.addr) is not session:
             return
         del self.sessions[session.addr]
+        self.sources.release(session.addr[0])
         session.close(notify=False)
         if session.established:
             self.connections -= 1
@@ -313,6 +366,7 @@ class DtlsListener(Listener):
         for session in list(self.sessions.values()):
             session.close(notify=True)
         self.sessions.clear()
+        self.sources.counts.clear()
         if self.transport is not None:
             self.transport.close()
             self.transport = None

@@ -29,6 +29,7 @@ from typing import Any
 
 from stunner_common.config import TlsPair
 from stunnerd.net.batch import SendBatcher
+from stunnerd.net.guard import ClientLimits
 from stunnerd.net.relay import (
     RX_BYTES,
     RX_PKTS,
@@ -96,10 +97,12 @@ class Listener:
         batcher: SendBatcher | None = None,
         traffic: Traffic | None = None,
         cluster_traffic: dict[str, Traffic] | None = None,
+        limits: ClientLimits | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
         self.loop = loop
+        self.limits = limits if limits is not None else ClientLimits()
         self.engine = TurnEngine(
             relay_ip=spec.relay_ip,
             nonce_secret=nonce_secret,
@@ -107,6 +110,7 @@ class Listener:
             usage=usage,
             stream=self.stream,
             clock_offset_s=clock_offset_s,
+            limits=self.limits.request,
         )
         self.batcher = batcher if batcher is not None else SendBatcher(loop, enabled=False)
         self.traffic: Traffic = traffic if traffic is not None else new_traffic()

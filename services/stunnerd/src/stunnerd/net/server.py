@@ -21,10 +21,12 @@ from typing import Any
 from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
 from stunnerd.net.batch import SendBatcher, gso_supported
 from stunnerd.net.dtls import DtlsListener
+from stunnerd.net.guard import ClientLimits
 from stunnerd.net.listener import Listener, ListenerSpec, Traffic, new_traffic
 from stunnerd.net.stream import StreamListener
 from stunnerd.net.udp import UdpListener
 from stunnerd.offload.manager import OffloadManager
+from stunnerd.protected import ProtectedRanges
 from stunnerd.routing import DnsCache, dns_names, policies_for
 from stunnerd.turn.engine import Policies
 from stunnerd.turn.policies import UserUsage
@@ -57,6 +59,15 @@ def relay_address(listener: ListenerConfig) -> str:
     return listener.address
 
 
+def host_addresses() -> set[str]:
+    """What this host's name resolves to (in a pod: the pod IP); empty when it does not."""
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, proto=socket.IPPROTO_UDP)
+    except OSError:
+        return set()
+    return {str(info[4][0]) for info in infos}
+
+
 class TurnServer:
     """Listeners by name. `bind_host` is where sockets bind (upstream: the wildcard address)."""
 
@@ -70,9 +81,12 @@ class TurnServer:
         dns_refresh_s: float = DNS_REFRESH_S,
         dns_timeout_s: float = DNS_TIMEOUT_S,
         offload: OffloadManager | None = None,
+        limits: ClientLimits | None = None,
     ) -> None:
         self.bind_host = bind_host
         self.offload = offload  # the kernel fast path, for this process's TURN-UDP listeners
+        self.limits = limits if limits is not None else ClientLimits()
+        self._host_addresses = host_addresses()
         self.reuse_port = reuse_port
         self.udp_gso = udp_gso and gso_supported()
         self.dns_refresh_s = dns_refresh_s
@@ -99,6 +113,13 @@ class TurnServer:
 
     def port_of(self, name: str) -> int:
         return self.listeners[name].bound_port
+
+    def protected(self, config: StunnerConfig) -> ProtectedRanges:
+        """Peer ranges a route must name explicitly, with this server's own addresses."""
+        own = set(self._host_addresses)
+        own.add(self.bind_host)
+        own.update(lst.address for lst in config.listeners)
+        return ProtectedRanges.build(own)
 
     # ---------------------------------------------------------------- ListenerTarget
 
@@ -127,7 +148,7 @@ class TurnServer:
         self._config = config
         await self.remove_listener(listener.name)
         spec = self._spec(listener)
-        policies = policies_for(listener, config, self.dns)
+        policies = policies_for(listener, config, self.dns, self.protected(config))
         running = self._build(spec, policies)
         try:
             await running.start()
@@ -219,6 +240,7 @@ class TurnServer:
                 traffic=self.listener_traffic.setdefault(spec.name, new_traffic()),
                 cluster_traffic=self.cluster_traffic,
                 **extra,
+                limits=self.limits,
             )
         except Exception as exc:
             raise ListenerError(f"listener {spec.name}: {exc}") from exc
@@ -258,7 +280,7 @@ class TurnServer:
         for name, running in self.listeners.items():
             lst = by_name.get(name)
             if lst is not None:
-                running.set_policies(policies_for(lst, config, self.dns))
+                running.set_policies(policies_for(lst, config, self.dns, self.protected(config)))
 
 
 def _log_unexpected_exit(task: asyncio.Task[None]) -> None:

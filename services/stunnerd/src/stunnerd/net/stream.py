@@ -5,6 +5,11 @@ length is in its header and ChannelData is padded to a multiple of 4 bytes (RFC 
 connection is its own client transport address; when it closes, its allocation goes too. TLS is
 asyncio's ssl with the listener's certificate (TLS ≥ 1.2, handshake bounded by a timeout).
 Writes to a client whose socket buffer is full are dropped rather than queued without bound.
+
+A client that has not allocated yet is held to `stunnerd.net.guard.ConnectionLimits`: a cap on
+connections per source IP, a deadline for its first complete message, a minimum average rate
+(a trickle is closed), and STUN frames no longer than the engine's message limit (a longer one
+closes the connection before it is buffered).
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ import tempfile
 from typing import Any
 
 from stunner_common.config import TlsPair
+from stunnerd.net.guard import SourceCounter
 from stunnerd.net.listener import Address, Listener, SendTo
 from stunnerd.net.relay import StreamRelayProtocol
 from stunnerd.turn.codec import stream_frame_length
 
 log = logging.getLogger(__name__)
 
-TLS_HANDSHAKE_TIMEOUT_S = 10.0
+ACCEPT_BACKLOG = 4096  # bursts of connections wait in the kernel, not in SYN retries
 MAX_BUFFERED_BYTES = 256 * 1024
 IDLE_TIMEOUT_S = 60.0  # a connection without an allocation that stays silent this long is closed
 
@@ -60,9 +66,14 @@ class StreamClientProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.client: Address = ("", 0)
         self.buf = bytearray()
+        self.max_message_bytes = listener.limits.request.max_message_bytes
         self.paused = False
         self.active = True  # saw data since the last idle check
         self.idle_handle: asyncio.TimerHandle | None = None
+        self.counted = False  # holds one of its source's connection slots
+        self.frames = 0  # complete frames received
+        self.window_bytes = 0  # bytes received since the last pre-authentication check
+        self.guard_handle: asyncio.TimerHandle | None = None
 
     def _idle_check(self) -> None:
         """Close a connection that sent nothing for a while and holds no allocation."""
@@ -76,10 +87,39 @@ class StreamClientProtocol(asyncio.Protocol):
         self.active = False
         self.idle_handle = self.listener.loop.call_later(IDLE_TIMEOUT_S, self._idle_check)
 
+    def _guard_check(self) -> None:
+        """Before an allocation: a first message in time, then a minimum average rate."""
+        self.guard_handle = None
+        if self.transport is None or self.client in self.listener.engine.allocations:
+            return
+        limits = self.listener.limits.connection
+        if self.frames == 0:
+            reason = f"no complete message within {limits.first_message_timeout_s:g} s"
+        elif self.window_bytes < limits.preauth_min_bytes_per_s * limits.preauth_window_s:
+            reason = f"slower than {limits.preauth_min_bytes_per_s:g} B/s before allocating"
+        else:
+            self.window_bytes = 0
+            self.guard_handle = self.listener.loop.call_later(
+                limits.preauth_window_s, self._guard_check
+            )
+            return
+        log.info("listener %s: closing %s: %s", self.listener.name, self.client, reason)
+        self.transport.close()
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.client = (peer[0], peer[1])
+        if not self.listener.sources.acquire(self.client[0]):
+            self.listener.refused_connections += 1
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("listener %s: too many connections from %s", self.listener.name, peer[0])
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        self.counted = True
+        self.guard_handle = self.listener.loop.call_later(
+            self.listener.limits.connection.first_message_timeout_s, self._guard_check
+        )
         with contextlib.suppress(OSError, AttributeError):
             sock = transport.get_extra_info("socket")
             if sock is not None:
@@ -93,6 +133,7 @@ class StreamClientProtocol(asyncio.Protocol):
         counts = self.traffic
         counts[0] += 1  # upstream counts reads on streams, not frames
         counts[1] += len(data)
+        self.window_bytes += len(data)
         buf = self.buf
         buf += data
         offset = 0
@@ -102,6 +143,12 @@ class StreamClientProtocol(asyncio.Protocol):
         send = self.listener.batcher.send
         while True:
             size = stream_frame_length(buf, offset)
+            if size > self.max_message_bytes and buf[offset] < 0x40:
+                log.info("listener %s: %s sent an oversized message", self.listener.name, client)
+                assert self.transport is not None
+                self.transport.close()
+                buf.clear()
+                return
             if size == 0 or end - offset < size:
                 break
             if size < 0:
@@ -111,6 +158,7 @@ class StreamClientProtocol(asyncio.Protocol):
                 buf.clear()
                 return
             first = buf[offset]
+            self.frames += 1
             if 0x40 <= first <= 0x7F:
                 route = routes.get((client, (first << 8) | buf[offset + 1]))
                 if route is not None:
@@ -145,10 +193,14 @@ class StreamClientProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        if self.idle_handle is not None:
-            self.idle_handle.cancel()
-            self.idle_handle = None
-        self.listener.connection_closed(self.client)
+        for handle in (self.idle_handle, self.guard_handle):
+            if handle is not None:
+                handle.cancel()
+        self.idle_handle = self.guard_handle = None
+        if self.counted:
+            self.counted = False
+            self.listener.sources.release(self.client[0])
+            self.listener.connection_closed(self.client)
 
 
 class StreamListener(Listener):
@@ -162,6 +214,8 @@ class StreamListener(Listener):
         self.server: asyncio.Server | None = None
         self.clients: dict[Address, StreamClientProtocol] = {}
         self.ssl_context: ssl.SSLContext | None = None
+        self.sources = SourceCounter(self.limits.connection.max_per_source)
+        self.refused_connections = 0  # over the per-source cap
         if self.spec.protocol == "TURN-TLS":
             if self.spec.tls is None:
                 raise ValueError(f"listener {self.name}: TURN-TLS needs a certificate")
@@ -173,8 +227,11 @@ class StreamListener(Listener):
             host=self.spec.bind_host,
             port=self.spec.port,
             ssl=self.ssl_context,
-            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if self.ssl_context else None,
+            ssl_handshake_timeout=(
+                self.limits.connection.handshake_timeout_s if self.ssl_context else None
+            ),
             reuse_address=True,
+            backlog=ACCEPT_BACKLOG,
             reuse_port=self.spec.reuse_port or None,
         )
 

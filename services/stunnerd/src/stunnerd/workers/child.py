@@ -18,6 +18,7 @@ from stunner_common.config import ConfigError, parse_config
 from stunner_common.loglevel import apply_log_spec
 from stunner_common.logs import configure_logging
 from stunner_common.runtime import run as run_loop
+from stunnerd.net.guard import ClientLimits
 from stunnerd.net.server import TurnServer
 from stunnerd.workers.local import LocalDataplane
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
@@ -58,12 +59,16 @@ async def handle(
     return reply
 
 
-async def serve(index: int, bind_host: str, log_override: str | None, udp_gso: bool) -> int:
+async def serve(
+    index: int, bind_host: str, log_override: str | None, udp_gso: bool, limits: ClientLimits
+) -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     w_transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
-    dataplane = LocalDataplane(TurnServer(bind_host=bind_host, reuse_port=True, udp_gso=udp_gso))
+    dataplane = LocalDataplane(
+        TurnServer(bind_host=bind_host, reuse_port=True, udp_gso=udp_gso, limits=limits)
+    )
     log.debug("worker %d ready", index)
     try:
         while True:
@@ -86,14 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bind", default="0.0.0.0")
     parser.add_argument("--log", default=None, help="log spec that overrides the config's")
     parser.add_argument("--no-udp-gso", dest="udp_gso", action="store_false")
+    parser.add_argument("--limits", default=None, help="ClientLimits as JSON (default: defaults)")
     args = parser.parse_args(argv)
+    limits = ClientLimits.from_json(args.limits) if args.limits else ClientLimits()
     configure_logging("text", tag=f"worker-{args.index}")
     apply_log_spec(args.log or "all:INFO")
     # The supervisor owns the lifecycle (drain, grace period); a terminal's Ctrl-C or a signal
     # to the process group must not kill the workers under it. A worker ends when stdin closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return run_loop(serve(args.index, args.bind, args.log, args.udp_gso))
+    return run_loop(serve(args.index, args.bind, args.log, args.udp_gso, limits))
 
 
 if __name__ == "__main__":

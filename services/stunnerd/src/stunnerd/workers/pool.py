@@ -26,6 +26,7 @@ from typing import Any
 
 from stunner_common.config import StunnerConfig
 from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, merge_snapshots
+from stunnerd.net.guard import ClientLimits
 from stunnerd.reconcile.dataplane import ApplyOutcome
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 
@@ -57,6 +58,7 @@ class Worker:
         *,
         udp_gso: bool = True,
         stop_timeout_s: float = 10.0,
+        limits: ClientLimits | None = None,
     ) -> None:
         self.index = index
         self._argv = [
@@ -69,6 +71,7 @@ class Worker:
             bind_host,
             *(["--log", log_spec] if log_spec else []),
             *([] if udp_gso else ["--no-udp-gso"]),
+            *(["--limits", limits.to_json()] if limits is not None else []),
         ]
         self._stop_timeout_s = stop_timeout_s
         self.proc: asyncio.subprocess.Process | None = None
@@ -164,12 +167,20 @@ class WorkerPool:
         log_spec: str | None = None,
         udp_gso: bool = True,
         timeouts: WorkerTimeouts = WorkerTimeouts(),
+        limits: ClientLimits | None = None,
     ) -> None:
         if count < 1:
             raise ValueError("a worker pool needs at least one worker")
         self.timeouts = timeouts
         self.workers = [
-            Worker(i, bind_host, log_spec, udp_gso=udp_gso, stop_timeout_s=timeouts.stop_s)
+            Worker(
+                i,
+                bind_host,
+                log_spec,
+                udp_gso=udp_gso,
+                stop_timeout_s=timeouts.stop_s,
+                limits=limits,
+            )
             for i in range(count)
         ]
         self.retired = StatsSnapshot()  # traffic counted by workers that have since died

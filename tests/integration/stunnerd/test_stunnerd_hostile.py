@@ -1,0 +1,269 @@
+"""What clients that never authenticate may hold: connections per source, time, bandwidth.
+
+Real sockets on loopback against an in-process server with small limits; the "attackers" bind
+127.0.0.2 so that a real client on 127.0.0.1 is a different source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import struct
+from collections.abc import AsyncIterator
+
+import pytest
+from aioice import stun
+from aioice.turn import create_turn_endpoint
+from fixtures.stunnerd.inproc import PASSWORD, USER, echo_peer, make_config
+
+from stunner_common.config import StunnerConfig
+from stunnerd.net.guard import ClientLimits, ConnectionLimits
+from stunnerd.net.server import TurnServer
+from stunnerd.net.stream import StreamListener
+from stunnerd.turn.guard import RequestLimits
+from stunnerd.workers.local import LocalDataplane
+
+pytestmark = pytest.mark.integration
+
+ATTACKER = "127.0.0.2"
+WAIT_S = 10.0
+
+
+@contextlib.asynccontextmanager
+async def server_with(config: StunnerConfig, **connection: float) -> AsyncIterator[TurnServer]:
+    limits = ClientLimits(RequestLimits(), ConnectionLimits(**connection))  # type: ignore[arg-type]
+    dataplane = LocalDataplane(TurnServer(bind_host="127.0.0.1", limits=limits))
+    try:
+        await dataplane.reconciler.apply(config)
+        yield dataplane.server
+    finally:
+        await dataplane.close()
+
+
+def stream_listener(server: TurnServer) -> StreamListener:
+    (listener,) = server.listeners.values()
+    assert isinstance(listener, StreamListener)
+    return listener
+
+
+async def connect(
+    port: int, source: str = ATTACKER
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> bool:
+    """True once the server closed the connection (EOF or reset), within WAIT_S."""
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while await reader.read(4096):
+                pass
+    except ConnectionError:
+        return True
+    return True
+
+
+async def close_all(writers: list[asyncio.StreamWriter]) -> None:
+    for writer in writers:
+        writer.close()
+    for writer in writers:
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+class Collector(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.queue.put_nowait(data)
+
+
+async def real_client_echoes(port: int) -> None:
+    """aioice allocates over TCP from 127.0.0.1 and relays a few datagrams to an echo peer."""
+    async with echo_peer() as (_peer, peer_addr):
+        turn, collector = await create_turn_endpoint(
+            Collector,
+            server_addr=("127.0.0.1", port),
+            username=USER,
+            password=PASSWORD,
+            transport="tcp",
+        )
+        try:
+            for i in range(3):
+                turn.sendto(f"ping {i}".encode(), peer_addr)
+                async with asyncio.timeout(WAIT_S):
+                    assert await collector.queue.get() == f"ping {i}".encode()
+        finally:
+            turn.close()
+            async with asyncio.timeout(WAIT_S):
+                await collector.closed
+
+
+async def test_connections_over_the_per_source_cap_are_closed_at_once(
+    no_leaked_tasks: None,
+) -> None:
+    config = make_config(("TURN-TCP",))
+    port = config.listeners[0].port
+    async with server_with(config, max_per_source=5, first_message_timeout_s=60) as server:
+        listener = stream_listener(server)
+        conns = [await connect(port) for _ in range(8)]
+        try:
+            extra = [reader for reader, _ in conns[5:]]
+            assert all([await closed_by_server(reader) for reader in extra])
+            assert listener.connections == 5
+            assert listener.refused_connections == 3
+            assert listener.sources.counts == {ATTACKER: 5}
+            await real_client_echoes(port)  # another source is not affected
+        finally:
+            await close_all([writer for _, writer in conns])
+        async with asyncio.timeout(WAIT_S):
+            while listener.sources.counts:  # noqa: ASYNC110 - the server sees the FINs
+                await asyncio.sleep(0.01)
+        assert listener.connections == 0
+
+
+async def test_a_connection_that_sends_no_message_is_closed(no_leaked_tasks: None) -> None:
+    config = make_config(("TURN-TCP",))
+    async with server_with(config, first_message_timeout_s=0.3) as server:
+        reader, writer = await connect(config.listeners[0].port)
+        try:
+            writer.write(b"\x00\x01\x00")  # three bytes of a header, never finished
+            assert await closed_by_server(reader)
+        finally:
+            await close_all([writer])
+        assert stream_listener(server).connections == 0
+
+
+async def test_a_trickle_before_allocating_is_closed_and_an_allocation_is_exempt(
+    no_leaked_tasks: None,
+) -> None:
+    config = make_config(("TURN-TCP",))
+    port = config.listeners[0].port
+    limits = {
+        "first_message_timeout_s": 0.5,
+        "preauth_window_s": 0.5,
+        "preauth_min_bytes_per_s": 200.0,
+    }
+    async with server_with(config, **limits):
+        reader, writer = await connect(port)
+        binding = bytes(stun.Message(stun.Method.BINDING, stun.Class.REQUEST))
+        try:
+            writer.write(binding)  # a complete first message in time ...
+            trickle = asyncio.create_task(_trickle(writer))  # ... then 10 bytes a second
+            assert await closed_by_server(reader)
+            trickle.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await trickle
+        finally:
+            await close_all([writer])
+        # a client that allocated sends nothing for several windows and is still served
+        async with echo_peer() as (_peer, peer_addr):
+            turn, collector = await create_turn_endpoint(
+                Collector, ("127.0.0.1", port), USER, PASSWORD, transport="tcp"
+            )
+            try:
+                await asyncio.sleep(3 * limits["preauth_window_s"])  # idle on purpose
+                turn.sendto(b"still here", peer_addr)
+                async with asyncio.timeout(WAIT_S):
+                    assert await collector.queue.get() == b"still here"
+            finally:
+                turn.close()
+                async with asyncio.timeout(WAIT_S):
+                    await collector.closed
+
+
+async def _trickle(writer: asyncio.StreamWriter) -> None:
+    for _ in range(200):
+        writer.write(b"\x00")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+
+
+async def test_an_oversized_stun_frame_closes_the_connection_before_it_is_buffered(
+    no_leaked_tasks: None,
+) -> None:
+    config = make_config(("TURN-TCP",))
+    async with server_with(config) as server:
+        reader, writer = await connect(config.listeners[0].port)
+        try:
+            # an Allocate header announcing 60000 bytes: refused on the header alone
+            writer.write(struct.pack("!HHI", 0x0003, 60000, 0x2112A442) + os.urandom(12))
+            assert await closed_by_server(reader)
+        finally:
+            await close_all([writer])
+        assert stream_listener(server).connections == 0
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_500_idle_connections_neither_exhaust_fds_nor_stop_a_real_client(
+    no_leaked_tasks: None,
+) -> None:
+    """Default per-source cap: the server keeps at most 64 of them; a client elsewhere allocates."""
+    config = make_config(("TURN-TCP",))
+    port = config.listeners[0].port
+    async with server_with(config, first_message_timeout_s=60) as server:
+        listener = stream_listener(server)
+        before = open_fds()
+        socks = []
+        try:
+            for _ in range(500):  # plain sockets: connect and say nothing
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                sock.bind((ATTACKER, 0))
+                socks.append(sock)
+                with contextlib.suppress(BlockingIOError):
+                    sock.connect(("127.0.0.1", port))
+            async with asyncio.timeout(WAIT_S):
+                while listener.connections + listener.refused_connections < 500:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            assert listener.connections == ConnectionLimits().max_per_source
+            # ours: 500 client sockets; the server's: its 64 connections, nothing for the rest
+            bound = 500 + listener.connections + 8
+            async with asyncio.timeout(WAIT_S):
+                while open_fds() - before > bound:  # noqa: ASYNC110 - aborts close next turn
+                    await asyncio.sleep(0.01)
+            await real_client_echoes(port)
+        finally:
+            for sock in socks:
+                sock.close()
+
+
+async def test_500_held_idle_connections_do_not_stop_a_real_client_and_time_out(
+    no_leaked_tasks: None,
+) -> None:
+    """With the cap raised, all 500 are held; a real client is served; the deadline ends them."""
+    config = make_config(("TURN-TCP",))
+    port = config.listeners[0].port
+    async with server_with(config, max_per_source=1000, first_message_timeout_s=3) as server:
+        listener = stream_listener(server)
+        socks = []
+        try:
+            for _ in range(500):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                sock.bind((ATTACKER, 0))
+                socks.append(sock)
+                with contextlib.suppress(BlockingIOError):
+                    sock.connect(("127.0.0.1", port))
+            async with asyncio.timeout(WAIT_S):
+                while listener.connections < 500:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            await real_client_echoes(port)
+            async with asyncio.timeout(WAIT_S):
+                while listener.connections:  # noqa: ASYNC110 - first-message deadline
+                    await asyncio.sleep(0.05)
+            assert listener.sources.counts == {}
+        finally:
+            for sock in socks:
+                sock.close()
