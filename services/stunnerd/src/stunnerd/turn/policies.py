@@ -11,6 +11,7 @@ once per engine.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 from collections.abc import Callable, Mapping
