@@ -202,6 +202,17 @@ async def test_an_oversized_stun_frame_closes_the_connection_before_it_is_buffer
         assert stream_listener(server).connections == 0
 
 
+def idle_connections(port: int, count: int, socks: list[socket.socket]) -> None:
+    """Start `count` connections from ATTACKER that will never say anything (into `socks`)."""
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        socks.append(sock)
+        sock.setblocking(False)
+        sock.bind((ATTACKER, 0))
+        with contextlib.suppress(BlockingIOError):
+            sock.connect(("127.0.0.1", port))
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -215,15 +226,9 @@ async def test_500_idle_connections_neither_exhaust_fds_nor_stop_a_real_client(
     async with server_with(config, first_message_timeout_s=60) as server:
         listener = stream_listener(server)
         before = open_fds()
-        socks = []
+        socks: list[socket.socket] = []
         try:
-            for _ in range(500):  # plain sockets: connect and say nothing
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.setblocking(False)
-                sock.bind((ATTACKER, 0))
-                socks.append(sock)
-                with contextlib.suppress(BlockingIOError):
-                    sock.connect(("127.0.0.1", port))
+            idle_connections(port, 500, socks)
             async with asyncio.timeout(WAIT_S):
                 while listener.connections + listener.refused_connections < 500:  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
@@ -247,15 +252,9 @@ async def test_500_held_idle_connections_do_not_stop_a_real_client_and_time_out(
     port = config.listeners[0].port
     async with server_with(config, max_per_source=1000, first_message_timeout_s=3) as server:
         listener = stream_listener(server)
-        socks = []
+        socks: list[socket.socket] = []
         try:
-            for _ in range(500):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.setblocking(False)
-                sock.bind((ATTACKER, 0))
-                socks.append(sock)
-                with contextlib.suppress(BlockingIOError):
-                    sock.connect(("127.0.0.1", port))
+            idle_connections(port, 500, socks)
             async with asyncio.timeout(WAIT_S):
                 while listener.connections < 500:  # noqa: ASYNC110
                     await asyncio.sleep(0.01)

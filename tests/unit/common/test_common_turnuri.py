@@ -204,3 +204,19 @@ def test_listener_uri_for_tls_and_dtls_uses_turns(protocol: str, expected: str) 
     assert listener_turn_uri(lis) == expected
     assert parse_turn_uri(expected).protocol == protocol
     assert base64.b64decode(lis.key).startswith(b"-----BEGIN PRIVATE KEY-----")
+
+
+@pytest.mark.parametrize(
+    ("host", "endpoints"),
+    [
+        ("1.2.3.4", ("0.0.0.0/0",)),
+        ("127.0.0.1", ("0.0.0.0/0", "127.0.0.0/8")),
+        ("[::1]", ("0.0.0.0/0", "::1")),
+    ],
+)
+def test_a_loopback_uri_names_loopback_peers_explicitly(
+    host: str, endpoints: tuple[str, ...]
+) -> None:
+    """stunnerd refuses loopback peers unless a route names them; a local URI names them."""
+    cfg = default_config_from_uri(f"turn://u:p@{host}:3478?transport=udp")
+    assert cfg.clusters[0].endpoints == endpoints

@@ -153,7 +153,10 @@ def default_config_from_uri(uri: str | TurnUri) -> StunnerConfig:
 
     Static auth with the URI's credentials (both required and non-empty), one listener
     ``default-listener`` on the URI's host and port routing to the ``allow-any`` cluster
-    (``0.0.0.0/0``). TLS and DTLS listeners get a fresh self-signed certificate.
+    (``0.0.0.0/0``). stunnerd does not relay to loopback peers unless a route names loopback
+    explicitly, so when the URI's host is itself a loopback address (a local test set-up), the
+    cluster names that host's loopback range too (``127.0.0.0/8`` or ``::1``). TLS and DTLS
+    listeners get a fresh self-signed certificate.
     """
     parsed = parse_turn_uri(uri) if isinstance(uri, str) else uri
     if not parsed.username or not parsed.password:
@@ -169,6 +172,7 @@ def default_config_from_uri(uri: str | TurnUri) -> StunnerConfig:
     }
     if parsed.protocol in ("TURN-TLS", "TURN-DTLS"):
         listener["cert"], listener["key"] = self_signed_pair(parsed.host)
+    endpoints = ["0.0.0.0/0", *_loopback_range(parsed.host)]
     return StunnerConfig.model_validate(
         {
             "version": "v1",
@@ -179,11 +183,19 @@ def default_config_from_uri(uri: str | TurnUri) -> StunnerConfig:
                 "credentials": {"username": parsed.username, "password": parsed.password},
             },
             "listeners": [listener],
-            "clusters": [
-                {"name": DEFAULT_CLUSTER_NAME, "type": "STATIC", "endpoints": ["0.0.0.0/0"]}
-            ],
+            "clusters": [{"name": DEFAULT_CLUSTER_NAME, "type": "STATIC", "endpoints": endpoints}],
         }
     )
+
+
+def _loopback_range(host: str) -> list[str]:
+    try:
+        addr = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return []
+    if not addr.is_loopback:
+        return []
+    return ["127.0.0.0/8"] if addr.version == 4 else ["::1/128"]
 
 
 def listener_turn_uri(listener: ListenerConfig) -> str:
