@@ -41,6 +41,8 @@ _KEEP_STATUS = frozenset({"Service", "Node"})
 class ConfigSink(Protocol):
     async def publish(self, configs: Mapping[str, StunnerConfig]) -> PublishResult: ...
 
+    async def store_lost(self) -> bool: ...
+
 
 @dataclass(frozen=True, slots=True)
 class _Event:
@@ -86,6 +88,7 @@ class KubeController:
         options: RenderOptions | None = None,
         throttle_s: float = 0.05,
         retry_s: float = 1.0,
+        resync_check_s: float = 1.0,
         watch_timeout_s: int = 300,
         resources: tuple[Resource, ...] = WATCHED,
     ) -> None:
@@ -94,6 +97,7 @@ class KubeController:
         self._sink = sink
         self._throttle_s = throttle_s
         self._retry_s = retry_s
+        self._resync_check_s = resync_check_s
         self._watch_timeout_s = watch_timeout_s
         self._resources = resources
         self._events: asyncio.Queue[_Event] = asyncio.Queue()
@@ -275,7 +279,15 @@ class KubeController:
 
     async def _publish_loop(self) -> None:
         while True:
-            await self._publish_wake.wait()
+            try:
+                async with asyncio.timeout(self._resync_check_s):
+                    await self._publish_wake.wait()
+            except TimeoutError:
+                # Redis restarted without its data (or was flushed): publish everything again.
+                if self.synced.is_set() and await self._sink.store_lost():
+                    log.warning("Redis lost the published configs: publishing them all again")
+                else:
+                    continue
             self._publish_wake.clear()
             configs = self.renderer.configs()
             try:

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 class ConfigSink(Protocol):
     async def publish(self, configs: Mapping[str, StunnerConfig]) -> PublishResult: ...
 
+    async def store_lost(self) -> bool: ...
+
 
 def _object_label(key: ObjKey) -> str:
     kind = "UDPRoute (gateway.networking.k8s.io/v1alpha2)" if key[0] == "UDPRouteV1A2" else key[0]
@@ -49,6 +51,7 @@ class LocalOperator:
         options: RenderOptions | None = None,
         debounce_ms: int = 50,
         retry_s: float = 1.0,
+        resync_check_s: float = 1.0,
     ) -> None:
         self.root = root
         self.renderer = Renderer(options)
@@ -57,6 +60,7 @@ class LocalOperator:
         self._applied: dict[ObjKey, K8sObject] = {}
         self._debounce_ms = debounce_ms
         self._retry_s = retry_s
+        self._resync_check_s = resync_check_s
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
 
@@ -142,9 +146,21 @@ class LocalOperator:
                 self._wake.set()
                 await changes.aclose()
 
+    async def _wait_for_work(self) -> None:
+        """Until something changed, or Redis lost what was published (checked every so often)."""
+        while True:
+            try:
+                async with asyncio.timeout(self._resync_check_s):
+                    await self._wake.wait()
+                return
+            except TimeoutError:
+                if self._sink is not None and await self._sink.store_lost():
+                    log.warning("Redis lost the published configs: publishing them all again")
+                    self._wake.set()
+
     async def _publish_loop(self) -> None:
         while True:
-            await self._wake.wait()
+            await self._wait_for_work()
             if self._closing.is_set():
                 return
             self._wake.clear()

@@ -3,7 +3,9 @@
 The operator writes the complete desired set after each render with ``replace_all`` (the shared
 ``ConfigPublisher``), which touches only configs whose canonical JSON changed and deletes the
 ones that are gone, atomically. ``RedisConfigSink`` adds a timeout per write and maps Redis
-failures to one error type, so the caller can keep the set and retry.
+failures to one error type, so the caller can keep the set and retry. ``store_lost`` tells the
+caller when Redis forgot what was published (restarted without its data, or flushed), so that
+the whole set is written again: the CDS and every dataplane then get it back.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from stunner_common.config import StunnerConfig
+from stunner_common.redis_keys import CONFIGS_HASH
 from stunner_common.store import ConfigPublisher, PublishResult, StoreError
 
 
@@ -29,13 +32,31 @@ class RedisConfigSink:
         self._redis = aioredis.Redis.from_url(redis_url)
         self._publisher = ConfigPublisher(self._redis)
         self._timeout_s = timeout_s
+        self._published: frozenset[str] = frozenset()
 
     async def publish(self, configs: Mapping[str, StunnerConfig]) -> PublishResult:
         try:
             async with asyncio.timeout(self._timeout_s):
-                return await self._publisher.replace_all(configs)
+                result = await self._publisher.replace_all(configs)
         except (RedisError, OSError, StoreError, TimeoutError) as err:
             raise PublishError(f"{type(err).__name__}: {err}") from err
+        self._published = frozenset(configs)
+        return result
+
+    async def store_lost(self) -> bool:
+        """True when Redis no longer holds every config this sink published last.
+
+        A Redis that is away answers False: the next publish fails and is retried anyway.
+        """
+        if not self._published:
+            return False
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                stored = await self._redis.hkeys(CONFIGS_HASH)
+        except (RedisError, OSError, TimeoutError):
+            return False
+        held = {key.decode() if isinstance(key, bytes) else str(key) for key in stored}
+        return not self._published <= held
 
     async def aclose(self) -> None:
         await self._redis.aclose()
