@@ -11,12 +11,17 @@ The JSON schema, one object per line::
 
 ``ts`` is UNIX seconds (6 decimals); ``tag`` (which process of a group wrote the line) and
 ``exc`` (a formatted traceback) appear only when set.
+
+Every line goes through `redact_secrets` first: libraries we do not control log request headers
+at DEBUG (the WebSocket handshake's ``Authorization: Bearer ...``) or URLs with passwords, and
+no secret may reach a log at any level.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from typing import Literal, TextIO, get_args
 
@@ -25,9 +30,40 @@ __all__ = [
     "TEXT_FORMAT",
     "JsonFormatter",
     "LogFormat",
+    "RedactingFilter",
     "configure_logging",
+    "redact_secrets",
     "text_formatter",
 ]
+
+_SECRETS = (
+    # "Authorization: Bearer <token>" (or Basic), in a header dump or a repr of headers
+    (
+        re.compile(r"(?i)(authorization['\"]?\s*[:=,]\s*['\"]?)(bearer|basic)\s+[^\s'\",}]+"),
+        r"\1\2 ***",
+    ),
+    # the password of a URL: redis://user:password@host, turn://user:password@host
+    (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s/:@]*:)[^\s/@]+@"), r"\1***@"),
+)
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with bearer tokens and URL passwords replaced by ``***``."""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class RedactingFilter(logging.Filter):
+    """Rewrites a record whose message holds a secret (see `redact_secrets`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_secrets(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
 
 LogFormat = Literal["text", "json"]
 LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
@@ -86,6 +122,7 @@ def configure_logging(
         level = number
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter(tag) if log_format == "json" else text_formatter(tag))
+    handler.addFilter(RedactingFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
