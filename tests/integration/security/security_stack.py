@@ -48,7 +48,9 @@ class Secrets:
 class Stack:
     """Processes are started by the methods below and all stopped by `close()`."""
 
-    def __init__(self, tmp: Path, *, cds_replicas: int = 1, debug: bool = True) -> None:
+    def __init__(
+        self, tmp: Path, *, cds_replicas: int = 1, debug: bool = True, token: bool = True
+    ) -> None:
         self.tmp = tmp
         self.logs = tmp / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -71,6 +73,11 @@ class Stack:
         self.redis = RedisServer(tmp / "redis")
         self.cds_ports = [free_port() for _ in range(cds_replicas)]
         self.health_port = free_port()
+        # The CDS requires the token (CDS_TOKEN); stunnerd reads it from a file (rotatable).
+        self.cds_token: str | None = self.secrets.cds_token if token else None
+        self.token_file = tmp / "cds-token"
+        if self.cds_token:
+            self.token_file.write_text(self.cds_token + "\n")
         self.procs: dict[str, ServerProcess] = {}
         self.starts: dict[str, int] = {}
         self.env: dict[str, str] = {}
@@ -101,8 +108,8 @@ class Stack:
         argv += ["--redis-url", self.redis.url]
         if self.debug:
             argv += ["--log-level", "DEBUG"]
-        self._start(f"cds{index}", argv)
-        wait_for_tcp("127.0.0.1", port, proc=self.procs[f"cds{index}"])
+        self._start(f"cds{index}", argv, {"CDS_TOKEN": self.cds_token} if self.cds_token else {})
+        wait_for_tcp("127.0.0.1", port, timeout_s=STEP_TIMEOUT_S, proc=self.procs[f"cds{index}"])
 
     def cds_origin(self) -> str:
         return ",".join(f"ws://127.0.0.1:{port}" for port in self.cds_ports)
@@ -110,6 +117,8 @@ class Stack:
     def start_stunnerd(self, *extra: str, env: dict[str, str] | None = None) -> None:
         argv = [sys.executable, "-m", "stunnerd", "-w", "-c", self.cds_origin(), "--id", GATEWAY]
         argv += ["--bind", "127.0.0.1", *extra]
+        if self.cds_token:
+            argv += ["--cds-token-file", str(self.token_file)]
         if self.debug:
             argv += ["-l", "all:DEBUG"]
         full_env = {
@@ -132,6 +141,10 @@ class Stack:
             self.redis.stop(kill=True)
             return
         self.procs[name].stop(signal.SIGKILL)
+
+    async def restart_soon(self, name: str) -> None:
+        """`restart` off the event loop, so that the traffic of the test keeps flowing."""
+        await asyncio.to_thread(self.restart, name)
 
     def restart(self, name: str) -> None:
         if name == "redis":

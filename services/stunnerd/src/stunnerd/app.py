@@ -19,6 +19,7 @@ import signal
 import sys
 from collections.abc import Mapping
 
+from stunner_common.cds import token_source
 from stunner_common.config import ConfigError, StunnerConfig
 from stunner_common.turnuri import default_config_from_uri
 from stunnerd.admin.health import Lifecycle
@@ -54,6 +55,7 @@ def make_origin(settings: StunnerdSettings, env: Mapping[str, str]) -> ConfigOri
         settings.name,
         node=settings.node,
         env=env,
+        token=token_source(env, settings.cds_token_file),
         suppress_delete=False,
     )
 

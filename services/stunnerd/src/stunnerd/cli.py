@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="address listener and relay sockets bind (default $STUNNERD_BIND_HOST or 0.0.0.0)",
     )
+    parser.add_argument(
+        "--cds-token-file",
+        default=None,
+        help="file holding the CDS bearer token, re-read when it changes "
+        "(default $CDS_TOKEN_FILE, else the token in $CDS_TOKEN)",
+    )
     add_version_argument(parser, "stunnerd")
     return parser
 
@@ -88,6 +94,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             grace_period_s=args.grace_period,
             force_ready=args.force_ready_status,
             bind_host=args.bind,
+            cds_token_file=args.cds_token_file,
         )
     except (ConfigOriginError, ValueError) as exc:
         print(f"stunnerd: {_one_line(exc)}", file=sys.stderr)

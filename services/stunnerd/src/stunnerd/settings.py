@@ -60,6 +60,8 @@ class StunnerdSettings(BaseSettings):
     grace_period_s: float = Field(DEFAULT_GRACE_PERIOD_S, ge=0)
     sigint_grace_period_s: float = Field(DEFAULT_SIGINT_GRACE_PERIOD_S, ge=0)
     force_ready: bool = False
+    cds_token_file: str | None = None
+    """Read the CDS bearer token from this file (re-read when it changes); else `CDS_TOKEN`."""
     bind_host: str = "0.0.0.0"
     """Where listener and relay sockets bind (upstream: the wildcard address)."""
     udp_gso: bool = True
@@ -141,6 +143,7 @@ def load_settings(
     grace_period_s: float | None = None,
     force_ready: bool = False,
     bind_host: str | None = None,
+    cds_token_file: str | None = None,
 ) -> StunnerdSettings:
     """Flags (None: not given) over `env` over the defaults; raises ValueError or
     `ConfigOriginError` (a bad `--id`) with a message for the user."""
@@ -161,6 +164,7 @@ def load_settings(
         "udp_thread_num": udp_thread_num,
         "grace_period_s": grace_period_s,
         "bind_host": bind_host,
+        "cds_token_file": cds_token_file,
     }
     values.update({key: value for key, value in flags.items() if value is not None})
     return StunnerdSettings.model_validate(values)

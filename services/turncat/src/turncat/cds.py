@@ -19,6 +19,7 @@ from stunner_common.cds import (
     CdsClient,
     CdsHttpError,
     CdsUnreachableError,
+    TokenSource,
 )
 from stunner_common.cds import cds_base_url as _cds_base_url
 from stunner_common.config import ConfigError, ListenerConfig, StunnerConfig, parse_config
@@ -40,7 +41,10 @@ def cds_base_url(address: str) -> str:
 
 
 async def fetch_config(
-    target: K8sTarget, cds_address: str, timeout_s: float, token: str | None = None
+    target: K8sTarget,
+    cds_address: str,
+    timeout_s: float,
+    token: str | TokenSource | None = None,
 ) -> StunnerConfig:
     base = cds_base_url(cds_address)
     client = CdsClient(base, token=token, timeout_s=timeout_s)
@@ -49,6 +53,11 @@ async def fetch_config(
     except CdsUnreachableError as exc:
         raise UnreachableError(f"cannot reach the CDS at {base}: {exc}") from None
     except CdsHttpError as exc:
+        if exc.status in (401, 403):
+            raise LookupFailedError(
+                f"the CDS at {base} refused the request ({exc.status}): the bearer token is "
+                f"{'wrong' if token else 'missing'}; set CDS_TOKEN or --cds-token-file"
+            ) from None
         if exc.status == 404:
             raise LookupFailedError(
                 f"the CDS at {base} has no config for gateway {target.namespace}/{target.gateway}"
@@ -102,14 +111,17 @@ def credential_source(config: StunnerConfig) -> CredentialSource:
 
 
 async def resolve_k8s(
-    target: K8sTarget, cds_address: str | None, timeout_s: float
+    target: K8sTarget,
+    cds_address: str | None,
+    timeout_s: float,
+    token: str | TokenSource | None = None,
 ) -> tuple[TurnTarget, CredentialSource]:
     """Look the listener up in the CDS and return where to connect and how to log in."""
     if not cds_address:
         raise LookupFailedError(
             "k8s:// needs the CDS address: pass --cds-server-address or set STUNNER_CDS_ADDR"
         )
-    config = await fetch_config(target, cds_address, timeout_s)
+    config = await fetch_config(target, cds_address, timeout_s, token)
     listener = pick_listener(config, target)
     transport = TRANSPORT_BY_PROTOCOL.get(listener.protocol)
     if not listener.public_address or not listener.public_port or transport is None:

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from stunner_common import logs
+from stunner_common.cds import token_source
 from stunner_common.cli import add_version_argument
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.runtime import run as run_loop
@@ -79,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--cds-server-address",
         default=os.environ.get("STUNNER_CDS_ADDR"),
         help="CDS address (host:port or http://…) for k8s:// URIs [env STUNNER_CDS_ADDR]",
+    )
+    p.add_argument(
+        "--cds-token-file",
+        default=None,
+        help="file holding the CDS bearer token [env CDS_TOKEN_FILE, else the token in CDS_TOKEN]",
     )
     p.add_argument(
         "-n",
@@ -139,7 +145,10 @@ async def run(args: argparse.Namespace, settings: TurncatSettings) -> None:
     credentials: CredentialSource
     if isinstance(target, K8sTarget):
         target, credentials = await resolve_k8s(
-            target, args.cds_server_address, settings.cds_timeout_s
+            target,
+            args.cds_server_address,
+            settings.cds_timeout_s,
+            token_source(os.environ, args.cds_token_file),
         )
     else:
         credentials = _static_credentials(target.username, target.password)

@@ -21,6 +21,7 @@ from stunner_common.cds.client import (
     watch_configs,
     watch_url,
 )
+from stunner_common.cds.token import TokenSource, token_source
 from stunner_common.cds.wire import (
     CDS_V2_SUBPROTOCOL,
     RESYNC_HEADER,
@@ -63,6 +64,7 @@ __all__ = [
     "ErrorBody",
     "PatchEnvelope",
     "SnapshotEnvelope",
+    "TokenSource",
     "WatchItem",
     "cds_base_url",
     "config_path",
@@ -75,6 +77,7 @@ __all__ = [
     "encode_v1_delete",
     "go_ordered",
     "parse_envelope",
+    "token_source",
     "watch_configs",
     "watch_url",
     "zero_config_dict",

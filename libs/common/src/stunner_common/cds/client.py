@@ -23,6 +23,7 @@ import jsonpatch
 import pydantic
 
 from stunner_common.backoff import Backoff
+from stunner_common.cds.token import TokenSource
 from stunner_common.cds.wire import (
     CDS_V2_SUBPROTOCOL,
     RESYNC_HEADER,
@@ -184,17 +185,20 @@ class CdsClient:
         self,
         address: str,
         *,
-        token: str | None = None,
+        token: str | TokenSource | None = None,
         ssl_context: ssl.SSLContext | None = None,
         timeout_s: float = CONNECT_TIMEOUT_S,
         ping_interval_s: float | None = PING_INTERVAL_S,
         pong_timeout_s: float | None = PONG_TIMEOUT_S,
         max_size: int = MAX_RESPONSE_BYTES,
     ) -> None:
-        self.base_url = cds_base_url(address)
-        self._tls = self.base_url.startswith("https:")
-        self._netloc = urlsplit(self.base_url).netloc
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # Several replicas may be given, comma-separated: a failed watch or GET moves on to the
+        # next one at once, and backs off only after every one of them failed in turn.
+        self._bases = [cds_base_url(a) for a in address.split(",") if a.strip()]
+        if not self._bases:
+            raise CdsAddressError(f"invalid CDS address {address!r}: no address given")
+        self._current = 0
+        self._token = token if isinstance(token, TokenSource) else TokenSource(token)
         self._ssl_context = ssl_context
         self._timeout_s = timeout_s
         self._ping_interval_s = ping_interval_s
@@ -205,8 +209,33 @@ class CdsClient:
         self.connects = 0
 
     @property
+    def base_url(self) -> str:
+        """The base URL of the CDS replica in use."""
+        return self._bases[self._current]
+
+    @property
+    def _tls(self) -> bool:
+        return self.base_url.startswith("https:")
+
+    @property
+    def _netloc(self) -> str:
+        return urlsplit(self.base_url).netloc
+
+    @property
     def netloc(self) -> str:
         return self._netloc
+
+    def _next_replica(self) -> bool:
+        """Move on to the next replica; True when that starts a new round over all of them."""
+        self._current = (self._current + 1) % len(self._bases)
+        if len(self._bases) > 1:
+            log.info("CDS: trying replica %s", self._netloc)
+        return self._current == 0
+
+    def _headers(self) -> dict[str, str]:
+        """The Authorization header with the token of the moment (a token file may rotate)."""
+        token = self._token.current()
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def url(
         self,
@@ -234,6 +263,20 @@ class CdsClient:
         Raises ``CdsUnreachableError`` when the exchange fails and ``CdsHttpError`` for any other
         status; the whole exchange is bounded by the client's timeout and size limit.
         """
+        for _ in range(len(self._bases) - 1):
+            try:
+                return await self._get_once(namespace, name, params)
+            except CdsUnreachableError as exc:
+                log.warning("CDS %s unreachable (%s)", self._netloc, exc)
+                self._next_replica()
+        return await self._get_once(namespace, name, params)
+
+    async def _get_once(
+        self,
+        namespace: str | None,
+        name: str | None,
+        params: Mapping[str, str] | None,
+    ) -> bytes:
         import httpx  # here, not at the top: the wire half is imported by servers too
 
         url = self.url(namespace, name, params)
@@ -245,7 +288,7 @@ class CdsClient:
                     timeout=self._timeout_s, verify=verify, trust_env=False
                 ) as client,
                 client.stream(
-                    "GET", url, headers={"Accept": "application/json", **self._headers}
+                    "GET", url, headers={"Accept": "application/json", **self._headers()}
                 ) as resp,
             ):
                 body = bytearray()
@@ -317,7 +360,18 @@ class CdsClient:
                 if give_up_on_refusal and status in REFUSED_STATUSES:
                     body = exc.response.body.decode(errors="replace") if exc.response.body else ""
                     raise CdsHttpError(status, body.strip()) from exc
-                log.warning("CDS %s refused the watch (%d), retrying", self._netloc, status)
+                if status in (401, 403):
+                    log.error(
+                        "CDS %s refused the watch (%d %s): the bearer token is %s; set CDS_TOKEN "
+                        "or --cds-token-file to the CDS's token. Keeping the current config, "
+                        "retrying",
+                        self._netloc,
+                        status,
+                        "Unauthorized" if status == 401 else "Forbidden",
+                        "wrong" if self._headers() else "missing",
+                    )
+                else:
+                    log.warning("CDS %s refused the watch (%d), retrying", self._netloc, status)
             except (OSError, TimeoutError, InvalidHandshake, InvalidURI, WebSocketException) as exc:
                 log.warning("CDS watch %s failed: %r", self._netloc, exc)
             except Exception:
@@ -326,6 +380,8 @@ class CdsClient:
                 fresh = True
             finally:
                 self.connected.clear()
+            if not self._next_replica():
+                continue  # another replica is worth a try at once
             delay = backoff.delay_s(attempt, rand)
             attempt += 1
             log.debug("reconnecting to CDS %s in %.2f s", self._netloc, delay)
@@ -354,7 +410,7 @@ class CdsClient:
                 url,
                 subprotocols=[Subprotocol(CDS_V2_SUBPROTOCOL)] if offer_v2 else None,
                 origin=Origin(self.base_url),
-                additional_headers=self._headers or None,
+                additional_headers=self._headers() or None,
                 proxy=None,
                 ssl=self._ssl_context if self._tls else None,
                 ping_interval=self._ping_interval_s,
@@ -391,7 +447,7 @@ async def watch_configs(
     *,
     namespace: str | None = None,
     name: str | None = None,
-    token: str | None = None,
+    token: str | TokenSource | None = None,
     ssl_context: ssl.SSLContext | None = None,
     state: DeltaState | None = None,
     min_backoff_s: float = 0.1,

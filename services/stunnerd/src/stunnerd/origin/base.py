@@ -64,6 +64,13 @@ def parse_origin(text: str) -> OriginSpec:
         if not path:
             raise ConfigOriginError(f"invalid config origin {text!r}: empty file path")
         return OriginSpec("file", path)
+    if "," in text and "://" in text:  # CDS replicas: "ws://a:13478,ws://b:13478"
+        specs = [parse_origin(part) for part in text.split(",") if part.strip()]
+        if len({(spec.kind, spec.tls) for spec in specs}) != 1 or specs[0].kind == "file":
+            raise ConfigOriginError(
+                f"invalid config origin {text!r}: replicas must all be http(s):// or all ws(s)://"
+            )
+        return OriginSpec(specs[0].kind, ",".join(s.location for s in specs), tls=specs[0].tls)
     if "://" in text:
         parts = urlsplit(text)
         scheme = parts.scheme.lower()

@@ -32,6 +32,7 @@ from stunner_common.cds import (
     CdsUnreachableError,
     ConfigChange,
     DeltaState,
+    TokenSource,
 )
 from stunner_common.config import ConfigError, is_zero_config, parse_config, zero_config
 from stunnerd.origin.base import ConfigEvent, ConfigOriginError
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 CDS_CONNECT_TIMEOUT_S = 10.0
 CDS_PING_INTERVAL_S = 5.0
 CDS_PONG_TIMEOUT_S = 8.0
+CDS_RECONNECT_MAX_S = 2.0
+"""Reconnects back off up to this: a CDS that returns is followed within about this long."""
 
 
 class CdsOrigin:
@@ -54,7 +57,7 @@ class CdsOrigin:
         *,
         node: str | None = None,
         env: Mapping[str, str] | None = None,
-        token: str | None = None,
+        token: str | TokenSource | None = None,
         ssl_context: ssl.SSLContext | None = None,
         backoff: Backoff | None = None,
         rand: Callable[[], float] = random.random,
@@ -64,9 +67,10 @@ class CdsOrigin:
         offer_v2: bool = True,
         suppress_delete: bool = True,
     ) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https", "ws", "wss") or not parts.netloc:
-            raise ConfigOriginError(f"invalid CDS address {base_url!r}")
+        for address in base_url.split(","):  # several replicas: "ws://a:13478,ws://b:13478"
+            parts = urlsplit(address.strip())
+            if parts.scheme not in ("http", "https", "ws", "wss") or not parts.netloc:
+                raise ConfigOriginError(f"invalid CDS address {address.strip()!r}")
         try:
             self._client = CdsClient(
                 base_url,
@@ -83,7 +87,7 @@ class CdsOrigin:
         self.name = name
         self._node = node or None
         self._env = env
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff or Backoff(cap_s=CDS_RECONNECT_MAX_S)
         self._rand = rand
         self._offer_v2 = offer_v2
         self._suppress_delete = suppress_delete
