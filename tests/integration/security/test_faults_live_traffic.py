@@ -21,10 +21,12 @@ from stunner_common.redis_keys import CONFIGS_HASH, REV_COUNTER
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
-DOWN_S = 1.5  # how long the component stays dead, with traffic flowing
+# How long each component stays dead, with traffic flowing. The CDS stays away long enough for
+# stunnerd's reconnect backoff to reach its cap: the edit must still follow soon after its return.
+DOWN_S = {"cds0": 5.0, "redis": 1.5, "operator": 1.5}
 
 
-@pytest.mark.parametrize("component", ["cds0", "redis", "operator"])
+@pytest.mark.parametrize("component", sorted(DOWN_S))
 async def test_killing_a_component_loses_no_packet_and_an_edit_made_meanwhile_applies_on_return(
     tmp_path: Path, component: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -35,17 +37,18 @@ async def test_killing_a_component_loses_no_packet_and_an_edit_made_meanwhile_ap
             await asyncio.sleep(0.5)
             assert relay.received() > 0, stack.tail()
             stack.kill(component)
+            sent_at_kill = relay.sent
             await asyncio.sleep(0.3)
             stack.add_prefix("127.0.0.2/32")
-            await asyncio.sleep(DOWN_S)
-            stack.restart(component)
+            await asyncio.sleep(DOWN_S[component])
+            assert relay.sent - sent_at_kill >= 20, "traffic flows while the component is dead"
+            await stack.restart_soon(component)
             took = await stack.wait_status(
                 lambda s: "127.0.0.2" in stack.endpoints_of(s),
                 f"the edit made while {component} was down",
             )
             await asyncio.sleep(0.5)
             lost = await relay.stop()
-            assert relay.sent > 200
             assert lost == 0, f"{lost} of {relay.sent} datagrams lost\n{stack.tail()}"
         with capsys.disabled():
             print(
@@ -70,7 +73,7 @@ async def test_redis_restarted_empty_gets_every_config_again_and_the_relay_never
             await asyncio.sleep(0.5)
             stack.kill("redis")
             stack.wipe_redis()
-            stack.restart("redis")
+            await stack.restart_soon("redis")
             started = time.monotonic()
             store = aioredis.Redis.from_url(stack.redis.url)
             try:
@@ -88,3 +91,25 @@ async def test_redis_restarted_empty_gets_every_config_again_and_the_relay_never
             assert lost == 0, f"{lost} of {relay.sent} datagrams lost\n{stack.tail()}"
         with capsys.disabled():
             print(f"\n[faults] empty Redis: every config back in {took:.2f} s, 0/{relay.sent} lost")
+
+
+async def test_a_dying_cds_replica_moves_its_watchers_to_the_other(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with running_stack(tmp_path, cds_replicas=2) as stack, echo_peer() as peer:
+        first, second = (f"127.0.0.1:{port}" for port in stack.cds_ports)
+        assert stack.grep(f"CDS watch ws://{first}/"), "stunnerd starts on the first replica"
+        async with SteadyRelay(
+            stack.udp_port, peer, stack.secrets.user, stack.secrets.password
+        ) as relay:
+            await asyncio.sleep(0.5)
+            stack.kill("cds0")  # and it stays dead
+            started = time.monotonic()
+            stack.add_prefix("127.0.0.2/32")
+            await stack.wait_status(lambda s: "127.0.0.2" in stack.endpoints_of(s), "the edit")
+            took = time.monotonic() - started
+            lost = await relay.stop()
+            assert lost == 0, f"{lost} of {relay.sent} datagrams lost\n{stack.tail()}"
+        assert stack.grep(f"CDS watch ws://{second}/"), stack.tail()
+        with capsys.disabled():
+            print(f"\n[faults] CDS replica died: edit in force via the other in {took:.2f} s")
