@@ -65,11 +65,11 @@ def run_target(
         if time_limit_s is not None:
             argv.insert(5, f"-max_total_time={int(time_limit_s)}")
         started = time.monotonic()
-        proc = subprocess.run(
-            argv, cwd=REPO, capture_output=True, text=True, errors="replace", check=False
-        )
+        log_path = artifacts / f"{name}.log"  # libFuzzer's progress lines, readable while it runs
+        with open(log_path, "w") as log:
+            proc = subprocess.run(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=False)
         seconds = time.monotonic() - started
-    out = proc.stdout + proc.stderr
+    out = log_path.read_text(errors="replace")
     done = _DONE.search(out)
     executed = int(done.group(1)) if done else _stat(out, "stat::number_of_executed_units")
     crashed = proc.returncode != 0 or done is None
