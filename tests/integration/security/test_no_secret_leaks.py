@@ -111,6 +111,7 @@ async def test_no_secret_in_any_log_or_endpoint_of_a_full_run_at_debug(tmp_path:
             for name, run in (("turncat", good), ("turncat tls", tls), ("turncat 401", bad)):
                 found += leaks(name, (run[1] + run[2]).decode(errors="replace"), needles)
         http = stack.http
+        bearer = {"Authorization": f"Bearer {stack.cds_token}"}
         health = f"http://127.0.0.1:{stack.health_port}"
         cds = f"http://127.0.0.1:{stack.cds_ports[0]}"
         for url in (
@@ -123,10 +124,11 @@ async def test_no_secret_in_any_log_or_endpoint_of_a_full_run_at_debug(tmp_path:
             f"{cds}/api/v1/configs/stunner/missing",
             f"{cds}/api/v1/nothing",
         ):
-            reply = await http.get(url)
-            found += leaks(url, reply.text, needles)
+            for headers in ({}, {"Authorization": "Bearer wrong"}, bearer):
+                reply = await http.get(url, headers=headers)
+                found += leaks(url, reply.text, needles)
         # the canary: the secrets are where they belong (the config API), in the form searched
-        configs = (await http.get(f"{cds}/api/v1/configs")).text
+        configs = (await http.get(f"{cds}/api/v1/configs", headers=bearer)).text
         assert stack.secrets.password in configs
         assert needles["TLS key (0)"] in configs
         status = await stack.status()
