@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from aioice import stun
 from aioice.turn import create_turn_endpoint
-from fixtures.stunnerd.harness import PASSWORD, USER, start_stunnerd
 from OpenSSL import SSL
 from security_stack import echo_peer
+
+from support.stunnerd_process import PASSWORD, USER, start_stunnerd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
