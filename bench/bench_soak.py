@@ -106,6 +106,7 @@ class Driver:
         self.rng = random.Random(15)
         self.allocations = self.deleted = self.abandoned = self.failures = 0
         self.sent = self.echoed = 0
+        self.failure_kinds: dict[str, int] = {}
 
     async def slot(self, delay_s: float) -> None:
         from aioice.turn import create_turn_endpoint
@@ -121,8 +122,10 @@ class Driver:
                         password=PASSWORD,
                         lifetime=LIFETIME_S,
                     )
-            except Exception:
+            except Exception as exc:
                 self.failures += 1
+                kind = type(exc).__name__
+                self.failure_kinds[kind] = self.failure_kinds.get(kind, 0) + 1
                 await asyncio.sleep(1.0)
                 continue
             self.allocations += 1
@@ -216,6 +219,8 @@ def main() -> None:
         f"({d['deleted']} deleted, {d['abandoned']} left to expire, {d['failures']} failed), "
         f"peak {result['peak_allocations']} live, {d['echoed']}/{d['sent']} datagrams echoed"
     )
+    if d["failure_kinds"]:
+        print(f"soak: failed allocations by error: {d['failure_kinds']}")
     print(
         f"soak: RSS {base['rss_kb'] / 1024:.1f} MiB before, {warm['rss_kb'] / 1024:.1f} after "
         f"warm-up, {end['rss_kb'] / 1024:.1f} at the end: growth {growth:+.2f} % (limit 5 %)"
