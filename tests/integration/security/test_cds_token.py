@@ -42,10 +42,7 @@ async def test_a_wrong_token_gets_a_clear_401_line_and_a_rotated_file_is_followe
     right = stack.cds_token
     stack.token_file.write_text("not-the-token\n")
     try:
-        stack.start_redis()
-        stack.start_operator()
-        stack.start_cds()
-        stack.start_stunnerd()
+        stack.start_all()
         lines = await wait_for_log(stack, "refused the watch (401 Unauthorized)")
         assert "the bearer token is wrong" in lines[0]
         assert "CDS_TOKEN" in lines[0]
@@ -62,10 +59,7 @@ async def test_a_missing_token_is_refused_and_named_missing(tmp_path: Path) -> N
     stack = Stack(tmp_path)
     stack.token_file.unlink()
     try:
-        stack.start_redis()
-        stack.start_operator()
-        stack.start_cds()
-        stack.start_stunnerd()
+        stack.start_all()
         lines = await wait_for_log(stack, "refused the watch (401 Unauthorized)")
         assert "the bearer token is missing" in lines[0]
         await wait_for_log(stack, "cannot read it")  # the file's problem, said once
