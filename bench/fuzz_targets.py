@@ -243,8 +243,9 @@ class DtlsTarget:
 
         self.ssl = SSL
         self.live = _LiveServer()
-        self.listener = self.live.listeners["TURN-DTLS"]
-        self.proto = self.listener.protocol
+        listener: Any = self.live.listeners["TURN-DTLS"]
+        self.listener = listener
+        self.proto = listener.protocol
         self.addr = ("127.0.0.1", 9)  # the discard port: what the server answers goes nowhere
         self.client: Any = None
 
@@ -393,7 +394,7 @@ def seeds(name: str) -> list[bytes]:
         from aioice import stun
 
         out = []
-        for method, attrs in [
+        requests: list[tuple[stun.Method, dict[str, Any]]] = [
             (stun.Method.BINDING, {}),
             (stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24, "LIFETIME": 600}),
             (stun.Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": ("127.0.0.1", 9)}),
@@ -402,7 +403,8 @@ def seeds(name: str) -> list[bytes]:
                 {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": ("127.0.0.1", 9)},
             ),
             (stun.Method.REFRESH, {"LIFETIME": 0}),
-        ]:
+        ]
+        for method, attrs in requests:
             out.append(bytes(stun.Message(method, stun.Class.REQUEST, attributes=dict(attrs))))
         out.append(
             bytes(
@@ -485,7 +487,7 @@ INSTRUMENTED = (
 
 
 def main(argv: list[str]) -> None:
-    import atheris
+    import atheris  # type: ignore[import-untyped]
 
     name, libfuzzer_args = argv[1], argv[2:]
     with atheris.instrument_imports(

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from security_stack import Stack, SteadyRelay, echo_peer, running_stack
+
+from support.security_stack import Stack, SteadyRelay, echo_peer, running_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from security_stack import GATEWAY, SteadyRelay, echo_peer, running_stack
 
 from stunner_common.redis_keys import CONFIGS_HASH, REV_COUNTER
+from support.security_stack import GATEWAY, SteadyRelay, echo_peer, running_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

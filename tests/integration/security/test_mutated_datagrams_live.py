@@ -13,13 +13,14 @@ import contextlib
 import random
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aioice import stun
 from aioice.turn import create_turn_endpoint
 from OpenSSL import SSL
-from security_stack import echo_peer
 
+from support.security_stack import echo_peer
 from support.stunnerd_process import PASSWORD, USER, start_stunnerd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -29,13 +30,14 @@ DATAGRAMS = 20_000
 
 def seeds() -> list[bytes]:
     out = []
-    for method, attrs in [
+    requests: list[tuple[stun.Method, dict[str, Any]]] = [
         (stun.Method.BINDING, {}),
         (stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24, "LIFETIME": 600}),
         (stun.Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": ("127.0.0.1", 9)}),
         (stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": ("::1", 9)}),
         (stun.Method.REFRESH, {"LIFETIME": 0}),
-    ]:
+    ]
+    for method, attrs in requests:
         msg = stun.Message(method, stun.Class.REQUEST, attributes=dict(attrs))
         out.append(bytes(msg))
         msg.attributes.update({"USERNAME": USER, "REALM": "stunner.l7mp.io", "NONCE": b"0" * 24})
@@ -114,7 +116,7 @@ async def test_stunnerd_survives_20000_mutated_datagrams_and_still_relays(tmp_pa
                             sock.recv(65536, socket.MSG_DONTWAIT)
                         except BlockingIOError:
                             break
-        assert server.proc.alive(), server.proc.output()[-3000:]
+        assert server.proc.proc.alive(), server.proc.proc.output()[-3000:]
 
         class Receiver(asyncio.DatagramProtocol):
             def __init__(self) -> None:
@@ -133,8 +135,8 @@ async def test_stunnerd_survives_20000_mutated_datagrams_and_still_relays(tmp_pa
                     assert await receiver.got.get() == b"still relaying"
             finally:
                 transport.close()
-        log = server.proc.output()
-        assert server.proc.alive(), log[-3000:]
+        log = server.proc.proc.output()
+        assert server.proc.proc.alive(), log[-3000:]
         assert "Traceback" not in log, log[-5000:]
         assert "failed on a client message" not in log, log[-5000:]
     finally:

@@ -22,12 +22,12 @@ import httpx
 import pytest
 from aioice import stun
 from aioice.turn import create_turn_endpoint
-from security_stack import Stack, echo_peer
 
 from stunner_common.auth import ephemeral_credentials
 from stunner_common.config import self_signed_pair
 from support.ports import free_port, free_udp_tcp_port
 from support.processes import ServerProcess
+from support.security_stack import Stack, echo_peer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
