@@ -27,7 +27,7 @@ from support.ports import free_port, free_udp_tcp_port
 from support.processes import ServerProcess, wait_for_tcp
 from support.redis_server import RedisServer
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = "stunner/udp-gateway"
 STEP_TIMEOUT_S = 30.0
 
