@@ -218,8 +218,9 @@ class DtlsListener(Listener):
         self.refused_connections = 0  # over the per-source cap
 
     async def start(self) -> None:
+        inherited, self.inherited_socket = self.inherited_socket, None
         _sock, transport, self.protocol = await open_listener_socket(
-            self.loop, self.spec, lambda: DtlsListenerProtocol(self)
+            self.loop, self.spec, lambda: DtlsListenerProtocol(self), inherited
         )
         self.transport = transport
         raw_sendto = transport.sendto

@@ -128,6 +128,9 @@ class Listener:
         self.connections = 0
         self.connections_total = 0
         self.closed = False
+        # A socket bound elsewhere (the worker supervisor's SO_REUSEPORT member) to serve
+        # instead of binding one; the listener owns it from `start` on.
+        self.inherited_socket: socket.socket | None = None
 
     # -------------------------------------------------------------- subclass hooks
 
@@ -343,6 +346,9 @@ class Listener:
             return
         self.apply(self.engine.close())
         self.closed = True
+        if self.inherited_socket is not None:
+            self.inherited_socket.close()
+            self.inherited_socket = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
 from stunnerd.net.batch import SendBatcher, gso_supported
+from stunnerd.net.binding import SocketKey, listener_bind_host, socket_kind
 from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.listener import Listener, ListenerSpec, Traffic, new_traffic
@@ -36,6 +40,10 @@ log = logging.getLogger(__name__)
 DNS_REFRESH_S = 5.0
 DNS_TIMEOUT_S = 5.0
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+
+
+SocketSource = Callable[[SocketKey], socket.socket | None]
+"""A listener's key → a pre-bound socket to serve, or None to bind one."""
 
 
 class ListenerError(Exception):
@@ -82,12 +90,19 @@ class TurnServer:
         dns_timeout_s: float = DNS_TIMEOUT_S,
         offload: OffloadManager | None = None,
         limits: ClientLimits | None = None,
+        nonce_key: bytes | None = None,
+        socket_source: SocketSource | None = None,
     ) -> None:
         self.bind_host = bind_host
         self.offload = offload  # the kernel fast path, for this process's TURN-UDP listeners
         self.limits = limits if limits is not None else ClientLimits()
         self._host_addresses = host_addresses()
         self.reuse_port = reuse_port
+        # One key for every listener (and, in worker processes, every worker and incarnation):
+        # a nonce one of them issued is honoured by all. Random when not shared.
+        self.nonce_key = nonce_key if nonce_key is not None else secrets.token_bytes(32)
+        # Pre-bound listener sockets (the supervisor's SO_REUSEPORT members), by kind/host/port.
+        self.socket_source = socket_source
         self.udp_gso = udp_gso and gso_supported()
         self.dns_refresh_s = dns_refresh_s
         self.dns_timeout_s = dns_timeout_s
@@ -150,6 +165,9 @@ class TurnServer:
         spec = self._spec(listener)
         policies = policies_for(listener, config, self.dns, self.protected(config))
         running = self._build(spec, policies)
+        if self.socket_source is not None:
+            key = SocketKey(socket_kind(spec.protocol), spec.bind_host, spec.port)
+            running.inherited_socket = self.socket_source(key)
         try:
             await running.start()
         except OSError as exc:
@@ -201,9 +219,7 @@ class TurnServer:
                 tls = load_tls_pair(listener.cert, listener.key)
             except Exception as exc:
                 raise ListenerError(f"listener {listener.name}: {exc}") from exc
-        bind_host = self.bind_host
-        if ":" in listener.address and ":" not in bind_host:
-            bind_host = "::"
+        bind_host = listener_bind_host(self.bind_host, listener.address)
         return ListenerSpec(
             name=listener.name,
             protocol=listener.protocol,
@@ -232,7 +248,7 @@ class TurnServer:
             return kind(
                 spec,
                 policies,
-                nonce_secret=secrets.token_bytes(32),
+                nonce_secret=hmac.digest(self.nonce_key, spec.name.encode(), hashlib.sha256),
                 usage=self.usage,
                 loop=loop,
                 clock_offset_s=time.time() - loop.time(),

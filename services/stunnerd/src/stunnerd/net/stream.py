@@ -222,14 +222,26 @@ class StreamListener(Listener):
             self.ssl_context = server_ssl_context(self.spec.tls)
 
     async def start(self) -> None:
+        handshake_s = self.limits.connection.handshake_timeout_s if self.ssl_context else None
+        inherited, self.inherited_socket = self.inherited_socket, None
+        if inherited is not None:
+            try:
+                self.server = await self.loop.create_server(
+                    lambda: StreamClientProtocol(self),
+                    sock=inherited,
+                    ssl=self.ssl_context,
+                    ssl_handshake_timeout=handshake_s,
+                )
+            except BaseException:
+                inherited.close()
+                raise
+            return
         self.server = await self.loop.create_server(
             lambda: StreamClientProtocol(self),
             host=self.spec.bind_host,
             port=self.spec.port,
             ssl=self.ssl_context,
-            ssl_handshake_timeout=(
-                self.limits.connection.handshake_timeout_s if self.ssl_context else None
-            ),
+            ssl_handshake_timeout=handshake_s,
             reuse_address=True,
             backlog=ACCEPT_BACKLOG,
             reuse_port=self.spec.reuse_port or None,

@@ -48,11 +48,9 @@ class ClosingDatagramProtocol(asyncio.DatagramProtocol):
 _P = TypeVar("_P", bound="ClosingDatagramProtocol")
 
 
-async def open_listener_socket(
-    loop: asyncio.AbstractEventLoop, spec: ListenerSpec, factory: Callable[[], _P]
-) -> tuple[socket.socket, asyncio.DatagramTransport, _P]:
-    """Bind the UDP socket of a TURN-UDP or TURN-DTLS listener (shared with the other workers
-    when `reuse_port`) and wrap it in a datagram endpoint; the socket is closed on failure."""
+def bind_listener_socket(spec: ListenerSpec) -> socket.socket:
+    """The UDP socket of a TURN-UDP or TURN-DTLS listener, bound (with SO_REUSEPORT when other
+    workers share the port) and non-blocking."""
     family = socket.AF_INET6 if ":" in spec.bind_host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
@@ -61,6 +59,22 @@ async def open_listener_socket(
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((spec.bind_host, spec.port))
         tune_udp_socket(sock)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def open_listener_socket(
+    loop: asyncio.AbstractEventLoop,
+    spec: ListenerSpec,
+    factory: Callable[[], _P],
+    inherited: socket.socket | None = None,
+) -> tuple[socket.socket, asyncio.DatagramTransport, _P]:
+    """Bind the UDP socket of a TURN-UDP or TURN-DTLS listener, or take the `inherited` one the
+    worker supervisor bound, and wrap it in a datagram endpoint; the socket is closed on failure."""
+    sock = inherited if inherited is not None else bind_listener_socket(spec)
+    try:
         transport, protocol = await loop.create_datagram_endpoint(factory, sock=sock)
     except BaseException:
         sock.close()
@@ -140,8 +154,9 @@ class UdpListener(Listener):
             self.offload.listener_closed(self.name)
 
     async def start(self) -> None:
+        inherited, self.inherited_socket = self.inherited_socket, None
         sock, transport, protocol = await open_listener_socket(
-            self.loop, self.spec, lambda: UdpListenerProtocol(self)
+            self.loop, self.spec, lambda: UdpListenerProtocol(self), inherited
         )
         self.protocol = protocol
         self.transport = transport

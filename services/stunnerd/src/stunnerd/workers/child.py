@@ -18,20 +18,30 @@ from stunner_common.config import ConfigError, parse_config
 from stunner_common.loglevel import apply_log_spec
 from stunner_common.logs import configure_logging
 from stunner_common.runtime import run as run_loop
+from stunnerd.net.binding import SocketKey
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.server import TurnServer
 from stunnerd.workers.local import LocalDataplane
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
+from stunnerd.workers.sockets import FdChannel, InheritedSockets
 
 log = logging.getLogger(__name__)
 
 
 async def handle(
-    dataplane: LocalDataplane, message: dict[str, Any], log_override: str | None = None
+    dataplane: LocalDataplane,
+    message: dict[str, Any],
+    log_override: str | None = None,
+    inherited: InheritedSockets | None = None,
 ) -> dict[str, Any]:
     op = message.get("op")
     reply: dict[str, Any] = {"id": message.get("id")}
     if op == "apply":
+        if inherited is not None:
+            # The supervisor sent this config's listener sockets before the request.
+            inherited.drain()
+            keys = message.get("sockets", ())
+            inherited.retain(SocketKey(str(k), str(h), int(p)) for k, h, p in keys)
         try:
             config = parse_config(str(message["config"]), expand_env=False)
         except (ConfigError, KeyError) as exc:
@@ -60,15 +70,31 @@ async def handle(
 
 
 async def serve(
-    index: int, bind_host: str, log_override: str | None, udp_gso: bool, limits: ClientLimits
+    index: int,
+    bind_host: str,
+    log_override: str | None,
+    udp_gso: bool,
+    limits: ClientLimits,
+    fd_channel: int | None = None,
 ) -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     w_transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
-    dataplane = LocalDataplane(
-        TurnServer(bind_host=bind_host, reuse_port=True, udp_gso=udp_gso, limits=limits)
-    )
+    inherited = None
+    if fd_channel is None:
+        server = TurnServer(bind_host=bind_host, reuse_port=True, udp_gso=udp_gso, limits=limits)
+    else:
+        inherited = InheritedSockets(FdChannel.from_fd(fd_channel))
+        server = TurnServer(
+            bind_host=bind_host,
+            reuse_port=True,
+            udp_gso=udp_gso,
+            limits=limits,
+            nonce_key=inherited.wait_nonce_key(),
+            socket_source=inherited.take,
+        )
+    dataplane = LocalDataplane(server)
     log.debug("worker %d ready", index)
     try:
         while True:
@@ -78,9 +104,12 @@ async def serve(
             message = decode(line)
             if message.get("op") == "close":
                 break
-            w_transport.write(encode(await handle(dataplane, message, log_override)))
+            reply = await handle(dataplane, message, log_override, inherited)
+            w_transport.write(encode(reply))
     finally:
         await dataplane.close()
+        if inherited is not None:
+            inherited.close()
         w_transport.close()
     return 0
 
@@ -92,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", default=None, help="log spec that overrides the config's")
     parser.add_argument("--no-udp-gso", dest="udp_gso", action="store_false")
     parser.add_argument("--limits", default=None, help="ClientLimits as JSON (default: defaults)")
+    parser.add_argument(
+        "--fd-channel", type=int, default=None, help="Unix socket carrying listener sockets"
+    )
     args = parser.parse_args(argv)
     limits = ClientLimits.from_json(args.limits) if args.limits else ClientLimits()
     configure_logging("text", tag=f"worker-{args.index}")
@@ -100,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     # to the process group must not kill the workers under it. A worker ends when stdin closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return run_loop(serve(args.index, args.bind, args.log, args.udp_gso, limits))
+    return run_loop(serve(args.index, args.bind, args.log, args.udp_gso, limits, args.fd_channel))
 
 
 if __name__ == "__main__":

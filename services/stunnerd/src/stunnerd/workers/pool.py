@@ -1,9 +1,11 @@
 """N worker processes behind one stunnerd: configs fan out, counters are summed.
 
 Python runs one core per process, so `--udp-thread-num N` starts N workers, each with its own
-TURN server; every listener socket is bound with SO_REUSEPORT and the kernel spreads clients over
-the workers by 5-tuple hash (a client always lands on the same worker, so its allocation lives
-there). A config is applied to every worker; if any worker fails, the workers that took it are
+TURN server. The supervisor binds every listener's SO_REUSEPORT group itself, one socket per
+worker, before any worker serves it, and hands each worker its member (`sockets`); the kernel
+spreads clients over the workers by 5-tuple hash, and since the group never changes while the
+listener stays configured, a client always lands on the same worker, whatever workers start, die
+or restart. A config is applied to every worker; if any worker fails, the workers that took it are
 sent the previous config again, so they never disagree for longer than one apply. A worker that
 dies is restarted with the config in force. Counters come from a `stats` request to each worker.
 
@@ -29,6 +31,13 @@ from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, mer
 from stunnerd.net.guard import ClientLimits
 from stunnerd.reconcile.dataplane import ApplyOutcome
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
+from stunnerd.workers.sockets import (
+    FdChannel,
+    SocketGroups,
+    config_keys,
+    new_nonce_key,
+    send_sockets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +68,11 @@ class Worker:
         udp_gso: bool = True,
         stop_timeout_s: float = 10.0,
         limits: ClientLimits | None = None,
+        nonce_key: bytes | None = None,
     ) -> None:
         self.index = index
+        self.nonce_key = nonce_key
+        self.channel: FdChannel | None = None
         self._argv = [
             sys.executable,
             "-m",
@@ -87,12 +99,22 @@ class Worker:
 
     async def start(self) -> None:
         self.exited.clear()
-        self.proc = await asyncio.create_subprocess_exec(
-            *self._argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            limit=MAX_LINE_BYTES,
-        )
+        if self.channel is not None:
+            self.channel.close()
+        self.channel, theirs = FdChannel.pair()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self._argv,
+                "--fd-channel",
+                str(theirs.fileno()),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                limit=MAX_LINE_BYTES,
+                pass_fds=(theirs.fileno(),),
+            )
+        finally:
+            theirs.close()
+        self.channel.send({"op": "nonce_key", "key": (self.nonce_key or new_nonce_key()).hex()})
         self._reader = asyncio.create_task(self._read(), name=f"stunnerd-worker-{self.index}")
 
     async def _read(self) -> None:
@@ -154,6 +176,9 @@ class Worker:
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
         self.proc = None
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
 
 
 class WorkerPool:
@@ -172,6 +197,9 @@ class WorkerPool:
         if count < 1:
             raise ValueError("a worker pool needs at least one worker")
         self.timeouts = timeouts
+        self.bind_host = bind_host
+        self.nonce_key = new_nonce_key()
+        self.sockets = SocketGroups(count)
         self.workers = [
             Worker(
                 i,
@@ -180,6 +208,7 @@ class WorkerPool:
                 udp_gso=udp_gso,
                 stop_timeout_s=timeouts.stop_s,
                 limits=limits,
+                nonce_key=self.nonce_key,
             )
             for i in range(count)
         ]
@@ -226,8 +255,15 @@ class WorkerPool:
                 await worker.request({"op": "drain"}, self.timeouts.request_s)
 
     async def _apply_one(self, worker: Worker, config: StunnerConfig) -> dict[str, Any]:
-        message = {"op": "apply", "config": config.canonical_json()}
+        keys = sorted(config_keys(config, self.bind_host))
+        message = {"op": "apply", "config": config.canonical_json(), "sockets": keys}
         try:
+            if worker.channel is None:
+                raise WorkerError(f"worker {worker.index} is not running")
+            try:
+                send_sockets(worker.channel, self.sockets.of_worker(worker.index, keys))
+            except OSError as exc:
+                raise WorkerError(f"worker {worker.index}: sockets not handed over: {exc}") from exc
             return await worker.request(message, self.timeouts.request_s)
         except WorkerError as exc:
             return {"error": str(exc)}
@@ -236,25 +272,34 @@ class WorkerPool:
         async with self._lock:
             if self.draining:
                 return ApplyOutcome(applied=False, ignored=True)
-            replies = await asyncio.gather(*(self._apply_one(w, config) for w in self.workers))
-            errors = [f"worker {i}: {r['error']}" for i, r in enumerate(replies) if r.get("error")]
-            if errors:
-                if self.running is not None:
-                    took = [
-                        w for w, r in zip(self.workers, replies, strict=True) if not r.get("error")
-                    ]
-                    await asyncio.gather(*(self._apply_one(w, self.running) for w in took))
-                return ApplyOutcome(applied=False, error="; ".join(errors))
-            if all(r.get("ignored") for r in replies):
-                return ApplyOutcome(applied=False, ignored=True)
-            self.running = config
-            first = replies[0]
-            return ApplyOutcome(
-                applied=True,
-                restarted=tuple(first.get("restarted") or ()),
-                duration_s=max(float(r.get("duration_s") or 0.0) for r in replies),
-                started=tuple((str(n), int(p)) for n, p in first.get("started") or ()),
-            )
+            try:
+                self.sockets.bind(config_keys(config, self.bind_host))
+            except OSError as exc:
+                self.sockets.retain(config_keys(self.running, self.bind_host))
+                return ApplyOutcome(applied=False, error=str(exc))
+            try:
+                return await self._apply_all(config)
+            finally:
+                self.sockets.retain(config_keys(self.running, self.bind_host))
+
+    async def _apply_all(self, config: StunnerConfig) -> ApplyOutcome:
+        replies = await asyncio.gather(*(self._apply_one(w, config) for w in self.workers))
+        errors = [f"worker {i}: {r['error']}" for i, r in enumerate(replies) if r.get("error")]
+        if errors:
+            if self.running is not None:
+                took = [w for w, r in zip(self.workers, replies, strict=True) if not r.get("error")]
+                await asyncio.gather(*(self._apply_one(w, self.running) for w in took))
+            return ApplyOutcome(applied=False, error="; ".join(errors))
+        if all(r.get("ignored") for r in replies):
+            return ApplyOutcome(applied=False, ignored=True)
+        self.running = config
+        first = replies[0]
+        return ApplyOutcome(
+            applied=True,
+            restarted=tuple(first.get("restarted") or ()),
+            duration_s=max(float(r.get("duration_s") or 0.0) for r in replies),
+            started=tuple((str(n), int(p)) for n, p in first.get("started") or ()),
+        )
 
     def _retire(self, worker: Worker) -> None:
         """Forget a dead worker's gauges; keep its traffic in `retired`."""
@@ -315,3 +360,4 @@ class WorkerPool:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
         await asyncio.gather(*(w.stop() for w in self.workers))
+        self.sockets.close()

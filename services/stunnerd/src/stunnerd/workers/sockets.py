@@ -1,0 +1,222 @@
+"""Listener sockets owned by the supervisor, so that no worker start, stop or crash moves a flow.
+
+SO_REUSEPORT picks a group member by hashing the client's address over the sockets bound to the
+port: add or remove a socket and flows move to other members, i.e. to workers that hold none of
+their allocations (438, 437, a dead call). So the supervisor binds, for every listener, one socket
+per worker before any worker serves, and holds them for as long as the listener is configured:
+the group never changes while the config does not. A worker receives its sockets by SCM_RIGHTS
+over a Unix socket pair (`FdChannel`) and serves a duplicate; while a worker is down, its share of
+the packets waits in its socket's receive queue and the replacement reads it. The same channel
+carries the nonce key, so every worker, and every incarnation of it, honours the others' nonces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Iterable
+from typing import Any
+
+from stunner_common.config import ListenerConfig, StunnerConfig
+from stunnerd.net.binding import SocketKey, listener_bind_host, socket_kind
+
+LISTEN_BACKLOG = 1024
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+MAX_MESSAGE_BYTES = 64 * 1024
+NONCE_KEY_BYTES = 32
+CHANNEL_TIMEOUT_S = 10.0
+
+
+def listener_key(listener: ListenerConfig, bind_host: str) -> SocketKey:
+    return SocketKey(
+        socket_kind(listener.protocol),
+        listener_bind_host(bind_host, listener.address),
+        listener.port,
+    )
+
+
+def config_keys(config: StunnerConfig | None, bind_host: str) -> set[SocketKey]:
+    if config is None:
+        return set()
+    return {listener_key(lst, bind_host) for lst in config.listeners}
+
+
+def bind_reuseport(key: SocketKey, port: int) -> socket.socket:
+    """One member of a listener's SO_REUSEPORT group, bound (and listening, for TCP)."""
+    family = socket.AF_INET6 if ":" in key.host else socket.AF_INET
+    kind = socket.SOCK_STREAM if key.kind == "tcp" else socket.SOCK_DGRAM
+    sock = socket.socket(family, kind)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if kind == socket.SOCK_STREAM:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        else:
+            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+        sock.setblocking(False)
+        sock.bind((key.host, port))
+        if kind == socket.SOCK_STREAM:
+            sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class SocketGroups:
+    """The supervisor's sockets: per listener key, one bound socket per worker index."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.groups: dict[SocketKey, list[socket.socket]] = {}
+
+    def bind(self, keys: Iterable[SocketKey]) -> None:
+        """Bind the groups of `keys` that do not exist yet; all or nothing per group.
+
+        Raises OSError (port in use, address not available) naming the key.
+        """
+        for key in sorted(keys):
+            if key in self.groups:
+                continue
+            group: list[socket.socket] = []
+            try:
+                port = key.port
+                for _ in range(self.workers):
+                    sock = bind_reuseport(key, port)
+                    group.append(sock)
+                    port = int(sock.getsockname()[1])  # port 0: the others join the first's
+            except OSError as exc:
+                for sock in group:
+                    sock.close()
+                raise OSError(
+                    exc.errno, f"cannot bind {key.kind.upper()} {key.host}:{key.port}: {exc}"
+                ) from exc
+            self.groups[key] = group
+
+    def retain(self, keys: Iterable[SocketKey]) -> None:
+        """Close every group not in `keys` (its listener is gone from the config)."""
+        keep = set(keys)
+        for key in [k for k in self.groups if k not in keep]:
+            for sock in self.groups.pop(key):
+                sock.close()
+
+    def of_worker(self, index: int, keys: Iterable[SocketKey]) -> list[tuple[SocketKey, int]]:
+        return [(key, self.groups[key][index].fileno()) for key in sorted(keys)]
+
+    def port(self, key: SocketKey) -> int:
+        return int(self.groups[key][0].getsockname()[1])
+
+    def close(self) -> None:
+        self.retain(())
+
+
+class FdChannel:
+    """One end of a supervisor ↔ worker Unix socket pair: JSON messages, some carrying an fd.
+
+    SOCK_SEQPACKET keeps message boundaries; a message sent is in the peer's receive queue when
+    `send` returns, so a worker that drains the channel after reading a request on its stdin
+    sees every socket the supervisor sent before writing that request.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    @classmethod
+    def pair(cls) -> tuple[FdChannel, socket.socket]:
+        """The supervisor's end, and the socket to hand to the child (inheritable)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        theirs.set_inheritable(True)
+        return cls(ours), theirs
+
+    @classmethod
+    def from_fd(cls, fd: int) -> FdChannel:
+        return cls(socket.socket(fileno=fd))
+
+    def send(self, message: dict[str, Any], fd: int | None = None) -> None:
+        data = json.dumps(message, separators=(",", ":")).encode()
+        self.sock.settimeout(CHANNEL_TIMEOUT_S)
+        socket.send_fds(self.sock, [data], [] if fd is None else [fd])
+
+    def receive(self, *, block: bool) -> tuple[dict[str, Any], socket.socket | None] | None:
+        """The next message and its socket, or None when nothing is queued (`block=False`)."""
+        self.sock.settimeout(CHANNEL_TIMEOUT_S if block else 0.0)
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MESSAGE_BYTES, 1)
+        except BlockingIOError:
+            return None
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            raise ConnectionError("the supervisor closed the socket channel")
+        message = json.loads(data)
+        sock = socket.socket(fileno=fds[0]) if fds else None
+        if sock is not None:
+            sock.setblocking(False)
+        return message, sock
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class InheritedSockets:
+    """The worker's side: the sockets the supervisor handed over, by key, and the nonce key."""
+
+    def __init__(self, channel: FdChannel) -> None:
+        self.channel = channel
+        self.sockets: dict[SocketKey, socket.socket] = {}
+        self.nonce_key: bytes | None = None
+
+    def wait_nonce_key(self) -> bytes:
+        """Block until the supervisor's first message (the nonce key) arrives."""
+        while self.nonce_key is None:
+            got = self.channel.receive(block=True)
+            if got is not None:
+                self._take(*got)
+        return self.nonce_key
+
+    def drain(self) -> None:
+        """Take every message queued on the channel (call before applying a config)."""
+        while (got := self.channel.receive(block=False)) is not None:
+            self._take(*got)
+
+    def _take(self, message: dict[str, Any], sock: socket.socket | None) -> None:
+        if message.get("op") == "nonce_key":
+            self.nonce_key = bytes.fromhex(str(message["key"]))
+        elif message.get("op") == "socket" and sock is not None:
+            key = SocketKey(str(message["kind"]), str(message["host"]), int(message["port"]))
+            old = self.sockets.pop(key, None)
+            if old is not None:
+                old.close()
+            self.sockets[key] = sock
+        elif sock is not None:
+            sock.close()
+
+    def retain(self, keys: Iterable[SocketKey]) -> None:
+        keep = set(keys)
+        for key in [k for k in self.sockets if k not in keep]:
+            self.sockets.pop(key).close()
+
+    def take(self, key: SocketKey) -> socket.socket | None:
+        """A duplicate of the socket for this listener (the listener owns and closes it)."""
+        sock = self.sockets.get(key)
+        if sock is None:
+            return None
+        dup = sock.dup()
+        dup.setblocking(False)
+        return dup
+
+    def close(self) -> None:
+        self.retain(())
+        self.channel.close()
+
+
+def send_sockets(channel: FdChannel, entries: list[tuple[SocketKey, int]]) -> None:
+    for key, fd in entries:
+        channel.send({"op": "socket", "kind": key.kind, "host": key.host, "port": key.port}, fd)
+
+
+def new_nonce_key() -> bytes:
+    return os.urandom(NONCE_KEY_BYTES)
