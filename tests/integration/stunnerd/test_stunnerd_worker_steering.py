@@ -50,13 +50,18 @@ class CountingReceiver(asyncio.DatagramProtocol):
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
+        self.first = asyncio.Event()  # sequence number 0 came back
         self.other = 0
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         try:
-            self.seen.add(int(data.split(b":")[1]))
+            seq = int(data.split(b":")[1])
         except (IndexError, ValueError):
             self.other += 1
+            return
+        self.seen.add(seq)
+        if seq == 0:
+            self.first.set()
 
 
 class Flow:
@@ -88,8 +93,7 @@ class Flow:
         """Bind the channel (aioice does it on the first send) and see one datagram come back."""
         async with asyncio.timeout(STEP_TIMEOUT_S):
             await self.inner.send_data(b"%d:0" % self.index, peer)
-            while 0 not in self.receiver.seen:
-                await asyncio.sleep(0.02)
+            await self.receiver.first.wait()
 
     async def refresh(self) -> int:
         """Refresh the allocation; 0 when it succeeds, else the error code."""
@@ -220,6 +224,7 @@ async def test_a_killed_worker_loses_only_its_own_flows_and_its_clients_get_437(
         again.inner.peer_to_channel.clear()
         again.inner.channel_to_peer.clear()
         again.receiver.seen.clear()
+        again.receiver.first.clear()
         async with asyncio.timeout(STEP_TIMEOUT_S):
             await again.inner.connect()
         await again.bind(peer)

@@ -1,0 +1,42 @@
+LISTENER: int
+RELAY: int
+BATCH: int
+
+class FastRelay:
+    def fileno(self) -> int: ...
+    def watch(self, fd: int, kind: int, slot: int, /) -> None: ...
+    def unwatch(self, fd: int, /) -> None: ...
+    def add_client_route(
+        self,
+        listener_fd: int,
+        client_host: str,
+        client_port: int,
+        channel: int,
+        relay_fd: int,
+        peer_host: str,
+        peer_port: int,
+        cluster_slot: int,
+        /,
+    ) -> None: ...
+    def add_peer_route(
+        self,
+        relay_fd: int,
+        peer_host: str,
+        peer_port: int,
+        channel: int,
+        listener_fd: int,
+        client_host: str,
+        client_port: int,
+        cluster_slot: int,
+        /,
+    ) -> None: ...
+    def remove_client_route(
+        self, listener_fd: int, client_host: str, client_port: int, channel: int, /
+    ) -> None: ...
+    def remove_peer_route(
+        self, relay_fd: int, peer_host: str, peer_port: int, channel: int, /
+    ) -> None: ...
+    def poll(self) -> list[tuple[int, bytes, tuple[str, int]]]: ...
+    def take_counters(self) -> list[tuple[int, int, int, int, int]]: ...
+    def stats(self) -> dict[str, int]: ...
+    def close(self) -> None: ...

@@ -1,0 +1,145 @@
+"""The established-channel relay in C, where it was built; stunnerd relays in Python otherwise.
+
+At media rates (tens of datagrams per second on each of thousands of relay sockets) the event
+loop wakes up, makes a bytes object and an address tuple, and runs a Python callback for every
+datagram. `FastPath` hands the listener and relay sockets of TURN-UDP listeners to the C
+extension `stunnerd._fastpath` instead: the loop watches one epoll descriptor, and each wake-up
+drains every ready socket with recvmmsg, relays the datagrams of bound channels (sendto to the
+peer, sendmmsg of ChannelData to clients) and gives Python only the rest, which goes through
+the engine as before. The tables are fed from the same channel-route effects as the Python
+routes. Counters are kept in C per slot (a listener's or a cluster's `Traffic` list) and folded
+into those lists by `fold()`. `STUNNERD_FASTPATH=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+try:
+    from stunnerd import _fastpath
+except ImportError:  # not built (no compiler at install time): the Python path relays
+    _fastpath = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+Handler = Callable[[bytes, Any], None]
+
+
+def available() -> bool:
+    return _fastpath is not None
+
+
+def wanted(env: Mapping[str, str] | None = None) -> bool:
+    """Built, and not turned off with STUNNERD_FASTPATH=0."""
+    env = os.environ if env is None else env
+    off = env.get("STUNNERD_FASTPATH", "1").lower() in ("0", "false", "no", "off")
+    return available() and not off
+
+
+class FastPath:
+    """The C relay of one event loop: its sockets, routes, counter slots and slow-path handlers."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        if _fastpath is None:
+            raise RuntimeError("stunnerd._fastpath is not built")
+        self.relay = _fastpath.FastRelay()
+        self.loop = loop
+        self.handlers: dict[int, Handler] = {}
+        self.slots: list[list[int]] = []
+        self._slot_of: dict[int, int] = {}
+        self.closed = False
+        loop.add_reader(self.relay.fileno(), self._ready)
+
+    def slot(self, counts: list[int]) -> int:
+        """The C counter slot that folds into `counts` (a `Traffic` list, kept alive here)."""
+        slot = self._slot_of.get(id(counts))
+        if slot is None:
+            slot = self._slot_of[id(counts)] = len(self.slots)
+            self.slots.append(counts)
+        return slot
+
+    def watch_listener(self, sock: socket.socket, counts: list[int], handler: Handler) -> None:
+        """Read a client-facing socket here; `handler(data, addr)` gets what no route takes."""
+        self.handlers[sock.fileno()] = handler
+        self.relay.watch(sock.fileno(), _fastpath.LISTENER, self.slot(counts))
+
+    def watch_relay(self, sock: socket.socket, counts: list[int], handler: Handler) -> None:
+        """Read an allocation's relay socket here; datagrams sent on to clients count in the
+        listener's `counts` (tx)."""
+        self.handlers[sock.fileno()] = handler
+        self.relay.watch(sock.fileno(), _fastpath.RELAY, self.slot(counts))
+
+    def unwatch(self, sock: socket.socket) -> None:
+        """Before closing `sock`: stop reading it and forget every route through it."""
+        fd = sock.fileno()
+        if fd < 0 or self.closed:
+            return
+        self.handlers.pop(fd, None)
+        self.relay.unwatch(fd)
+
+    def add_route(
+        self,
+        listener: socket.socket,
+        client: Address,
+        channel: int,
+        relay: socket.socket,
+        peer: Address,
+        cluster_counts: list[int],
+    ) -> None:
+        slot = self.slot(cluster_counts)
+        lfd, rfd = listener.fileno(), relay.fileno()
+        self.relay.add_client_route(lfd, client[0], client[1], channel, rfd, peer[0], peer[1], slot)
+        self.relay.add_peer_route(rfd, peer[0], peer[1], channel, lfd, client[0], client[1], slot)
+
+    def remove_route(
+        self,
+        listener: socket.socket,
+        client: Address,
+        channel: int,
+        relay: socket.socket | None,
+        peer: Address,
+    ) -> None:
+        self.relay.remove_client_route(listener.fileno(), client[0], client[1], channel)
+        if relay is not None and relay.fileno() >= 0:
+            self.relay.remove_peer_route(relay.fileno(), peer[0], peer[1], 0)
+
+    def _ready(self) -> None:
+        try:
+            misses = self.relay.poll()
+        except Exception:
+            log.exception("fast path: poll failed")
+            return
+        handlers = self.handlers
+        for fd, data, addr in misses:
+            handler = handlers.get(fd)
+            if handler is not None:
+                handler(data, addr)
+
+    def fold(self) -> None:
+        """Add the counts made in C since the last fold into their `Traffic` lists."""
+        if self.closed:
+            return
+        slots = self.slots
+        for slot, rx_pkts, rx_bytes, tx_pkts, tx_bytes in self.relay.take_counters():
+            counts = slots[slot]
+            counts[0] += rx_pkts
+            counts[1] += rx_bytes
+            counts[2] += tx_pkts
+            counts[3] += tx_bytes
+
+    def stats(self) -> dict[str, int]:
+        return dict(self.relay.stats())
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.fold()
+        self.closed = True
+        self.loop.remove_reader(self.relay.fileno())
+        self.relay.close()

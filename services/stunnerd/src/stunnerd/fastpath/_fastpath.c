@@ -1,0 +1,673 @@
+/*
+ * stunnerd._fastpath: the established-channel relay of a TURN-UDP listener, in C.
+ *
+ * One `FastRelay` per event loop owns an epoll set holding the listener sockets and the relay
+ * sockets of their allocations. The event loop watches the epoll descriptor; when it is ready,
+ * `poll()` drains every ready socket with recvmmsg. A ChannelData frame from a client whose
+ * (listener, client address, channel) has a route is sent to its peer through the allocation's
+ * relay socket; a datagram from a peer whose (relay socket, peer address) has a route goes back
+ * to the client as ChannelData, batched with sendmmsg per listener socket. Neither creates a
+ * Python object. Everything else is returned to Python as (fd, bytes, address) for the engine.
+ *
+ * The tables are fed from the engine's channel-route effects (routes added and removed, relay
+ * sockets closed); counters are kept per slot (a listener's or a cluster's traffic) and handed
+ * to Python by `take_counters()`, which zeroes them.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define BATCH 64
+#define BUF_BYTES 65536
+#define MAX_EVENTS 256
+#define DRAIN_ROUNDS 8 /* recvmmsg calls per ready socket per poll, for fairness */
+
+enum { KIND_NONE = 0, KIND_LISTENER = 1, KIND_RELAY = 2 };
+enum { RX_PKTS = 0, RX_BYTES = 1, TX_PKTS = 2, TX_BYTES = 3 };
+
+typedef struct {
+    int32_t fd;
+    uint16_t channel;
+    uint16_t family;
+    uint16_t port; /* network order */
+    uint16_t pad;
+    uint8_t addr[16];
+} Key;
+
+typedef struct {
+    Key key;
+    int state; /* 0 empty, 1 used, 2 deleted */
+    int out_fd;
+    struct sockaddr_storage dest;
+    socklen_t dest_len;
+    uint16_t channel;
+    int slot; /* cluster counters */
+} Entry;
+
+typedef struct {
+    Entry *entries;
+    size_t cap, used, deleted;
+} Table;
+
+typedef struct {
+    uint8_t kind;
+    int slot; /* listener counters: rx on a listener, tx to clients for a relay */
+} FdInfo;
+
+typedef struct {
+    PyObject_HEAD
+    int epfd;
+    Table clients; /* (listener fd, client, channel) -> relay fd, peer */
+    Table peers;   /* (relay fd, peer) -> listener fd, client, channel */
+    FdInfo *fds;
+    size_t nfds;
+    uint64_t (*counters)[4];
+    size_t ncounters;
+    /* receive side */
+    struct mmsghdr rx[BATCH];
+    struct iovec rx_iov[BATCH];
+    struct sockaddr_storage rx_addr[BATCH];
+    uint8_t *rx_buf;
+    /* peer -> client sends, batched per listener fd */
+    struct mmsghdr tx[BATCH];
+    struct iovec tx_iov[BATCH];
+    struct sockaddr_storage tx_addr[BATCH];
+    uint8_t *tx_buf;
+    int tx_count;
+    int tx_fd;
+    uint64_t relayed, missed;
+} FastRelay;
+
+/* ------------------------------------------------------------------ keys and tables */
+
+static int key_from_sockaddr(Key *k, int fd, uint16_t channel, const struct sockaddr *sa) {
+    memset(k, 0, sizeof(*k));
+    k->fd = fd;
+    k->channel = channel;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        k->family = AF_INET;
+        k->port = in->sin_port;
+        memcpy(k->addr, &in->sin_addr, 4);
+        return 0;
+    }
+    if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+        k->family = AF_INET6;
+        k->port = in6->sin6_port;
+        memcpy(k->addr, &in6->sin6_addr, 16);
+        return 0;
+    }
+    return -1;
+}
+
+static uint64_t key_hash(const Key *k) {
+    const uint8_t *p = (const uint8_t *)k;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < sizeof(*k); i++) {
+        h ^= p[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+static Entry *table_find(Table *t, const Key *k) {
+    if (t->cap == 0)
+        return NULL;
+    size_t mask = t->cap - 1;
+    size_t i = (size_t)key_hash(k) & mask;
+    for (size_t n = 0; n < t->cap; n++, i = (i + 1) & mask) {
+        Entry *e = &t->entries[i];
+        if (e->state == 0)
+            return NULL;
+        if (e->state == 1 && memcmp(&e->key, k, sizeof(*k)) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static int table_grow(Table *t) {
+    size_t cap = t->cap ? t->cap * 2 : 256;
+    if (t->used * 2 < t->cap)
+        cap = t->cap; /* mostly tombstones: rehash at the same size */
+    Entry *fresh = PyMem_Calloc(cap, sizeof(Entry));
+    if (fresh == NULL)
+        return -1;
+    size_t mask = cap - 1;
+    for (size_t j = 0; j < t->cap; j++) {
+        Entry *e = &t->entries[j];
+        if (e->state != 1)
+            continue;
+        size_t i = (size_t)key_hash(&e->key) & mask;
+        while (fresh[i].state != 0)
+            i = (i + 1) & mask;
+        fresh[i] = *e;
+    }
+    PyMem_Free(t->entries);
+    t->entries = fresh;
+    t->cap = cap;
+    t->deleted = 0;
+    return 0;
+}
+
+static Entry *table_put(Table *t, const Key *k) {
+    Entry *e = table_find(t, k);
+    if (e != NULL)
+        return e;
+    if ((t->used + t->deleted + 1) * 10 > t->cap * 6 && table_grow(t) < 0)
+        return NULL;
+    size_t mask = t->cap - 1;
+    size_t i = (size_t)key_hash(k) & mask;
+    while (t->entries[i].state == 1)
+        i = (i + 1) & mask;
+    e = &t->entries[i];
+    if (e->state == 2)
+        t->deleted--;
+    memset(e, 0, sizeof(*e));
+    e->key = *k;
+    e->state = 1;
+    t->used++;
+    return e;
+}
+
+static void table_delete(Table *t, Entry *e) {
+    e->state = 2;
+    t->used--;
+    t->deleted++;
+}
+
+static void table_forget_fd(Table *t, int fd) {
+    for (size_t j = 0; j < t->cap; j++) {
+        Entry *e = &t->entries[j];
+        if (e->state == 1 && (e->key.fd == fd || e->out_fd == fd))
+            table_delete(t, e);
+    }
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static int parse_addr(PyObject *host, int port, struct sockaddr_storage *ss, socklen_t *len) {
+    const char *text = PyUnicode_AsUTF8(host);
+    if (text == NULL)
+        return -1;
+    memset(ss, 0, sizeof(*ss));
+    if (port < 0 || port > 65535) {
+        PyErr_SetString(PyExc_ValueError, "port out of range");
+        return -1;
+    }
+    if (strchr(text, ':') != NULL) {
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons((uint16_t)port);
+        if (inet_pton(AF_INET6, text, &in6->sin6_addr) != 1)
+            goto bad;
+        *len = sizeof(*in6);
+        return 0;
+    }
+    struct sockaddr_in *in = (struct sockaddr_in *)ss;
+    in->sin_family = AF_INET;
+    in->sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, text, &in->sin_addr) != 1)
+        goto bad;
+    *len = sizeof(*in);
+    return 0;
+bad:
+    PyErr_Format(PyExc_ValueError, "not an IP address: %s", text);
+    return -1;
+}
+
+static PyObject *addr_tuple(const struct sockaddr_storage *ss) {
+    char text[INET6_ADDRSTRLEN];
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+        return Py_BuildValue("(si)", text, (int)ntohs(in->sin_port));
+    }
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+        return Py_BuildValue("(siII)", text, (int)ntohs(in6->sin6_port),
+                             (unsigned)ntohl(in6->sin6_flowinfo), (unsigned)in6->sin6_scope_id);
+    }
+    Py_RETURN_NONE;
+}
+
+static int ensure_fd(FastRelay *self, int fd) {
+    if ((size_t)fd < self->nfds)
+        return 0;
+    size_t n = self->nfds ? self->nfds : 64;
+    while (n <= (size_t)fd)
+        n *= 2;
+    FdInfo *fresh = PyMem_Realloc(self->fds, n * sizeof(FdInfo));
+    if (fresh == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(fresh + self->nfds, 0, (n - self->nfds) * sizeof(FdInfo));
+    self->fds = fresh;
+    self->nfds = n;
+    return 0;
+}
+
+static int ensure_slot(FastRelay *self, int slot) {
+    if (slot < 0 || (size_t)slot < self->ncounters)
+        return 0;
+    size_t n = self->ncounters ? self->ncounters : 16;
+    while (n <= (size_t)slot)
+        n *= 2;
+    uint64_t(*fresh)[4] = PyMem_Realloc(self->counters, n * sizeof(*fresh));
+    if (fresh == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(fresh + self->ncounters, 0, (n - self->ncounters) * sizeof(*fresh));
+    self->counters = fresh;
+    self->ncounters = n;
+    return 0;
+}
+
+static inline void count(FastRelay *self, int slot, int dir, size_t bytes) {
+    if (slot >= 0 && (size_t)slot < self->ncounters) {
+        self->counters[slot][dir] += 1;
+        self->counters[slot][dir + 1] += bytes;
+    }
+}
+
+static void flush_tx(FastRelay *self) {
+    int sent = 0;
+    while (sent < self->tx_count) {
+        int n = sendmmsg(self->tx_fd, self->tx + sent, (unsigned)(self->tx_count - sent), 0);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR)
+                continue;
+            /* A full buffer or a vanished client: UDP may drop; skip the datagram at fault. */
+            sent++;
+            continue;
+        }
+        sent += n;
+    }
+    self->tx_count = 0;
+}
+
+static int miss(PyObject *out, int fd, const uint8_t *data, size_t len,
+                const struct sockaddr_storage *from) {
+    PyObject *addr = addr_tuple(from);
+    if (addr == NULL)
+        return -1;
+    PyObject *item = Py_BuildValue("(iy#N)", fd, (const char *)data, (Py_ssize_t)len, addr);
+    if (item == NULL)
+        return -1;
+    int rc = PyList_Append(out, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ the hot path */
+
+static int drain_listener(FastRelay *self, int fd, PyObject *out) {
+    int lslot = self->fds[fd].slot;
+    for (int round = 0; round < DRAIN_ROUNDS; round++) {
+        for (int i = 0; i < BATCH; i++) {
+            self->rx_iov[i].iov_len = BUF_BYTES;
+            self->rx[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_storage);
+        }
+        int got = recvmmsg(fd, self->rx, BATCH, MSG_DONTWAIT, NULL);
+        if (got <= 0)
+            return 0;
+        for (int i = 0; i < got; i++) {
+            uint8_t *d = self->rx_iov[i].iov_base;
+            size_t size = self->rx[i].msg_len;
+            count(self, lslot, RX_PKTS, size);
+            if (size >= 4 && d[0] >= 0x40 && d[0] <= 0x7F &&
+                !(self->rx[i].msg_hdr.msg_flags & MSG_TRUNC)) {
+                Key k;
+                uint16_t channel = (uint16_t)((d[0] << 8) | d[1]);
+                if (key_from_sockaddr(&k, fd, channel,
+                                      (struct sockaddr *)&self->rx_addr[i]) == 0) {
+                    Entry *e = table_find(&self->clients, &k);
+                    size_t n = ((size_t)d[2] << 8) | d[3];
+                    if (e != NULL && n <= size - 4) {
+                        count(self, e->slot, TX_PKTS, n);
+                        while (sendto(e->out_fd, d + 4, n, 0, (struct sockaddr *)&e->dest,
+                                      e->dest_len) < 0 && errno == EINTR) {
+                        }
+                        self->relayed++;
+                        continue;
+                    }
+                }
+            }
+            self->missed++;
+            if (miss(out, fd, d, size, &self->rx_addr[i]) < 0)
+                return -1;
+        }
+        if (got < BATCH)
+            return 0;
+    }
+    return 0;
+}
+
+static int drain_relay(FastRelay *self, int fd, PyObject *out) {
+    for (int round = 0; round < DRAIN_ROUNDS; round++) {
+        for (int i = 0; i < BATCH; i++) {
+            self->rx_iov[i].iov_len = BUF_BYTES - 4;
+            self->rx[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_storage);
+        }
+        int got = recvmmsg(fd, self->rx, BATCH, MSG_DONTWAIT, NULL);
+        if (got <= 0)
+            return 0;
+        for (int i = 0; i < got; i++) {
+            uint8_t *d = self->rx_iov[i].iov_base;
+            size_t size = self->rx[i].msg_len;
+            Key k;
+            Entry *e = NULL;
+            if (size <= 0xFFFF && !(self->rx[i].msg_hdr.msg_flags & MSG_TRUNC) &&
+                key_from_sockaddr(&k, fd, 0, (struct sockaddr *)&self->rx_addr[i]) == 0)
+                e = table_find(&self->peers, &k);
+            if (e == NULL) {
+                self->missed++;
+                if (miss(out, fd, d, size, &self->rx_addr[i]) < 0)
+                    return -1;
+                continue;
+            }
+            count(self, e->slot, RX_PKTS, size);
+            count(self, self->fds[fd].slot, TX_PKTS, size + 4);
+            if (self->tx_count > 0 && (self->tx_fd != e->out_fd || self->tx_count == BATCH))
+                flush_tx(self);
+            int j = self->tx_count++;
+            self->tx_fd = e->out_fd;
+            uint8_t *frame = self->tx_iov[j].iov_base;
+            frame[0] = (uint8_t)(e->channel >> 8);
+            frame[1] = (uint8_t)(e->channel & 0xFF);
+            frame[2] = (uint8_t)(size >> 8);
+            frame[3] = (uint8_t)(size & 0xFF);
+            memcpy(frame + 4, d, size);
+            self->tx_iov[j].iov_len = size + 4;
+            memcpy(&self->tx_addr[j], &e->dest, e->dest_len);
+            self->tx[j].msg_hdr.msg_namelen = e->dest_len;
+            self->relayed++;
+        }
+        if (got < BATCH)
+            return 0;
+    }
+    return 0;
+}
+
+static PyObject *FastRelay_poll(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
+    struct epoll_event events[MAX_EVENTS];
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    int n = epoll_wait(self->epfd, events, MAX_EVENTS, 0);
+    for (int i = 0; i < n; i++) {
+        int fd = events[i].data.fd;
+        if ((size_t)fd >= self->nfds)
+            continue;
+        int rc = 0;
+        if (self->fds[fd].kind == KIND_LISTENER)
+            rc = drain_listener(self, fd, out);
+        else if (self->fds[fd].kind == KIND_RELAY)
+            rc = drain_relay(self, fd, out);
+        if (rc < 0) {
+            flush_tx(self);
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    if (self->tx_count > 0)
+        flush_tx(self);
+    return out;
+}
+
+/* ------------------------------------------------------------------ management */
+
+static PyObject *FastRelay_watch(FastRelay *self, PyObject *args) {
+    int fd, kind, slot;
+    if (!PyArg_ParseTuple(args, "iii", &fd, &kind, &slot))
+        return NULL;
+    if (fd < 0 || (kind != KIND_LISTENER && kind != KIND_RELAY)) {
+        PyErr_SetString(PyExc_ValueError, "bad fd or kind");
+        return NULL;
+    }
+    if (ensure_fd(self, fd) < 0 || ensure_slot(self, slot) < 0)
+        return NULL;
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+    if (epoll_ctl(self->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 &&
+        (errno != EEXIST || epoll_ctl(self->epfd, EPOLL_CTL_MOD, fd, &ev) < 0))
+        return PyErr_SetFromErrno(PyExc_OSError);
+    self->fds[fd].kind = (uint8_t)kind;
+    self->fds[fd].slot = slot;
+    Py_RETURN_NONE;
+}
+
+static PyObject *FastRelay_unwatch(FastRelay *self, PyObject *args) {
+    int fd;
+    if (!PyArg_ParseTuple(args, "i", &fd))
+        return NULL;
+    if (fd >= 0 && (size_t)fd < self->nfds && self->fds[fd].kind != KIND_NONE) {
+        epoll_ctl(self->epfd, EPOLL_CTL_DEL, fd, NULL); /* fails harmlessly if already closed */
+        self->fds[fd].kind = KIND_NONE;
+    }
+    if (self->tx_count > 0 && self->tx_fd == fd)
+        self->tx_count = 0;
+    table_forget_fd(&self->clients, fd);
+    table_forget_fd(&self->peers, fd);
+    Py_RETURN_NONE;
+}
+
+static PyObject *add_route(FastRelay *self, Table *t, PyObject *args) {
+    int in_fd, in_port, channel, out_fd, dest_port, slot;
+    PyObject *in_host, *dest_host;
+    if (!PyArg_ParseTuple(args, "iUiiiUii", &in_fd, &in_host, &in_port, &channel, &out_fd,
+                          &dest_host, &dest_port, &slot))
+        return NULL;
+    struct sockaddr_storage from, dest;
+    socklen_t from_len, dest_len;
+    if (parse_addr(in_host, in_port, &from, &from_len) < 0 ||
+        parse_addr(dest_host, dest_port, &dest, &dest_len) < 0 || ensure_slot(self, slot) < 0)
+        return NULL;
+    Key k;
+    uint16_t key_channel = t == &self->clients ? (uint16_t)channel : 0;
+    key_from_sockaddr(&k, in_fd, key_channel, (struct sockaddr *)&from);
+    Entry *e = table_put(t, &k);
+    if (e == NULL)
+        return PyErr_NoMemory();
+    e->out_fd = out_fd;
+    e->dest = dest;
+    e->dest_len = dest_len;
+    e->channel = (uint16_t)channel;
+    e->slot = slot;
+    Py_RETURN_NONE;
+}
+
+static PyObject *remove_route(FastRelay *self, Table *t, PyObject *args) {
+    int in_fd, in_port, channel;
+    PyObject *in_host;
+    if (!PyArg_ParseTuple(args, "iUii", &in_fd, &in_host, &in_port, &channel))
+        return NULL;
+    struct sockaddr_storage from;
+    socklen_t from_len;
+    if (parse_addr(in_host, in_port, &from, &from_len) < 0)
+        return NULL;
+    Key k;
+    key_from_sockaddr(&k, in_fd, t == &self->clients ? (uint16_t)channel : 0,
+                      (struct sockaddr *)&from);
+    Entry *e = table_find(t, &k);
+    if (e != NULL)
+        table_delete(t, e);
+    Py_RETURN_NONE;
+}
+
+static PyObject *FastRelay_add_client_route(FastRelay *self, PyObject *args) {
+    return add_route(self, &self->clients, args);
+}
+
+static PyObject *FastRelay_add_peer_route(FastRelay *self, PyObject *args) {
+    return add_route(self, &self->peers, args);
+}
+
+static PyObject *FastRelay_remove_client_route(FastRelay *self, PyObject *args) {
+    return remove_route(self, &self->clients, args);
+}
+
+static PyObject *FastRelay_remove_peer_route(FastRelay *self, PyObject *args) {
+    return remove_route(self, &self->peers, args);
+}
+
+static PyObject *FastRelay_take_counters(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (size_t s = 0; s < self->ncounters; s++) {
+        uint64_t *c = self->counters[s];
+        if ((c[0] | c[1] | c[2] | c[3]) == 0)
+            continue;
+        PyObject *item = Py_BuildValue("(nKKKK)", (Py_ssize_t)s, (unsigned long long)c[0],
+                                       (unsigned long long)c[1], (unsigned long long)c[2],
+                                       (unsigned long long)c[3]);
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(item);
+        memset(c, 0, sizeof(self->counters[s]));
+    }
+    return out;
+}
+
+static PyObject *FastRelay_fileno(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromLong(self->epfd);
+}
+
+static PyObject *FastRelay_stats(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
+    return Py_BuildValue("{sKsKsnsn}", "relayed", (unsigned long long)self->relayed, "missed",
+                         (unsigned long long)self->missed, "client_routes",
+                         (Py_ssize_t)self->clients.used, "peer_routes",
+                         (Py_ssize_t)self->peers.used);
+}
+
+static PyObject *FastRelay_close(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->epfd >= 0) {
+        close(self->epfd);
+        self->epfd = -1;
+    }
+    Py_RETURN_NONE;
+}
+
+static int FastRelay_init(FastRelay *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "", kwlist))
+        return -1;
+    self->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (self->epfd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    self->rx_buf = PyMem_Malloc((size_t)BATCH * BUF_BYTES);
+    self->tx_buf = PyMem_Malloc((size_t)BATCH * BUF_BYTES);
+    if (self->rx_buf == NULL || self->tx_buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int i = 0; i < BATCH; i++) {
+        self->rx_iov[i].iov_base = self->rx_buf + (size_t)i * BUF_BYTES;
+        self->rx_iov[i].iov_len = BUF_BYTES;
+        memset(&self->rx[i], 0, sizeof(self->rx[i]));
+        self->rx[i].msg_hdr.msg_iov = &self->rx_iov[i];
+        self->rx[i].msg_hdr.msg_iovlen = 1;
+        self->rx[i].msg_hdr.msg_name = &self->rx_addr[i];
+        self->tx_iov[i].iov_base = self->tx_buf + (size_t)i * BUF_BYTES;
+        memset(&self->tx[i], 0, sizeof(self->tx[i]));
+        self->tx[i].msg_hdr.msg_iov = &self->tx_iov[i];
+        self->tx[i].msg_hdr.msg_iovlen = 1;
+        self->tx[i].msg_hdr.msg_name = &self->tx_addr[i];
+    }
+    return 0;
+}
+
+static void FastRelay_dealloc(FastRelay *self) {
+    if (self->epfd >= 0)
+        close(self->epfd);
+    PyMem_Free(self->clients.entries);
+    PyMem_Free(self->peers.entries);
+    PyMem_Free(self->fds);
+    PyMem_Free(self->counters);
+    PyMem_Free(self->rx_buf);
+    PyMem_Free(self->tx_buf);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *FastRelay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    FastRelay *self = (FastRelay *)type->tp_alloc(type, 0);
+    if (self != NULL)
+        self->epfd = -1;
+    return (PyObject *)self;
+}
+
+static PyMethodDef FastRelay_methods[] = {
+    {"fileno", (PyCFunction)FastRelay_fileno, METH_NOARGS, "The epoll descriptor to watch."},
+    {"watch", (PyCFunction)FastRelay_watch, METH_VARARGS,
+     "watch(fd, kind, slot): add a listener (1) or relay (2) socket."},
+    {"unwatch", (PyCFunction)FastRelay_unwatch, METH_VARARGS,
+     "unwatch(fd): stop watching fd and forget every route through it."},
+    {"add_client_route", (PyCFunction)FastRelay_add_client_route, METH_VARARGS,
+     "add_client_route(listener_fd, client_host, client_port, channel, relay_fd, peer_host, "
+     "peer_port, cluster_slot)"},
+    {"add_peer_route", (PyCFunction)FastRelay_add_peer_route, METH_VARARGS,
+     "add_peer_route(relay_fd, peer_host, peer_port, channel, listener_fd, client_host, "
+     "client_port, cluster_slot)"},
+    {"remove_client_route", (PyCFunction)FastRelay_remove_client_route, METH_VARARGS,
+     "remove_client_route(listener_fd, client_host, client_port, channel)"},
+    {"remove_peer_route", (PyCFunction)FastRelay_remove_peer_route, METH_VARARGS,
+     "remove_peer_route(relay_fd, peer_host, peer_port, 0)"},
+    {"poll", (PyCFunction)FastRelay_poll, METH_NOARGS,
+     "Relay what is routed; return [(fd, data, address)] for everything else."},
+    {"take_counters", (PyCFunction)FastRelay_take_counters, METH_NOARGS,
+     "[(slot, rx_pkts, rx_bytes, tx_pkts, tx_bytes)] since the last call."},
+    {"stats", (PyCFunction)FastRelay_stats, METH_NOARGS, "Relayed and missed datagrams."},
+    {"close", (PyCFunction)FastRelay_close, METH_NOARGS, "Close the epoll descriptor."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject FastRelayType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stunnerd._fastpath.FastRelay",
+    .tp_basicsize = sizeof(FastRelay),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Established TURN channels relayed in C (see the module docstring).",
+    .tp_new = FastRelay_new,
+    .tp_init = (initproc)FastRelay_init,
+    .tp_dealloc = (destructor)FastRelay_dealloc,
+    .tp_methods = FastRelay_methods,
+};
+
+static struct PyModuleDef fastpath_module = {
+    PyModuleDef_HEAD_INIT, "stunnerd._fastpath",
+    "The established-channel relay of TURN-UDP listeners, with recvmmsg/sendmmsg.", -1, NULL,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+    if (PyType_Ready(&FastRelayType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&fastpath_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&FastRelayType);
+    if (PyModule_AddObject(m, "FastRelay", (PyObject *)&FastRelayType) < 0) {
+        Py_DECREF(&FastRelayType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "LISTENER", KIND_LISTENER);
+    PyModule_AddIntConstant(m, "RELAY", KIND_RELAY);
+    PyModule_AddIntConstant(m, "BATCH", BATCH);
+    return m;
+}
