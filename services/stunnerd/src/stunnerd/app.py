@@ -70,6 +70,7 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
             log_spec=settings.log_spec,
             udp_gso=settings.udp_gso,
             limits=settings.client_limits(),
+            fastpath=settings.fastpath,
             timeouts=WorkerTimeouts(
                 request_s=settings.worker_request_timeout_s,
                 stats_s=settings.worker_stats_timeout_s,
@@ -85,6 +86,7 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
         TurnServer(
             bind_host=settings.bind_host,
             udp_gso=settings.udp_gso,
+            fastpath=settings.fastpath,
             dns_refresh_s=settings.dns_refresh_s,
             dns_timeout_s=settings.dns_timeout_s,
             offload=OffloadManager(),

@@ -66,6 +66,8 @@ class StunnerdSettings(BaseSettings):
     """Where listener and relay sockets bind (upstream: the wildcard address)."""
     udp_gso: bool = True
     """Batch datagrams to one destination into one `sendmsg` with UDP_SEGMENT, where supported."""
+    fastpath: bool = True
+    """Relay established channels of TURN-UDP listeners in C (`stunnerd._fastpath`), if built."""
     file_poll_interval_s: float = Field(0.2, gt=0)
     bootstrap_health_endpoint: str = DEFAULT_HEALTHCHECK_ENDPOINT
     """Where /live answers in watch mode before the first config names an endpoint."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stunner_common.config import TlsPair
+from stunnerd.fastpath import FastPath
 from stunnerd.net.batch import SendBatcher
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.relay import (
@@ -131,6 +132,8 @@ class Listener:
         # A socket bound elsewhere (the worker supervisor's SO_REUSEPORT member) to serve
         # instead of binding one; the listener owns it from `start` on.
         self.inherited_socket: socket.socket | None = None
+        # The C relay of established channels (TURN-UDP only), set by the server before start.
+        self.fastpath: FastPath | None = None
 
     # -------------------------------------------------------------- subclass hooks
 
@@ -300,11 +303,8 @@ class Listener:
         self, client: Address, sock: socket.socket, held: socket.socket | None = None
     ) -> None:
         port = int(sock.getsockname()[1])
-        factory = self.relay_class
         try:
-            _transport, relay = await self.loop.create_datagram_endpoint(
-                lambda: factory(self, client, sock), sock=sock
-            )
+            relay = await self._relay_endpoint(client, sock)
         except OSError as exc:
             sock.close()
             if held is not None:
@@ -323,6 +323,14 @@ class Listener:
             held_port = int(held.getsockname()[1])
             self.held_ports[held_port] = held
         self.apply(self.engine.relay_opened(client, port, self.loop.time(), held_port))
+
+    async def _relay_endpoint(self, client: Address, sock: socket.socket) -> DatagramRelayProtocol:
+        """The protocol of a new relay socket, reading it (through an event-loop transport here)."""
+        factory = self.relay_class
+        _transport, relay = await self.loop.create_datagram_endpoint(
+            lambda: factory(self, client, sock), sock=sock
+        )
+        return relay
 
     def _rearm(self) -> None:
         deadline = self.engine.next_deadline()

@@ -21,6 +21,7 @@ import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from stunnerd.fastpath import FastPath
 from stunnerd.net.batch import SendBatcher
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,34 @@ class DatagramRelayProtocol(asyncio.DatagramProtocol):
     def error_received(self, exc: Exception) -> None:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("relay for %s: %s", self.client, exc)
+
+
+class FastRelayTransport(asyncio.BaseTransport):
+    """A relay socket read by the C relay (`FastPath`) instead of the event loop.
+
+    Datagrams the C relay does not route reach the relay protocol's `datagram_received` as they
+    would from a transport; closing forgets the socket's routes before the socket goes.
+    """
+
+    def __init__(self, sock: socket.socket, fastpath: FastPath) -> None:
+        super().__init__()
+        self.sock = sock
+        self.fastpath = fastpath
+
+    def close(self) -> None:
+        if self.sock.fileno() >= 0:
+            self.fastpath.unwatch(self.sock)
+            self.sock.close()
+
+    def is_closing(self) -> bool:
+        return self.sock.fileno() < 0
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "sockname":
+            return self.sock.getsockname()
+        if name == "socket":
+            return self.sock
+        return default
 
 
 class UdpRelayProtocol(DatagramRelayProtocol):

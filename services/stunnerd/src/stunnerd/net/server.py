@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import stunnerd.fastpath
 from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
+from stunnerd.fastpath import FastPath
 from stunnerd.net.batch import SendBatcher, gso_supported
 from stunnerd.net.binding import SocketKey, listener_bind_host, socket_kind
 from stunnerd.net.dtls import DtlsListener
@@ -86,6 +88,7 @@ class TurnServer:
         usage: UserUsage | None = None,
         reuse_port: bool = False,
         udp_gso: bool = True,
+        fastpath: bool = False,
         dns_refresh_s: float = DNS_REFRESH_S,
         dns_timeout_s: float = DNS_TIMEOUT_S,
         offload: OffloadManager | None = None,
@@ -104,6 +107,9 @@ class TurnServer:
         # Pre-bound listener sockets (the supervisor's SO_REUSEPORT members), by kind/host/port.
         self.socket_source = socket_source
         self.udp_gso = udp_gso and gso_supported()
+        # The C relay of established channels (TURN-UDP listeners), one per event loop.
+        self.fastpath_wanted = fastpath and stunnerd.fastpath.available()
+        self._fastpath: FastPath | None = None
         self.dns_refresh_s = dns_refresh_s
         self.dns_timeout_s = dns_timeout_s
         self._batcher: SendBatcher | None = None
@@ -209,6 +215,9 @@ class TurnServer:
             await self.remove_listener(name)
         if self.offload is not None:
             self.offload.close()
+        if self._fastpath is not None:
+            self._fastpath.close()
+            self._fastpath = None
 
     # ---------------------------------------------------------------- internals
 
@@ -245,7 +254,7 @@ class TurnServer:
             self._batcher = SendBatcher(loop, enabled=self.udp_gso)
         extra: dict[str, Any] = {"offload": self.offload} if kind is UdpListener else {}
         try:
-            return kind(
+            running = kind(
                 spec,
                 policies,
                 nonce_secret=hmac.digest(self.nonce_key, spec.name.encode(), hashlib.sha256),
@@ -260,6 +269,20 @@ class TurnServer:
             )
         except Exception as exc:
             raise ListenerError(f"listener {spec.name}: {exc}") from exc
+        if kind is UdpListener and self.fastpath_wanted:
+            if self._fastpath is None:
+                self._fastpath = FastPath(loop)
+            running.fastpath = self._fastpath
+        return running
+
+    def fold_counters(self) -> None:
+        """Bring the traffic counters up to date with what the C relay counted."""
+        if self._fastpath is not None:
+            self._fastpath.fold()
+
+    @property
+    def fastpath_stats(self) -> dict[str, int] | None:
+        return self._fastpath.stats() if self._fastpath is not None else None
 
     def _ensure_dns(self, config: StunnerConfig) -> None:
         names = dns_names(config)

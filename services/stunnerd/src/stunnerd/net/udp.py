@@ -1,5 +1,9 @@
 """TURN-UDP: the listener whose clients send plain datagrams, and the client → peer fast path.
 
+Where the C relay (`stunnerd.fastpath`) is built, it reads the listener and relay sockets instead
+of the event loop and relays bound channels itself; the routes below are mirrored into it, and
+what it does not route comes back to `client_slow_path` and the relay protocols.
+
 Also the listener sockets that TURN-UDP and TURN-DTLS share: bound with SO_REUSEPORT when several
 worker processes serve one port, and closed only once the kernel released the port.
 
@@ -18,7 +22,16 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from stunnerd.net.listener import Listener, ListenerSpec
-from stunnerd.net.relay import TX_BYTES, TX_PKTS, Address, SendTo, UdpRelayProtocol, tune_udp_socket
+from stunnerd.net.relay import (
+    TX_BYTES,
+    TX_PKTS,
+    Address,
+    DatagramRelayProtocol,
+    FastRelayTransport,
+    SendTo,
+    UdpRelayProtocol,
+    tune_udp_socket,
+)
 from stunnerd.offload.manager import OffloadManager
 from stunnerd.turn import effects as fx
 
@@ -63,6 +76,19 @@ def bind_listener_socket(spec: ListenerSpec) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _raw_sendto(sock: socket.socket) -> SendTo:
+    """Send on a socket no transport owns; a full buffer drops the datagram, as UDP may."""
+    send = sock.sendto
+
+    def sendto(data: bytes, addr: Any) -> None:
+        try:
+            send(data, addr)
+        except OSError:
+            return
+
+    return sendto
 
 
 async def open_listener_socket(
@@ -128,6 +154,41 @@ class UdpListener(Listener):
         self._sendto: SendTo | None = None
         self.offload = offload  # the kernel fast path mirrors this listener's channel routes
 
+    async def close(self) -> None:
+        await super().close()
+        if self.offload is not None:
+            self.offload.listener_closed(self.name)
+
+    async def start(self) -> None:
+        inherited, self.inherited_socket = self.inherited_socket, None
+        self.connections = self.connections_total = 1
+        if self.fastpath is not None:
+            # The C relay reads the socket; what it does not route comes to the engine.
+            self.sock = sock = inherited or bind_listener_socket(self.spec)
+            self.fastpath.watch_listener(sock, self.traffic, self.client_slow_path)
+            self._sendto = _raw_sendto(sock)
+            return
+        sock, transport, protocol = await open_listener_socket(
+            self.loop, self.spec, lambda: UdpListenerProtocol(self), inherited
+        )
+        self.protocol = protocol
+        self.transport = transport
+        self.sock = sock
+        self._sendto = transport.sendto
+
+    @property
+    def bound_port(self) -> int:
+        assert self.sock is not None
+        return int(self.sock.getsockname()[1])
+
+    async def _relay_endpoint(self, client: Address, sock: socket.socket) -> DatagramRelayProtocol:
+        if self.fastpath is None:
+            return await super()._relay_endpoint(client, sock)
+        relay = self.relay_class(self, client, sock)
+        relay.connection_made(FastRelayTransport(sock, self.fastpath))
+        self.fastpath.watch_relay(sock, self.traffic, relay.datagram_received)
+        return relay
+
     def _route_added(self, effect: fx.ChannelRouteAdded) -> None:
         super()._route_added(effect)
         relay = self.relays.get(effect.client)
@@ -142,32 +203,35 @@ class UdpListener(Listener):
                 listener_traffic=self.traffic,
                 cluster_traffic=self.cluster_counts(effect.peer),
             )
+        if (
+            self.fastpath is not None
+            and self.sock is not None
+            and relay is not None
+            and isinstance(relay.transport, FastRelayTransport)
+        ):
+            counts = self.cluster_counts(effect.peer)
+            self.fastpath.add_route(
+                self.sock, effect.client, effect.channel, relay.sock, effect.peer, counts
+            )
 
     def _route_removed(self, effect: fx.ChannelRouteRemoved) -> None:
         if self.offload is not None:
             self.offload.channel_removed(self.name, effect.client, effect.channel)
         super()._route_removed(effect)
+        if self.fastpath is not None and self.sock is not None:
+            relay = self.relays.get(effect.client)
+            relay_sock = relay.sock if relay is not None else None
+            self.fastpath.remove_route(
+                self.sock, effect.client, effect.channel, relay_sock, effect.peer
+            )
 
-    async def close(self) -> None:
-        await super().close()
-        if self.offload is not None:
-            self.offload.listener_closed(self.name)
-
-    async def start(self) -> None:
-        inherited, self.inherited_socket = self.inherited_socket, None
-        sock, transport, protocol = await open_listener_socket(
-            self.loop, self.spec, lambda: UdpListenerProtocol(self), inherited
-        )
-        self.protocol = protocol
-        self.transport = transport
-        self.sock = sock
-        self._sendto = transport.sendto
-        self.connections = self.connections_total = 1
-
-    @property
-    def bound_port(self) -> int:
-        assert self.transport is not None
-        return int(self.transport.get_extra_info("sockname")[1])
+    def _recount_routes(self) -> None:
+        super()._recount_routes()
+        if self.fastpath is None or self.sock is None:
+            return
+        for (client, channel), (relay_sock, peer, counts) in self.routes.items():
+            if relay_sock.fileno() >= 0:
+                self.fastpath.add_route(self.sock, client, channel, relay_sock, peer, counts)
 
     def client_sender(self, client: Address) -> SendTo:
         assert self._sendto is not None
@@ -184,6 +248,11 @@ class UdpListener(Listener):
             self._sendto(data, client)
 
     async def _close_transport(self) -> None:
+        if self.fastpath is not None and self.sock is not None:
+            self.fastpath.unwatch(self.sock)
+            self.sock.close()
+            self.sock = None
+            self._sendto = None
         if self.transport is not None:
             self.transport.close()
             self.transport = None

@@ -76,6 +76,7 @@ async def serve(
     udp_gso: bool,
     limits: ClientLimits,
     fd_channel: int | None = None,
+    fastpath: bool = True,
 ) -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
@@ -83,7 +84,13 @@ async def serve(
     w_transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
     inherited = None
     if fd_channel is None:
-        server = TurnServer(bind_host=bind_host, reuse_port=True, udp_gso=udp_gso, limits=limits)
+        server = TurnServer(
+            bind_host=bind_host,
+            reuse_port=True,
+            udp_gso=udp_gso,
+            limits=limits,
+            fastpath=fastpath,
+        )
     else:
         inherited = InheritedSockets(FdChannel.from_fd(fd_channel))
         server = TurnServer(
@@ -91,6 +98,7 @@ async def serve(
             reuse_port=True,
             udp_gso=udp_gso,
             limits=limits,
+            fastpath=fastpath,
             nonce_key=inherited.wait_nonce_key(),
             socket_source=inherited.take,
         )
@@ -121,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", default=None, help="log spec that overrides the config's")
     parser.add_argument("--no-udp-gso", dest="udp_gso", action="store_false")
     parser.add_argument("--limits", default=None, help="ClientLimits as JSON (default: defaults)")
+    parser.add_argument("--no-fastpath", dest="fastpath", action="store_false")
     parser.add_argument(
         "--fd-channel", type=int, default=None, help="Unix socket carrying listener sockets"
     )
@@ -132,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     # to the process group must not kill the workers under it. A worker ends when stdin closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return run_loop(serve(args.index, args.bind, args.log, args.udp_gso, limits, args.fd_channel))
+    return run_loop(
+        serve(args.index, args.bind, args.log, args.udp_gso, limits, args.fd_channel, args.fastpath)
+    )
 
 
 if __name__ == "__main__":

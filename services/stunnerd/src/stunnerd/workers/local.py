@@ -66,6 +66,7 @@ class LocalDataplane:
     def stats(self) -> StatsSnapshot:
         """Counts of the running listeners; clusters once they have carried a datagram."""
         server = self.server
+        server.fold_counters()
         return StatsSnapshot(
             tuple(
                 ListenerStats(

@@ -66,6 +66,7 @@ class Worker:
         log_spec: str | None,
         *,
         udp_gso: bool = True,
+        fastpath: bool = True,
         stop_timeout_s: float = 10.0,
         limits: ClientLimits | None = None,
         nonce_key: bytes | None = None,
@@ -84,6 +85,7 @@ class Worker:
             *(["--log", log_spec] if log_spec else []),
             *([] if udp_gso else ["--no-udp-gso"]),
             *(["--limits", limits.to_json()] if limits is not None else []),
+            *([] if fastpath else ["--no-fastpath"]),
         ]
         self._stop_timeout_s = stop_timeout_s
         self.proc: asyncio.subprocess.Process | None = None
@@ -191,6 +193,7 @@ class WorkerPool:
         bind_host: str = "0.0.0.0",
         log_spec: str | None = None,
         udp_gso: bool = True,
+        fastpath: bool = True,
         timeouts: WorkerTimeouts = WorkerTimeouts(),
         limits: ClientLimits | None = None,
     ) -> None:
@@ -206,6 +209,7 @@ class WorkerPool:
                 bind_host,
                 log_spec,
                 udp_gso=udp_gso,
+                fastpath=fastpath,
                 stop_timeout_s=timeouts.stop_s,
                 limits=limits,
                 nonce_key=self.nonce_key,
