@@ -282,7 +282,14 @@ class MediaRun:
         return 100.0 * self.lost / max(1, self.sent)
 
 
-def media_run(name: str, workers: int, argv: list[str], port: int, tmp: Path) -> MediaRun:
+def media_run(
+    name: str,
+    workers: int,
+    argv: list[str],
+    port: int,
+    tmp: Path,
+    env: dict[str, str] | None = None,
+) -> MediaRun:
     ctx = mp.get_context("fork")
     stop_peer, stop_gen = ctx.Event(), ctx.Event()
     peer_in, peer_out = ctx.Pipe(duplex=False)
@@ -297,7 +304,7 @@ def media_run(name: str, workers: int, argv: list[str], port: int, tmp: Path) ->
     )
     log = tmp / f"{name}-{workers}.log"
     try:
-        with process(argv, log) as srv:
+        with process(argv, log, env=env) as srv:
             wait_udp_listening(port, srv, log)
             gen.start()
             if not gen_in.poll(SETUP_TIMEOUT_S):
@@ -354,26 +361,32 @@ def media() -> None:
     runs: dict[tuple[str, int], list[MediaRun]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-media-") as tmp_name:
         tmp = Path(tmp_name)
+        python_path = {**os.environ, "STUNNERD_FASTPATH": "0"}
         for _ in range(MEDIA_ROUNDS):
             for workers in MEDIA_WORKERS:
-                for name in ("coturn", "stunnerd"):
+                variants = ["coturn", "stunnerd"]
+                if workers == MEDIA_WORKERS[0]:
+                    variants.append("stunnerd-py")  # the C fast path off: what it saves
+                for name in variants:
                     port = free_port()
                     make = coturn_argv if name == "coturn" else stunnerd_argv
-                    run = media_run(name, workers, make(port, workers, tmp), port, tmp)
+                    env = python_path if name == "stunnerd-py" else None
+                    run = media_run(name, workers, make(port, workers, tmp), port, tmp, env)
                     runs.setdefault((name, workers), []).append(run)
     print(
         f"media rate: {MEDIA_ALLOCATIONS} allocations x {MEDIA_PPS} pps x {MEDIA_PAYLOAD} B "
         f"ChannelData, echoed by the peer (both directions relayed); {MEASURE_S:.0f} s windows, "
         f"{MEDIA_ROUNDS} round(s); {os.cpu_count()} cores shared with generator and peer"
     )
+    print("stunnerd-py: stunnerd with its C fast path off (STUNNERD_FASTPATH=0), the Python relay")
     print(
-        f"{'server':<9} {'N':>2} {'relayed pkt/s':>13} {'loss %':>7} {'server cores':>12} "
+        f"{'server':<11} {'N':>2} {'relayed pkt/s':>13} {'loss %':>7} {'server cores':>12} "
         f"{'µs CPU/pkt':>10}"
     )
     for (name, workers), series in runs.items():
         for r in series:
             print(
-                f"{name:<9} {workers:>2} {r.pps:>13.0f} {r.loss_pct:>7.3f} "
+                f"{name:<11} {workers:>2} {r.pps:>13.0f} {r.loss_pct:>7.3f} "
                 f"{r.cpu_s / r.wall_s:>12.2f} {r.us_per_packet:>10.2f}"
             )
     med = {k: statistics.median(r.us_per_packet for r in s) for k, s in runs.items()}
@@ -382,10 +395,22 @@ def media() -> None:
         ratio = med[("stunnerd", workers)] / med[("coturn", workers)]
         print(f"RATIO cpu_per_packet_media stunnerd/coturn workers={workers} = {ratio:.2f}")
     first = MEDIA_WORKERS[0]
+    if ("stunnerd-py", first) in med:
+        ratio = med[("stunnerd-py", first)] / med[("coturn", first)]
+        print(
+            f"RATIO cpu_per_packet_media stunnerd(python path)/coturn workers={first} = {ratio:.2f}"
+        )
+    # The offered load is fixed, so more workers relay more only where fewer were saturated;
+    # the CPU scaling says what a packet costs with N workers next to one.
     for workers in MEDIA_WORKERS[1:]:
         for name in ("coturn", "stunnerd"):
             scale = rate[(name, workers)] / rate[(name, first)]
+            cost = med[(name, workers)] / med[(name, first)]
             print(f"RATIO media_pps_scaling {name} workers={workers}/workers={first} = {scale:.2f}")
+            print(
+                f"RATIO media_cpu_per_packet_scaling {name} workers={workers}/workers={first} "
+                f"= {cost:.2f}"
+            )
 
 
 if __name__ == "__main__":

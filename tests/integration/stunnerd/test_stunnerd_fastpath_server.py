@@ -1,0 +1,97 @@
+"""TURN-UDP through the C relay of established channels, in this process on loopback.
+
+The same client exchanges as the Python path: the C relay must relay exactly what the engine
+routes, count it exactly, and forget a channel the moment the engine does.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aioice import stun
+from fixtures.stunnerd.client import UdpTurnClient
+from fixtures.stunnerd.inproc import echo_peer, make_config, running_server
+
+from stunner_common.config import parse_config
+from stunnerd import fastpath
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+if not fastpath.available():
+    pytest.skip("stunnerd._fastpath is not built", allow_module_level=True)
+
+
+def channel_data(channel: int, payload: bytes) -> bytes:
+    return channel.to_bytes(2, "big") + len(payload).to_bytes(2, "big") + payload
+
+
+async def test_bound_channels_relay_through_c_and_are_counted_exactly(
+    no_leaked_tasks: None,
+) -> None:
+    config = make_config()
+    async with (
+        running_server(config, fastpath=True) as server,
+        echo_peer() as (peer, peer_addr),
+        UdpTurnClient(("127.0.0.1", config.listeners[0].port)) as client,
+    ):
+        relay = (await client.allocate()).attributes["XOR-RELAYED-ADDRESS"]
+        await client.request(
+            stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": peer_addr}
+        )
+        server.fold_counters()
+        listener_before = list(server.listener_traffic["turn-udp"])
+        sizes = [1, 10, 100, 1000]
+        for size in sizes:
+            frame = channel_data(0x4000, bytes(size))
+            client.send_raw(frame)
+            assert await client.recv_raw() == frame
+        assert peer.sources == [relay] * len(sizes)
+        stats = server.fastpath_stats
+        assert stats is not None
+        assert stats["relayed"] == 2 * len(sizes)
+        assert (stats["client_routes"], stats["peer_routes"]) == (1, 1)
+        server.fold_counters()
+        n, payload = len(sizes), sum(sizes)
+        assert server.cluster_traffic["loopback"] == [n, payload, n, payload]
+        rx_p, rx_b, tx_p, tx_b = server.listener_traffic["turn-udp"]
+        assert (rx_p - listener_before[0], rx_b - listener_before[1]) == (n, payload + 4 * n)
+        assert (tx_p - listener_before[2], tx_b - listener_before[3]) == (n, payload + 4 * n)
+
+
+async def test_a_deleted_allocation_and_a_withdrawn_route_stop_the_c_relay(
+    no_leaked_tasks: None,
+) -> None:
+    config = make_config()
+    async with (
+        running_server(config, fastpath=True) as server,
+        echo_peer() as (peer, peer_addr),
+        UdpTurnClient(("127.0.0.1", config.listeners[0].port)) as client,
+        UdpTurnClient(("127.0.0.1", config.listeners[0].port)) as other,
+    ):
+        for c in (client, other):
+            await c.allocate()
+            await c.request(
+                stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": peer_addr}
+            )
+            c.send_raw(channel_data(0x4000, b"up"))
+            assert await c.recv_raw() == channel_data(0x4000, b"up")
+
+        deleted = await client.request(stun.Method.REFRESH, {"LIFETIME": 0})
+        assert deleted.message_class == stun.Class.RESPONSE
+        stats = server.fastpath_stats
+        assert stats is not None
+        assert (stats["client_routes"], stats["peer_routes"]) == (1, 1)
+        client.send_raw(channel_data(0x4000, b"gone"))
+        assert await client.nothing_arrives()
+
+        # A config whose cluster no longer admits the peer withdraws the other channel too.
+        data = json.loads(config.canonical_json())
+        data["clusters"][0]["endpoints"] = ["10.0.0.0/8"]
+        server.apply_policies(parse_config(data))
+        stats = server.fastpath_stats
+        assert stats is not None
+        assert stats["client_routes"] == 0
+        other.send_raw(channel_data(0x4000, b"blocked"))
+        assert await other.nothing_arrives()
+        assert len(peer.sources) == 2, "only the two datagrams sent while routed reached the peer"
