@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from aioice import stun
 from aioice.turn import TurnTransport, create_turn_endpoint
-from dataplane_harness import (
+
+from support.stunnerd_process import (
     PASSWORD,
     USER,
     EchoAllocation,
@@ -29,7 +30,6 @@ from dataplane_harness import (
     health_port,
     listener_ports,
 )
-
 from support.turncat_harness import UdpEcho, udp_echo
 
 pytestmark = pytest.mark.integration
