@@ -17,7 +17,6 @@ wait for stragglers. The generator and the peer share the machine's cores with t
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import json
 import multiprocessing as mp
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.bench_dataplane import _IoVec, _MMsgHdr
 from bench.bench_turn import (
     PASSWORD,
     REALM,
@@ -153,6 +153,17 @@ def open_allocations(count: int, server: tuple[str, int], peer: tuple[str, int])
 # ---------------------------------------------------------------------------- processes
 
 
+def _drain(sock: socket.socket, buf: bytearray) -> int:
+    """Read what is queued on `sock`; how many datagrams that was."""
+    n = 0
+    try:
+        while True:
+            sock.recv_into(buf)
+            n += 1
+    except BlockingIOError:
+        return n
+
+
 def _generator(server_port: int, peer_port: int, conn: Any, counters: Any, stop: Any) -> None:
     """Open the allocations, report ready, then send at the media rate until `stop`."""
     try:
@@ -171,12 +182,7 @@ def _generator(server_port: int, peer_port: int, conn: Any, counters: Any, stop:
     next_tick = time.monotonic()
     while not stop.is_set():
         for s in socks:
-            try:
-                while True:
-                    s.recv_into(buf)
-                    received += 1
-            except BlockingIOError:
-                pass
+            received += _drain(s, buf)
             try:
                 s.sendto(frame, server)
                 sent += 1
@@ -193,34 +199,9 @@ def _generator(server_port: int, peer_port: int, conn: Any, counters: Any, stop:
     deadline = time.monotonic() + STRAGGLERS_S
     while time.monotonic() < deadline:
         for s in socks:
-            try:
-                while True:
-                    s.recv_into(buf)
-                    received += 1
-            except BlockingIOError:
-                pass
+            received += _drain(s, buf)
         time.sleep(0.02)
     counters[1] = received
-
-
-class _IoVec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
-class _MsgHdr(ctypes.Structure):
-    _fields_ = [
-        ("msg_name", ctypes.c_void_p),
-        ("msg_namelen", ctypes.c_uint32),
-        ("msg_iov", ctypes.POINTER(_IoVec)),
-        ("msg_iovlen", ctypes.c_size_t),
-        ("msg_control", ctypes.c_void_p),
-        ("msg_controllen", ctypes.c_size_t),
-        ("msg_flags", ctypes.c_int),
-    ]
-
-
-class _MMsgHdr(ctypes.Structure):
-    _fields_ = [("msg_hdr", _MsgHdr), ("msg_len", ctypes.c_uint)]
 
 
 def _echo_peer(conn: Any, counter: Any, stop: Any) -> None:

@@ -22,6 +22,16 @@ if not fastpath.available():
     pytest.skip("stunnerd._fastpath is not built", allow_module_level=True)
 
 
+async def bind_channel(client: UdpTurnClient, peer: tuple[str, int]) -> tuple[str, int]:
+    """Allocate and bind channel 0x4000 to `peer`; the relayed address."""
+    relay = (await client.allocate()).attributes["XOR-RELAYED-ADDRESS"]
+    bound = await client.request(
+        stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": peer}
+    )
+    assert bound.message_class == stun.Class.RESPONSE
+    return (relay[0], relay[1])
+
+
 def channel_data(channel: int, payload: bytes) -> bytes:
     return channel.to_bytes(2, "big") + len(payload).to_bytes(2, "big") + payload
 
@@ -35,10 +45,7 @@ async def test_bound_channels_relay_through_c_and_are_counted_exactly(
         echo_peer() as (peer, peer_addr),
         UdpTurnClient(("127.0.0.1", config.listeners[0].port)) as client,
     ):
-        relay = (await client.allocate()).attributes["XOR-RELAYED-ADDRESS"]
-        await client.request(
-            stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": peer_addr}
-        )
+        relay = await bind_channel(client, peer_addr)
         server.fold_counters()
         listener_before = list(server.listener_traffic["turn-udp"])
         sizes = [1, 10, 100, 1000]
@@ -70,10 +77,7 @@ async def test_a_deleted_allocation_and_a_withdrawn_route_stop_the_c_relay(
         UdpTurnClient(("127.0.0.1", config.listeners[0].port)) as other,
     ):
         for c in (client, other):
-            await c.allocate()
-            await c.request(
-                stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": peer_addr}
-            )
+            await bind_channel(c, peer_addr)
             c.send_raw(channel_data(0x4000, b"up"))
             assert await c.recv_raw() == channel_data(0x4000, b"up")
 

@@ -152,16 +152,22 @@ async def first_answer(port: int) -> None:
                     continue
 
 
+def four_workers(tmp_path: Path) -> tuple[ManagedStunnerd, int]:
+    """stunnerd with 4 workers on one TURN-UDP listener, starting; and the listener's port."""
+    ports = listener_ports("a")
+    config = base_config(health_port(), ports)
+    return ManagedStunnerd(tmp_path, config, "--udp-thread-num", "4"), ports["a"]
+
+
 async def test_clients_that_start_while_workers_come_up_all_succeed(
     tmp_path: Path, echo: UdpEcho
 ) -> None:
-    ports = listener_ports("a")
-    server = ManagedStunnerd(tmp_path, base_config(health_port(), ports), "--udp-thread-num", "4")
+    server, port = four_workers(tmp_path)
     flows: list[Flow] = []
     peer = (echo.host, echo.port)
     try:
-        await first_answer(ports["a"])
-        flows = await open_flows(40, ports["a"], batch=40)
+        await first_answer(port)
+        flows = await open_flows(40, port, batch=40)
         status = await server.ready()
         assert sum(1 for w in status["workers"] if w["pid"]) == 4
         # Every later request of each client must reach the worker that made its allocation:
@@ -182,13 +188,12 @@ async def test_clients_that_start_while_workers_come_up_all_succeed(
 async def test_a_killed_worker_loses_only_its_own_flows_and_its_clients_get_437(
     tmp_path: Path, echo: UdpEcho
 ) -> None:
-    ports = listener_ports("a")
-    server = ManagedStunnerd(tmp_path, base_config(health_port(), ports), "--udp-thread-num", "4")
+    server, port = four_workers(tmp_path)
     flows: list[Flow] = []
     peer = (echo.host, echo.port)
     try:
         await server.ready()
-        flows = await open_flows(200, ports["a"])
+        flows = await open_flows(200, port)
         for start in range(0, len(flows), 40):
             await asyncio.gather(*(flow.bind(peer) for flow in flows[start : start + 40]))
         status = await server.wait_status(
