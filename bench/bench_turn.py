@@ -111,10 +111,12 @@ def process(
         proc.wait(10)
 
 
-def wait_udp_listening(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+def wait_udp_listening(
+    port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 15.0
+) -> None:
     """Wait until a Binding request to the port is answered."""
     request = b"\x00\x01\x00\x00\x21\x12\xa4\x42" + os.urandom(12)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + timeout_s
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.settimeout(0.2)
         while time.monotonic() < deadline:

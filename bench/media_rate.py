@@ -54,6 +54,7 @@ WARMUP_S = 2.0
 MEASURE_S = float(os.environ.get("BENCH_MEDIA_SECONDS", "6"))
 STRAGGLERS_S = 0.5
 SETUP_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 60.0  # a busy machine can take long to start N Python workers
 REQUEST_TIMEOUT_S = 1.0
 REQUEST_TRIES = 5
 PEER_BATCH = 64
@@ -286,7 +287,7 @@ def media_run(
     log = tmp / f"{name}-{workers}.log"
     try:
         with process(argv, log, env=env) as srv:
-            wait_udp_listening(port, srv, log)
+            wait_udp_listening(port, srv, log, START_TIMEOUT_S)
             gen.start()
             if not gen_in.poll(SETUP_TIMEOUT_S):
                 raise RuntimeError(f"{name}: allocations not set up in time")
@@ -306,6 +307,8 @@ def media_run(
         stop_gen.set()
         stop_peer.set()
         for p in (gen, peer):
+            if p.pid is None:
+                continue  # never started
             p.join(5)
             if p.is_alive():
                 p.kill()
