@@ -65,7 +65,8 @@ def run_target(
         if time_limit_s is not None:
             argv.insert(5, f"-max_total_time={int(time_limit_s)}")
         started = time.monotonic()
-        log_path = artifacts / f"{name}.log"  # libFuzzer's progress lines, readable while it runs
+        # libFuzzer's progress, readable while it runs; one file per run (runs may overlap)
+        log_path = artifacts / f"{name}-{os.getpid()}.log"
         with open(log_path, "w") as log:
             proc = subprocess.run(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=False)
         seconds = time.monotonic() - started
