@@ -108,6 +108,7 @@ class ManagedDataplane:
             log_override=settings.log_spec,
             refresh=dataplane.refresh,
             health_port=settings.health_port,
+            bind_host=settings.bind_host,
             refresh_timeout_s=settings.stats_refresh_timeout_s,
         )
         self.reconciler = Reconciler(dataplane, self.admin)
@@ -175,6 +176,9 @@ async def run(settings: StunnerdSettings, env: Mapping[str, str] | None = None) 
                 return EXIT_CONFIG
             if (await app.apply(config)).error is not None:
                 return EXIT_CONFIG
+            if app.admin.health_error:
+                print(f"stunnerd: {app.admin.health_error}", file=sys.stderr)
+                return EXIT_CONFIG
         else:
             try:
                 origin = make_origin(settings, env)
@@ -185,8 +189,10 @@ async def run(settings: StunnerdSettings, env: Mapping[str, str] | None = None) 
             if settings.watch or spec.kind == "ws":
                 try:
                     await app.admin.start_health(settings.bootstrap_health_endpoint)
-                except OSError as exc:
-                    log.error("health server: %s", exc)
+                except OSError:
+                    # Probes would fail forever: better a clear exit than a silent pod.
+                    print(f"stunnerd: {app.admin.health_error}", file=sys.stderr)
+                    return EXIT_CONFIG
             else:
                 try:
                     event = await origin.load()
@@ -196,6 +202,9 @@ async def run(settings: StunnerdSettings, env: Mapping[str, str] | None = None) 
                 outcome = await app.apply(event.config, event.revision)
                 if outcome.error is not None:
                     print(f"stunnerd: {outcome.error}", file=sys.stderr)
+                    return EXIT_CONFIG
+                if app.admin.health_error:
+                    print(f"stunnerd: {app.admin.health_error}", file=sys.stderr)
                     return EXIT_CONFIG
             if settings.watch or spec.kind in ("ws", "file"):
                 follow = asyncio.create_task(app.follow(origin), name="stunnerd-config-watch")

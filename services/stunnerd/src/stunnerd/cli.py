@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import ValidationError
 
-from stunner_common.cli import add_version_argument
+from stunner_common.cli import add_version_argument, validation_message
 from stunner_common.loglevel import apply_log_spec
 from stunner_common.logs import LOG_FORMATS, configure_logging
 from stunner_common.runtime import run as run_loop
@@ -104,8 +104,5 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 def _one_line(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
-        return "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
-            for err in exc.errors()
-        )
+        return validation_message(exc)
     return str(exc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -108,6 +109,7 @@ class AdminServers:
         log_override: str | None = None,
         refresh: Callable[[], Awaitable[None]] | None = None,
         health_port: int | None = None,
+        bind_host: str | None = None,
         refresh_timeout_s: float = REFRESH_TIMEOUT_S,
     ) -> None:
         self._refresh_timeout_s = refresh_timeout_s
@@ -115,6 +117,11 @@ class AdminServers:
         self._stats = stats
         self._refresh = refresh
         self._health_port = health_port
+        # Where a wildcard admin endpoint binds: the listeners' --bind host unless that is a
+        # wildcard too, so that `--bind 127.0.0.1` keeps every socket on loopback.
+        self._bind_host = None if bind_host in (None, "", "0.0.0.0", "::") else bind_host
+        self.health_error: str | None = None
+        """Why the health server is not listening where it should (None when it is)."""
         self._log_override = log_override
         self._config: StunnerConfig | None = None
         self.revision: Callable[[], int | None] = lambda: None
@@ -131,13 +138,23 @@ class AdminServers:
             self._config, self._stats(), self.lifecycle, self.revision(), self.config_counts()
         )
         doc.update(self.extra_status())
+        if self.health is not None and isinstance(doc.get("admin"), dict):
+            # Where the health server really listens (after --bind and a port override).
+            host = self.health.host
+            host = f"[{host}]" if ":" in host else host
+            doc["admin"]["healthcheck_endpoint"] = f"http://{host}:{self.health.bound_port}"
         return doc
+
+    def _on_bind_host(self, at: BindAddress | None) -> BindAddress | None:
+        if at is not None and self._bind_host is not None and at.host in ("", "0.0.0.0", "::"):
+            return BindAddress(self._bind_host, at.port, at.path)
+        return at
 
     def _health_bind(self, endpoint: str | None) -> BindAddress | None:
         at = parse_admin_endpoint(endpoint, DEFAULT_HEALTH_PORT)
         if at is not None and self._health_port is not None:
             at = BindAddress(at.host, self._health_port, at.path)
-        return at
+        return self._on_bind_host(at)
 
     async def start_health(self, endpoint: str | None) -> None:
         """Bring the health server up before any config (watch mode bootstrap)."""
@@ -145,7 +162,9 @@ class AdminServers:
 
     async def apply_admin(self, config: StunnerConfig, plan: Plan) -> None:
         health_at = self._health_bind(config.admin.healthcheck_endpoint)
-        metrics_at = parse_admin_endpoint(config.admin.metrics_endpoint, DEFAULT_METRICS_PORT)
+        metrics_at = self._on_bind_host(
+            parse_admin_endpoint(config.admin.metrics_endpoint, DEFAULT_METRICS_PORT)
+        )
         if health_at != self._health_at or (self.health is None and health_at is not None):
             await self._rebind_health(health_at)
         if metrics_at != self._metrics_at or (self.metrics is None and metrics_at is not None):
@@ -158,10 +177,16 @@ class AdminServers:
             await self.health.close()
             self.health = None
         self._health_at = at
+        self.health_error = None
         if at is not None:
             handler = self._refreshing(health_handler(self.lifecycle, self.status), "/status")
             server = HttpServer("health", at.host, at.port, handler)
-            await server.start()
+            try:
+                await server.start()
+            except OSError as exc:
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                self.health_error = f"health server cannot listen on {at.host}:{at.port}: {reason}"
+                raise OSError(exc.errno, self.health_error) from exc
             self.health = server
 
     async def _rebind_metrics(self, at: BindAddress | None) -> None:
