@@ -26,6 +26,7 @@ from turncat.cli import main
         (["-", "k8s://ns/gw", "udp://1.2.3.4:5"], "expected k8s://namespace/gateway:listener"),
         (["-", "turn://u:p@h:1", "udp://1.2.3.4:5", "--ca", "/no/such/ca.pem"], "CA file"),
         (["-l", "all:NOPE", "-", "turn://u:p@h:1", "udp://1.2.3.4:5"], "invalid log spec"),
+        (["-l", "bogus:XYZ", "-", "turn://u:p@h:1", "udp://1.2.3.4:5"], "invalid log spec"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(

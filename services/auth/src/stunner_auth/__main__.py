@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from stunner_auth.app import create_app
 from stunner_auth.settings import AuthSettings
-from stunner_common.cli import add_version_argument
+from stunner_common.cli import add_version_argument, validation_message
 from stunner_common.logs import configure_logging
 from stunner_common.runtime import run as run_loop
 
@@ -44,14 +44,6 @@ def build_server(settings: AuthSettings) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-def settings_error(exc: ValidationError) -> str:
-    """One line per problem, without pydantic's links and input echo (which may hold secrets)."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
-        for err in exc.errors()
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     overrides = {
@@ -68,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = AuthSettings(**overrides)
     except ValidationError as exc:
-        print(f"stunner-auth: invalid settings: {settings_error(exc)}", file=sys.stderr)
+        print(f"stunner-auth: invalid settings: {validation_message(exc)}", file=sys.stderr)
         return 2
     try:
         configure_logging(settings.log_format, settings.log_level)

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from stunner_cds.server import build_server
 from stunner_cds.settings import CdsSettings
-from stunner_common.cli import add_version_argument
+from stunner_common.cli import add_version_argument, validation_message
 from stunner_common.logs import LOG_FORMATS, configure_logging
 from stunner_common.runtime import run as run_loop
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = CdsSettings(**overrides)
     except ValidationError as exc:
-        print(f"stunner-cds: invalid settings:\n{exc}", file=sys.stderr)
+        print(f"stunner-cds: invalid settings: {validation_message(exc)}", file=sys.stderr)
         return 2
     try:
         configure_logging(settings.log_format, settings.log_level)

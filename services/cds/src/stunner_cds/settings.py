@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stunner_common.logs import LogFormat
+from stunner_common.redis_acl import redact_url
 
 DEFAULT_PORT = 13478
 
@@ -50,6 +51,18 @@ class CdsSettings(BaseSettings):
     )
     log_level: str = "INFO"
     log_format: LogFormat = "text"
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        """Refuse a URL redis-py cannot use here, not as a traceback at startup."""
+        from redis.connection import parse_url
+
+        try:
+            parse_url(value)  # type: ignore[no-untyped-call]
+        except ValueError as exc:
+            raise ValueError(f"invalid Redis URL {redact_url(value)!r}: {exc}") from None
+        return value
 
     @model_validator(mode="after")
     def _tls_pair(self) -> CdsSettings:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from stunner_common.cli import validation_message
 from stunner_common.logs import configure_logging
 from stunner_common.redis_acl import redact_url
 from stunner_common.runtime import run as run_loop
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = OperatorSettings(**overrides)
     except ValidationError as err:
-        print(f"stunner-operator: invalid settings: {err}", file=sys.stderr)
+        print(f"stunner-operator: invalid settings: {validation_message(err)}", file=sys.stderr)
         return EXIT_USAGE
     try:
         configure_logging(settings.log_format, settings.log_level)

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from stunner_common import logs
 from stunner_common.cds import token_source
-from stunner_common.cli import add_version_argument
+from stunner_common.cli import add_version_argument, validation_message
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.runtime import run as run_loop
 from turncat.carrier import TlsOptions
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             settings = TurncatSettings()
         except ValidationError as exc:
-            raise BadInputError(f"invalid TURNCAT_* setting: {exc}") from None
+            raise BadInputError(f"invalid TURNCAT_* setting: {validation_message(exc)}") from None
         run_loop(run(args, settings))
     except TurncatError as exc:
         print(f"turncat: {exc}", file=sys.stderr)

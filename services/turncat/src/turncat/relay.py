@@ -231,9 +231,12 @@ class Tunnel:
 
 
 async def _stdin_reader() -> Callable[[], Coroutine[Any, Any, bytes]]:
-    """A reader of stdin chunks: a pipe transport where possible, a thread for regular files."""
+    """A reader of stdin chunks: a pipe transport for pipes, sockets and terminals, a thread
+    for everything else (regular files, /dev/null), which the event loop cannot poll (uvloop
+    aborts the process on them)."""
     fd = sys.stdin.fileno()
-    if stat.S_ISREG(os.fstat(fd).st_mode):
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)):
 
         async def read_file() -> bytes:
             return await asyncio.to_thread(os.read, fd, READ_BYTES)
