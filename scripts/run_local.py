@@ -336,6 +336,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--auth-port", type=int, default=8088)
     parser.add_argument("--redis-port", type=int, default=16379)
     parser.add_argument("--echo-port", type=int, default=9001)
+    parser.add_argument("--operator-health-port", type=int, default=8081, help="/healthz, /readyz")
+    parser.add_argument("--operator-metrics-port", type=int, default=8080, help="/metrics")
     parser.add_argument(
         "--health-port", type=int, default=8086, help="first stunnerd's; +1 per Gateway"
     )
@@ -376,7 +378,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         stack.start(
             "stunner-operator",
-            [str(BIN / "stunner-operator"), "--manifests", args.manifests],
+            [
+                str(BIN / "stunner-operator"),
+                "--manifests",
+                args.manifests,
+                "--health-address",
+                f"127.0.0.1:{args.operator_health_port}",
+                "--metrics-address",
+                f"127.0.0.1:{args.operator_metrics_port}",
+            ],
             {"REDIS_URL": operator_url},
         )
         stack.start(

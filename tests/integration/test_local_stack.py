@@ -146,6 +146,10 @@ def local_stack(tmp_path: Path) -> Iterator[LocalStack]:
         str(echo_port),
         "--health-port",
         str(free_port()),
+        "--operator-health-port",
+        str(free_port()),
+        "--operator-metrics-port",
+        str(free_port()),
         "--rundir",
         str(tmp_path / "run"),
     ]

@@ -313,3 +313,27 @@ async def test_a_missing_dataplane_invalidates_the_gateway_and_removes_its_datap
     await eventually(rejected)
     gwclass = await _status_of(kube, CLASS)
     assert condition(gwclass, "Accepted") == ("False", "InvalidParameters")
+
+
+async def test_kubernetes_mode_is_ready_after_the_first_publish_and_counts_renders(
+    no_leaked_tasks: None,
+    cluster: tuple[kmock.KubernetesEmulator, Cluster],
+    controller: KubeController,
+    client: aioredis.Redis,
+) -> None:
+    await eventually(lambda: config(client, "stunner/udp-gateway"))
+
+    async def ready() -> bool:
+        return controller.metrics.ready
+
+    await eventually(ready)
+    text = controller.metrics.exposition().decode()
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert values["stunner_operator_publishes_total"] >= 1
+    assert values["stunner_operator_renders_total"] >= 1
+    assert values["stunner_operator_ready"] == 1
+    assert values['stunner_operator_objects{kind="Gateway"}'] == 1

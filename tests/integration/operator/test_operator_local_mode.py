@@ -271,7 +271,17 @@ async def test_the_command_runs_local_mode_and_stops_on_sigterm(
     redis: RedisServer, client: aioredis.Redis, folder: Path, tmp_path: Path
 ) -> None:
     proc = ServerProcess(
-        [str(BIN / "stunner-operator"), "--manifests", str(folder), "--redis-url", redis.url],
+        [
+            str(BIN / "stunner-operator"),
+            "--manifests",
+            str(folder),
+            "--redis-url",
+            redis.url,
+            "--health-address",
+            "127.0.0.1:0",
+            "--metrics-address",
+            "127.0.0.1:0",
+        ],
         log_path=tmp_path / "operator.log",
     )
     try:

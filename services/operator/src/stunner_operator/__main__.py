@@ -16,16 +16,19 @@ import signal
 import socket
 import sys
 import uuid
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from stunner_common.cli import validation_message
+from stunner_common.cli import add_version_argument, validation_message
 from stunner_common.logs import configure_logging
 from stunner_common.redis_acl import redact_url
 from stunner_common.runtime import run as run_loop
 from stunner_operator.manifests.local import LocalOperator
-from stunner_operator.publish import RedisConfigSink
+from stunner_operator.observe import ObservabilityServer, OperatorMetrics, parse_address
+from stunner_operator.publish import PublishError, RedisConfigSink
 from stunner_operator.render.options import RenderOptions
 from stunner_operator.settings import OperatorSettings
 
@@ -34,11 +37,18 @@ log = logging.getLogger("stunner_operator")  # not __name__: "__main__" under py
 EXIT_USAGE = 2
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line and exit 2 (argparse would print the whole usage first)."""
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="stunner-operator",
         description="Render Gateway API objects into stunnerd configs in Redis.",
     )
+    add_version_argument(p, "stunner-operator")
     p.add_argument("--manifests", type=Path, help="folder (or file) of YAML manifests: local mode")
     p.add_argument("--redis-url", help="Redis URL (env REDIS_URL)")
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig for Kubernetes mode")
@@ -52,6 +62,13 @@ def _parser() -> argparse.ArgumentParser:
         help="render --manifests once and print every object the operator would write (YAML)",
     )
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    p.add_argument(
+        "--health-address",
+        help="HOST:PORT of /healthz and /readyz (default :8081; '' turns them off)",
+    )
+    p.add_argument(
+        "--metrics-address", help="HOST:PORT of /metrics (default :8080; '' turns it off)"
+    )
     return p
 
 
@@ -72,18 +89,81 @@ def _stop_on_signals() -> asyncio.Event:
     return stop
 
 
+class _StartupError(Exception):
+    """A one-line reason to exit with status 2 before the operator runs."""
+
+
+async def _redis_sink(settings: OperatorSettings) -> RedisConfigSink:
+    """A sink whose Redis answered within ``redis_startup_timeout_s``."""
+    try:
+        sink = RedisConfigSink(settings.redis_url, timeout_s=settings.redis_timeout_s)
+    except ValueError as err:
+        url = redact_url(settings.redis_url)
+        raise _StartupError(f"invalid Redis URL {url!r}: {err}") from err
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.redis_startup_timeout_s
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            await sink.ping()
+            return sink
+        except PublishError as err:
+            if loop.time() >= deadline:
+                await sink.aclose()
+                url = redact_url(settings.redis_url)
+                raise _StartupError(f"cannot reach Redis at {url}: {err}") from err
+            if attempt in (1, 10) or attempt % 30 == 0:
+                log.warning("waiting for Redis at %s: %s", redact_url(settings.redis_url), err)
+            await asyncio.sleep(min(1.0, max(0.0, deadline - loop.time())))
+
+
+def _server(settings: OperatorSettings, metrics: OperatorMetrics) -> ObservabilityServer:
+    try:
+        health = (
+            parse_address(settings.health_address, "--health-address")
+            if settings.health_address
+            else None
+        )
+        prom = (
+            parse_address(settings.metrics_address, "--metrics-address")
+            if settings.metrics_address
+            else None
+        )
+    except ValueError as err:
+        raise _StartupError(str(err)) from err
+    return ObservabilityServer(metrics, health_address=health, metrics_address=prom)
+
+
+@contextlib.asynccontextmanager
+async def _serving(server: ObservabilityServer) -> AsyncIterator[None]:
+    try:
+        await server.start()
+    except OSError as err:
+        raise _StartupError(f"cannot serve health or metrics: {err.strerror or err}") from err
+    try:
+        yield
+    finally:
+        await server.close()
+
+
 async def _run_kubernetes(settings: OperatorSettings) -> int:
     from stunner_operator.k8s.api import KubeApi, KubeApiError, load_client
     from stunner_operator.k8s.controller import KubeController
     from stunner_operator.k8s.leader import LeaderElector
 
+    metrics = OperatorMetrics()
+    server = _server(settings, metrics)
     try:
         client = await load_client(settings.kubeconfig)
     except KubeApiError as err:
-        print(f"stunner-operator: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        raise _StartupError(str(err)) from err
     api = KubeApi(client, timeout_s=settings.kube_timeout_s)
-    sink = RedisConfigSink(settings.redis_url, timeout_s=settings.redis_timeout_s)
+    try:
+        sink = await _redis_sink(settings)
+    except _StartupError:
+        await api.aclose()
+        raise
 
     async def lead(lost: asyncio.Event) -> None:
         # A fresh controller per term: it lists everything again before rendering.
@@ -93,24 +173,28 @@ async def _run_kubernetes(settings: OperatorSettings) -> int:
             options=_options(settings),
             throttle_s=settings.throttle_s,
             retry_s=settings.publish_retry_s,
+            metrics=metrics,
         )
         await controller.run(lost)
 
     stop = _stop_on_signals()
     log.info("Kubernetes mode: publishing to %s", redact_url(settings.redis_url))
     try:
-        if settings.leader_elect:
-            elector = LeaderElector(
-                api,
-                namespace=settings.lease_namespace,
-                name=settings.lease_name,
-                identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
-                lease_duration_s=settings.lease_duration_s,
-                renew_period_s=settings.lease_renew_s,
-            )
-            await elector.run(lead, stop)
-        else:
-            await lead(stop)
+        async with _serving(server):
+            if settings.leader_elect:
+                elector = LeaderElector(
+                    api,
+                    namespace=settings.lease_namespace,
+                    name=settings.lease_name,
+                    identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+                    lease_duration_s=settings.lease_duration_s,
+                    renew_period_s=settings.lease_renew_s,
+                    metrics=metrics,
+                )
+                await elector.run(lead, stop)
+            else:
+                metrics.mark_leading()
+                await lead(stop)
     finally:
         await sink.aclose()
         await api.aclose()
@@ -118,22 +202,35 @@ async def _run_kubernetes(settings: OperatorSettings) -> int:
 
 
 async def _run_local(settings: OperatorSettings, root: Path) -> int:
-    options = _options(settings)
-    sink = RedisConfigSink(settings.redis_url, timeout_s=settings.redis_timeout_s)
+    metrics = OperatorMetrics()
+    server = _server(settings, metrics)
+    sink = await _redis_sink(settings)
     operator = LocalOperator(
         root,
         sink,
-        options=options,
+        options=_options(settings),
         debounce_ms=settings.watch_debounce_ms,
         retry_s=settings.publish_retry_s,
+        metrics=metrics,
     )
     stop = _stop_on_signals()
     log.info("local mode: watching %s, publishing to %s", root, redact_url(settings.redis_url))
     try:
-        await operator.run(stop)
+        async with _serving(server):
+            await operator.run(stop)
     finally:
         await sink.aclose()
     return 0
+
+
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        return run_loop(coro)
+    except KeyboardInterrupt:
+        return 0
+    except _StartupError as err:
+        print(f"stunner-operator: {err}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _print_once(settings: OperatorSettings, root: Path) -> int:
@@ -180,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             "redis_url": args.redis_url,
             "cds_address": args.cds_address,
             "log_level": args.log_level,
+            "health_address": args.health_address,
+            "metrics_address": args.metrics_address,
         }.items()
         if v is not None
     }
@@ -198,10 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             flag = "--dry-run" if args.dry_run else "--print"
             print(f"stunner-operator: {flag} needs --manifests PATH", file=sys.stderr)
             return EXIT_USAGE
-        try:
-            return run_loop(_run_kubernetes(settings))
-        except KeyboardInterrupt:
-            return 0
+        return _run(_run_kubernetes(settings))
     if (why := _unreadable(settings.manifests)) is not None:
         print(f"stunner-operator: {settings.manifests}: {why}", file=sys.stderr)
         return EXIT_USAGE
@@ -209,10 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         return _dry_run(settings, settings.manifests)
     if args.print_only:
         return _print_once(settings, settings.manifests)
-    try:
-        return run_loop(_run_local(settings, settings.manifests))
-    except KeyboardInterrupt:
-        return 0
+    return _run(_run_local(settings, settings.manifests))
 
 
 if __name__ == "__main__":

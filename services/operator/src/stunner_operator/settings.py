@@ -41,6 +41,12 @@ class OperatorSettings(BaseSettings):
     lease_duration_s: int = Field(15, ge=2)
     lease_renew_s: float = Field(5.0, gt=0)
     publish_retry_s: float = Field(1.0, gt=0)
+    redis_startup_timeout_s: float = Field(30.0, ge=0)
+    """How long a starting operator waits for Redis before it exits (2) saying so."""
+    health_address: str = ":8081"
+    """HOST:PORT of /healthz and /readyz; empty turns them off."""
+    metrics_address: str = ":8080"
+    """HOST:PORT of /metrics; empty turns it off."""
     watch_debounce_ms: int = Field(50, ge=1)
     log_level: str = "INFO"
     log_format: str = Field("text", pattern="^(text|json)$")

@@ -16,6 +16,7 @@ import contextlib
 import datetime
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,6 +26,7 @@ from stunner_common.crds import CrdError, K8sObject, UnsupportedKindError, parse
 from stunner_common.store import PublishResult
 from stunner_operator.k8s.api import GoneError, KubeApi, KubeApiError, NotFoundError
 from stunner_operator.k8s.resources import BY_KIND, WATCHED, WRITABLE, Resource
+from stunner_operator.observe import OperatorMetrics
 from stunner_operator.publish import PublishError
 from stunner_operator.render.engine import RenderDelta, Renderer
 from stunner_operator.render.options import RenderOptions
@@ -91,8 +93,10 @@ class KubeController:
         resync_check_s: float = 1.0,
         watch_timeout_s: int = 300,
         resources: tuple[Resource, ...] = WATCHED,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         self.renderer = Renderer(options)
+        self.metrics = metrics or OperatorMetrics()
         self._api = api
         self._sink = sink
         self._throttle_s = throttle_s
@@ -182,8 +186,10 @@ class KubeController:
                             self._known[res.kind].add(key)
                             await self._events.put(_Event(res.kind, upserts=(obj,)))
             except GoneError:
+                self.metrics.watch_restarts.labels(resource=res.kind).inc()
                 log.info("watch of %s expired; listing again", res.list_path())
             except KubeApiError as err:
+                self.metrics.watch_restarts.labels(resource=res.kind).inc()
                 log.warning("watch of %s failed: %s; listing again", res.list_path(), err)
                 await asyncio.sleep(self._retry_s)
 
@@ -218,10 +224,14 @@ class KubeController:
             changes = {k: o for k, o in changes.items() if store.get_key(k) != o}
             if not changes and self.synced.is_set():
                 continue
+            started = time.perf_counter()
             try:
                 delta = self.renderer.apply(
                     [o for o in changes.values() if o is not None],
                     [k for k, o in changes.items() if o is None],
+                )
+                self.metrics.observe_render(
+                    time.perf_counter() - started, store, len(self.renderer.configs())
                 )
             except Exception:
                 log.exception("render failed; nothing is written for this batch")
@@ -235,6 +245,9 @@ class KubeController:
             if status is None:
                 continue
             log.info("%s: %s", _label(key), status.summary())
+            render = self.renderer.gateway(key[1], key[2]) if key[0] == "Gateway" else None
+            for warning in render.warnings if render is not None else ():
+                log.warning("%s: %s", _label(key), warning)
             self._queue(_Write("status", key, self._stamp(key, status)))
         for cid in sorted(delta.deleted):
             log.info("config %s removed", cid)
@@ -293,10 +306,12 @@ class KubeController:
             try:
                 result = await self._sink.publish(configs)
             except PublishError as err:
+                self.metrics.mark_publish_failed(str(err))
                 log.warning("publishing to Redis failed, retrying in %.1fs: %s", self._retry_s, err)
                 await asyncio.sleep(self._retry_s)
                 self._publish_wake.set()
                 continue
+            self.metrics.mark_published()
             for cid, rev in sorted(result.changes.items()):
                 verb = "published" if cid in configs else "deleted"
                 log.info("%s config %s (revision %d)", verb, cid, rev)
@@ -312,6 +327,7 @@ class KubeController:
                 try:
                     await self._perform(write)
                 except KubeApiError as err:
+                    self.metrics.write_errors.inc()
                     log.warning("writing %s failed: %s", _label(write.key), err)
                     failed.append((slot, write))
             if failed:

@@ -18,6 +18,7 @@ from typing import Any
 
 from stunner_operator.k8s.api import ConflictError, KubeApi, KubeApiError
 from stunner_operator.k8s.resources import Resource
+from stunner_operator.observe import OperatorMetrics
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class LeaderElector:
         identity: str,
         lease_duration_s: int = 15,
         renew_period_s: float = 5.0,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         if renew_period_s >= lease_duration_s:
             raise ValueError("renew_period_s must be shorter than lease_duration_s")
@@ -49,6 +51,9 @@ class LeaderElector:
         self._renew_s = renew_period_s
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        self._metrics = metrics or OperatorMetrics()
+        self._read_lease = False
+        """Whether the last attempt got an answer from the API server (a standby's health)."""
 
     async def run(
         self, lead: Callable[[asyncio.Event], Coroutine[Any, Any, None]], stop: asyncio.Event
@@ -57,8 +62,11 @@ class LeaderElector:
         loop = asyncio.get_running_loop()
         while not stop.is_set():
             if not await self._try_acquire():
+                if self._read_lease:
+                    self._metrics.mark_standby()
                 await self._wait(stop, self._renew_s)
                 continue
+            self._metrics.mark_leading()
             log.info("leading as %s (lease %s/%s)", self.identity, self._namespace, self._name)
             lost = asyncio.Event()
             async with asyncio.TaskGroup() as tg:
@@ -74,6 +82,7 @@ class LeaderElector:
                         log.warning("lost the lease %s/%s", self._namespace, self._name)
                         break
                 lost.set()
+            self._metrics.mark_not_leading()
             if stop.is_set():
                 await self._release()
 
@@ -103,8 +112,10 @@ class LeaderElector:
 
     async def _try_acquire(self) -> bool:
         now = _micro_time()
+        self._read_lease = False
         try:
             lease = await self._api.get(LEASE, self._namespace, self._name)
+            self._read_lease = True
             if lease is None:
                 await self._api.create(
                     LEASE,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
@@ -21,6 +22,7 @@ from stunner_common.config import StunnerConfig
 from stunner_common.crds import K8sObject
 from stunner_common.store import PublishResult
 from stunner_operator.manifests.loader import ManifestSet
+from stunner_operator.observe import OperatorMetrics
 from stunner_operator.publish import PublishError
 from stunner_operator.render.engine import RenderDelta, Renderer
 from stunner_operator.render.options import RenderOptions
@@ -52,8 +54,10 @@ class LocalOperator:
         debounce_ms: int = 50,
         retry_s: float = 1.0,
         resync_check_s: float = 1.0,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         self.root = root
+        self.metrics = metrics or OperatorMetrics()
         self.renderer = Renderer(options)
         self.manifests = ManifestSet(root)
         self._sink = sink
@@ -75,7 +79,12 @@ class LocalOperator:
         upserts = [obj for key, obj in desired.items() if self._applied.get(key) != obj]
         deletes = [key for key in self._applied if key not in desired]
         self._applied = dict(desired)
+        started = time.perf_counter()
         delta = self.renderer.apply(upserts, deletes)
+        self.metrics.observe_render(
+            time.perf_counter() - started, self.renderer.store, len(self.renderer.configs())
+        )
+        self.metrics.manifest_errors.set(len(self.manifests.errors))
         gone = set(deletes)
         for key in sorted(delta.statuses):
             status = delta.statuses[key]
@@ -111,7 +120,12 @@ class LocalOperator:
         if self._sink is None:
             return None
         configs = self.renderer.configs()
-        result = await self._sink.publish(configs)
+        try:
+            result = await self._sink.publish(configs)
+        except PublishError as err:
+            self.metrics.mark_publish_failed(str(err))
+            raise
+        self.metrics.mark_published()
         for cid, rev in sorted(result.changes.items()):
             verb = "published" if cid in configs else "deleted"
             log.info("%s config %s (revision %d)", verb, cid, rev)

@@ -58,5 +58,13 @@ class RedisConfigSink:
         held = {key.decode() if isinstance(key, bytes) else str(key) for key in stored}
         return not self._published <= held
 
+    async def ping(self) -> None:
+        """Raise PublishError unless Redis answers within the timeout."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._redis.ping()
+        except (RedisError, OSError, TimeoutError) as err:
+            raise PublishError(f"{type(err).__name__}: {err}") from err
+
     async def aclose(self) -> None:
         await self._redis.aclose()

@@ -1,0 +1,218 @@
+"""The operator's health, readiness and Prometheus metrics.
+
+``/healthz`` (liveness) answers 200 while the event loop runs. ``/readyz`` answers 200 once the
+operator does its job: in local mode once the first full render reached Redis; in Kubernetes
+mode, on the leader, once every watched resource was listed (the caches are synced) and that
+first render was published, and on a standby replica once it has read the Lease (a standby must
+be ready, or a rolling update with one replica would wait forever). Otherwise 503, with the
+reason in the JSON body. Both are served on the health address (default ``:8081``), ``/metrics``
+on the metrics address (default ``:8080``), as controller-runtime operators do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from stunner_common.probe_http import HttpServer, Response
+from stunner_operator.render.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+STORE_KINDS = (
+    "GatewayClass",
+    "Gateway",
+    "UDPRoute",
+    "UDPRouteV1A2",
+    "GatewayConfig",
+    "Dataplane",
+    "StaticService",
+    "Service",
+    "EndpointSlice",
+    "Secret",
+    "Node",
+    "Namespace",
+)
+
+
+class OperatorMetrics:
+    """Every figure the operator exports, in its own registry, plus the readiness state."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.renders = Counter(
+            "stunner_operator_renders", "Renders run (one per batch of changes)", registry=r
+        )
+        self.render_seconds = Histogram(
+            "stunner_operator_render_duration_seconds",
+            "Time one render took",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=r,
+        )
+        self.objects = Gauge(
+            "stunner_operator_objects", "Objects the operator holds, by kind", ["kind"], registry=r
+        )
+        self.configs = Gauge(
+            "stunner_operator_configs",
+            "stunnerd configs rendered (one per valid Gateway)",
+            registry=r,
+        )
+        self.publishes = Counter(
+            "stunner_operator_publishes", "Successful publishes of the config set", registry=r
+        )
+        self.publish_errors = Counter(
+            "stunner_operator_publish_errors", "Failed publishes of the config set", registry=r
+        )
+        self.write_errors = Counter(
+            "stunner_operator_kube_write_errors",
+            "Failed Kubernetes writes (statuses, applies, deletes)",
+            registry=r,
+        )
+        self.manifest_errors = Gauge(
+            "stunner_operator_manifest_errors",
+            "Documents of the manifest folder that are refused (local mode)",
+            registry=r,
+        )
+        self.leader = Gauge(
+            "stunner_operator_leader", "1 while this replica holds the leader Lease", registry=r
+        )
+        self.watch_restarts = Counter(
+            "stunner_operator_watch_restarts",
+            "Watches that ended in an error or expired and were listed again",
+            ["resource"],
+            registry=r,
+        )
+        self.ready_gauge = Gauge("stunner_operator_ready", "1 when /readyz answers 200", registry=r)
+        self._published = False
+        self._standby = False
+        self._why = "starting: the first render is not published yet"
+
+    # -- readiness ------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._published or self._standby
+
+    @property
+    def why_not_ready(self) -> str:
+        return "" if self.ready else self._why
+
+    def _update_ready(self) -> None:
+        self.ready_gauge.set(1 if self.ready else 0)
+
+    def mark_published(self) -> None:
+        self.publishes.inc()
+        self._published = True
+        self._update_ready()
+
+    def mark_publish_failed(self, why: str) -> None:
+        self.publish_errors.inc()
+        if not self._published:
+            self._why = f"publishing the first render failed: {why}"
+
+    def mark_standby(self) -> None:
+        """A replica that has read the Lease and waits: ready, not leading."""
+        self._standby = True
+        self.leader.set(0)
+        self._update_ready()
+
+    def mark_leading(self) -> None:
+        """Leading from now: ready again once the new term's first render is published."""
+        self._standby = False
+        self._published = False
+        self._why = "leading: listing the cluster and publishing the first render"
+        self.leader.set(1)
+        self._update_ready()
+
+    def mark_not_leading(self) -> None:
+        self.leader.set(0)
+
+    # -- rendering ------------------------------------------------------------------------
+
+    def observe_render(self, seconds: float, store: ObjectStore, configs: int) -> None:
+        self.renders.inc()
+        self.render_seconds.observe(seconds)
+        for kind in STORE_KINDS:
+            self.objects.labels(kind=kind).set(sum(1 for _ in store.keys(kind)))
+        self.configs.set(configs)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _json(status: int, body: dict[str, object]) -> Response:
+    return Response(status, json.dumps(body).encode())
+
+
+def parse_address(text: str, flag: str) -> tuple[str, int]:
+    """``host:port``, ``:port`` (every interface) or ``[v6]:port``; ValueError says why not."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"{flag}: {text!r} is not HOST:PORT (e.g. :8081 or 127.0.0.1:8081)")
+    host = host.strip("[]")
+    return host or "0.0.0.0", int(port_text)
+
+
+class ObservabilityServer:
+    """The health and metrics HTTP servers (either may be off: address None)."""
+
+    def __init__(
+        self,
+        metrics: OperatorMetrics,
+        *,
+        health_address: tuple[str, int] | None,
+        metrics_address: tuple[str, int] | None,
+    ) -> None:
+        self.metrics = metrics
+        self._servers: list[HttpServer] = []
+        self.health: HttpServer | None = None
+        self.prometheus: HttpServer | None = None
+        if health_address is not None:
+            self.health = HttpServer("health", *health_address, self._health)
+            self._servers.append(self.health)
+        if metrics_address is not None:
+            self.prometheus = HttpServer("metrics", *metrics_address, self._metrics)
+            self._servers.append(self.prometheus)
+
+    def _health(self, path: str) -> Response:
+        if path in ("/healthz", "/livez"):
+            return _json(200, {"status": "ok"})
+        if path == "/readyz":
+            if self.metrics.ready:
+                return _json(200, {"status": "ready"})
+            return _json(503, {"status": "not ready", "reason": self.metrics.why_not_ready})
+        return _json(404, {"status": 404, "message": f"no such path {path}"})
+
+    def _metrics(self, path: str) -> Response:
+        if path != "/metrics":
+            return _json(404, {"status": 404, "message": f"no such path {path}"})
+        return Response(200, self.metrics.exposition(), CONTENT_TYPE_LATEST)
+
+    async def start(self) -> None:
+        started: list[HttpServer] = []
+        try:
+            for server in self._servers:
+                await server.start()
+                started.append(server)
+        except BaseException:
+            await _close(started)
+            raise
+
+    async def close(self) -> None:
+        await _close(self._servers)
+
+
+async def _close(servers: Iterable[HttpServer]) -> None:
+    for server in servers:
+        await server.close()
