@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "local"
 BIN = Path(sys.executable).parent
 DEADLINE_S = 5.0  # a bound against hangs; the operator reacts in well under a second
+STARTUP_S = 60  # a bound on starting the operator's process (seconds on a loaded machine)
 
 
 class LogQueue(logging.Handler):
@@ -285,6 +286,13 @@ async def test_the_command_runs_local_mode_and_stops_on_sigterm(
         log_path=tmp_path / "operator.log",
     )
     try:
+        # Starting a Python process is not the operator's reaction time: on a loaded machine it
+        # takes seconds, so wait for the process to be up before the per-event deadline runs.
+        for _ in range(STARTUP_S * 10):
+            if "local mode: watching" in proc.output() or not proc.alive():
+                break
+            await asyncio.sleep(0.1)
+        assert proc.alive(), proc.output()
         last = "0-0"
         seen: set[str] = set()
         while seen != {"stunner/udp-gateway", "stunner/tcp-gateway"}:
