@@ -25,45 +25,6 @@ from support.processes import ServerProcess, wait_for_tcp, which
 USER, PASSWORD, SECRET, REALM = "user1", "passwd1", "my-secret", "stunner.l7mp.io"
 
 
-class EchoProtocol(asyncio.DatagramProtocol):
-    """Echoes every datagram to its sender and remembers who sent it."""
-
-    def __init__(self) -> None:
-        self.sources: set[tuple[str, int]] = set()
-        self.received = 0
-        self.transport: asyncio.DatagramTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.sources.add(addr)
-        self.received += 1
-        assert self.transport is not None
-        self.transport.sendto(data, addr)
-
-
-@dataclass
-class UdpEcho:
-    host: str
-    port: int
-    protocol: EchoProtocol
-
-    @property
-    def url(self) -> str:
-        return f"udp://{self.host}:{self.port}"
-
-
-@contextlib.asynccontextmanager
-async def udp_echo(host: str = LOOPBACK) -> AsyncIterator[UdpEcho]:
-    loop = asyncio.get_running_loop()
-    transport, proto = await loop.create_datagram_endpoint(EchoProtocol, local_addr=(host, 0))
-    try:
-        yield UdpEcho(host, transport.get_extra_info("sockname")[1], proto)
-    finally:
-        transport.close()
-
-
 class UdpClient(asyncio.DatagramProtocol):
     """A local client of turncat: sends datagrams and queues the replies."""
 

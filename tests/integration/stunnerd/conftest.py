@@ -14,8 +14,8 @@ import redis.asyncio as aioredis
 
 from stunner_common.store import ConfigPublisher
 from support.cds_server import CdsServer
+from support.echo import UdpEcho, udp_echo
 from support.redis_server import RedisServer
-from support.turncat_harness import UdpEcho, udp_echo
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import pytest
 
 from stunner_common.store import ConfigPublisher
 from support.cds_server import CdsServer
+from support.echo import UdpEcho
 from support.stunnerd_process import (
     EchoAllocation,
     ManagedStunnerd,
@@ -20,7 +21,6 @@ from support.stunnerd_process import (
     health_port,
     listener_ports,
 )
-from support.turncat_harness import UdpEcho
 
 pytestmark = pytest.mark.integration
 

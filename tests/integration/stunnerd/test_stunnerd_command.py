@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from aioice import stun
 from fixtures.stunnerd.client import UdpTurnClient
-from fixtures.stunnerd.inproc import echo_peer
 
+from support.echo import echo_peer
 from support.ports import free_udp_tcp_port
 from support.processes import ServerProcess
 from support.stunnerd_process import PASSWORD, USER, wait_ready

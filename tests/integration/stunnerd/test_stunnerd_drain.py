@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from aioice.stun import TransactionFailed
 
+from support.echo import UdpEcho
 from support.stunnerd_process import (
     EchoAllocation,
     ManagedStunnerd,
@@ -17,7 +18,6 @@ from support.stunnerd_process import (
     health_port,
     listener_ports,
 )
-from support.turncat_harness import UdpEcho
 
 pytestmark = pytest.mark.integration
 

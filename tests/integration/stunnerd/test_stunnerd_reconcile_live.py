@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from stunner_common.config import zero_config
+from support.echo import UdpEcho
 from support.stunnerd_process import (
     PASSWORD,
     USER,
@@ -26,7 +27,6 @@ from support.stunnerd_process import (
     health_port,
     listener_ports,
 )
-from support.turncat_harness import UdpEcho
 
 pytestmark = pytest.mark.integration
 

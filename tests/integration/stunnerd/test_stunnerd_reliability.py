@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from support.echo import UdpEcho
 from support.stunnerd_process import (
     EchoAllocation,
     ManagedStunnerd,
@@ -21,7 +22,6 @@ from support.stunnerd_process import (
     health_port,
     listener_ports,
 )
-from support.turncat_harness import UdpEcho
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,12 @@ import pytest
 from aioice import stun
 from cryptography import x509
 from fixtures.stunnerd.client import UdpTurnClient
-from fixtures.stunnerd.inproc import echo_peer, make_config, running_dataplane, running_server
+from fixtures.stunnerd.inproc import make_config, running_dataplane, running_server
 
 from stunner_common.config import parse_config, self_signed_pair
 from stunnerd.net.server import TurnServer
 from stunnerd.workers.local import LocalDataplane
+from support.echo import echo_peer, udp_echo
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -48,7 +49,7 @@ async def test_allocation_advertises_the_listener_address_and_relays_channel_dat
         assert bound.message_class == stun.Class.RESPONSE
         client.send_raw(channel_data(0x4000, b"hello"))
         assert await client.recv_raw() == channel_data(0x4000, b"hello")
-        assert peer.sources == [relay]
+        assert peer.senders == [relay]
         assert server.allocation_counts() == {"turn-udp": 1}
 
 
@@ -70,7 +71,7 @@ async def test_peer_outside_every_route_gets_403_and_nothing_is_relayed(
         assert reply.error_code == 403
         client.send_raw(channel_data(0x4000, b"x"))
         assert await client.nothing_arrives()
-        assert peer.sources == []
+        assert peer.senders == []
 
 
 async def test_peer_port_outside_the_range_gets_a_permission_but_no_channel_and_no_data(
@@ -95,7 +96,7 @@ async def test_peer_port_outside_the_range_gets_a_permission_but_no_channel_and_
             client.send_raw(bytes(indication))
             client.send_raw(channel_data(0x4001, b"x"))
             assert await client.nothing_arrives()
-            assert peer.sources == []
+            assert peer.senders == []
 
 
 async def test_route_changes_apply_to_live_allocations_without_restart(
@@ -123,7 +124,7 @@ async def test_route_changes_apply_to_live_allocations_without_restart(
         assert await client.recv_raw() == channel_data(0x4002, b"open")
         assert server.listeners["turn-udp"] is listener
         assert server.allocation_count == 1
-        assert len(peer.sources) == 1
+        assert len(peer.senders) == 1
 
 
 async def test_quota_refuses_a_second_allocation_of_the_same_user_with_486(
@@ -238,39 +239,30 @@ async def test_ipv6_listener_relays_to_an_ipv6_peer(no_leaked_tasks: None) -> No
         }
     )  # fmt: skip
     loop = asyncio.get_running_loop()
-
-    class Echo(asyncio.DatagramProtocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            self.transport = transport
-
-        def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-            self.transport.sendto(data, addr)  # type: ignore[attr-defined]
-
     dataplane = LocalDataplane(TurnServer(bind_host="::1"))
-    peer_transport, _ = await loop.create_datagram_endpoint(Echo, local_addr=("::1", 0))
-    try:
-        await dataplane.reconciler.apply(config)
-        peer = peer_transport.get_extra_info("sockname")[:2]
-        client = UdpTurnClient(("::1", port))
-        client.transport, _ = await loop.create_datagram_endpoint(
-            lambda: client.proto, local_addr=("::1", 0)
-        )
+    async with udp_echo("::1") as peer_echo:
+        peer = peer_echo.addr
         try:
-            reply = await client.allocate()
-            assert reply.attributes["XOR-RELAYED-ADDRESS"][0] == "::1"
-            bound = await client.request(
-                stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": peer}
+            await dataplane.reconciler.apply(config)
+            client = UdpTurnClient(("::1", port))
+            client.transport, _ = await loop.create_datagram_endpoint(
+                lambda: client.proto, local_addr=("::1", 0)
             )
-            assert bound.message_class == stun.Class.RESPONSE
-            listener = dataplane.server.listeners["v6"]
-            assert any(len(key[0]) == 4 for key in listener.routes)  # the fast path is armed
-            client.send_raw(channel_data(0x4000, b"six"))
-            assert await client.recv_raw() == channel_data(0x4000, b"six")
+            try:
+                reply = await client.allocate()
+                assert reply.attributes["XOR-RELAYED-ADDRESS"][0] == "::1"
+                bound = await client.request(
+                    stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": peer}
+                )
+                assert bound.message_class == stun.Class.RESPONSE
+                listener = dataplane.server.listeners["v6"]
+                assert any(len(key[0]) == 4 for key in listener.routes)  # the fast path is armed
+                client.send_raw(channel_data(0x4000, b"six"))
+                assert await client.recv_raw() == channel_data(0x4000, b"six")
+            finally:
+                client.transport.close()
         finally:
-            client.transport.close()
-    finally:
-        peer_transport.close()
-        await dataplane.close()
+            await dataplane.close()
 
 
 async def test_strict_dns_cluster_admits_the_addresses_its_name_resolves_to(

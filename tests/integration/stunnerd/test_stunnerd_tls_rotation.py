@@ -13,6 +13,7 @@ import pytest
 from aioice.turn import create_turn_endpoint
 
 from stunner_common.config import self_signed_pair
+from support.echo import UdpEcho
 from support.stunnerd_process import (
     PASSWORD,
     USER,
@@ -23,7 +24,6 @@ from support.stunnerd_process import (
     health_port,
     listener_ports,
 )
-from support.turncat_harness import UdpEcho
 
 pytestmark = pytest.mark.integration
 

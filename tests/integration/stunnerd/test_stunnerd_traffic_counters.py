@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from support.echo import UdpEcho
 from support.stunnerd_process import (
     STEP_TIMEOUT_S,
     EchoAllocation,
@@ -24,7 +25,6 @@ from support.stunnerd_process import (
     health_port,
     listener_ports,
 )
-from support.turncat_harness import UdpEcho
 
 pytestmark = pytest.mark.integration
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from stunner_common.auth import ephemeral_credentials
+from support.echo import udp_echo
 from support.ports import LOOPBACK, free_port, free_udp_tcp_port
 from support.turncat_harness import (
     PASSWORD,
@@ -29,7 +30,6 @@ from support.turncat_harness import (
     start_turncat,
     turncat,
     udp_client,
-    udp_echo,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

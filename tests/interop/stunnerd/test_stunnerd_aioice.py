@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 from aioice.turn import create_turn_endpoint
-from fixtures.stunnerd.inproc import echo_peer, make_config, running_server
+from fixtures.stunnerd.inproc import make_config, running_server
 
+from support.echo import echo_peer
 from support.stunnerd_process import PASSWORD, USER
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
@@ -67,7 +68,7 @@ async def test_aioice_client_echoes_through_the_relay(
                 assert data == payload
                 assert tuple(addr[:2]) == peer_addr
             # the peer saw the relay address the client was given, as upstream's echo tests check
-            assert set(peer.sources) == {tuple(relayed)}
+            assert set(peer.senders) == {tuple(relayed)}
         finally:
             turn.close()
             async with asyncio.timeout(5):

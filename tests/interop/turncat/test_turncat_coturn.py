@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stunner_common.auth import ephemeral_credentials
+from support.echo import udp_echo
 from support.ports import LOOPBACK, free_port
 from support.turncat_harness import (
     PASSWORD,
@@ -21,7 +22,6 @@ from support.turncat_harness import (
     start_turncat,
     turncat,
     udp_client,
-    udp_echo,
 )
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]

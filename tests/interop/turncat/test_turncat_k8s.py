@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 
 from stunner_common.config import parse_config
 from stunner_common.store import ConfigPublisher
+from support.echo import udp_echo
 from support.ports import LOOPBACK, free_port
 from support.processes import ServerProcess, wait_for_tcp
 from support.redis_server import RedisServer
@@ -35,7 +36,6 @@ from support.turncat_harness import (
     run_turncat,
     turncat,
     udp_client,
-    udp_echo,
 )
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(90)]

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from support.echo import udp_echo
 from support.ports import LOOPBACK
-from support.turncat_harness import PASSWORD, USER, coturn, udp_echo
+from support.turncat_harness import PASSWORD, USER, coturn
 from turncat.carrier import TlsOptions
 from turncat.errors import AuthFailedError
 from turncat.session import TurnSession
