@@ -11,10 +11,11 @@ import json
 import pytest
 from aioice import stun
 from fixtures.stunnerd.client import UdpTurnClient
-from fixtures.stunnerd.inproc import echo_peer, make_config, running_server
+from fixtures.stunnerd.inproc import make_config, running_server
 
 from stunner_common.config import parse_config
 from stunnerd import fastpath
+from support.echo import echo_peer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -53,7 +54,7 @@ async def test_bound_channels_relay_through_c_and_are_counted_exactly(
             frame = channel_data(0x4000, bytes(size))
             client.send_raw(frame)
             assert await client.recv_raw() == frame
-        assert peer.sources == [relay] * len(sizes)
+        assert peer.senders == [relay] * len(sizes)
         stats = server.fastpath_stats
         assert stats is not None
         assert stats["relayed"] == 2 * len(sizes)
@@ -98,4 +99,4 @@ async def test_a_deleted_allocation_and_a_withdrawn_route_stop_the_c_relay(
         assert stats["client_routes"] == 0
         other.send_raw(channel_data(0x4000, b"blocked"))
         assert await other.nothing_arrives()
-        assert len(peer.sources) == 2, "only the two datagrams sent while routed reached the peer"
+        assert len(peer.senders) == 2, "only the two datagrams sent while routed reached the peer"

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aioice import stun
 from aioice.turn import create_turn_endpoint
-from fixtures.stunnerd.inproc import echo_peer, make_config
+from fixtures.stunnerd.inproc import make_config
 
 from stunner_common.config import StunnerConfig
 from stunnerd.net.guard import ClientLimits, ConnectionLimits
@@ -24,6 +24,7 @@ from stunnerd.net.server import TurnServer
 from stunnerd.net.stream import StreamListener
 from stunnerd.turn.guard import RequestLimits
 from stunnerd.workers.local import LocalDataplane
+from support.echo import echo_peer
 from support.stunnerd_process import PASSWORD, USER
 
 pytestmark = pytest.mark.integration

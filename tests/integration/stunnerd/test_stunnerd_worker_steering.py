@@ -21,6 +21,7 @@ import pytest
 from aioice import stun
 from aioice.turn import TurnTransport, create_turn_endpoint
 
+from support.echo import UdpEcho, udp_echo
 from support.stunnerd_process import (
     PASSWORD,
     USER,
@@ -30,7 +31,6 @@ from support.stunnerd_process import (
     health_port,
     listener_ports,
 )
-from support.turncat_harness import UdpEcho, udp_echo
 
 pytestmark = pytest.mark.integration
 
