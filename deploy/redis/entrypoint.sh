@@ -1,0 +1,7 @@
+#!/bin/sh
+# Fresh passwords and ACL users for this run into $STUNNER_SECRETS_DIR (a volume the operator
+# and the CDS read their password from), then redis-server with that ACL and the given flags.
+set -eu
+dir="${STUNNER_SECRETS_DIR:-/secrets}"
+python -m stunner_common.redis_acl "$dir"
+exec redis-server --aclfile "$dir/users.acl" "$@"
