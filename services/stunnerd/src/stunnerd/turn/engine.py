@@ -18,6 +18,8 @@ Shape of the machine:
   permission and the peer policy admits the peer's address; the engine announces route changes
   (`ChannelRouteAdded/Removed`) so the edge can forward ChannelData both ways without calling in.
   `handle_client` still forwards ChannelData itself for edges that do not keep a fast path.
+* The relay handshake, client departure, `tick` and `close` live in `lifecycle.py`; the request
+  handlers in `methods.py`. `TurnEngine` inherits both and keeps dispatch and peer traffic here.
 * Policies (auth, peers, quota) are swapped by `set_policies`; routes are re-evaluated at once and
   existing allocations survive. Auth changes apply at the next authenticated request.
 
@@ -32,7 +34,6 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from stunnerd.turn import codec, precheck
 from stunnerd.turn.allocation import (
@@ -41,18 +42,10 @@ from stunnerd.turn.allocation import (
 )
 from stunnerd.turn.auth import AuthenticatedRequest, Gatekeeper, Refusal
 from stunnerd.turn.codec import Class, Method
-from stunnerd.turn.effects import (
-    Address,
-    AllocationCreated,
-    ChannelRouteRemoved,
-    CloseRelay,
-    Effect,
-    ReleasePort,
-    SendToClient,
-    SendToPeer,
-)
+from stunnerd.turn.effects import Address, Effect, SendToClient, SendToPeer
 from stunnerd.turn.guard import ChallengeBudget, RequestLimits
-from stunnerd.turn.methods import Pending, TurnMethods
+from stunnerd.turn.lifecycle import RelayLifecycle
+from stunnerd.turn.methods import Pending
 from stunnerd.turn.policies import (
     AllowAllPeers,
     Authenticator,
@@ -64,7 +57,7 @@ from stunnerd.turn.policies import (
 )
 from stunnerd.turn.reservations import Reservations
 from stunnerd.turn.retransmit import RetransmitCache
-from stunnerd.turn.timers import DeadlineKind, Deadlines
+from stunnerd.turn.timers import Deadlines
 
 SOFTWARE = "stunnerd"
 
@@ -80,7 +73,7 @@ class Policies:
     quota: UserQuota
 
 
-class TurnEngine(TurnMethods):
+class TurnEngine(RelayLifecycle):
     """One listener's TURN state. All methods are synchronous and return effects."""
 
     def __init__(
@@ -304,117 +297,6 @@ class TurnEngine(TurnMethods):
         out.append(
             SendToClient(client, codec.data_indication((ip, port), data, _transaction_id(self)))
         )
-        return out
-
-    def relay_opened(
-        self, client: Address, port: int, now: float, reserved_port: int = 0
-    ) -> list[Effect]:
-        """The edge bound the relay socket for a pending Allocate: answer with success.
-
-        `reserved_port` is the socket the edge holds for an EVEN-PORT request with the R bit.
-        """
-        out: list[Effect] = []
-        pending = self._pending.pop(client, None)
-        if pending is None:
-            out.append(CloseRelay(client))  # the client went away meanwhile
-            if reserved_port:
-                out.append(ReleasePort(reserved_port))
-            return out
-        relay = (self.relay_ip, port)
-        alloc = Allocation(
-            client, pending.user_id, pending.key, relay, pending.family, now + pending.lifetime_s
-        )
-        self.allocations[client] = alloc
-        self.usage.add(pending.user_id)
-        self._deadlines.schedule(alloc.expires, DeadlineKind.ALLOCATION, client, None)
-        attrs: dict[str, Any] = {
-            "XOR-RELAYED-ADDRESS": relay,
-            "LIFETIME": pending.lifetime_s,
-            "XOR-MAPPED-ADDRESS": client,
-        }
-        if reserved_port:
-            token, expires = self._reservations.hold(reserved_port, now)
-            self._deadlines.schedule(expires, DeadlineKind.RESERVATION, client, token)
-            attrs["RESERVATION-TOKEN"] = token
-        answer = codec.encode(
-            Method.ALLOCATE,
-            Class.RESPONSE,
-            pending.transaction_id,
-            attrs,
-            key=pending.key,
-            software=self.software,
-        )
-        self._cache.remember(client, pending.transaction_id, answer, now)
-        out.append(SendToClient(client, answer))
-        out.append(AllocationCreated(client, pending.user_id, relay, pending.lifetime_s))
-        return out
-
-    def relay_failed(self, client: Address, now: float) -> list[Effect]:
-        out: list[Effect] = []
-        pending = self._pending.pop(client, None)
-        if pending is None:
-            return out
-        answer = codec.error_response(
-            Method.ALLOCATE,
-            pending.transaction_id,
-            508,
-            "Insufficient Capacity",
-            key=pending.key,
-            software=self.software,
-        )
-        self._cache.remember(client, pending.transaction_id, answer, now)
-        out.append(SendToClient(client, answer))
-        return out
-
-    def client_closed(self, client: Address, now: float) -> list[Effect]:
-        """A stream client went away: its allocation goes with it (RFC 8656 §3.1)."""
-        out: list[Effect] = []
-        self._pending.pop(client, None)
-        alloc = self.allocations.get(client)
-        if alloc is not None:
-            self._delete(alloc, "closed", out)
-        return out
-
-    def tick(self, now: float) -> list[Effect]:
-        """Expire allocations, permissions and channels whose deadline has passed."""
-        out: list[Effect] = []
-        for kind, client, item in self._deadlines.due(now):
-            if kind is DeadlineKind.RESERVATION:
-                port = self._reservations.expire(item, now)
-                if port is not None:
-                    out.append(ReleasePort(port))
-                continue
-            alloc = self.allocations.get(client)
-            if alloc is None:
-                continue
-            if kind is DeadlineKind.ALLOCATION:
-                if alloc.expires <= now:
-                    self._delete(alloc, "expired", out)
-            elif kind is DeadlineKind.PERMISSION:
-                expires = alloc.permissions.get(item)
-                if expires is not None and expires <= now:
-                    del alloc.permissions[item]
-                    self._sync_routes(alloc, now, out)
-            else:
-                channel = alloc.channels.get(item)
-                if channel is not None and channel.expires <= now:
-                    del alloc.channels[item]
-                    alloc.peer_channels.pop(channel.peer, None)
-                    if channel.routed:
-                        channel.routed = False
-                        out.append(ChannelRouteRemoved(client, channel.number, channel.peer))
-        self._cache.purge(now)
-        return out
-
-    def close(self) -> list[Effect]:
-        """Drop every allocation (listener removed or restarted)."""
-        out: list[Effect] = []
-        for alloc in list(self.allocations.values()):
-            self._delete(alloc, "shutdown", out)
-        for port in self._reservations.release_all():
-            out.append(ReleasePort(port))
-        self._pending.clear()
-        self._deadlines.clear()
         return out
 
     def _send_indication(

@@ -4,8 +4,9 @@ Allocate, Refresh, CreatePermission and ChannelBind, and the bookkeeping they sh
 permissions and channels with their deadlines, keeping the ChannelData routes in step
 (`ChannelRouteAdded/Removed` are emitted here and only here), deleting an allocation, and
 answering (every answer to a request goes through the retransmission cache). `TurnEngine`
-inherits these and adds dispatch, peer traffic, timers and the relay handshake; the state they
-share is declared on `TurnMethods` so each half type-checks on its own.
+inherits these (through `RelayLifecycle`, which adds the relay handshake and timers) and adds
+dispatch and peer traffic; the state they share is declared on `TurnMethods` so each part
+type-checks on its own.
 """
 
 from __future__ import annotations
