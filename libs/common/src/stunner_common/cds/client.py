@@ -1,7 +1,7 @@
 """The one CDS client: a one-shot GET (httpx) and a WebSocket watch (websockets).
 
-``DeltaState`` is the sans-IO half of the ``stunner.cds.v2`` delta protocol: feed it envelopes,
-it keeps the configs and the revision and tells you what changed. ``CdsClient`` is the I/O half:
+``DeltaState`` (in ``delta.py``, re-exported here) is the sans-IO half of the ``stunner.cds.v2``
+delta protocol. ``CdsClient`` is the I/O half:
 ``get`` fetches once; ``watch`` offers the v2 subprotocol, resumes with ``?since=REV`` after a
 disconnect (capped backoff with jitter), falls back to upstream's full-config frames when the
 server does not speak v2, and yields one item per change, so a caller never sees a duplicate or
@@ -15,114 +15,48 @@ import logging
 import random
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
-import jsonpatch
 import pydantic
 
 from stunner_common.backoff import Backoff
-from stunner_common.cds.token import TokenSource
-from stunner_common.cds.wire import (
-    CDS_V2_SUBPROTOCOL,
-    RESYNC_HEADER,
-    DeleteEnvelope,
-    PatchEnvelope,
-    SnapshotEnvelope,
-    parse_envelope,
+from stunner_common.cds.delta import (
+    CdsAddressError,
+    CdsClientError,
+    CdsHttpError,
+    CdsProtocolError,
+    CdsUnreachableError,
+    ConfigChange,
+    ConfigFrame,
+    DeltaState,
 )
+from stunner_common.cds.token import TokenSource
+from stunner_common.cds.wire import CDS_V2_SUBPROTOCOL, RESYNC_HEADER, parse_envelope
+
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "DEFAULT_CDS_PORT",
+    "MAX_RESPONSE_BYTES",
+    "PING_INTERVAL_S",
+    "PONG_TIMEOUT_S",
+    "REFUSED_STATUSES",
+    "CdsAddressError",
+    "CdsClient",
+    "CdsClientError",
+    "CdsHttpError",
+    "CdsProtocolError",
+    "CdsUnreachableError",
+    "ConfigChange",
+    "ConfigFrame",
+    "DeltaState",
+    "WatchItem",
+    "cds_base_url",
+    "config_path",
+    "watch_configs",
+    "watch_url",
+]
 
 log = logging.getLogger(__name__)
-
-
-class CdsClientError(Exception):
-    """Base of the client's errors."""
-
-
-class CdsProtocolError(CdsClientError):
-    """The server sent something that does not fit the state we hold (resync needed)."""
-
-
-class CdsAddressError(CdsClientError, ValueError):
-    """The CDS address is not ``host[:port]`` or an http(s)/ws(s) URL."""
-
-
-class CdsUnreachableError(CdsClientError):
-    """The CDS could not be reached, or the exchange broke off (the cause is chained)."""
-
-
-class CdsHttpError(CdsClientError):
-    """The CDS answered with a status other than 200 (or refused a watch)."""
-
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"HTTP error (status: {status}): {body}")
-        self.status = status
-        self.body = body
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigChange:
-    """``config`` is the new config of ``id`` at ``rev``, or None when ``id`` was deleted.
-
-    ``resync`` marks the deletes a full resync reports for everything held before it (the
-    server's snapshot follows and re-creates what still exists).
-    """
-
-    id: str
-    rev: int
-    config: dict[str, Any] | None
-    resync: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigFrame:
-    """One text frame of a server without the v2 subprotocol: a whole config (upstream v1)."""
-
-    text: str
-
-
-class DeltaState:
-    """The configs a v2 watcher holds, updated envelope by envelope."""
-
-    def __init__(self) -> None:
-        self.configs: dict[str, dict[str, Any]] = {}
-        self.rev = 0
-
-    def reset(self) -> list[ConfigChange]:
-        """Forget everything (the server is about to send a full snapshot)."""
-        gone = [ConfigChange(i, self.rev, None, resync=True) for i in sorted(self.configs)]
-        self.configs.clear()
-        self.rev = 0
-        return gone
-
-    def apply(
-        self, envelope: SnapshotEnvelope | PatchEnvelope | DeleteEnvelope
-    ) -> ConfigChange | None:
-        """Apply one envelope; return the change, or None when it changed nothing."""
-        self.rev = max(self.rev, envelope.rev)
-        if isinstance(envelope, SnapshotEnvelope):
-            if self.configs.get(envelope.id) == envelope.config:
-                return None
-            self.configs[envelope.id] = envelope.config
-            return ConfigChange(envelope.id, envelope.rev, envelope.config)
-        if isinstance(envelope, PatchEnvelope):
-            old = self.configs.get(envelope.id)
-            if old is None:
-                raise CdsProtocolError(
-                    f"patch for {envelope.id!r}, which this client does not hold"
-                )
-            try:
-                new = jsonpatch.apply_patch(old, envelope.patch, in_place=False)
-            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
-                raise CdsProtocolError(f"patch for {envelope.id!r} does not apply: {exc}") from exc
-            if not isinstance(new, dict):
-                raise CdsProtocolError(f"patch for {envelope.id!r} did not yield an object")
-            self.configs[envelope.id] = new
-            return ConfigChange(envelope.id, envelope.rev, new)
-        if self.configs.pop(envelope.id, None) is None:
-            return None
-        return ConfigChange(envelope.id, envelope.rev, None)
 
 
 DEFAULT_CDS_PORT = 13478

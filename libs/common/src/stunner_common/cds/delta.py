@@ -1,0 +1,104 @@
+"""The sans-IO half of the CDS client: the client's errors and the ``stunner.cds.v2`` delta state.
+
+``DeltaState`` takes envelopes and keeps the configs and the revision a watcher holds, returning one
+``ConfigChange`` per real change. It does no I/O, so it is tested (and fuzzed) without a server;
+``client.py`` holds the HTTP and WebSocket half and re-exports these names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jsonpatch
+
+from stunner_common.cds.wire import DeleteEnvelope, PatchEnvelope, SnapshotEnvelope
+
+
+class CdsClientError(Exception):
+    """Base of the client's errors."""
+
+
+class CdsProtocolError(CdsClientError):
+    """The server sent something that does not fit the state we hold (resync needed)."""
+
+
+class CdsAddressError(CdsClientError, ValueError):
+    """The CDS address is not ``host[:port]`` or an http(s)/ws(s) URL."""
+
+
+class CdsUnreachableError(CdsClientError):
+    """The CDS could not be reached, or the exchange broke off (the cause is chained)."""
+
+
+class CdsHttpError(CdsClientError):
+    """The CDS answered with a status other than 200 (or refused a watch)."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP error (status: {status}): {body}")
+        self.status = status
+        self.body = body
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigChange:
+    """``config`` is the new config of ``id`` at ``rev``, or None when ``id`` was deleted.
+
+    ``resync`` marks the deletes a full resync reports for everything held before it (the
+    server's snapshot follows and re-creates what still exists).
+    """
+
+    id: str
+    rev: int
+    config: dict[str, Any] | None
+    resync: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigFrame:
+    """One text frame of a server without the v2 subprotocol: a whole config (upstream v1)."""
+
+    text: str
+
+
+class DeltaState:
+    """The configs a v2 watcher holds, updated envelope by envelope."""
+
+    def __init__(self) -> None:
+        self.configs: dict[str, dict[str, Any]] = {}
+        self.rev = 0
+
+    def reset(self) -> list[ConfigChange]:
+        """Forget everything (the server is about to send a full snapshot)."""
+        gone = [ConfigChange(i, self.rev, None, resync=True) for i in sorted(self.configs)]
+        self.configs.clear()
+        self.rev = 0
+        return gone
+
+    def apply(
+        self, envelope: SnapshotEnvelope | PatchEnvelope | DeleteEnvelope
+    ) -> ConfigChange | None:
+        """Apply one envelope; return the change, or None when it changed nothing."""
+        self.rev = max(self.rev, envelope.rev)
+        if isinstance(envelope, SnapshotEnvelope):
+            if self.configs.get(envelope.id) == envelope.config:
+                return None
+            self.configs[envelope.id] = envelope.config
+            return ConfigChange(envelope.id, envelope.rev, envelope.config)
+        if isinstance(envelope, PatchEnvelope):
+            old = self.configs.get(envelope.id)
+            if old is None:
+                raise CdsProtocolError(
+                    f"patch for {envelope.id!r}, which this client does not hold"
+                )
+            try:
+                new = jsonpatch.apply_patch(old, envelope.patch, in_place=False)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+                raise CdsProtocolError(f"patch for {envelope.id!r} does not apply: {exc}") from exc
+            if not isinstance(new, dict):
+                raise CdsProtocolError(f"patch for {envelope.id!r} did not yield an object")
+            self.configs[envelope.id] = new
+            return ConfigChange(envelope.id, envelope.rev, new)
+        if self.configs.pop(envelope.id, None) is None:
+            return None
+        return ConfigChange(envelope.id, envelope.rev, None)
