@@ -5,34 +5,23 @@ resolve, auth must render, then each listener is checked (protocol, port conflic
 public address, and given the routes attached to it; the routes' clusters complete the config.
 A broken hierarchy or auth invalidates the Gateway: it gets a status that says why, no config
 (so the dataplane's config is deleted), and its Service and Deployment are marked for deletion.
+The hierarchy lives in ``hierarchy.py`` and the per-listener pieces in ``listeners.py``.
 """
 
 from __future__ import annotations
 
-import base64
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 from stunner_common.config import (
     AdminConfig,
     ClusterConfig,
     ConfigError,
-    ListenerConfig,
     OffloadEngine,
     StunnerConfig,
 )
-from stunner_common.crds import (
-    STUNNER_GROUP,
-    Dataplane,
-    Gateway,
-    GatewayClass,
-    GatewayConfig,
-    Listener,
-    Secret,
-    Service,
-)
+from stunner_common.crds import Dataplane, Gateway, GatewayConfig
 from stunner_operator.render.auth import AuthError, render_auth
 from stunner_operator.render.clusters import ClusterRender, route_id
 from stunner_operator.render.dataplane import (
@@ -48,11 +37,19 @@ from stunner_operator.render.dataplane import (
     render_deployment,
     render_service,
 )
+from stunner_operator.render.hierarchy import Hierarchy, class_status, resolve_hierarchy
+from stunner_operator.render.listeners import (
+    LISTENER_ADDRESS,
+    _listener_config,
+    _listener_status,
+    _ListenerState,
+    _public_address,
+    _public_service,
+    _tls_material,
+)
 from stunner_operator.render.options import RenderOptions
 from stunner_operator.render.routes import is_masked, parent_names, ref_attaches
 from stunner_operator.render.status import (
-    Condition,
-    GatewayClassStatus,
     GatewayStatus,
     ListenerStatus,
     false,
@@ -60,6 +57,21 @@ from stunner_operator.render.status import (
     unknown,
 )
 from stunner_operator.render.store import ObjKey, Route, View, key_of
+
+__all__ = [
+    "DEFAULT_HEALTHCHECK",
+    "LISTENER_ADDRESS",
+    "METRICS_ENDPOINT",
+    "PROTOCOLS",
+    "TLS_PROTOCOLS",
+    "UDP_FAMILY",
+    "ClusterFn",
+    "GatewayRender",
+    "Hierarchy",
+    "class_status",
+    "render_gateway",
+    "resolve_hierarchy",
+]
 
 PROTOCOLS = {
     "TURN-UDP": "TURN-UDP",
@@ -73,81 +85,10 @@ PROTOCOLS = {
 }
 UDP_FAMILY = frozenset({"TURN-UDP", "TURN-DTLS"})
 TLS_PROTOCOLS = frozenset({"TURN-TLS", "TURN-DTLS"})
-LISTENER_ADDRESS = "$STUNNER_ADDR"
 DEFAULT_HEALTHCHECK = "http://:8086"
 METRICS_ENDPOINT = "http://:8080/metrics"
-_REALM_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_SERVICE_TYPE_RANK = {"LoadBalancer": 0, "ExternalName": 1, "NodePort": 2, "ClusterIP": 3}
 
 ClusterFn = Callable[[View, Route], ClusterRender]
-
-
-@dataclass(frozen=True, slots=True)
-class Hierarchy:
-    """A GatewayClass of ours and what it resolves to; ``error`` invalidates all its Gateways."""
-
-    gwclass: GatewayClass
-    gwconfig: GatewayConfig | None
-    dataplane: Dataplane | None
-    error: str | None
-
-
-def resolve_hierarchy(view: View, class_name: str, options: RenderOptions) -> Hierarchy | None:
-    """None when the class does not exist or belongs to another controller."""
-    gwclass = view.get(GatewayClass, "", class_name)
-    if gwclass is None or gwclass.spec.controller_name != options.controller_name:
-        return None
-    ref = gwclass.spec.parameters_ref
-    if ref is None:
-        return Hierarchy(
-            gwclass, None, None, "spec.parametersRef is missing: point it at a GatewayConfig"
-        )
-    if (ref.group or STUNNER_GROUP) != STUNNER_GROUP or (ref.kind or "GatewayConfig") != (
-        "GatewayConfig"
-    ):
-        return Hierarchy(
-            gwclass,
-            None,
-            None,
-            f"spec.parametersRef must reference a {STUNNER_GROUP} GatewayConfig, "
-            f"not group {ref.group!r} kind {ref.kind!r}",
-        )
-    if not ref.name or not ref.namespace:
-        return Hierarchy(gwclass, None, None, "spec.parametersRef needs both name and namespace")
-    gwconfig = view.get(GatewayConfig, ref.namespace, ref.name)
-    if gwconfig is None:
-        return Hierarchy(gwclass, None, None, f"GatewayConfig {ref.namespace}/{ref.name} not found")
-    if not _REALM_RE.match(gwconfig.spec.realm):
-        return Hierarchy(
-            gwclass,
-            gwconfig,
-            None,
-            f"GatewayConfig {ref.namespace}/{ref.name}: invalid realm {gwconfig.spec.realm!r} "
-            "(lower-case alphanumerics, '-' and '.')",
-        )
-    dp_name = gwconfig.spec.dataplane or "default"
-    dataplane = view.get(Dataplane, "", dp_name)
-    if dataplane is None:
-        return Hierarchy(
-            gwclass,
-            gwconfig,
-            None,
-            f"Dataplane {dp_name!r} not found (named by GatewayConfig {ref.namespace}/{ref.name})",
-        )
-    return Hierarchy(gwclass, gwconfig, dataplane, None)
-
-
-def class_status(h: Hierarchy, options: RenderOptions) -> GatewayClassStatus:
-    ctl = options.controller_name
-    if h.error is None:
-        cond = true("Accepted", "Accepted", f'GatewayClass is now managed by controller "{ctl}"')
-    else:
-        cond = false(
-            "Accepted",
-            "InvalidParameters",
-            f'controller "{ctl}" failed to process GatewayClass: {h.error}',
-        )
-    return GatewayClassStatus(h.gwclass.metadata.generation, (cond,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,135 +112,6 @@ class GatewayRender:
     @property
     def config_id(self) -> str:
         return f"{self.key[1]}/{self.key[2]}"
-
-
-@dataclass(slots=True)
-class _ListenerState:
-    spec: Listener
-    protocol: str | None
-    conflict: str | None = None
-    conflict_reason: str = "ProtocolConflict"
-    cert: tuple[str, str] | None = None
-    tls_error: str | None = None
-    public: tuple[str, str, int] | None = None
-    exposed: bool = False
-    attached: int = 0
-    routes: set[str] = field(default_factory=set)
-
-    @property
-    def renderable(self) -> bool:
-        return self.protocol is not None and self.conflict is None and self.tls_error is None
-
-    def why_not(self) -> str:
-        """Why this listener is left out of the config ("" when it is not)."""
-        if self.protocol is None:
-            return f"unsupported protocol {self.spec.protocol!r}"
-        return self.conflict or self.tls_error or ""
-
-
-def _tls_material(view: View, gw: Gateway, ls: Listener) -> tuple[tuple[str, str] | None, str]:
-    """The (cert, key) of the first usable certificateRef, base64 of the PEM; else why not."""
-    tls = ls.tls
-    if tls is None or not tls.certificate_refs:
-        return None, f"listener {ls.name} needs tls.certificateRefs"
-    if tls.mode not in (None, "Terminate"):
-        return None, f"listener {ls.name}: tls.mode {tls.mode} is not supported, use Terminate"
-    problem = ""
-    for ref in tls.certificate_refs:
-        if (ref.group or "") not in ("", "v1") or (ref.kind or "Secret") != "Secret":
-            problem = f"listener {ls.name}: certificateRef {ref.name} must be a Secret"
-            continue
-        ns = ref.namespace or gw.metadata.namespace
-        secret = view.get(Secret, ns, ref.name)
-        if secret is None:
-            problem = f"Secret {ns}/{ref.name} not found"
-            continue
-        values = secret.values()
-        cert = next((values[k] for k in ("tls.crt", "crt", "cert") if k in values), None)
-        key = next((values[k] for k in ("tls.key", "key") if k in values), None)
-        if not cert or not key:
-            problem = f"Secret {ns}/{ref.name} needs the keys tls.crt and tls.key"
-            continue
-        return (base64.b64encode(cert).decode(), base64.b64encode(key).decode()), ""
-    return None, problem
-
-
-def _public_service(view: View, gw: Gateway) -> Service | None:
-    """The Service the operator made for ``gw`` (annotated and owner-referenced to it)."""
-    candidates = []
-    for svc in view.services_of(gw.metadata.namespace, gw.metadata.name):
-        if svc.metadata.namespace != gw.metadata.namespace:
-            continue
-        owners = svc.metadata.owner_references
-        if owners and not any(
-            o.kind == "Gateway"
-            and o.name == gw.metadata.name
-            and (not o.uid or not gw.metadata.uid or o.uid == gw.metadata.uid)
-            for o in owners
-        ):
-            continue
-        candidates.append(svc)
-    if not candidates:
-        return None
-    return min(candidates, key=lambda s: (_SERVICE_TYPE_RANK.get(s.spec.type, 9), s.metadata.name))
-
-
-def _node_address(view: View) -> tuple[str, str] | None:
-    nodes = view.nodes()
-    for wanted, addr_type in (("ExternalIP", "IPAddress"), ("ExternalDNS", "Hostname")):
-        for node in nodes:
-            for addr in node.status.addresses:
-                if addr.type == wanted and addr.address:
-                    return addr_type, addr.address
-    return None
-
-
-def _public_address(
-    view: View,
-    gw: Gateway,
-    ls: Listener,
-    svc_proto: str,
-    stored: Service | None,
-    desired: dict[str, Any] | None,
-) -> tuple[str, str, int] | None:
-    """(type, address, port) clients use to reach ``ls`` (reference §9)."""
-    node_port: int | None
-    if stored is not None:
-        sport = next(
-            (p for p in stored.spec.ports if p.port == ls.port and p.protocol.upper() == svc_proto),
-            None,
-        )
-        if sport is None:
-            return None
-        port, node_port, svc_type = sport.port, sport.node_port, stored.spec.type
-    else:
-        # Nothing applied yet (or local mode): the Service this render asks for is what counts.
-        if desired is None:
-            return None
-        dport = next((p for p in desired["spec"]["ports"] if p["name"] == ls.name), None)
-        if dport is None:
-            return None
-        port, node_port, svc_type = dport["port"], dport.get("nodePort"), desired["spec"]["type"]
-    if gw.spec.addresses and gw.spec.addresses[0].value:
-        hint = gw.spec.addresses[0]
-        return hint.type or "IPAddress", hint.value, port
-    if stored is not None and svc_type == "LoadBalancer":
-        ingress = stored.status.load_balancer.ingress
-        match = next(
-            (
-                ing
-                for ing in ingress
-                if any(p.port == port and p.protocol.upper() == svc_proto for p in ing.ports)
-            ),
-            ingress[0] if ingress else None,
-        )
-        if match is not None and (match.ip or match.hostname):
-            return ("IPAddress", match.ip, port) if match.ip else ("Hostname", match.hostname, port)
-    if node_port:
-        node = _node_address(view)
-        if node is not None:
-            return node[0], node[1], node_port
-    return None
 
 
 def _invalidated(
@@ -510,68 +322,6 @@ def _admin(ns: str, name: str, gwconfig: GatewayConfig, dataplane: Dataplane) ->
         offload_engine=cast(OffloadEngine, dp.offload_engine or "None"),
         offload_interfaces=tuple(sorted(dp.offload_interfaces)),
     )
-
-
-def _listener_config(
-    ns: str, name: str, st: _ListenerState, targetports: dict[str, int]
-) -> ListenerConfig:
-    ls = st.spec
-    assert st.protocol is not None
-    fields: dict[str, Any] = {
-        "name": f"{ns}/{name}/{ls.name}",
-        "protocol": st.protocol,
-        "address": LISTENER_ADDRESS,
-        "port": targetports.get(ls.name, ls.port),
-        "routes": tuple(sorted(st.routes)),
-    }
-    if st.public is not None:
-        fields["public_address"] = st.public[1]
-        fields["public_port"] = st.public[2]
-    if st.cert is not None:
-        fields["cert"], fields["key"] = st.cert
-    return ListenerConfig(**fields)
-
-
-def _listener_status(st: _ListenerState) -> ListenerStatus:
-    ls = st.spec
-    conds: tuple[Condition, ...]
-    left_out = f"listener {ls.name} is left out of the dataplane config: {st.why_not()}"
-    if st.protocol is None:
-        conds = (
-            false(
-                "Accepted",
-                "UnsupportedProtocol",
-                f"listener {ls.name}: unsupported protocol {ls.protocol!r} "
-                "(use TURN-UDP, TURN-TCP, TURN-TLS or TURN-DTLS)",
-            ),
-            false("Conflicted", "NoConflicts"),
-            true("ResolvedRefs", "ResolvedRefs"),
-            false("Programmed", "Invalid", left_out),
-        )
-        return ListenerStatus(ls.name, 0, conds)
-    if st.conflict is not None:
-        conds = (
-            false("Accepted", "PortUnavailable", f"listener {ls.name}: {st.conflict}"),
-            true("Conflicted", st.conflict_reason, f"listener {ls.name}: {st.conflict}"),
-            true("ResolvedRefs", "ResolvedRefs"),
-            false("Programmed", "Invalid", left_out),
-        )
-        return ListenerStatus(ls.name, st.attached, conds)
-    if st.tls_error is not None:
-        conds = (
-            true("Accepted", "Accepted", "listener accepted"),
-            false("Conflicted", "NoConflicts"),
-            false("ResolvedRefs", "InvalidCertificateRef", st.tls_error),
-            false("Programmed", "Invalid", left_out),
-        )
-        return ListenerStatus(ls.name, 0, conds)
-    conds = (
-        true("Accepted", "Accepted", "listener accepted"),
-        false("Conflicted", "NoConflicts"),
-        true("ResolvedRefs", "ResolvedRefs", "listener object references resolved"),
-        true("Programmed", "Programmed", "listener is in the dataplane config"),
-    )
-    return ListenerStatus(ls.name, st.attached, conds)
 
 
 def _gateway_status(
