@@ -7,12 +7,10 @@ import contextlib
 import sys
 
 import uvicorn
-from pydantic import ValidationError
 
 from stunner_auth.app import create_app
 from stunner_auth.settings import AuthSettings
-from stunner_common.cli import add_version_argument, validation_message
-from stunner_common.logs import configure_logging
+from stunner_common.cli import add_version_argument, settings_from_args
 from stunner_common.runtime import run as run_loop
 
 
@@ -46,26 +44,13 @@ def build_server(settings: AuthSettings) -> uvicorn.Server:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    overrides = {
-        key: value
-        for key, value in {
-            "host": args.host,
-            "port": args.port,
-            "cds_url": args.cds_url,
-            "log_level": args.log_level,
-            "log_format": args.log_format,
-        }.items()
-        if value is not None
-    }
-    try:
-        settings = AuthSettings(**overrides)
-    except ValidationError as exc:
-        print(f"stunner-auth: invalid settings: {validation_message(exc)}", file=sys.stderr)
-        return 2
-    try:
-        configure_logging(settings.log_format, settings.log_level)
-    except ValueError as exc:
-        print(f"stunner-auth: {exc}", file=sys.stderr)
+    settings = settings_from_args(
+        "stunner-auth",
+        AuthSettings,
+        args,
+        ("host", "port", "cds_url", "log_level", "log_format"),
+    )
+    if settings is None:
         return 2
     server = build_server(settings)
     with contextlib.suppress(KeyboardInterrupt):

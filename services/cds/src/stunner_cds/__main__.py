@@ -6,12 +6,10 @@ import argparse
 import contextlib
 import sys
 
-from pydantic import ValidationError
-
 from stunner_cds.server import build_server
 from stunner_cds.settings import CdsSettings
-from stunner_common.cli import add_version_argument, validation_message
-from stunner_common.logs import LOG_FORMATS, configure_logging
+from stunner_common.cli import add_version_argument, settings_from_args
+from stunner_common.logs import LOG_FORMATS
 from stunner_common.runtime import run as run_loop
 
 
@@ -34,28 +32,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    overrides = {
-        key: value
-        for key, value in {
-            "host": args.host,
-            "port": args.port,
-            "redis_url": args.redis_url,
-            "tls_cert_file": args.tls_cert_file,
-            "tls_key_file": args.tls_key_file,
-            "log_level": args.log_level,
-            "log_format": args.log_format,
-        }.items()
-        if value is not None
-    }
-    try:
-        settings = CdsSettings(**overrides)
-    except ValidationError as exc:
-        print(f"stunner-cds: invalid settings: {validation_message(exc)}", file=sys.stderr)
-        return 2
-    try:
-        configure_logging(settings.log_format, settings.log_level)
-    except ValueError as exc:
-        print(f"stunner-cds: {exc}", file=sys.stderr)
+    settings = settings_from_args(
+        "stunner-cds",
+        CdsSettings,
+        args,
+        (
+            "host",
+            "port",
+            "redis_url",
+            "tls_cert_file",
+            "tls_key_file",
+            "log_level",
+            "log_format",
+        ),
+    )
+    if settings is None:
         return 2
     server = build_server(settings)
     # uvloop when installed: fanning out to many watchers is mostly socket writes.

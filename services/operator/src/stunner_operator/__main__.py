@@ -20,10 +20,7 @@ from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pydantic import ValidationError
-
-from stunner_common.cli import add_version_argument, validation_message
-from stunner_common.logs import configure_logging
+from stunner_common.cli import add_version_argument, settings_from_args
 from stunner_common.redis_acl import redact_url
 from stunner_common.runtime import run as run_loop
 from stunner_operator.manifests.local import LocalOperator
@@ -269,28 +266,21 @@ def _unreadable(path: Path) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    overrides = {
-        k: v
-        for k, v in {
-            "manifests": args.manifests,
-            "kubeconfig": args.kubeconfig,
-            "redis_url": args.redis_url,
-            "cds_address": args.cds_address,
-            "log_level": args.log_level,
-            "health_address": args.health_address,
-            "metrics_address": args.metrics_address,
-        }.items()
-        if v is not None
-    }
-    try:
-        settings = OperatorSettings(**overrides)
-    except ValidationError as err:
-        print(f"stunner-operator: invalid settings: {validation_message(err)}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        configure_logging(settings.log_format, settings.log_level)
-    except ValueError as err:
-        print(f"stunner-operator: {err}", file=sys.stderr)
+    settings = settings_from_args(
+        "stunner-operator",
+        OperatorSettings,
+        args,
+        (
+            "manifests",
+            "kubeconfig",
+            "redis_url",
+            "cds_address",
+            "log_level",
+            "health_address",
+            "metrics_address",
+        ),
+    )
+    if settings is None:
         return EXIT_USAGE
     if settings.manifests is None:
         if args.print_only or args.dry_run:
