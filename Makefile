@@ -7,7 +7,7 @@ PACKAGES := libs/common services/stunnerd services/cds services/operator service
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup bpf test unit lint format run stop bench clean images base-image compose-up compose-down test-compose lock
+.PHONY: setup bpf test unit lint format run stop bench fuzz soak clean images base-image compose-up compose-down test-compose lock
 
 setup: $(STAMP) bpf
 
@@ -99,6 +99,13 @@ lock:
 
 bench: setup
 	$(BIN)/python -m bench
+
+# The long runs, only when asked: a million fuzz inputs per target; a ten-minute soak.
+fuzz: setup
+	$(BIN)/python -m bench fuzz
+
+soak: setup
+	$(BIN)/python -m bench soak
 
 clean:
 	rm -f $(BPF_OBJ)
