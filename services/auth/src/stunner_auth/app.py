@@ -10,7 +10,6 @@ Unlike upstream, whose API is unauthenticated, a bearer token can be required (`
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,6 +25,7 @@ from stunner_auth import __version__
 from stunner_auth.feed import ConfigFeed
 from stunner_auth.ice import IcePolicy, IceQuery, NoMatchError, ice_config, turn_rest_answer
 from stunner_auth.settings import AuthSettings
+from stunner_common.bearer import bearer_matches
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +145,7 @@ def create_app(settings: AuthSettings) -> FastAPI:
     ) -> Response:
         if token is None or request.url.path in OPEN_PATHS or request.method == "OPTIONS":
             return await call_next(request)
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
+        if not bearer_matches(request.headers.get("authorization", ""), token):
             log.info("refused a request to %s: missing or wrong bearer token", request.url.path)
             return error_response(
                 401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}

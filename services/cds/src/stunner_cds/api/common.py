@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -14,6 +13,7 @@ from stunner_cds.metrics import CdsMetrics
 from stunner_cds.settings import CdsSettings
 from stunner_cds.store.feed import RedisFeed
 from stunner_cds.store.hub import Hub
+from stunner_common.bearer import bearer_matches
 from stunner_common.cds import encode_error
 
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
@@ -71,10 +71,7 @@ def check_token(conn: HTTPConnection) -> None:
     if token is None:
         return
     header = conn.headers.get("authorization", "")
-    scheme, _, offered = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        offered.strip().encode(), token.get_secret_value().encode()
-    ):
+    if not bearer_matches(header, token.get_secret_value().encode()):
         raise ApiError(
             401,
             "missing or invalid bearer token" if header else "a bearer token is required",
