@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import io
 import json
 import os
 import signal
@@ -348,6 +349,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        # The stack's table and its Gateway changes are read live, often through a pipe or a file.
+        sys.stdout.reconfigure(line_buffering=True)
     base = Path(args.rundir)
     if args.stop:
         return stop_running(base)

@@ -209,7 +209,12 @@ def test_the_local_stack_relays_follows_the_manifests_and_stops_cleanly(tmp_path
         wait_until(
             lambda: not alive(extra_pid), "the removed Gateway's stunnerd to stop", stack.proc
         )
-        assert "Gateway stunner/extra-gateway left the manifests" in stack.proc.output()
+        wait_until(
+            lambda: "Gateway stunner/extra-gateway left the manifests" in stack.proc.output(),
+            "the runner to report the removed Gateway",
+            stack.proc,
+            timeout_s=10,
+        )
 
         children = stack.child_pids()
         stop = subprocess.run([*stack.argv, "--stop"], capture_output=True, text=True, timeout=30)
