@@ -16,6 +16,7 @@ from fixtures.stunnerd.inproc import make_config, running_dataplane, running_ser
 
 from stunner_common.config import parse_config, self_signed_pair
 from stunnerd.net.server import TurnServer
+from stunnerd.net.tuning import ServerTuning
 from stunnerd.workers.local import LocalDataplane
 from support.echo import echo_peer, udp_echo
 
@@ -327,13 +328,10 @@ async def test_rotating_the_tls_certificate_serves_new_connections_with_the_new_
 
 
 async def test_a_silent_tcp_connection_without_allocation_is_closed(
-    no_leaked_tasks: None, monkeypatch: pytest.MonkeyPatch
+    no_leaked_tasks: None,
 ) -> None:
-    from stunnerd.net import stream
-
-    monkeypatch.setattr(stream, "IDLE_TIMEOUT_S", 0.05)
     config = make_config(("TURN-TCP",))
-    async with running_server(config) as server:
+    async with running_server(config, tuning=ServerTuning(client_idle_timeout_s=0.05)) as server:
         reader, writer = await asyncio.open_connection(*server_addr(config))
         try:
             async with asyncio.timeout(5):

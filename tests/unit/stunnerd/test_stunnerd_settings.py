@@ -75,3 +75,64 @@ def test_the_parser_accepts_upstream_flags() -> None:
     assert args.grace_period == 30.0
     positional = build_parser().parse_args(["turn://u:p@127.0.0.1:3478"])
     assert positional.uri == "turn://u:p@127.0.0.1:3478"
+
+
+def test_network_and_admin_timeouts_come_from_stunnerd_variables_and_reach_the_server() -> None:
+    from stunnerd.net.tuning import ServerTuning
+
+    env = {
+        "STUNNERD_UDP_GSO": "0",
+        "STUNNERD_FASTPATH": "0",
+        "STUNNERD_CLIENT_IDLE_TIMEOUT_S": "7.5",
+        "STUNNERD_SOCKET_CLOSE_TIMEOUT_S": "0.5",
+        "STUNNERD_STREAM_CLOSE_TIMEOUT_S": "3",
+        "STUNNERD_ADMIN_REQUEST_TIMEOUT_S": "4",
+        "STUNNERD_DNS_REFRESH_S": "1",
+        "STUNNERD_DNS_TIMEOUT_S": "2",
+    }
+    settings = load_settings(env, config=None, watch=False, turn_uri=None, ident="a/b")
+    assert settings.admin_request_timeout_s == 4.0
+    assert settings.server_tuning() == ServerTuning(
+        udp_gso=False,
+        fastpath=False,
+        dns_refresh_s=1.0,
+        dns_timeout_s=2.0,
+        client_idle_timeout_s=7.5,
+        socket_close_timeout_s=0.5,
+        stream_close_timeout_s=3.0,
+    )
+    defaults = load_settings({}, config=None, watch=False, turn_uri=None, ident="a/b")
+    assert defaults.server_tuning() == ServerTuning()
+    assert defaults.admin_request_timeout_s == 5.0
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "STUNNERD_CLIENT_IDLE_TIMEOUT_S",
+        "STUNNERD_SOCKET_CLOSE_TIMEOUT_S",
+        "STUNNERD_STREAM_CLOSE_TIMEOUT_S",
+        "STUNNERD_ADMIN_REQUEST_TIMEOUT_S",
+    ],
+)
+def test_a_timeout_that_is_not_positive_is_refused(name: str) -> None:
+    field = name.removeprefix("STUNNERD_").lower()
+    with pytest.raises(ValueError, match=field):
+        load_settings({name: "0"}, config=None, watch=False, turn_uri=None, ident="a/b")
+
+
+def test_a_worker_process_gets_the_supervisors_tuning_limits_and_log_format() -> None:
+    from stunnerd.net.guard import ClientLimits, ConnectionLimits
+    from stunnerd.net.tuning import ServerTuning
+    from stunnerd.workers.child import build_parser
+    from stunnerd.workers.pool import Worker
+
+    tuning = ServerTuning(udp_gso=False, client_idle_timeout_s=7.5, socket_close_timeout_s=0.25)
+    limits = ClientLimits(connection=ConnectionLimits(max_per_source=3))
+    worker = Worker(2, "127.0.0.1", None, log_format="json", tuning=tuning, limits=limits)
+    argv = worker._argv
+    assert argv[1:3] == ["-m", "stunnerd.workers.child"]
+    args = build_parser().parse_args(argv[3:])
+    assert (args.index, args.bind, args.log_format) == (2, "127.0.0.1", "json")
+    assert ServerTuning.from_json(args.tuning) == tuning
+    assert ClientLimits.from_json(args.limits) == limits

@@ -42,7 +42,16 @@ Handler = Callable[[str], Response | Awaitable[Response]]
 class HttpServer:
     """Serve `handler(path)` for GET requests on host:port (port 0 picks a free one)."""
 
-    def __init__(self, name: str, host: str, port: int, handler: Handler) -> None:
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        handler: Handler,
+        *,
+        request_timeout_s: float = REQUEST_HEAD_TIMEOUT_S,
+    ) -> None:
+        self.request_timeout_s = request_timeout_s
         self.name = name
         self.host = host
         self.port = port
@@ -91,7 +100,7 @@ class HttpServer:
                 await writer.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async with asyncio.timeout(REQUEST_HEAD_TIMEOUT_S):
+        async with asyncio.timeout(self.request_timeout_s):
             head = await reader.readuntil(b"\r\n\r\n")
         if len(head) > MAX_REQUEST_HEAD_BYTES:
             response = Response(400, b'{"status":400,"message":"request too large"}')
@@ -119,5 +128,5 @@ class HttpServer:
             ).encode()
             + response.body
         )
-        async with asyncio.timeout(REQUEST_HEAD_TIMEOUT_S):
+        async with asyncio.timeout(self.request_timeout_s):
             await writer.drain()

@@ -68,9 +68,9 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
             settings.udp_thread_num,
             bind_host=settings.bind_host,
             log_spec=settings.log_spec,
-            udp_gso=settings.udp_gso,
+            log_format=settings.log_format,
+            tuning=settings.server_tuning(),
             limits=settings.client_limits(),
-            fastpath=settings.fastpath,
             timeouts=WorkerTimeouts(
                 request_s=settings.worker_request_timeout_s,
                 stats_s=settings.worker_stats_timeout_s,
@@ -85,10 +85,7 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
     return LocalDataplane(
         TurnServer(
             bind_host=settings.bind_host,
-            udp_gso=settings.udp_gso,
-            fastpath=settings.fastpath,
-            dns_refresh_s=settings.dns_refresh_s,
-            dns_timeout_s=settings.dns_timeout_s,
+            tuning=settings.server_tuning(),
             offload=OffloadManager(),
             limits=settings.client_limits(),
         )
@@ -110,6 +107,7 @@ class ManagedDataplane:
             health_port=settings.health_port,
             bind_host=settings.bind_host,
             refresh_timeout_s=settings.stats_refresh_timeout_s,
+            request_timeout_s=settings.admin_request_timeout_s,
         )
         self.reconciler = Reconciler(dataplane, self.admin)
         self.admin.revision = lambda: self.reconciler.revision

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from pydantic_settings.sources.utils import parse_env_vars
 
 from stunner_common.config import DEFAULT_HEALTHCHECK_ENDPOINT
+from stunner_common.probe_http import REQUEST_HEAD_TIMEOUT_S
 from stunnerd.net.guard import (
     DEFAULT_FIRST_MESSAGE_TIMEOUT_S,
     DEFAULT_HANDSHAKE_TIMEOUT_S,
@@ -26,6 +27,14 @@ from stunnerd.net.guard import (
     DEFAULT_PREAUTH_WINDOW_S,
     ClientLimits,
     ConnectionLimits,
+)
+from stunnerd.net.tuning import (
+    CLIENT_IDLE_TIMEOUT_S,
+    DNS_REFRESH_S,
+    DNS_TIMEOUT_S,
+    SOCKET_CLOSE_TIMEOUT_S,
+    STREAM_CLOSE_TIMEOUT_S,
+    ServerTuning,
 )
 from stunnerd.origin.base import DEFAULT_ORIGIN, resolve_id
 from stunnerd.turn.guard import (
@@ -73,9 +82,17 @@ class StunnerdSettings(BaseSettings):
     """Where /live answers in watch mode before the first config names an endpoint."""
     health_port: int | None = Field(None, ge=0, le=65535)
     """Serve health checks on this port whatever the config says (several on one host)."""
-    dns_refresh_s: float = Field(5.0, gt=0)
+    dns_refresh_s: float = Field(DNS_REFRESH_S, gt=0)
     """How often STRICT_DNS cluster names are resolved again."""
-    dns_timeout_s: float = Field(5.0, gt=0)
+    dns_timeout_s: float = Field(DNS_TIMEOUT_S, gt=0)
+    client_idle_timeout_s: float = Field(CLIENT_IDLE_TIMEOUT_S, gt=0)
+    """A TCP/TLS connection or DTLS session without an allocation, silent this long, is closed."""
+    socket_close_timeout_s: float = Field(SOCKET_CLOSE_TIMEOUT_S, gt=0)
+    """How long closing a UDP/DTLS listener waits for the kernel to release its port."""
+    stream_close_timeout_s: float = Field(STREAM_CLOSE_TIMEOUT_S, gt=0)
+    """How long closing a TCP/TLS listener waits for its server socket to close."""
+    admin_request_timeout_s: float = Field(REQUEST_HEAD_TIMEOUT_S, gt=0)
+    """How long the health and metrics servers wait for a request head (and for a reply to go)."""
     stats_refresh_timeout_s: float = Field(2.0, gt=0)
     """How long a scrape waits for fresh counters (from the workers) before serving the last."""
     drain_check_interval_s: float = Field(0.2, gt=0)
@@ -100,6 +117,18 @@ class StunnerdSettings(BaseSettings):
     preauth_min_bytes_per_s: float = Field(DEFAULT_PREAUTH_MIN_BYTES_PER_S, ge=0)
     """Until it holds an allocation, a connection sending less than this on average is closed."""
     preauth_window_s: float = Field(DEFAULT_PREAUTH_WINDOW_S, gt=0)
+
+    def server_tuning(self) -> ServerTuning:
+        """The network settings every `TurnServer` of this process (or its workers) runs with."""
+        return ServerTuning(
+            udp_gso=self.udp_gso,
+            fastpath=self.fastpath,
+            dns_refresh_s=self.dns_refresh_s,
+            dns_timeout_s=self.dns_timeout_s,
+            client_idle_timeout_s=self.client_idle_timeout_s,
+            socket_close_timeout_s=self.socket_close_timeout_s,
+            stream_close_timeout_s=self.stream_close_timeout_s,
+        )
 
     def client_limits(self) -> ClientLimits:
         return ClientLimits(

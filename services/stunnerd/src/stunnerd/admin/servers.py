@@ -23,7 +23,7 @@ from stunnerd.admin.endpoint import (
     parse_admin_endpoint,
 )
 from stunnerd.admin.health import Lifecycle, health_handler
-from stunnerd.admin.http import HttpServer, Response
+from stunnerd.admin.http import REQUEST_HEAD_TIMEOUT_S, HttpServer, Response
 from stunnerd.admin.metrics import metrics_handler, metrics_registry
 from stunnerd.admin.stats import StatsSnapshot, TrafficStats
 from stunnerd.reconcile.plan import Plan
@@ -111,8 +111,10 @@ class AdminServers:
         health_port: int | None = None,
         bind_host: str | None = None,
         refresh_timeout_s: float = REFRESH_TIMEOUT_S,
+        request_timeout_s: float = REQUEST_HEAD_TIMEOUT_S,
     ) -> None:
         self._refresh_timeout_s = refresh_timeout_s
+        self._request_timeout_s = request_timeout_s
         self.lifecycle = lifecycle
         self._stats = stats
         self._refresh = refresh
@@ -180,7 +182,9 @@ class AdminServers:
         self.health_error = None
         if at is not None:
             handler = self._refreshing(health_handler(self.lifecycle, self.status), "/status")
-            server = HttpServer("health", at.host, at.port, handler)
+            server = HttpServer(
+                "health", at.host, at.port, handler, request_timeout_s=self._request_timeout_s
+            )
             try:
                 await server.start()
             except OSError as exc:
@@ -196,7 +200,9 @@ class AdminServers:
         self._metrics_at = at
         if at is not None:
             handler = self._refreshing(metrics_handler(self._registry, at.path), None)
-            server = HttpServer("metrics", at.host, at.port, handler)
+            server = HttpServer(
+                "metrics", at.host, at.port, handler, request_timeout_s=self._request_timeout_s
+            )
             await server.start()
             self.metrics = server
 

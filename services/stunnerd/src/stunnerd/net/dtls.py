@@ -35,7 +35,6 @@ from stunnerd.net.udp import ClosingDatagramProtocol, open_listener_socket
 log = logging.getLogger(__name__)
 
 DTLS_MTU_BYTES = 1400
-IDLE_TIMEOUT_S = 60.0
 MAX_SESSIONS = 10_000
 _RECORD_HANDSHAKE = 22
 
@@ -285,14 +284,19 @@ class DtlsListener(Listener):
         )
 
     def _arm_idle(self, session: DtlsSession) -> None:
-        session.idle_handle = self.loop.call_later(IDLE_TIMEOUT_S, self._idle_check, session)
+        session.idle_handle = self.loop.call_later(
+            self.tuning.client_idle_timeout_s, self._idle_check, session
+        )
 
     def _idle_check(self, session: DtlsSession) -> None:
         session.idle_handle = None
         if self.sessions.get(session.addr) is not session:
             return
         idle = self.loop.time() - session.last_seen
-        if session.client not in self.engine.allocations and idle >= IDLE_TIMEOUT_S:
+        if (
+            session.client not in self.engine.allocations
+            and idle >= self.tuning.client_idle_timeout_s
+        ):
             self.drop_session(session, "idle without an allocation")
             return
         self._arm_idle(session)
@@ -373,4 +377,4 @@ class DtlsListener(Listener):
             self.transport = None
             self.sendto = None
             if self.protocol is not None:
-                await self.protocol.wait_closed()
+                await self.protocol.wait_closed(self.tuning.socket_close_timeout_s)

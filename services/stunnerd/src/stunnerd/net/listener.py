@@ -44,6 +44,7 @@ from stunnerd.net.relay import (
     bind_relay_socket,
     new_traffic,
 )
+from stunnerd.net.tuning import ServerTuning
 from stunnerd.turn import effects as fx
 from stunnerd.turn.engine import Policies, TurnEngine
 from stunnerd.turn.policies import UserUsage
@@ -58,6 +59,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+DEFAULT_TUNING = ServerTuning()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +102,10 @@ class Listener:
         traffic: Traffic | None = None,
         cluster_traffic: dict[str, Traffic] | None = None,
         limits: ClientLimits | None = None,
+        tuning: ServerTuning = DEFAULT_TUNING,
     ) -> None:
         self.spec = spec
+        self.tuning = tuning
         self.name = spec.name
         self.loop = loop
         self.limits = limits if limits is not None else ClientLimits()

@@ -2,8 +2,8 @@
 
 `TurnServer` is what the command (and the reconciler) drives. It adds, removes and updates
 listeners at runtime, swaps policies in place for live allocations, keeps STRICT_DNS names
-resolved (every `DNS_REFRESH_S`, previous answer kept on failure), and reports allocation counts
-per listener. Its public methods are the `ListenerTarget` that
+resolved (every `ServerTuning.dns_refresh_s`, previous answer kept on failure), and reports
+allocation counts per listener. Its public methods are the `ListenerTarget` that
 `stunnerd.reconcile.listeners.ListenerReconciler` drives. One `UserUsage` is
 shared by all listeners, so `admin.user_quota` counts a user's allocations process-wide.
 """
@@ -30,6 +30,7 @@ from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.listener import Listener, ListenerSpec, Traffic, new_traffic
 from stunnerd.net.stream import StreamListener
+from stunnerd.net.tuning import ServerTuning
 from stunnerd.net.udp import UdpListener
 from stunnerd.offload.manager import OffloadManager
 from stunnerd.protected import ProtectedRanges
@@ -39,8 +40,8 @@ from stunnerd.turn.policies import UserUsage
 
 log = logging.getLogger(__name__)
 
-DNS_REFRESH_S = 5.0
-DNS_TIMEOUT_S = 5.0
+PYTHON_RELAY = ServerTuning(fastpath=False)
+"""A server built without tuning (tests, tools) relays in Python; stunnerd passes its settings."""
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 
 
@@ -87,10 +88,7 @@ class TurnServer:
         bind_host: str = "0.0.0.0",
         usage: UserUsage | None = None,
         reuse_port: bool = False,
-        udp_gso: bool = True,
-        fastpath: bool = False,
-        dns_refresh_s: float = DNS_REFRESH_S,
-        dns_timeout_s: float = DNS_TIMEOUT_S,
+        tuning: ServerTuning = PYTHON_RELAY,
         offload: OffloadManager | None = None,
         limits: ClientLimits | None = None,
         nonce_key: bytes | None = None,
@@ -106,12 +104,13 @@ class TurnServer:
         self.nonce_key = nonce_key if nonce_key is not None else secrets.token_bytes(32)
         # Pre-bound listener sockets (the supervisor's SO_REUSEPORT members), by kind/host/port.
         self.socket_source = socket_source
-        self.udp_gso = udp_gso and gso_supported()
+        self.tuning = tuning
+        self.udp_gso = tuning.udp_gso and gso_supported()
         # The C relay of established channels (TURN-UDP listeners), one per event loop.
-        self.fastpath_wanted = fastpath and stunnerd.fastpath.available()
+        self.fastpath_wanted = tuning.fastpath and stunnerd.fastpath.available()
         self._fastpath: FastPath | None = None
-        self.dns_refresh_s = dns_refresh_s
-        self.dns_timeout_s = dns_timeout_s
+        self.dns_refresh_s = tuning.dns_refresh_s
+        self.dns_timeout_s = tuning.dns_timeout_s
         self._batcher: SendBatcher | None = None
         self.usage = usage if usage is not None else UserUsage()
         self.listeners: dict[str, Listener] = {}
@@ -266,6 +265,7 @@ class TurnServer:
                 cluster_traffic=self.cluster_traffic,
                 **extra,
                 limits=self.limits,
+                tuning=self.tuning,
             )
         except Exception as exc:
             raise ListenerError(f"listener {spec.name}: {exc}") from exc

@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 ACCEPT_BACKLOG = 4096  # bursts of connections wait in the kernel, not in SYN retries
 MAX_BUFFERED_BYTES = 256 * 1024
-IDLE_TIMEOUT_S = 60.0  # a connection without an allocation that stays silent this long is closed
 
 
 def load_pair(ctx: ssl.SSLContext, pair: TlsPair) -> None:
@@ -85,7 +84,9 @@ class StreamClientProtocol(asyncio.Protocol):
             self.transport.close()
             return
         self.active = False
-        self.idle_handle = self.listener.loop.call_later(IDLE_TIMEOUT_S, self._idle_check)
+        self.idle_handle = self.listener.loop.call_later(
+            self.listener.tuning.client_idle_timeout_s, self._idle_check
+        )
 
     def _guard_check(self) -> None:
         """Before an allocation: a first message in time, then a minimum average rate."""
@@ -126,7 +127,9 @@ class StreamClientProtocol(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.listener.connection_opened(self.client, self)
         self.active = False
-        self.idle_handle = self.listener.loop.call_later(IDLE_TIMEOUT_S, self._idle_check)
+        self.idle_handle = self.listener.loop.call_later(
+            self.listener.tuning.client_idle_timeout_s, self._idle_check
+        )
 
     def data_received(self, data: bytes) -> None:
         self.active = True
@@ -290,6 +293,6 @@ class StreamListener(Listener):
         self.clients.clear()
         if self.server is not None:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(5.0):
+                async with asyncio.timeout(self.tuning.stream_close_timeout_s):
                     await self.server.wait_closed()
             self.server = None

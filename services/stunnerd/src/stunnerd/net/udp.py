@@ -37,8 +37,6 @@ from stunnerd.turn import effects as fx
 
 log = logging.getLogger(__name__)
 
-TRANSPORT_CLOSE_TIMEOUT_S = 1.0
-
 
 class ClosingDatagramProtocol(asyncio.DatagramProtocol):
     """Resolves `closed` once the transport has really released its socket (and its port)."""
@@ -50,11 +48,11 @@ class ClosingDatagramProtocol(asyncio.DatagramProtocol):
         if not self.closed.done():
             self.closed.set_result(None)
 
-    async def wait_closed(self) -> None:
+    async def wait_closed(self, timeout_s: float) -> None:
         """asyncio closes a datagram socket one loop turn after `close()`; a listener that
         restarts on the same port must wait for that, or its bind fails with EADDRINUSE."""
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(TRANSPORT_CLOSE_TIMEOUT_S):
+            async with asyncio.timeout(timeout_s):
                 await asyncio.shield(self.closed)
 
 
@@ -258,4 +256,4 @@ class UdpListener(Listener):
             self.transport = None
             self._sendto = None
             if self.protocol is not None:
-                await self.protocol.wait_closed()
+                await self.protocol.wait_closed(self.tuning.socket_close_timeout_s)

@@ -1,7 +1,8 @@
 """A worker process: one `LocalDataplane` whose sockets share their ports with the other workers.
 
 Started by `WorkerPool` as `python -m stunnerd.workers.child`; it obeys requests on stdin and
-answers on stdout (see `protocol`). Logs go to stderr, which the supervisor shares. The worker
+answers on stdout (see `protocol`). Logs go to stderr, which the supervisor shares, in the
+supervisor's format (`--log-format`, text or JSON) with the worker's tag. The worker
 exits when stdin closes, so it never outlives its supervisor.
 """
 
@@ -10,17 +11,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from typing import Any
 
 from stunner_common.config import ConfigError, parse_config
 from stunner_common.loglevel import apply_log_spec
-from stunner_common.logs import configure_logging
+from stunner_common.logs import LOG_FORMATS, configure_logging
 from stunner_common.runtime import run as run_loop
 from stunnerd.net.binding import SocketKey
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.server import TurnServer
+from stunnerd.net.tuning import ServerTuning
 from stunnerd.workers.local import LocalDataplane
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 from stunnerd.workers.sockets import FdChannel, InheritedSockets
@@ -73,10 +76,9 @@ async def serve(
     index: int,
     bind_host: str,
     log_override: str | None,
-    udp_gso: bool,
+    tuning: ServerTuning,
     limits: ClientLimits,
     fd_channel: int | None = None,
-    fastpath: bool = True,
 ) -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
@@ -87,23 +89,21 @@ async def serve(
         server = TurnServer(
             bind_host=bind_host,
             reuse_port=True,
-            udp_gso=udp_gso,
+            tuning=tuning,
             limits=limits,
-            fastpath=fastpath,
         )
     else:
         inherited = InheritedSockets(FdChannel.from_fd(fd_channel))
         server = TurnServer(
             bind_host=bind_host,
             reuse_port=True,
-            udp_gso=udp_gso,
+            tuning=tuning,
             limits=limits,
-            fastpath=fastpath,
             nonce_key=inherited.wait_nonce_key(),
             socket_source=inherited.take,
         )
     dataplane = LocalDataplane(server)
-    log.debug("worker %d ready", index)
+    log.info("worker %d ready (pid %d)", index, os.getpid())
     try:
         while True:
             line = await reader.readline()
@@ -122,28 +122,31 @@ async def serve(
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stunnerd-worker")
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--bind", default="0.0.0.0")
     parser.add_argument("--log", default=None, help="log spec that overrides the config's")
-    parser.add_argument("--no-udp-gso", dest="udp_gso", action="store_false")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text")
+    parser.add_argument("--tuning", default=None, help="ServerTuning as JSON (default: defaults)")
     parser.add_argument("--limits", default=None, help="ClientLimits as JSON (default: defaults)")
-    parser.add_argument("--no-fastpath", dest="fastpath", action="store_false")
     parser.add_argument(
         "--fd-channel", type=int, default=None, help="Unix socket carrying listener sockets"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     limits = ClientLimits.from_json(args.limits) if args.limits else ClientLimits()
-    configure_logging("text", tag=f"worker-{args.index}")
+    tuning = ServerTuning.from_json(args.tuning) if args.tuning else ServerTuning()
+    configure_logging(args.log_format, tag=f"worker-{args.index}")
     apply_log_spec(args.log or "all:INFO")
     # The supervisor owns the lifecycle (drain, grace period); a terminal's Ctrl-C or a signal
     # to the process group must not kill the workers under it. A worker ends when stdin closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return run_loop(
-        serve(args.index, args.bind, args.log, args.udp_gso, limits, args.fd_channel, args.fastpath)
-    )
+    return run_loop(serve(args.index, args.bind, args.log, tuning, limits, args.fd_channel))
 
 
 if __name__ == "__main__":

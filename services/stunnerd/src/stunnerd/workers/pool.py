@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from stunner_common.config import StunnerConfig
+from stunner_common.logs import LogFormat
 from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, merge_snapshots
 from stunnerd.net.guard import ClientLimits
+from stunnerd.net.tuning import ServerTuning
 from stunnerd.reconcile.dataplane import ApplyOutcome
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 from stunnerd.workers.sockets import (
@@ -40,6 +42,8 @@ from stunnerd.workers.sockets import (
 )
 
 log = logging.getLogger(__name__)
+
+DEFAULT_TUNING = ServerTuning()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +69,8 @@ class Worker:
         bind_host: str,
         log_spec: str | None,
         *,
-        udp_gso: bool = True,
-        fastpath: bool = True,
+        log_format: LogFormat = "text",
+        tuning: ServerTuning = DEFAULT_TUNING,
         stop_timeout_s: float = 10.0,
         limits: ClientLimits | None = None,
         nonce_key: bytes | None = None,
@@ -83,9 +87,11 @@ class Worker:
             "--bind",
             bind_host,
             *(["--log", log_spec] if log_spec else []),
-            *([] if udp_gso else ["--no-udp-gso"]),
+            "--log-format",
+            log_format,
+            "--tuning",
+            tuning.to_json(),
             *(["--limits", limits.to_json()] if limits is not None else []),
-            *([] if fastpath else ["--no-fastpath"]),
         ]
         self._stop_timeout_s = stop_timeout_s
         self.proc: asyncio.subprocess.Process | None = None
@@ -192,8 +198,8 @@ class WorkerPool:
         *,
         bind_host: str = "0.0.0.0",
         log_spec: str | None = None,
-        udp_gso: bool = True,
-        fastpath: bool = True,
+        log_format: LogFormat = "text",
+        tuning: ServerTuning = DEFAULT_TUNING,
         timeouts: WorkerTimeouts = WorkerTimeouts(),
         limits: ClientLimits | None = None,
     ) -> None:
@@ -208,8 +214,8 @@ class WorkerPool:
                 i,
                 bind_host,
                 log_spec,
-                udp_gso=udp_gso,
-                fastpath=fastpath,
+                log_format=log_format,
+                tuning=tuning,
                 stop_timeout_s=timeouts.stop_s,
                 limits=limits,
                 nonce_key=self.nonce_key,
