@@ -12,6 +12,8 @@ one source, and the report gives, per scenario:
     `RATIO amplification[...] stunnerd/coturn` where coturn answers at all (the goal is at most 1).
 The servers are set up as in `bench_turn` (coturn 4.6 with long-term credentials and one relay
 thread, stunnerd with one static user). Everything binds 127.0.0.1; every loop is bounded.
+`BENCH_HOSTILE_CHALLENGE_RATE_PER_S=0` runs stunnerd with its per-source 401 budget off (coturn
+has none), so every challenge is answered; the load average is printed before and after.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from bench.bench_turn import (
 MAGIC = 0x2112A442
 ALLOCATE, BINDING = 0x0003, 0x0001
 ROUNDS = int(os.environ.get("BENCH_HOSTILE_ROUNDS", "3"))
+CHALLENGE_RATE = os.environ.get("BENCH_HOSTILE_CHALLENGE_RATE_PER_S")
 BYTES_PER_RUN = int(os.environ.get("BENCH_HOSTILE_BYTES", str(6_000_000)))
 MAX_DATAGRAMS = 20_000
 BURST = 32
@@ -195,9 +198,15 @@ def main() -> None:
         results: dict[str, dict[str, Tally]] = {
             name: {"coturn": Tally(), "stunnerd": Tally()} for name in SCENARIOS
         }
+        sd_env = dict(os.environ)
+        if CHALLENGE_RATE is not None:
+            sd_env["STUNNERD_CHALLENGE_RATE_PER_S"] = CHALLENGE_RATE
+        load_before = os.getloadavg()
         with (
             process(coturn_argv, tmp / "coturn.log") as coturn,
-            process([stunnerd, "-c", str(cfg), "--bind", "127.0.0.1"], tmp / "sd.log") as sd,
+            process(
+                [stunnerd, "-c", str(cfg), "--bind", "127.0.0.1"], tmp / "sd.log", env=sd_env
+            ) as sd,
         ):
             wait_udp_listening(coturn_port, coturn, tmp / "coturn.log")
             wait_udp_listening(stunnerd_port, sd, tmp / "sd.log")
@@ -209,13 +218,25 @@ def main() -> None:
             for server, proc in (("coturn", coturn), ("stunnerd", sd)):
                 if proc.poll() is not None:
                     raise RuntimeError(f"{server} died under hostile input")
-    report(results)
+    report(results, load_before, os.getloadavg())
 
 
-def report(results: dict[str, dict[str, Tally]]) -> None:
+def report(
+    results: dict[str, dict[str, Tally]],
+    load_before: tuple[float, float, float],
+    load_after: tuple[float, float, float],
+) -> None:
+    budget = "off" if CHALLENGE_RATE in ("0", "0.0") else "on"
     print(
         f"{ROUNDS} alternating rounds; per run about {BYTES_PER_RUN // 1_000_000} MB "
-        f"(at most {MAX_DATAGRAMS} datagrams) in bursts of {BURST}, one source"
+        f"(at most {MAX_DATAGRAMS} datagrams) in bursts of {BURST}, one source; "
+        f"stunnerd's 401 budget {budget}"
+    )
+    print(
+        "load average (1/5/15 min) before "
+        + "/".join(f"{x:.1f}" for x in load_before)
+        + ", after "
+        + "/".join(f"{x:.1f}" for x in load_after)
     )
     print(
         f"{'scenario':<16} {'server':<9} {'datagrams':>9} {'answers':>8} {'largest':>7} "

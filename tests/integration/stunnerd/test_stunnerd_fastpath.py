@@ -183,3 +183,40 @@ def test_ipv6_routes_relay_both_ways() -> None:
         assert len(source) == 4
     finally:
         r.close()
+
+
+def stun_header(method: int, length: int) -> bytes:
+    return struct.pack("!HHI", method, length, 0x2112A442) + bytes(12)
+
+
+def test_with_a_stun_limit_junk_is_dropped_in_c_and_only_what_the_engine_reads_reaches_python(
+    rig: Rig,
+) -> None:
+    rig.relay.watch(rig.listener.fileno(), _fastpath.LISTENER, LISTENER_SLOT, 1500)
+    binding = stun_header(0x0001, 8) + bytes(8)
+    unrouted = channel_data(0x4002, b"a")
+    junk = [
+        bytes([0x17]) + os.urandom(1399),  # random bytes that could start a STUN header
+        bytes([0x80]) + bytes(19),  # top bits set: neither STUN nor ChannelData
+        stun_header(0x0003, 60_000 - 20) + bytes(60_000 - 20),  # over the 1500-byte limit
+        stun_header(0x0003, 16) + bytes(8),  # length does not match the datagram
+        stun_header(0x0003, 6)[:4] + b"\x00\x00\x00\x00" + bytes(12) + bytes(8),  # no cookie
+        bytes(20)[:2] + b"\x00\x02" + bytes(16),  # length not a multiple of 4
+        b"\x00\x01",  # shorter than a header
+    ]
+    for datagram in [*junk, binding, unrouted]:
+        rig.client.sendto(datagram, addr(rig.listener))
+    misses = rig.relay.poll()
+    lfd, c = rig.listener.fileno(), addr(rig.client)
+    assert misses == [(lfd, binding, c), (lfd, unrouted, c)]
+    stats = rig.relay.stats()
+    assert (stats["dropped"], stats["missed"]) == (len(junk), 2)
+    sizes = sum(len(d) for d in [*junk, binding, unrouted])
+    assert rig.counters() == {LISTENER_SLOT: (len(junk) + 2, sizes, 0, 0)}  # all received
+
+
+def test_without_a_stun_limit_everything_unrouted_reaches_python(rig: Rig) -> None:
+    junk = bytes([0x80]) + bytes(19)
+    rig.client.sendto(junk, addr(rig.listener))
+    assert rig.relay.poll() == [(rig.listener.fileno(), junk, addr(rig.client))]
+    assert rig.relay.stats()["dropped"] == 0

@@ -100,3 +100,33 @@ async def test_a_deleted_allocation_and_a_withdrawn_route_stop_the_c_relay(
         other.send_raw(channel_data(0x4000, b"blocked"))
         assert await other.nothing_arrives()
         assert len(peer.senders) == 2, "only the two datagrams sent while routed reached the peer"
+
+
+async def test_junk_is_dropped_in_c_while_stun_and_channels_keep_working(
+    no_leaked_tasks: None,
+) -> None:
+    """Oversized, random and malformed datagrams never reach the engine; a Binding request
+    between them is answered and a bound channel still relays."""
+    config = make_config()
+    async with (
+        running_server(config, fastpath=True) as server,
+        echo_peer() as (_peer, peer_addr),
+        UdpTurnClient(("127.0.0.1", config.listeners[0].port)) as client,
+    ):
+        await bind_channel(client, peer_addr)
+        before = server.fastpath_stats
+        assert before is not None
+        oversized = b"\x00\x03\xea\x4c\x21\x12\xa4\x42" + bytes(12) + bytes(60_000)
+        junk = [oversized, bytes([0x80]) + bytes(1399), bytes([0x17]) + bytes(1399)]
+        for datagram in junk:
+            client.send_raw(datagram)
+        binding = stun.Message(stun.Method.BINDING, stun.Class.REQUEST)
+        client.send_raw(bytes(binding))
+        answer = stun.parse_message(await client.recv_raw())
+        assert answer.transaction_id == binding.transaction_id
+        client.send_raw(channel_data(0x4000, b"still"))
+        assert await client.recv_raw() == channel_data(0x4000, b"still")
+        after = server.fastpath_stats
+        assert after is not None
+        assert after["dropped"] - before["dropped"] == len(junk)
+        assert after["missed"] - before["missed"] == 1  # the Binding request

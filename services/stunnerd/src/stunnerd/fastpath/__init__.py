@@ -6,9 +6,10 @@ datagram. `FastPath` hands the listener and relay sockets of TURN-UDP listeners 
 extension `stunnerd._fastpath` instead: the loop watches one epoll descriptor, and each wake-up
 drains every ready socket with recvmmsg, relays the datagrams of bound channels (sendto to the
 peer, sendmmsg of ChannelData to clients) and gives Python only the rest, which goes through
-the engine as before. The tables are fed from the same channel-route effects as the Python
-routes. Counters are kept in C per slot (a listener's or a cluster's `Traffic` list) and folded
-into those lists by `fold()`. `STUNNERD_FASTPATH=0` turns it off.
+the engine as before, except junk the engine would drop unread (`watch_listener`'s
+`max_stun_bytes`), which C drops itself. The tables are fed from the same channel-route effects
+as the Python routes. Counters are kept in C per slot (a listener's or a cluster's `Traffic`
+list) and folded into those lists by `fold()`. `STUNNERD_FASTPATH=0` turns it off.
 """
 
 from __future__ import annotations
@@ -64,10 +65,20 @@ class FastPath:
             self.slots.append(counts)
         return slot
 
-    def watch_listener(self, sock: socket.socket, counts: list[int], handler: Handler) -> None:
-        """Read a client-facing socket here; `handler(data, addr)` gets what no route takes."""
+    def watch_listener(
+        self,
+        sock: socket.socket,
+        counts: list[int],
+        handler: Handler,
+        max_stun_bytes: int = 0,
+    ) -> None:
+        """Read a client-facing socket here; `handler(data, addr)` gets what no route takes.
+
+        With `max_stun_bytes`, what the engine would drop unread (neither ChannelData nor a
+        valid STUN header within the limit) is dropped in C and never reaches `handler`.
+        """
         self.handlers[sock.fileno()] = handler
-        self.relay.watch(sock.fileno(), _fastpath.LISTENER, self.slot(counts))
+        self.relay.watch(sock.fileno(), _fastpath.LISTENER, self.slot(counts), max_stun_bytes)
 
     def watch_relay(self, sock: socket.socket, counts: list[int], handler: Handler) -> None:
         """Read an allocation's relay socket here; datagrams sent on to clients count in the

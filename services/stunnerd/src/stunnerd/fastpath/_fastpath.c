@@ -12,6 +12,13 @@
  * The tables are fed from the engine's channel-route effects (routes added and removed, relay
  * sockets closed); counters are kept per slot (a listener's or a cluster's traffic) and handed
  * to Python by `take_counters()`, which zeroes them.
+ *
+ * A listener socket may be given a STUN size limit: then what the engine would drop unread is
+ * dropped here, before any Python object exists (counted in `stats()["dropped"]`): a datagram
+ * that is neither ChannelData (first byte 0x40-0x7F) nor a STUN message with a valid header
+ * (two zero bits, the magic cookie, a length matching the datagram and a multiple of 4, at most
+ * the limit), and anything truncated. This keeps what a flood of junk costs close to the cost
+ * of receiving it (see `python -m bench hostile`).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -60,6 +67,7 @@ typedef struct {
 typedef struct {
     uint8_t kind;
     int slot; /* listener counters: rx on a listener, tx to clients for a relay */
+    uint32_t max_stun; /* listener: STUN messages larger than this are dropped; 0: no filter */
 } FdInfo;
 
 typedef struct {
@@ -83,7 +91,7 @@ typedef struct {
     uint8_t *tx_buf;
     int tx_count;
     int tx_fd;
-    uint64_t relayed, missed;
+    uint64_t relayed, missed, dropped;
 } FastRelay;
 
 /* ------------------------------------------------------------------ keys and tables */
@@ -312,8 +320,20 @@ static int miss(PyObject *out, int fd, const uint8_t *data, size_t len,
 
 /* ------------------------------------------------------------------ the hot path */
 
+/* What the engine would read at all: ChannelData, or a STUN header it accepts (RFC 8489 §5). */
+static inline int engine_reads(const uint8_t *d, size_t size, uint32_t max_stun) {
+    if (size >= 4 && d[0] >= 0x40 && d[0] <= 0x7F)
+        return 1;
+    if (size < 20 || size > max_stun || (d[0] & 0xC0) || (d[3] & 0x03))
+        return 0;
+    if (d[4] != 0x21 || d[5] != 0x12 || d[6] != 0xA4 || d[7] != 0x42)
+        return 0;
+    return ((size_t)d[2] << 8 | d[3]) + 20 == size;
+}
+
 static int drain_listener(FastRelay *self, int fd, PyObject *out) {
     int lslot = self->fds[fd].slot;
+    uint32_t max_stun = self->fds[fd].max_stun;
     for (int round = 0; round < DRAIN_ROUNDS; round++) {
         for (int i = 0; i < BATCH; i++) {
             self->rx_iov[i].iov_len = BUF_BYTES;
@@ -326,8 +346,12 @@ static int drain_listener(FastRelay *self, int fd, PyObject *out) {
             uint8_t *d = self->rx_iov[i].iov_base;
             size_t size = self->rx[i].msg_len;
             count(self, lslot, RX_PKTS, size);
-            if (size >= 4 && d[0] >= 0x40 && d[0] <= 0x7F &&
-                !(self->rx[i].msg_hdr.msg_flags & MSG_TRUNC)) {
+            if (self->rx[i].msg_hdr.msg_flags & MSG_TRUNC ||
+                (max_stun > 0 && !engine_reads(d, size, max_stun))) {
+                self->dropped++;
+                continue;
+            }
+            if (size >= 4 && d[0] >= 0x40 && d[0] <= 0x7F) {
                 Key k;
                 uint16_t channel = (uint16_t)((d[0] << 8) | d[1]);
                 if (key_from_sockaddr(&k, fd, channel,
@@ -429,11 +453,11 @@ static PyObject *FastRelay_poll(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
 /* ------------------------------------------------------------------ management */
 
 static PyObject *FastRelay_watch(FastRelay *self, PyObject *args) {
-    int fd, kind, slot;
-    if (!PyArg_ParseTuple(args, "iii", &fd, &kind, &slot))
+    int fd, kind, slot, max_stun = 0;
+    if (!PyArg_ParseTuple(args, "iii|i", &fd, &kind, &slot, &max_stun))
         return NULL;
-    if (fd < 0 || (kind != KIND_LISTENER && kind != KIND_RELAY)) {
-        PyErr_SetString(PyExc_ValueError, "bad fd or kind");
+    if (fd < 0 || (kind != KIND_LISTENER && kind != KIND_RELAY) || max_stun < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad fd, kind or STUN size limit");
         return NULL;
     }
     if (ensure_fd(self, fd) < 0 || ensure_slot(self, slot) < 0)
@@ -444,6 +468,7 @@ static PyObject *FastRelay_watch(FastRelay *self, PyObject *args) {
         return PyErr_SetFromErrno(PyExc_OSError);
     self->fds[fd].kind = (uint8_t)kind;
     self->fds[fd].slot = slot;
+    self->fds[fd].max_stun = kind == KIND_LISTENER ? (uint32_t)max_stun : 0;
     Py_RETURN_NONE;
 }
 
@@ -548,8 +573,9 @@ static PyObject *FastRelay_fileno(FastRelay *self, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *FastRelay_stats(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
-    return Py_BuildValue("{sKsKsnsn}", "relayed", (unsigned long long)self->relayed, "missed",
-                         (unsigned long long)self->missed, "client_routes",
+    return Py_BuildValue("{sKsKsKsnsn}", "relayed", (unsigned long long)self->relayed, "missed",
+                         (unsigned long long)self->missed, "dropped",
+                         (unsigned long long)self->dropped, "client_routes",
                          (Py_ssize_t)self->clients.used, "peer_routes",
                          (Py_ssize_t)self->peers.used);
 }
@@ -615,7 +641,8 @@ static PyObject *FastRelay_new(PyTypeObject *type, PyObject *args, PyObject *kwd
 static PyMethodDef FastRelay_methods[] = {
     {"fileno", (PyCFunction)FastRelay_fileno, METH_NOARGS, "The epoll descriptor to watch."},
     {"watch", (PyCFunction)FastRelay_watch, METH_VARARGS,
-     "watch(fd, kind, slot): add a listener (1) or relay (2) socket."},
+     "watch(fd, kind, slot[, max_stun_bytes]): add a listener (1) or relay (2) socket; a "
+     "listener with a STUN size limit has what the engine would not read dropped in C."},
     {"unwatch", (PyCFunction)FastRelay_unwatch, METH_VARARGS,
      "unwatch(fd): stop watching fd and forget every route through it."},
     {"add_client_route", (PyCFunction)FastRelay_add_client_route, METH_VARARGS,
@@ -632,7 +659,8 @@ static PyMethodDef FastRelay_methods[] = {
      "Relay what is routed; return [(fd, data, address)] for everything else."},
     {"take_counters", (PyCFunction)FastRelay_take_counters, METH_NOARGS,
      "[(slot, rx_pkts, rx_bytes, tx_pkts, tx_bytes)] since the last call."},
-    {"stats", (PyCFunction)FastRelay_stats, METH_NOARGS, "Relayed and missed datagrams."},
+    {"stats", (PyCFunction)FastRelay_stats, METH_NOARGS,
+     "Relayed, missed (given to Python) and dropped datagrams, and the route counts."},
     {"close", (PyCFunction)FastRelay_close, METH_NOARGS, "Close the epoll descriptor."},
     {NULL, NULL, 0, NULL},
 };

@@ -161,9 +161,15 @@ class UdpListener(Listener):
         inherited, self.inherited_socket = self.inherited_socket, None
         self.connections = self.connections_total = 1
         if self.fastpath is not None:
-            # The C relay reads the socket; what it does not route comes to the engine.
+            # The C relay reads the socket and drops junk; what it does not route comes to
+            # the engine.
             self.sock = sock = inherited or bind_listener_socket(self.spec)
-            self.fastpath.watch_listener(sock, self.traffic, self.client_slow_path)
+            self.fastpath.watch_listener(
+                sock,
+                self.traffic,
+                self.client_slow_path,
+                max_stun_bytes=self.limits.request.max_message_bytes,
+            )
             self._sendto = _raw_sendto(sock)
             return
         sock, transport, protocol = await open_listener_socket(
