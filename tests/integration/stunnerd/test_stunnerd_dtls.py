@@ -184,3 +184,38 @@ async def test_a_dtls_session_without_a_first_message_is_dropped(no_leaked_tasks
             assert listener.connections == 0
         finally:
             client.sock.close()
+
+
+async def test_a_trickle_before_allocating_is_closed_on_dtls_too(no_leaked_tasks: None) -> None:
+    """A first message in time, then one tiny record every 0.1 s (about 40 bytes on the wire
+    each, 400 B/s): under a 2000 B/s minimum the session is dropped before it allocates."""
+    limits = {
+        "first_message_timeout_s": 0.5,
+        "preauth_window_s": 0.5,
+        "preauth_min_bytes_per_s": 2000.0,
+    }
+    async with dtls_server(**limits) as (listener, port):
+        client = DtlsClient(("127.0.0.1", port))
+        try:
+            await client.handshake()
+            answer = await client.request(stun.Message(stun.Method.BINDING, stun.Class.REQUEST))
+            assert answer.message_class == stun.Class.RESPONSE
+            assert listener.connections == 1
+
+            async def trickle() -> None:
+                for _ in range(100):
+                    client.conn.send(b"\x00")
+                    await client.flush()
+                    await asyncio.sleep(0.1)
+
+            task = asyncio.create_task(trickle())
+            try:
+                await eventually(lambda: not listener.sessions, "trickling session dropped")
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            assert listener.connections == 0
+            assert listener.sources.counts == {}
+        finally:
+            client.sock.close()

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import ssl
 import struct
 from collections.abc import AsyncIterator
 
@@ -268,3 +269,99 @@ async def test_500_held_idle_connections_do_not_stop_a_real_client_and_time_out(
         finally:
             for sock in socks:
                 sock.close()
+
+
+def client_tls() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+async def binding_over(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> stun.Message:
+    request = stun.Message(stun.Method.BINDING, stun.Class.REQUEST)
+    writer.write(bytes(request))
+    async with asyncio.timeout(WAIT_S):
+        head = await reader.readexactly(20)
+        body = await reader.readexactly(int.from_bytes(head[2:4], "big"))
+    answer = stun.parse_message(head + body)
+    assert answer.transaction_id == request.transaction_id
+    return answer
+
+
+async def test_half_open_tls_connections_count_against_the_cap_before_their_handshake(
+    no_leaked_tasks: None,
+) -> None:
+    """N+1 connections that never send a ClientHello: the last is closed at once, the N wait
+    for the handshake deadline, and a client from elsewhere completes its handshake meanwhile."""
+    cap = 3
+    config = make_config(("TURN-TLS",))
+    port = config.listeners[0].port
+    async with server_with(config, max_per_source=cap, handshake_timeout_s=30) as server:
+        listener = stream_listener(server)
+        half_open = [await connect(port) for _ in range(cap + 1)]
+        try:
+            async with asyncio.timeout(WAIT_S):
+                while listener.refused_connections < 1:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            assert listener.sources.counts == {ATTACKER: cap}
+            closed = [
+                reader.at_eof() or await closed_by_server(reader) for reader, _ in half_open[cap:]
+            ]
+            assert closed == [True]
+            assert listener.connections == 0  # none of them is through a handshake
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=client_tls(), local_addr=("127.0.0.1", 0)
+            )
+            try:
+                await binding_over(reader, writer)
+                assert listener.connections == 1
+            finally:
+                await close_all([writer])
+        finally:
+            await close_all([w for _, w in half_open])
+
+
+async def test_a_tls_handshake_that_never_starts_is_closed_at_its_deadline(
+    no_leaked_tasks: None,
+) -> None:
+    config = make_config(("TURN-TLS",))
+    async with server_with(config, handshake_timeout_s=0.3) as server:
+        listener = stream_listener(server)
+        reader, writer = await connect(config.listeners[0].port)
+        try:
+            assert await closed_by_server(reader)
+            async with asyncio.timeout(WAIT_S):
+                while listener.sources.counts:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+        finally:
+            await close_all([writer])
+
+
+async def test_a_trickle_before_allocating_is_closed_on_tls_too(no_leaked_tasks: None) -> None:
+    config = make_config(("TURN-TLS",))
+    limits = {
+        "first_message_timeout_s": 0.5,
+        "preauth_window_s": 0.5,
+        "preauth_min_bytes_per_s": 200.0,
+    }
+    async with server_with(config, **limits) as server:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1",
+            config.listeners[0].port,
+            ssl=client_tls(),
+            local_addr=(ATTACKER, 0),
+        )
+        try:
+            await binding_over(reader, writer)  # a complete first message in time ...
+            trickle = asyncio.create_task(_trickle(writer))  # ... then 10 bytes a second
+            assert await closed_by_server(reader)
+            trickle.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await trickle
+        finally:
+            await close_all([writer])
+        listener = stream_listener(server)
+        async with asyncio.timeout(WAIT_S):
+            while listener.connections or listener.sources.counts:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)

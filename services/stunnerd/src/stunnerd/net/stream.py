@@ -7,7 +7,9 @@ asyncio's ssl with the listener's certificate (TLS ≥ 1.2, handshake bounded by
 Writes to a client whose socket buffer is full are dropped rather than queued without bound.
 
 A client that has not allocated yet is held to `stunnerd.net.guard.ConnectionLimits`: a cap on
-connections per source IP, a deadline for its first complete message, a minimum average rate
+connections per source IP (TLS: counted at TCP accept, before the handshake, which has its own
+deadline; the listener accepts TLS connections itself for that), a deadline for its first
+complete message, a minimum average rate
 (a trickle is closed), and STUN frames no longer than the engine's message limit (a longer one
 closes the connection before it is buffered).
 """
@@ -58,8 +60,10 @@ def server_ssl_context(pair: TlsPair) -> ssl.SSLContext:
 class StreamClientProtocol(asyncio.Protocol):
     """One TCP/TLS client connection: de-frames the stream, fast-paths routed ChannelData."""
 
-    def __init__(self, listener: StreamListener) -> None:
+    def __init__(self, listener: StreamListener, admitted: bool = False) -> None:
+        """`admitted`: the listener counted it at accept already (TLS, before the handshake)."""
         self.listener = listener
+        self.admitted = admitted
         self.routes = listener.routes
         self.traffic = listener.traffic
         self.transport: asyncio.Transport | None = None
@@ -111,7 +115,7 @@ class StreamClientProtocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.client = (peer[0], peer[1])
-        if not self.listener.sources.acquire(self.client[0]):
+        if not self.admitted and not self.listener.sources.acquire(self.client[0]):
             self.listener.refused_connections += 1
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("listener %s: too many connections from %s", self.listener.name, peer[0])
@@ -219,21 +223,23 @@ class StreamListener(Listener):
         self.ssl_context: ssl.SSLContext | None = None
         self.sources = SourceCounter(self.limits.connection.max_per_source)
         self.refused_connections = 0  # over the per-source cap
+        self.tls_socket: socket.socket | None = None  # TLS: the listening socket we accept on
+        self._accepting: asyncio.Task[None] | None = None
+        self._handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
         if self.spec.protocol == "TURN-TLS":
             if self.spec.tls is None:
                 raise ValueError(f"listener {self.name}: TURN-TLS needs a certificate")
             self.ssl_context = server_ssl_context(self.spec.tls)
 
     async def start(self) -> None:
-        handshake_s = self.limits.connection.handshake_timeout_s if self.ssl_context else None
         inherited, self.inherited_socket = self.inherited_socket, None
+        if self.ssl_context is not None:
+            self._start_tls(inherited)
+            return
         if inherited is not None:
             try:
                 self.server = await self.loop.create_server(
-                    lambda: StreamClientProtocol(self),
-                    sock=inherited,
-                    ssl=self.ssl_context,
-                    ssl_handshake_timeout=handshake_s,
+                    lambda: StreamClientProtocol(self), sock=inherited
                 )
             except BaseException:
                 inherited.close()
@@ -243,12 +249,79 @@ class StreamListener(Listener):
             lambda: StreamClientProtocol(self),
             host=self.spec.bind_host,
             port=self.spec.port,
-            ssl=self.ssl_context,
-            ssl_handshake_timeout=handshake_s,
             reuse_address=True,
             backlog=ACCEPT_BACKLOG,
             reuse_port=self.spec.reuse_port or None,
         )
+
+    # -------------------------------------------------------------- TURN-TLS
+
+    def _start_tls(self, inherited: socket.socket | None) -> None:
+        """Accept TLS connections ourselves, so that the per-source cap counts a connection at
+        TCP accept, before its handshake costs anything (an asyncio server with `ssl` would
+        show it to us only after the handshake)."""
+        sock = inherited if inherited is not None else self._bind_tls_socket()
+        sock.setblocking(False)
+        self.tls_socket = sock
+        self._accepting = self.loop.create_task(
+            self._accept_tls(sock), name=f"stunnerd-tls-accept-{self.name}"
+        )
+        self._accepting.add_done_callback(_log_unexpected_exit)
+
+    def _bind_tls_socket(self) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self.spec.bind_host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.spec.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((self.spec.bind_host, self.spec.port))
+            sock.listen(ACCEPT_BACKLOG)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    async def _accept_tls(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                conn, peer = await self.loop.sock_accept(sock)
+            except OSError as exc:  # EMFILE, ECONNABORTED...: the next accept may succeed
+                log.warning("listener %s: accept failed: %s", self.name, exc)
+                await asyncio.sleep(0.1)
+                continue
+            if not self.sources.acquire(peer[0]):
+                self.refused_connections += 1
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("listener %s: too many connections from %s", self.name, peer[0])
+                conn.close()
+                continue
+            task = self.loop.create_task(
+                self._handshake(conn, peer[0]), name=f"stunnerd-tls-handshake-{self.name}"
+            )
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, conn: socket.socket, ip: str) -> None:
+        """The TLS handshake of an admitted connection, within `handshake_timeout_s`; its source
+        slot goes back if it fails (afterwards the connection's own close returns it)."""
+        assert self.ssl_context is not None
+        proto = StreamClientProtocol(self, admitted=True)
+        try:
+            await self.loop.connect_accepted_socket(
+                lambda: proto,
+                conn,
+                ssl=self.ssl_context,
+                ssl_handshake_timeout=self.limits.connection.handshake_timeout_s,
+            )
+        except BaseException as exc:
+            if not proto.counted:  # connection_made never ran: the slot is still ours
+                self.sources.release(ip)
+            conn.close()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("listener %s: TLS handshake with %s failed: %r", self.name, ip, exc)
 
     def rotate_certificate(self, pair: TlsPair) -> bool:
         """New connections get the new certificate; established ones keep theirs."""
@@ -260,6 +333,8 @@ class StreamListener(Listener):
 
     @property
     def bound_port(self) -> int:
+        if self.tls_socket is not None:
+            return int(self.tls_socket.getsockname()[1])
         assert self.server is not None
         return int(self.server.sockets[0].getsockname()[1])
 
@@ -287,6 +362,15 @@ class StreamListener(Listener):
     async def _close_transport(self) -> None:
         if self.server is not None:
             self.server.close()
+        pending = [t for t in (self._accepting, *self._handshakes) if t is not None]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        self._accepting = None
+        if self.tls_socket is not None:
+            self.tls_socket.close()
+            self.tls_socket = None
         for proto in list(self.clients.values()):
             if proto.transport is not None:
                 proto.transport.abort()
@@ -296,3 +380,8 @@ class StreamListener(Listener):
                 async with asyncio.timeout(self.tuning.stream_close_timeout_s):
                     await self.server.wait_closed()
             self.server = None
+
+
+def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s stopped: %r", task.get_name(), task.exception())
