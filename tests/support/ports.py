@@ -22,7 +22,8 @@ def free_udp_tcp_port(host: str = LOOPBACK) -> int:
     """Return a port number free for both UDP and TCP on `host` (TURN servers bind both)."""
     for _ in range(50):
         port = free_port(socket.SOCK_DGRAM, host)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as tcp:
             try:
                 tcp.bind((host, port))
             except OSError:

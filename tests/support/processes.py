@@ -73,7 +73,7 @@ def wait_for_tcp(
     while time.monotonic() < deadline:
         if proc is not None and not proc.alive():
             raise RuntimeError(f"{proc.argv[0]} exited early:\n{proc.output()[-2000:]}")
-        with socket.socket() as sock:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
             sock.settimeout(0.2)
             if sock.connect_ex((host, port)) == 0:
                 return

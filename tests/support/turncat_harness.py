@@ -110,11 +110,13 @@ class Coturn:
     proc: ServerProcess
     cert: Path | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    host: str = LOOPBACK
 
     def uri(self, transport: str = "udp", user: str = USER, password: str = PASSWORD) -> str:
         port = self.tls_port if transport in ("tls", "dtls") else self.port
         userinfo = f"{quote(user, safe='')}:{quote(password, safe='')}"
-        return f"turn://{userinfo}@{LOOPBACK}:{port}?transport={transport}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"turn://{userinfo}@{host}:{port}?transport={transport}"
 
 
 def turnserver_binary() -> str | None:
@@ -123,15 +125,24 @@ def turnserver_binary() -> str | None:
 
 @contextlib.contextmanager
 def coturn(
-    tmp: Path, *, secret: str | None = None, tls: bool = False, extra: Sequence[str] = ()
+    tmp: Path,
+    *,
+    secret: str | None = None,
+    tls: bool = False,
+    extra: Sequence[str] = (),
+    host: str = LOOPBACK,
 ) -> Iterator[Coturn]:
-    """coturn on loopback with a static user (or a TURN REST secret), optionally TLS/DTLS."""
+    """coturn on loopback with a static user (or a TURN REST secret), optionally TLS/DTLS.
+
+    It listens on `host` (127.0.0.1 or ::1) and relays from both 127.0.0.1 and ::1, so peers of
+    either family can be reached; UDP and TCP (RFC 6062) relays are both enabled.
+    """
     binary = turnserver_binary()
     if binary is None:
         import pytest
 
         pytest.skip("coturn's turnserver is not installed")
-    port = free_udp_tcp_port()
+    port = free_udp_tcp_port(host)
     argv = [
         binary,
         "-n",
@@ -139,8 +150,9 @@ def coturn(
         "--log-file=stdout",
         "--simple-log",
         "-v",
-        f"--listening-ip={LOOPBACK}",
+        f"--listening-ip={host}",
         f"--relay-ip={LOOPBACK}",
+        "--relay-ip=::1",
         f"--listening-port={port}",
         "--allow-loopback-peers",
         f"--realm={REALM}",
@@ -157,17 +169,17 @@ def coturn(
     cert = None
     if tls:
         cert, key = self_signed_cert(tmp)
-        tls_port = free_udp_tcp_port()
+        tls_port = free_udp_tcp_port(host)
         argv += [f"--tls-listening-port={tls_port}", f"--cert={cert}", f"--pkey={key}"]
     else:
         argv += ["--no-tls", "--no-dtls"]
     argv += list(extra)
     proc = ServerProcess(argv, log_path=tmp / "coturn.log")
     try:
-        wait_for_tcp(LOOPBACK, port, proc=proc)
+        wait_for_tcp(host, port, proc=proc)
         if tls_port:
-            wait_for_tcp(LOOPBACK, tls_port, proc=proc)
-        yield Coturn(port, tls_port, proc, cert)
+            wait_for_tcp(host, tls_port, proc=proc)
+        yield Coturn(port, tls_port, proc, cert, host=host)
     finally:
         proc.stop()
 
@@ -306,3 +318,52 @@ async def run_turncat(*args: str, env: dict[str, str] | None = None) -> tuple[in
     finally:
         await tc.aclose()
     return rc, tc.stderr
+
+
+@dataclass
+class TcpEcho:
+    """A TCP echo peer: `connections` counts accepted connections, `sources` their addresses."""
+
+    host: str
+    port: int
+    connections: int = 0
+    sources: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def tcp_echo(host: str = LOOPBACK) -> AsyncIterator[TcpEcho]:
+    """A TCP echo server on `host`, port 0; every connection echoes until its client closes."""
+    echo = TcpEcho(host, 0)
+    handlers: set[asyncio.Task[None]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        if me is not None:
+            handlers.add(me)
+        echo.connections += 1
+        echo.sources.append(writer.get_extra_info("peername")[:2])
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+            handlers.discard(me)
+
+    server = await asyncio.start_server(handle, host, 0)
+    echo.port = server.sockets[0].getsockname()[1]
+    try:
+        yield echo
+    finally:
+        server.close()
+        for task in list(handlers):
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await server.wait_closed()

@@ -16,9 +16,19 @@ from aioice import stun
 
 from stunner_common.auth import long_term_key
 from turncat.carrier import FrameSink, TlsOptions
-from turncat.errors import AuthFailedError, PeerForbiddenError, TurnError, UnreachableError
-from turncat.session import TurnSession
+from turncat.errors import (
+    EXIT_PEER_CONNECT_FAILED,
+    EXIT_UNSUPPORTED,
+    AuthFailedError,
+    PeerConnectFailedError,
+    PeerForbiddenError,
+    TurnError,
+    UnreachableError,
+    UnsupportedError,
+)
+from turncat.session import PeerTransport, TurnSession
 from turncat.settings import TurncatSettings
+from turncat.wire import Method, parse_stun
 
 REALM = "stunner.l7mp.io"
 USER, PASSWORD = "user1", "passwd1"
@@ -90,8 +100,9 @@ class FakeCarrier:
         if frame[0] & 0xC0 == 0x40:
             self.data.append(frame)
             return
-        req = stun.parse_message(frame)
-        resp = self.server.handle(req)
+        req = parse_stun(frame)  # knows the RFC 6062 methods aioice does not
+        assert req is not None
+        resp = self.server.handle(req)  # type: ignore[arg-type]
         if resp is not None:
             out = bytes(resp)
             asyncio.get_running_loop().call_soon(self.sink.frame_received, out)
@@ -107,6 +118,8 @@ def make_session(
     reliable: bool = False,
     received: list[bytes] | None = None,
     connected: asyncio.Event | None = None,
+    peer: tuple[str, int] = PEER,
+    peer_transport: PeerTransport = "udp",
     **settings: Any,
 ) -> tuple[TurnSession, list[FakeCarrier]]:
     carriers: list[FakeCarrier] = []
@@ -124,7 +137,8 @@ def make_session(
     session = TurnSession(
         transport="udp",
         server=("192.0.2.1", 3478),
-        peer=PEER,
+        peer=peer,
+        peer_transport=peer_transport,
         credentials=lambda: (USER, password),
         tls=TlsOptions(),
         settings=TurncatSettings(**{"initial_rto_s": 0.01, "request_timeout_s": 1.0, **settings}),
@@ -329,3 +343,87 @@ async def test_close_while_opening_leaves_no_allocation_behind(no_leaked_tasks: 
     assert server.requests[-1].attributes["LIFETIME"] == 0
     assert server.closed
     assert not session.is_open
+
+
+async def test_ipv6_peer_asks_for_an_ipv6_relay(no_leaked_tasks: None) -> None:
+    server = FakeServer()
+    session, _ = make_session(server, peer=("fd00::5", 5000))
+    await session.open()
+    await session.close()
+    allocate = server.requests[1]
+    assert allocate.attributes["REQUESTED-ADDRESS-FAMILY"] == 0x02  # RFC 8656 §18.11
+    assert server.requests[3].attributes["XOR-PEER-ADDRESS"] == ("fd00::5", 5000)
+    ipv4, _ = make_session(server := FakeServer())
+    await ipv4.open()
+    await ipv4.close()
+    assert "REQUESTED-ADDRESS-FAMILY" not in server.requests[1].attributes
+
+
+async def test_tcp_peer_allocates_a_tcp_relay_and_binds_no_channel(no_leaked_tasks: None) -> None:
+    server = FakeServer()
+    session, _ = make_session(server, reliable=True, peer_transport="tcp")
+    await session.open()
+    await session.close()
+    assert server.methods() == ["ALLOCATE", "ALLOCATE", "CREATE_PERMISSION", "REFRESH"]
+    assert server.requests[1].attributes["REQUESTED-TRANSPORT"] == 6 << 24  # RFC 6062 §6.1
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "text"),
+    [
+        (447, "Connection Timeout or Failure", "could not connect to it"),
+        (446, "Connection Already Exists", "already has a connection to it"),
+    ],
+)
+async def test_failed_connect_names_the_peer_and_the_code(
+    no_leaked_tasks: None, code: int, reason: str, text: str
+) -> None:
+    server = FakeServer()
+    server.overrides[Method.CONNECT] = lambda req: server.error(req, code, reason)  # type: ignore[index]
+    session, _ = make_session(server, reliable=True, peer_transport="tcp")
+    await session.open()
+    try:
+        with pytest.raises(PeerConnectFailedError, match=f"10.0.0.5:5000.*{text}.*{code}") as info:
+            await session.connect()
+    finally:
+        await session.close()
+    assert info.value.exit_code == EXIT_PEER_CONNECT_FAILED
+    connect = next(r for r in server.requests if int(r.message_method) == Method.CONNECT)
+    assert connect.attributes["XOR-PEER-ADDRESS"] == PEER
+
+
+async def test_connect_forbidden_by_the_server_is_a_forbidden_peer(no_leaked_tasks: None) -> None:
+    server = FakeServer()
+    server.overrides[Method.CONNECT] = lambda req: server.error(req, 403, "Forbidden")  # type: ignore[index]
+    session, _ = make_session(server, reliable=True, peer_transport="tcp")
+    await session.open()
+    try:
+        with pytest.raises(PeerForbiddenError, match="CONNECT: 403"):
+            await session.connect()
+    finally:
+        await session.close()
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "peer", "peer_transport", "wanted"),
+    [
+        (442, "Unsupported Transport Protocol", PEER, "tcp", "a TCP relay"),
+        (440, "Address Family not Supported", ("fd00::5", 5000), "udp", "an IPv6 relay"),
+    ],
+)
+async def test_relay_the_server_does_not_offer_is_unsupported(
+    no_leaked_tasks: None,
+    code: int,
+    reason: str,
+    peer: tuple[str, int],
+    peer_transport: PeerTransport,
+    wanted: str,
+) -> None:
+    server = FakeServer()
+    server.overrides[stun.Method.ALLOCATE] = lambda req: (
+        server.error(req, code, reason) if "USERNAME" in req.attributes else server.default(req)
+    )
+    session, _ = make_session(server, peer=peer, peer_transport=peer_transport)
+    with pytest.raises(UnsupportedError, match=f"does not offer {wanted}.*{code}") as info:
+        await session.open()
+    assert info.value.exit_code == EXIT_UNSUPPORTED

@@ -51,9 +51,19 @@ def test_bad_local_addresses_are_rejected_with_the_text_named(text: str, message
     assert info.value.exit_code == EXIT_BAD_INPUT
 
 
-def test_peer_address_needs_udp_scheme_host_and_port() -> None:
+def test_peer_address_needs_udp_or_tcp_scheme_host_and_port() -> None:
     assert parse_peer("udp://10.0.0.5:5000") == PeerAddress("10.0.0.5", 5000)
-    for bad in ("tcp://10.0.0.5:5000", "udp://:5000", "udp://10.0.0.5", "10.0.0.5:5000"):
+    assert parse_peer("tcp://10.0.0.5:5000") == PeerAddress("10.0.0.5", 5000, "tcp")
+    assert parse_peer("udp://[::1]:5000") == PeerAddress("::1", 5000)
+    assert parse_peer("TCP://[fd00::5]:80") == PeerAddress("fd00::5", 80, "tcp")
+    for bad in (
+        "sctp://10.0.0.5:5000",
+        "udp://:5000",
+        "udp://10.0.0.5",
+        "tcp://[::1]",
+        "10.0.0.5:5000",
+        "udp://[::1:5000",
+    ):
         with pytest.raises(BadInputError, match="peer address"):
             parse_peer(bad)
 

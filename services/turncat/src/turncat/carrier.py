@@ -103,6 +103,30 @@ async def open_carrier(
         raise UnreachableError(f"cannot connect to TURN server {what}: {exc}") from None
 
 
+async def open_data_connection(
+    transport: Transport, server: tuple[str, int], tls: TlsOptions, timeout_s: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A new TCP (or TLS) connection to the TURN server, for an RFC 6062 data connection
+    (§4.3): it carries one ConnectionBind and then the peer's raw bytes."""
+    what = f"{transport.upper()} {server[0]}:{server[1]}"
+    ctx = tls_context(tls) if transport == "tls" else None
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.open_connection(
+                server[0],
+                server[1],
+                ssl=ctx,
+                server_hostname=(tls.sni or server[0]) if ctx else None,
+                limit=STREAM_WRITE_LIMIT_BYTES,
+            )
+    except TimeoutError:
+        raise UnreachableError(
+            f"TURN server {what} did not accept a data connection within {timeout_s:g} s"
+        ) from None
+    except OSError as exc:
+        raise UnreachableError(f"cannot open a data connection to {what}: {exc}") from None
+
+
 def tls_context(tls: TlsOptions) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2

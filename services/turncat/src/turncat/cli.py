@@ -48,16 +48,19 @@ USAGE_EXAMPLES = """\
 examples:
   turncat udp://127.0.0.1:9000 'turn://user1:passwd1@127.0.0.1:3478?transport=udp' udp://10.0.0.5:9001
   turncat - k8s://stunner/udp-gateway:udp-listener udp://10.0.0.5:9001
+  turncat tcp://127.0.0.1:8080 'turn://user1:passwd1@127.0.0.1:3478?transport=tcp' tcp://10.0.0.5:80
+  turncat - 'turn://user1:passwd1@[::1]:3478?transport=udp' 'udp://[fd00::5]:9001'
 exit codes: 0 ok, 1 other failure, 2 bad input, 3 authentication failed,
-            4 peer forbidden, 5 server unreachable
+            4 peer forbidden, 5 server unreachable, 6 relay type not supported by the server,
+            7 the server could not connect to the TCP peer
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="turncat",
-        description="Tunnel a local UDP/TCP socket or stdin/stdout to a UDP peer through a "
-        "TURN server.",
+        description="Tunnel a local UDP/TCP socket or stdin/stdout to a UDP peer, or to a TCP "
+        "peer through an RFC 6062 TCP allocation, through a TURN server.",
         epilog=USAGE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -68,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="turn://user:pass@host:port?transport=udp|tcp|tls|dtls, turns://… "
         "or k8s://namespace/gateway:listener",
     )
-    p.add_argument("peer", help="udp://ip:port")
+    p.add_argument("peer", help="udp://host:port or tcp://host:port ([ipv6] in brackets)")
     p.add_argument("-l", "--log", default="all:WARN", help="log spec, e.g. all:INFO,turncat:DEBUG")
     p.add_argument("-v", "--verbose", action="store_true", help="same as --log all:DEBUG")
     p.add_argument(
@@ -114,21 +117,16 @@ def _static_credentials(username: str | None, password: str | None) -> Credentia
 
 
 async def resolve_ip(host: str, port: int, what: str) -> tuple[str, int]:
-    """Resolve a host name once, at startup; IPv4 is preferred.
+    """Resolve a host name once, at startup; IPv4 is preferred for names that have both.
 
-    The peer must be IPv4: we ask for IPv4 relays (RFC 8656 §7.1 default family), and a relay
-    only reaches peers of its own family.
+    An IPv6 peer gets an IPv6 relay (the session asks for one), since a relay only reaches
+    peers of its own family.
     """
     loop = asyncio.get_running_loop()
-    family = socket.AF_INET if what == "peer" else socket.AF_UNSPEC
     try:
-        infos = await loop.getaddrinfo(host, port, family=family, type=socket.SOCK_DGRAM)
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
     except (socket.gaierror, UnicodeError) as exc:
         if what == "peer":
-            if ":" in host:
-                raise BadInputError(
-                    f"peer {host!r} is IPv6; turncat relays to IPv4 peers only"
-                ) from None
             raise BadInputError(f"cannot resolve peer host {host!r}: {exc}") from None
         raise UnreachableError(f"cannot resolve {what} host {host!r}: {exc}") from None
     infos.sort(key=lambda info: info[0] != socket.AF_INET)
@@ -140,6 +138,11 @@ async def run(args: argparse.Namespace, settings: TurncatSettings) -> None:
     local = parse_local(args.local)
     target = parse_server(args.server, args.namespace)
     peer_addr = parse_peer(args.peer)
+    if peer_addr.transport == "tcp" and local.kind == "udp":
+        raise BadInputError(
+            f"a TCP peer ({args.peer}) carries a byte stream: the local address must be "
+            "tcp://host:port or -"
+        )
     tls = TlsOptions(insecure=args.insecure, sni=args.sni, ca_file=args.ca)
 
     credentials: CredentialSource
@@ -152,6 +155,11 @@ async def run(args: argparse.Namespace, settings: TurncatSettings) -> None:
         )
     else:
         credentials = _static_credentials(target.username, target.password)
+    if peer_addr.transport == "tcp" and target.transport not in ("tcp", "tls"):
+        raise BadInputError(
+            f"a TCP peer ({args.peer}) is reached through a TCP allocation (RFC 6062), which "
+            f"needs a TCP or TLS connection to the TURN server, not {target.transport.upper()}"
+        )
     server = await resolve_ip(target.host, target.port, "TURN server")
     peer = await resolve_ip(peer_addr.host, peer_addr.port, "peer")
     if target.secure and not tls.sni and not tls.insecure and target.host != server[0]:
@@ -169,6 +177,7 @@ async def run(args: argparse.Namespace, settings: TurncatSettings) -> None:
             on_data=on_data,
             on_lost=on_lost,
             name=name,
+            peer_transport=peer_addr.transport,
         )
 
     tunnel = Tunnel(local, factory, settings)
@@ -211,10 +220,16 @@ async def listen(tunnel: Tunnel, stop: asyncio.Event) -> None:
 
 
 async def preflight(tunnel: Tunnel) -> None:
-    """Open and close one session so credentials, peer and server are checked up front."""
+    """Open and close one session so credentials, peer and server are checked up front; for a
+    TCP peer that includes one connection to it (Connect and ConnectionBind)."""
     session = tunnel.new_session("preflight", lambda _data: None, lambda _exc: None)
     try:
         await session.open()
+        if session.peer_transport == "tcp":
+            _reader, writer = await session.connect()
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
     finally:
         await tunnel.end_session(session)
 

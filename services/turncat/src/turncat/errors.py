@@ -13,6 +13,8 @@ EXIT_BAD_INPUT = 2
 EXIT_AUTH_FAILED = 3
 EXIT_PEER_FORBIDDEN = 4
 EXIT_UNREACHABLE = 5
+EXIT_UNSUPPORTED = 6
+EXIT_PEER_CONNECT_FAILED = 7
 
 
 class TurncatError(Exception):
@@ -55,3 +57,19 @@ class UnreachableError(TurncatError):
     """The TURN server (or the CDS) could not be reached or stopped answering."""
 
     exit_code = EXIT_UNREACHABLE
+
+
+class UnsupportedError(TurnError):
+    """The server does not offer what we asked for: a TCP relay (442 Unsupported Transport
+    Protocol, RFC 8656 §7.2 and RFC 6062 §5.1) or an IPv6 relay (440 Address Family not
+    Supported, RFC 8656 §7.2)."""
+
+    exit_code = EXIT_UNSUPPORTED
+
+
+class PeerConnectFailedError(TurnError):
+    """The server could not open the TCP connection to the peer (447 Connection Timeout or
+    Failure, RFC 6062 §5.2), or already has one to it on this allocation (446 Connection
+    Already Exists)."""
+
+    exit_code = EXIT_PEER_CONNECT_FAILED

@@ -6,7 +6,10 @@ credentials, as upstream turncat does). Datagrams that arrive while a UDP client
 being set up wait in a short queue. A TCP client's byte stream is relayed as it is read, one
 datagram per read of at most 1500 bytes, and datagrams from the peer are written back to the
 stream unframed, which is what upstream turncat does too. A UDP client that falls silent for
-`client_idle_timeout_s` is deallocated. Every background task is owned by the `Tunnel`.
+`client_idle_timeout_s` is deallocated. With a TCP peer (RFC 6062) a TCP client or stdin gets a
+data connection of its own and bytes are spliced both ways as they are; when one side ends its
+stream the other is half-closed and has `stdin_linger_s` of silence to finish. Every background
+task is owned by the `Tunnel`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from turncat.uri import LocalAddress
 log = logging.getLogger(__name__)
 
 READ_BYTES = 1500
+STREAM_READ_BYTES = 1 << 16
 TCP_WRITE_LIMIT_BYTES = 1 << 20
 FAILED_CLIENT_HOLDOFF_S = 5.0
 CLOSE_SUFFIX = "-close"
@@ -151,6 +155,15 @@ class Tunnel:
         try:
             await session.open()
             log.info("%s: new client", name)
+            if session.peer_transport == "tcp":
+                peer_reader, peer_writer = await session.connect()
+                await splice(
+                    (reader, writer),
+                    (peer_reader, peer_writer),
+                    lost,
+                    self._settings.stdin_linger_s,
+                )
+                return
             while not lost.is_set():
                 data = await reader.read(READ_BYTES)
                 if not data:
@@ -204,6 +217,9 @@ class Tunnel:
         try:
             await session.open()
             read = await _stdin_reader()
+            if session.peer_transport == "tcp":
+                await _stdio_stream(session, read, out, lost, self._settings.stdin_linger_s)
+                return
             while not lost.is_set():
                 reading = asyncio.create_task(read(), name="stdio-read")
                 await asyncio.wait({reading, lost_waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -228,6 +244,104 @@ class Tunnel:
             await self.end_session(session)
         if lost.is_set() and not stdout_gone:
             raise UnreachableError(f"the TURN session was lost: {why[0] if why else 'unknown'}")
+
+
+async def _stdio_stream(
+    session: TurnSession,
+    read: Callable[[], Coroutine[Any, Any, bytes]],
+    out: Any,
+    lost: asyncio.Event,
+    linger_s: float,
+) -> None:
+    """stdin to a TCP peer and its bytes to stdout, over one RFC 6062 data connection."""
+    peer_reader, peer_writer = await session.connect()
+    flow = _Flow()
+
+    async def upstream() -> None:
+        while data := await read():
+            flow.moved += 1
+            peer_writer.write(data)
+            await peer_writer.drain()
+        with contextlib.suppress(OSError):
+            peer_writer.write_eof()
+
+    async def downstream() -> None:
+        while data := await peer_reader.read(STREAM_READ_BYTES):
+            flow.moved += 1
+            out.write(data)
+            out.flush()
+
+    try:
+        await flow.run(upstream(), downstream(), lost, linger_s)
+    finally:
+        peer_writer.close()
+
+
+async def splice(
+    local: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    peer: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    lost: asyncio.Event,
+    linger_s: float,
+) -> None:
+    """Copy bytes both ways between a local TCP client and a data connection until both ends
+    are done, the TURN session is lost, or one end finished and the other fell silent."""
+    flow = _Flow()
+
+    async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        while data := await src.read(STREAM_READ_BYTES):
+            flow.moved += 1
+            dst.write(data)
+            await dst.drain()
+        with contextlib.suppress(OSError):
+            if dst.can_write_eof():
+                dst.write_eof()
+
+    try:
+        await flow.run(copy(local[0], peer[1]), copy(peer[0], local[1]), lost, linger_s)
+    finally:
+        peer[1].close()
+
+
+class _Flow:
+    """The two directions of a byte stream; `moved` counts reads so silence can be told."""
+
+    def __init__(self) -> None:
+        self.moved = 0
+
+    async def run(
+        self,
+        up: Coroutine[Any, Any, None],
+        down: Coroutine[Any, Any, None],
+        lost: asyncio.Event,
+        linger_s: float,
+    ) -> None:
+        """Run both directions; once one has ended, stop when the other ends, fails, or moves
+        nothing for `linger_s`; stop at once when the session is lost or a direction fails."""
+        halves: set[asyncio.Task[Any]] = {
+            asyncio.create_task(up, name="stream-up"),
+            asyncio.create_task(down, name="stream-down"),
+        }
+        lost_task: asyncio.Task[Any] = asyncio.create_task(lost.wait(), name="stream-lost")
+        try:
+            pending = set(halves)
+            while pending and not lost.is_set():
+                seen = self.moved
+                done, _ = await asyncio.wait(
+                    pending | {lost_task},
+                    timeout=linger_s if len(pending) < len(halves) else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for task in done & halves:
+                    pending.discard(task)
+                    if not task.cancelled() and task.exception() is not None:
+                        log.debug("stream closed: %s", task.exception())
+                        return
+                if not done and self.moved == seen:
+                    return  # one side is done and the other fell silent
+        finally:
+            for task in (*halves, lost_task):
+                task.cancel()
+            await asyncio.gather(*halves, lost_task, return_exceptions=True)
 
 
 async def _stdin_reader() -> Callable[[], Coroutine[Any, Any, bytes]]:

@@ -1,4 +1,4 @@
-"""One TURN allocation that carries one local client's datagrams to one peer.
+"""One TURN allocation that carries one local client's datagrams or stream to one peer.
 
 A session opens its own connection to the TURN server, allocates a UDP relay (RFC 8656 §7),
 installs a permission for the peer (§9) and binds a channel to it (§12), then moves data as
@@ -6,6 +6,13 @@ ChannelData both ways. It refreshes the allocation before it expires and re-send
 and the channel binding before theirs do, and on close it deletes the allocation with a Refresh
 of lifetime 0 (§7.3). Only the configured peer's data reaches the local client: ChannelData on our
 channel, or a Data indication whose XOR-PEER-ADDRESS is the peer; everything else is dropped.
+
+A `tcp://` peer is reached through a TCP allocation instead (RFC 6062): Allocate with
+REQUESTED-TRANSPORT TCP on a TCP or TLS connection, a permission for the peer, then `connect()`
+sends Connect (§4.3), opens a second connection to the server, the data connection, and binds it
+to the peer connection with ConnectionBind; after its success response the data connection
+carries the peer's bytes as they are. An IPv6 peer gets an IPv6 relay: the Allocate carries
+REQUESTED-ADDRESS-FAMILY IPv6 (RFC 8656 §7.1).
 
 Long-term credentials follow RFC 8489 §9.2: the first request goes unsigned, the 401 brings the
 realm and nonce, every later request is signed; a 438 brings a fresh nonce and a retry. A 401
@@ -22,30 +29,36 @@ import asyncio
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from stunner_common.framing import channel_data, is_channel_data, parse_channel_data
-from turncat.carrier import Carrier, FrameSink, TlsOptions, open_carrier
+from turncat.carrier import Carrier, FrameSink, TlsOptions, open_carrier, open_data_connection
 from turncat.errors import (
     AuthFailedError,
+    PeerConnectFailedError,
     PeerForbiddenError,
     TurncatError,
     TurnError,
     UnreachableError,
+    UnsupportedError,
 )
 from turncat.settings import TurncatSettings
 from turncat.uri import Transport
 from turncat.wire import (
     CHANNEL_MIN,
+    FAMILY_IPV6,
+    REQUESTED_TRANSPORT_TCP,
     REQUESTED_TRANSPORT_UDP,
     Class,
     LongTermAuth,
     Message,
     Method,
+    address_family,
     build_request,
     error_of,
     integrity_ok,
     parse_stun,
+    stun_frame_length,
 )
 
 log = logging.getLogger(__name__)
@@ -57,6 +70,10 @@ LostCallback = Callable[[Exception | None], None]
 CarrierOpener = Callable[
     [Transport, tuple[str, int], FrameSink, TlsOptions, float], Awaitable[Carrier]
 ]
+
+PeerTransport = Literal["udp", "tcp"]
+Exchange = Callable[[Message], Awaitable[Message]]
+DataStream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 MAX_AUTH_ROUNDS = 4
 DEFAULT_LIFETIME_S = 600
@@ -82,6 +99,7 @@ class TurnSession:
         on_lost: LostCallback | None = None,
         name: str = "session",
         opener: CarrierOpener = open_carrier,
+        peer_transport: PeerTransport = "udp",
     ) -> None:
         self._transport_kind = transport
         self._server = server
@@ -94,6 +112,7 @@ class TurnSession:
         self._on_lost = on_lost
         self.name = name
         self._opener = opener
+        self.peer_transport: PeerTransport = peer_transport
         self._carrier: Carrier | None = None
         self._auth: LongTermAuth | None = None
         self._pending: dict[bytes, asyncio.Future[Message]] = {}
@@ -126,7 +145,13 @@ class TurnSession:
             self._pad = self._carrier.reliable
             self._send_frame = self._carrier.send
             self._creds = self._credentials()
-            attrs: dict[str, Any] = {"REQUESTED-TRANSPORT": REQUESTED_TRANSPORT_UDP}
+            attrs: dict[str, Any] = {
+                "REQUESTED-TRANSPORT": REQUESTED_TRANSPORT_TCP
+                if self.peer_transport == "tcp"
+                else REQUESTED_TRANSPORT_UDP
+            }
+            if address_family(self._peer[0]) == FAMILY_IPV6:
+                attrs["REQUESTED-ADDRESS-FAMILY"] = FAMILY_IPV6
             if self._settings.allocation_lifetime_s:
                 attrs["LIFETIME"] = self._settings.allocation_lifetime_s
             resp = await self._request(Method.ALLOCATE, attrs)
@@ -146,13 +171,68 @@ class TurnSession:
         self._refresher = asyncio.create_task(self._refresh_loop(), name=f"{self.name}-refresh")
         self._refresher.add_done_callback(self._refresher_done)
         log.info(
-            "%s: relay %s via %s %s:%d to peer %s:%d",
+            "%s: %s relay %s via %s %s:%d to peer %s:%d",
             self.name,
+            self.peer_transport.upper(),
             self.relayed_address,
             self._transport_kind,
             *self._server,
             *self._peer,
         )
+
+    async def connect(self) -> DataStream:
+        """RFC 6062 §4.3: have the server connect to the peer (Connect), open a data connection
+        and bind it to that peer connection (ConnectionBind); return the data connection, which
+        from then on carries the peer's bytes both ways. Raise a `TurncatError` on failure."""
+        if self.peer_transport != "tcp" or not self._open:
+            raise TurnError(f"{self.name}: connect() needs an open TCP allocation")
+        resp = await self._request(
+            Method.CONNECT, {"XOR-PEER-ADDRESS": self._peer}, about_peer=True
+        )
+        connection_id = resp.attributes.get("CONNECTION-ID")
+        if connection_id is None:
+            raise TurnError("Connect succeeded without a CONNECTION-ID")
+        reader, writer = await open_data_connection(
+            self._transport_kind, self._server, self._tls, self._settings.connect_timeout_s
+        )
+        try:
+            await self._request(
+                Method.CONNECTION_BIND,
+                {"CONNECTION-ID": connection_id},
+                about_peer=True,
+                exchange=lambda msg: self._stream_exchange(reader, writer, msg),
+            )
+        except BaseException:
+            writer.close()
+            raise
+        log.info(
+            "%s: TCP connection %#x to peer %s:%d bound", self.name, connection_id, *self._peer
+        )
+        return reader, writer
+
+    async def _stream_exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, msg: Message
+    ) -> Message:
+        """One transaction on a data connection: nothing but STUN flows on it until the
+        ConnectionBind success response (RFC 6062 §4.3), so the answer is the next message."""
+        method = msg.method_name
+        try:
+            async with asyncio.timeout(self._settings.request_timeout_s):
+                writer.write(bytes(msg))
+                await writer.drain()
+                header = await reader.readexactly(20)
+                rest = await reader.readexactly(stun_frame_length(header) - 20)
+        except TimeoutError:
+            raise UnreachableError(
+                f"TURN server {self._server[0]}:{self._server[1]} did not answer {method} "
+                f"within {self._settings.request_timeout_s:g} s"
+            ) from None
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            raise UnreachableError(f"the data connection closed during {method}: {exc}") from None
+        resp = parse_stun(header + rest)
+        if resp is None or resp.transaction_id != msg.transaction_id:
+            raise TurnError(f"{method}: the server answered with something else")
+        return resp
 
     async def close(self) -> None:
         """Stop refreshing, delete the allocation (bounded in time) and close the connection."""
@@ -248,7 +328,7 @@ class TurnSession:
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._pending[msg.transaction_id] = fut
         data = bytes(msg)
-        method = msg.message_method.name
+        method = msg.method_name
         try:
             async with asyncio.timeout(self._settings.request_timeout_s):
                 rto = self._settings.initial_rto_s
@@ -273,11 +353,16 @@ class TurnSession:
                 fut.exception()  # mark retrieved
 
     async def _request(
-        self, method: Method, attrs: dict[str, Any], *, about_peer: bool = False
+        self,
+        method: Method,
+        attrs: dict[str, Any],
+        *,
+        about_peer: bool = False,
+        exchange: Exchange | None = None,
     ) -> Message:
         """A transaction with long-term authentication; raise the matching error on failure."""
         for _ in range(MAX_AUTH_ROUNDS):
-            resp = await self._exchange(build_request(method, attrs, self._auth))
+            resp = await (exchange or self._exchange)(build_request(method, attrs, self._auth))
             if self._auth is not None and not integrity_ok(resp, self._auth.key):
                 raise AuthFailedError(
                     f"{method.name} response from the TURN server failed its integrity check"
@@ -307,6 +392,28 @@ class TurnSession:
                     f"({method.name}: 403 {reason})",
                     code,
                 )
+            if code in (440, 442):
+                wanted = (
+                    "an IPv6 relay"
+                    if code == 440
+                    else f"a {self.peer_transport.upper()} relay (RFC 6062)"
+                )
+                raise UnsupportedError(
+                    f"the TURN server does not offer {wanted}: {method.name} failed with "
+                    f"{code} {reason}",
+                    code,
+                )
+            if code in (446, 447):
+                why = (
+                    "already has a connection to it on this allocation"
+                    if code == 446
+                    else "could not connect to it"
+                )
+                raise PeerConnectFailedError(
+                    f"TCP peer {self._peer[0]}:{self._peer[1]}: the TURN server {why} "
+                    f"({method.name}: {code} {reason})",
+                    code,
+                )
             raise TurnError(f"{method.name} failed: {code} {reason}", code)
         raise TurnError(f"{method.name} failed: the server kept asking for credentials")
 
@@ -324,6 +431,8 @@ class TurnSession:
     async def _install_peer(self) -> None:
         peer_attr = {"XOR-PEER-ADDRESS": self._peer}
         await self._request(Method.CREATE_PERMISSION, peer_attr, about_peer=True)
+        if self.peer_transport == "tcp":
+            return  # data goes over data connections, not channels (RFC 6062 §4.1)
         await self._request(
             Method.CHANNEL_BIND,
             {"CHANNEL-NUMBER": self._channel, **peer_attr},
@@ -353,7 +462,11 @@ class TurnSession:
             if now >= next_peer:
                 await self._install_peer()
                 next_peer = now + s.permission_refresh_s
-                log.debug("%s: permission and channel refreshed", self.name)
+                log.debug(
+                    "%s: permission%s refreshed",
+                    self.name,
+                    "" if self.peer_transport == "tcp" else " and channel",
+                )
 
     def _refresher_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or self._closing:

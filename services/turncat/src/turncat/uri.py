@@ -1,7 +1,8 @@
 """Parsing of turncat's three positional addresses, with no I/O.
 
 turncat takes a local address (`udp://`, `tcp://` or `-`), a TURN server (`turn://`, `turns://`
-or `k8s://ns/gateway:listener`) and a peer (`udp://ip:port`). Getting any of them wrong must end
+or `k8s://ns/gateway:listener`) and a peer (`udp://host:port`, or `tcp://host:port` through
+an RFC 6062 TCP allocation; IPv6 literals in brackets). Getting any of them wrong must end
 with one clear line naming the offending text, before a single socket is opened, so all the
 parsing lives here and raises `BadInputError`. TURN URI syntax itself is shared with stunnerd and
 lives in `stunner_common.turnuri`; this module only adds what turncat needs on top of it.
@@ -69,6 +70,7 @@ class K8sTarget:
 class PeerAddress:
     host: str
     port: int
+    transport: Literal["udp", "tcp"] = "udp"
 
 
 def _split(text: str, what: str) -> SplitResult:
@@ -104,14 +106,16 @@ def parse_local(text: str) -> LocalAddress:
 
 
 def parse_peer(text: str) -> PeerAddress:
-    """Parse the peer address: `udp://host:port` (TURN relays carry UDP only)."""
+    """Parse the peer address: `udp://host:port`, or `tcp://host:port` (a TCP relay)."""
     scheme = _split(text, "peer address").scheme.lower()
-    if scheme != "udp":
-        raise BadInputError(f"invalid peer address {text!r}: expected udp://host:port")
+    if scheme not in ("udp", "tcp"):
+        raise BadInputError(
+            f"invalid peer address {text!r}: expected udp://host:port or tcp://host:port"
+        )
     host, port = _host_port(text, "peer address")
     if not host:
         raise BadInputError(f"invalid peer address {text!r}: a host is required")
-    return PeerAddress(host, port)
+    return PeerAddress(host, port, "tcp" if scheme == "tcp" else "udp")
 
 
 def parse_k8s(text: str, default_namespace: str = "default") -> K8sTarget:
