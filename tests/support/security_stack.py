@@ -98,6 +98,8 @@ class Stack:
     def start_operator(self) -> None:
         argv = [sys.executable, "-m", "stunner_operator", "--manifests", str(self.manifests)]
         argv += ["--redis-url", self.redis.url]
+        # Its own ports: the defaults (8081, 8080) may be taken by a running stack or test.
+        argv += ["--health-address", "", "--metrics-address", ""]
         if self.debug:
             argv += ["--log-level", "DEBUG"]
         self._start("operator", argv)

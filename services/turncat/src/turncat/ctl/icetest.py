@@ -1,0 +1,147 @@
+"""Allocate through every listener of a Gateway and time probes to an echo backend.
+
+For each listener the CDS lists, a TURN session is opened to its public address (or its
+listener address when it has no public one) with the credentials of the config's auth section
+(static, or TURN REST ones minted from the shared secret), the echo peer is permitted and bound,
+and `count` numbered probes are sent `interval_s` apart. Echoes are matched by number; what has
+not come back `wait_s` after the last probe is lost. The result per listener: sent, received,
+loss, and the round-trip time's p50 and p99 (nearest rank), or the one-line error that stopped
+it (authentication, a forbidden peer, an unreachable listener).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+from typing import Any
+
+from stunner_common.config import ListenerConfig, StunnerConfig
+from turncat.carrier import TlsOptions
+from turncat.cds import credential_source
+from turncat.ctl.summary import percentile
+from turncat.errors import LookupFailedError, TurncatError, UnreachableError
+from turncat.session import TurnSession
+from turncat.settings import TurncatSettings
+from turncat.uri import TRANSPORT_BY_PROTOCOL
+
+PROBE = struct.Struct("!8sI")  # a run tag, then the probe number
+_UNSPECIFIED = ("", "0.0.0.0", "::")
+
+
+def listener_target(listener: ListenerConfig) -> tuple[str, int]:
+    """Where a client reaches this listener: its public address, else its own address."""
+    if listener.public_address and listener.public_port:
+        return listener.public_address, listener.public_port
+    addr = listener.address or ""
+    if addr in _UNSPECIFIED or addr.startswith("$") or addr.startswith("__"):
+        raise LookupFailedError("the listener has no public address yet")
+    return addr, listener.port
+
+
+async def resolve_address(host: str, port: int, family: int = socket.AF_UNSPEC) -> tuple[str, int]:
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, family=family, type=socket.SOCK_DGRAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UnreachableError(f"cannot resolve {host!r}: {exc}") from None
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
+    return str(infos[0][4][0]), int(infos[0][4][1])
+
+
+async def probe_listener(
+    config: StunnerConfig,
+    listener: ListenerConfig,
+    peer: tuple[str, int],
+    *,
+    count: int,
+    interval_s: float,
+    wait_s: float,
+    max_loss: float,
+    tls: TlsOptions,
+    settings: TurncatSettings,
+) -> dict[str, Any]:
+    """One listener's result as a JSON-ready dict (`ok` says whether it passed)."""
+    result: dict[str, Any] = {
+        "gateway": config.admin.name,
+        "listener": listener.name,
+        "protocol": listener.protocol,
+        "server": None,
+        "peer": f"{peer[0]}:{peer[1]}",
+        "sent": 0,
+        "received": 0,
+        "loss": 1.0,
+        "rtt_p50_ms": None,
+        "rtt_p99_ms": None,
+        "ok": False,
+        "error": None,
+    }
+    loop = asyncio.get_running_loop()
+    tag = os.urandom(8)
+    sent_at: dict[int, float] = {}
+    rtts: list[float] = []
+    all_back = asyncio.Event()
+
+    def on_data(data: bytes) -> None:
+        if len(data) != PROBE.size:
+            return
+        got_tag, number = PROBE.unpack(data)
+        started = sent_at.pop(number, None) if got_tag == tag else None
+        if started is not None:
+            rtts.append(loop.time() - started)
+            if len(rtts) == count:
+                all_back.set()
+
+    session: TurnSession | None = None
+    try:
+        transport = TRANSPORT_BY_PROTOCOL.get(listener.protocol)
+        if transport is None:
+            raise LookupFailedError(f"unknown listener protocol {listener.protocol}")
+        host, port = listener_target(listener)
+        result["server"] = f"{transport}://{host}:{port}"
+        server = await resolve_address(host, port)
+        session = TurnSession(
+            transport=transport,
+            server=server,
+            peer=peer,
+            credentials=credential_source(config),
+            tls=tls if tls.sni or _is_ip(host) else TlsOptions(tls.insecure, host, tls.ca_file),
+            settings=settings,
+            on_data=on_data,
+            name=f"icetest {listener.name}",
+        )
+        await session.open()
+        for number in range(count):
+            sent_at[number] = loop.time()
+            session.send(PROBE.pack(tag, number))
+            result["sent"] += 1
+            if number + 1 < count:
+                await asyncio.sleep(interval_s)
+        try:
+            async with asyncio.timeout(wait_s):
+                await all_back.wait()
+        except TimeoutError:
+            pass
+    except TurncatError as exc:
+        result["error"] = str(exc)
+    finally:
+        if session is not None:
+            await session.close()
+    rtts.sort()
+    result["received"] = len(rtts)
+    if result["sent"]:
+        result["loss"] = round(1 - len(rtts) / result["sent"], 4)
+    if rtts:
+        result["rtt_p50_ms"] = round(percentile(rtts, 0.50) * 1000, 3)
+        result["rtt_p99_ms"] = round(percentile(rtts, 0.99) * 1000, 3)
+    result["ok"] = result["error"] is None and bool(rtts) and result["loss"] <= max_loss
+    return result
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,365 @@
+"""The stunnerctl command: arguments, the CDS lookup shared by every subcommand, output, exits.
+
+    stunnerctl [flags] config  [GATEWAY | NAMESPACE/GATEWAY]
+    stunnerctl [flags] status  [GATEWAY | NAMESPACE/GATEWAY]
+    stunnerctl [flags] icetest [GATEWAY | NAMESPACE/GATEWAY] [--peer udp://host:port]
+
+Without a Gateway every Gateway the CDS serves is shown (or those of `-n NAMESPACE`). The CDS
+is `--cds` (or `STUNNER_CDS_ADDR`, else 127.0.0.1:13478, where `make run` and compose put it)
+and the bearer token comes from `--cds-token-file`, `CDS_TOKEN_FILE` or `CDS_TOKEN`, as for
+turncat. Each failure ends with one line on stderr and turncat's exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import ValidationError
+
+from stunner_common import logs
+from stunner_common.cds import CdsClient, CdsHttpError, CdsUnreachableError, token_source
+from stunner_common.cds.client import CdsAddressError
+from stunner_common.cli import add_version_argument, validation_message
+from stunner_common.config import ConfigError, StunnerConfig, parse_config
+from stunner_common.loglevel import apply_log_spec, parse_log_spec
+from stunner_common.runtime import run as run_loop
+from turncat.carrier import TlsOptions
+from turncat.ctl.icetest import probe_listener, resolve_address
+from turncat.ctl.status import gather_status
+from turncat.ctl.summary import (
+    config_summary,
+    probe_summary,
+    status_summary,
+    unreachable_summary,
+)
+from turncat.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    AuthFailedError,
+    BadInputError,
+    LookupFailedError,
+    TurncatError,
+    UnreachableError,
+)
+from turncat.settings import TurncatSettings
+from turncat.uri import parse_peer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CDS = "127.0.0.1:13478"
+DEFAULT_PEER = "udp://127.0.0.1:9001"  # make run's and compose's UDP echo backend
+
+EPILOG = """\
+examples:
+  stunnerctl config                              every Gateway's running config
+  stunnerctl -n stunner config udp-gateway -o yaml
+  stunnerctl status                              every stunnerd's /status
+  stunnerctl icetest --peer udp://127.0.0.1:9001 RTT and loss through every listener
+exit codes: 0 ok, 1 failure (a stunnerd unreachable, an icetest listener failed), 2 bad input or
+            unknown Gateway, 3 the CDS refused the token, 5 the CDS is unreachable
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    config: StunnerConfig
+    raw: dict[str, Any]
+
+
+class IcetestFailedError(TurncatError):
+    """At least one listener failed its icetest."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--cds",
+        "--cds-server-address",
+        dest="cds",
+        default=argparse.SUPPRESS,
+        help=f"CDS address, host[:port] or http(s)://… [env STUNNER_CDS_ADDR; {DEFAULT_CDS}]",
+    )
+    common.add_argument(
+        "--cds-token-file",
+        default=argparse.SUPPRESS,
+        help="file holding the CDS bearer token [env CDS_TOKEN_FILE, else CDS_TOKEN]",
+    )
+    common.add_argument(
+        "-n", "--namespace", default=argparse.SUPPRESS, help="the Gateways' namespace"
+    )
+    common.add_argument(
+        "-o",
+        "--output",
+        choices=("summary", "json", "yaml"),
+        default=argparse.SUPPRESS,
+        help="summary (default), json (one object per line) or yaml",
+    )
+    common.add_argument("-l", "--log", default=argparse.SUPPRESS, help="log spec (all:WARN)")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+    common.add_argument(
+        "--timeout",
+        type=float,
+        default=argparse.SUPPRESS,
+        help="seconds for each CDS or /status request (5)",
+    )
+
+    p = argparse.ArgumentParser(
+        prog="stunnerctl",
+        description="Inspect a running STUNner through its config discovery service.",
+        parents=[common],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_version_argument(p, "turncat")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{config,status,icetest}")
+    gw_help = "GATEWAY or NAMESPACE/GATEWAY (default: all Gateways)"
+    config = sub.add_parser("config", parents=[common], help="the Gateways' running configs")
+    config.add_argument("gateway", nargs="?", help=gw_help)
+    status = sub.add_parser("status", parents=[common], help="each stunnerd's /status")
+    status.add_argument("gateway", nargs="?", help=gw_help)
+    status.add_argument(
+        "--status-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a stunnerd health URL to ask (repeatable); replaces the discovery",
+    )
+    status.add_argument(
+        "--health-port",
+        type=int,
+        metavar="PORT",
+        help="the first stunnerd health port, instead of the config's (8086)",
+    )
+    ice = sub.add_parser(
+        "icetest", parents=[common], help="allocate through every listener, time echo probes"
+    )
+    ice.add_argument("gateway", nargs="?", help=gw_help)
+    ice.add_argument("--peer", default=DEFAULT_PEER, help=f"the UDP echo backend ({DEFAULT_PEER})")
+    ice.add_argument("-c", "--count", type=int, default=20, help="probes per listener (20)")
+    ice.add_argument("--interval-ms", type=float, default=20.0, help="between probes, ms (20)")
+    ice.add_argument(
+        "--wait-ms", type=float, default=1000.0, help="for echoes after the last probe (1000)"
+    )
+    ice.add_argument(
+        "--max-loss", type=float, default=0.1, help="loss above which a listener fails (0.1)"
+    )
+    ice.add_argument(
+        "-i", "--insecure", action="store_true", help="do not verify TLS/DTLS certificates"
+    )
+    ice.add_argument("--ca", metavar="FILE", help="CA bundle for TLS/DTLS listeners")
+    return p
+
+
+def _option(args: argparse.Namespace, name: str, default: Any) -> Any:
+    return getattr(args, name, default)
+
+
+def selector(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(namespace, name) to ask the CDS for; None, None means every config."""
+    ns = _option(args, "namespace", None)
+    gw = args.gateway
+    if gw:
+        if gw.count("/") > 1 or gw.startswith("/") or gw.endswith("/"):
+            raise BadInputError(f"invalid Gateway {gw!r}: expected NAME or NAMESPACE/NAME")
+        if "/" in gw:
+            ns, gw = gw.split("/")
+        return ns or "default", gw
+    return ns, None
+
+
+async def load_configs(
+    client: CdsClient, ns: str | None, name: str | None, *, has_token: bool
+) -> list[Gateway]:
+    """The configs the CDS serves for the selection, sorted by Gateway, each parsed (validated,
+    defaults applied) and as it was sent (for `-o json|yaml`)."""
+    base = client.base_url
+    what = f"{ns}/{name}" if name else (f"namespace {ns}" if ns else "all Gateways")
+    try:
+        body = await client.get(ns, name)
+    except CdsUnreachableError as exc:
+        raise UnreachableError(f"cannot reach the CDS at {base}: {exc}") from None
+    except CdsHttpError as exc:
+        if exc.status in (401, 403):
+            raise AuthFailedError(
+                f"the CDS at {base} refused the request ({exc.status}): the bearer token is "
+                f"{'wrong' if has_token else 'missing'}; "
+                "set CDS_TOKEN or --cds-token-file",
+                exc.status,
+            ) from None
+        if exc.status == 404:
+            raise LookupFailedError(f"the CDS at {base} has no config for gateway {what}") from None
+        raise LookupFailedError(
+            f"the CDS at {base} answered {exc.status} for {what}: {exc.body[:200]}"
+        ) from None
+    try:
+        doc = json.loads(body)
+        items = [doc] if name else list(doc.get("items") or [])
+        gateways = [Gateway(parse_config(json.dumps(item)), dict(item)) for item in items]
+    except (ValueError, AttributeError, TypeError, ConfigError) as exc:
+        raise LookupFailedError(f"the CDS at {base} sent an invalid config: {exc}") from None
+    return sorted(gateways, key=lambda g: g.config.admin.name)
+
+
+def _dump(docs: list[dict[str, Any]], output: str) -> str:
+    if output == "json":
+        return "\n".join(json.dumps(d, separators=(",", ":"), sort_keys=True) for d in docs)
+    return yaml.safe_dump_all(docs, sort_keys=True).rstrip("\n")
+
+
+async def cmd_config(gateways: list[Gateway], output: str) -> int:
+    if output == "summary":
+        print("\n".join(config_summary(g.config) for g in gateways))
+    else:
+        print(_dump([g.raw for g in gateways], output))
+    return EXIT_OK
+
+
+async def cmd_status(
+    args: argparse.Namespace, configs: list[StunnerConfig], client: CdsClient, output: str
+) -> int:
+    served = configs
+    if args.gateway or _option(args, "namespace", None):
+        # make run and compose number the health ports over every Gateway, not just these.
+        served = [g.config for g in await load_configs(client, None, None, has_token=True)]
+    results = await gather_status(
+        configs,
+        cds_host=urlsplit(client.base_url).hostname or "127.0.0.1",
+        gateways_served=len(served),
+        status_urls=args.status_url,
+        health_port=args.health_port,
+        timeout_s=_option(args, "timeout", 5.0),
+    )
+    if output == "summary":
+        for r in results:
+            if r.status is not None and r.url is not None:
+                print(status_summary(r.gateway, r.url, r.status))
+            else:
+                print(unreachable_summary(r.gateway, r.tried, r.reason))
+    else:
+        docs = [
+            r.status
+            if r.status is not None
+            else {"gateway": r.gateway, "unreachable": r.reason, "tried": r.tried}
+            for r in results
+        ]
+        print(_dump(docs, output))
+    missing = [r.gateway for r in results if r.status is None]
+    if missing:
+        print(
+            f"stunnerctl: no stunnerd answered for {', '.join(missing)} "
+            "(give its health URL with --status-url)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+async def cmd_icetest(args: argparse.Namespace, configs: list[StunnerConfig], output: str) -> int:
+    if args.count < 1 or args.interval_ms < 0 or args.wait_ms < 0 or not 0 <= args.max_loss <= 1:
+        raise BadInputError(
+            "--count must be at least 1, --interval-ms and --wait-ms not negative, "
+            "--max-loss between 0 and 1"
+        )
+    peer_addr = parse_peer(args.peer)
+    if peer_addr.transport != "udp":
+        raise BadInputError(
+            f"the icetest peer must be a UDP echo (udp://host:port), not {args.peer}"
+        )
+    try:
+        settings = TurncatSettings()
+    except ValidationError as exc:
+        raise BadInputError(f"invalid TURNCAT_* setting: {validation_message(exc)}") from None
+    try:
+        peer = await resolve_address(peer_addr.host, peer_addr.port)
+    except UnreachableError as exc:
+        raise BadInputError(f"icetest peer: {exc}") from None
+    tls = TlsOptions(insecure=args.insecure, ca_file=args.ca)
+    failed = 0
+    total = 0
+    for config in configs:
+        if output == "summary":
+            print(f"Gateway: {config.admin.name}")
+        for listener in config.listeners:
+            total += 1
+            result = await probe_listener(
+                config,
+                listener,
+                peer,
+                count=args.count,
+                interval_s=args.interval_ms / 1000,
+                wait_s=args.wait_ms / 1000,
+                max_loss=args.max_loss,
+                tls=tls,
+                settings=settings,
+            )
+            failed += not result["ok"]
+            print(probe_summary(result) if output == "summary" else _dump([result], output))
+            sys.stdout.flush()
+    if total == 0:
+        raise LookupFailedError("no listener to test: the selected Gateways have none")
+    if failed:
+        raise IcetestFailedError(f"icetest failed on {failed} of {total} listener(s)")
+    return EXIT_OK
+
+
+async def run(args: argparse.Namespace) -> int:
+    address = _option(args, "cds", None) or os.environ.get("STUNNER_CDS_ADDR") or DEFAULT_CDS
+    token = token_source(os.environ, _option(args, "cds_token_file", None))
+    try:
+        client = CdsClient(address, token=token, timeout_s=_option(args, "timeout", 5.0))
+    except CdsAddressError as exc:
+        raise BadInputError(str(exc)) from None
+    ns, name = selector(args)
+    gateways = await load_configs(client, ns, name, has_token=token is not None)
+    configs = [g.config for g in gateways]
+    output = _option(args, "output", "summary")
+    if not configs:
+        where = f"in namespace {ns}" if ns else "at all"
+        print(
+            f"stunnerctl: the CDS at {client.base_url} serves no Gateway {where}", file=sys.stderr
+        )
+        return EXIT_OK if args.command == "config" else EXIT_FAILURE
+    if args.command == "config":
+        return await cmd_config(gateways, output)
+    if args.command == "status":
+        return await cmd_status(args, configs, client, output)
+    return await cmd_icetest(args, configs, output)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        spec = "all:DEBUG" if _option(args, "verbose", False) else _option(args, "log", "all:WARN")
+        if not parse_log_spec(spec):
+            raise BadInputError(f"invalid log spec {spec!r}: expected scope:LEVEL[,...]")
+        logs.configure_logging("text", logging.WARNING)
+        apply_log_spec(spec)
+        if _option(args, "timeout", 5.0) <= 0:
+            raise BadInputError("--timeout must be positive")
+        ca = _option(args, "ca", None)
+        if ca and not os.path.isfile(ca):
+            raise BadInputError(f"CA file {ca!r} does not exist")
+        return int(run_loop(run(args)))
+    except TurncatError as exc:
+        print(f"stunnerctl: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return EXIT_UNREACHABLE
+    except Exception as exc:
+        log.debug("unexpected failure", exc_info=True)
+        print(f"stunnerctl: unexpected error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
