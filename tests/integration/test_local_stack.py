@@ -185,6 +185,33 @@ def test_the_local_stack_relays_follows_the_manifests_and_stops_cleanly(tmp_path
         assert turncat_echo(udp, stack.echo_port, b"through udp\n") == b"through udp\n"
         assert turncat_echo(tcp, stack.echo_port, b"through tcp\n") == b"through tcp\n"
 
+        # stunnerctl finds every Gateway's stunnerd on the health ports make run hands out.
+        def arg(flag: str) -> str:
+            return stack.argv[stack.argv.index(flag) + 1]
+
+        ctl = [str(BIN / "stunnerctl"), "--cds", f"127.0.0.1:{arg('--cds-port')}"]
+        status = subprocess.run(
+            [*ctl, "status", "--health-port", arg("--health-port")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert status.returncode == 0, status.stderr
+        assert re.findall(r"^Gateway: (\S+) status: READY", status.stdout, re.M) == [
+            "stunner/tcp-gateway",
+            "stunner/udp-gateway",
+        ]
+        icetest = subprocess.run(
+            [*ctl, "icetest", "--peer", f"udp://127.0.0.1:{stack.echo_port}", "-c", "5"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert icetest.returncode == 0, icetest.stdout + icetest.stderr
+        assert icetest.stdout.count("sent 5, received 5, loss 0.0%") == 2, icetest.stdout
+
         url = f"http://127.0.0.1:{stack.auth_port}/?service=turn&gateway=udp-gateway"
         with urllib.request.urlopen(url, timeout=5) as resp:
             assert resp.read().startswith(b'{"username":"user-1","password":"pass-1"')

@@ -15,6 +15,7 @@ import asyncio
 import os
 import socket
 import struct
+import time
 from typing import Any
 
 from stunner_common.config import ListenerConfig, StunnerConfig
@@ -77,7 +78,7 @@ async def probe_listener(
         "ok": False,
         "error": None,
     }
-    loop = asyncio.get_running_loop()
+    clock = time.perf_counter  # uvloop's loop.time() has millisecond steps: too coarse for RTTs
     tag = os.urandom(8)
     sent_at: dict[int, float] = {}
     rtts: list[float] = []
@@ -89,7 +90,7 @@ async def probe_listener(
         got_tag, number = PROBE.unpack(data)
         started = sent_at.pop(number, None) if got_tag == tag else None
         if started is not None:
-            rtts.append(loop.time() - started)
+            rtts.append(clock() - started)
             if len(rtts) == count:
                 all_back.set()
 
@@ -113,7 +114,7 @@ async def probe_listener(
         )
         await session.open()
         for number in range(count):
-            sent_at[number] = loop.time()
+            sent_at[number] = clock()
             session.send(PROBE.pack(tag, number))
             result["sent"] += 1
             if number + 1 < count:
