@@ -23,7 +23,7 @@ from stunner_common.cds import (
 )
 from stunner_common.cds import cds_base_url as _cds_base_url
 from stunner_common.config import ConfigError, ListenerConfig, StunnerConfig, parse_config
-from turncat.errors import LookupFailedError, UnreachableError
+from turncat.errors import AuthFailedError, LookupFailedError, TurncatError, UnreachableError
 from turncat.session import Credentials, CredentialSource
 from turncat.uri import TRANSPORT_BY_PROTOCOL, K8sTarget, TurnTarget
 
@@ -40,6 +40,25 @@ def cds_base_url(address: str) -> str:
         raise LookupFailedError(str(exc)) from None
 
 
+def cds_failure(
+    exc: CdsUnreachableError | CdsHttpError, base: str, what: str, *, has_token: bool
+) -> TurncatError:
+    """The error to report for a failed CDS request about `what` (e.g. "gateway ns/name")."""
+    if isinstance(exc, CdsUnreachableError):
+        return UnreachableError(f"cannot reach the CDS at {base}: {exc}")
+    if exc.status in (401, 403):
+        return AuthFailedError(
+            f"the CDS at {base} refused the request ({exc.status}): the bearer token is "
+            f"{'wrong' if has_token else 'missing'}; set CDS_TOKEN or --cds-token-file",
+            exc.status,
+        )
+    if exc.status == 404:
+        return LookupFailedError(f"the CDS at {base} has no config for {what}")
+    return LookupFailedError(
+        f"the CDS at {base} answered {exc.status} for {what}: {exc.body[:200]}"
+    )
+
+
 async def fetch_config(
     target: K8sTarget,
     cds_address: str,
@@ -50,22 +69,9 @@ async def fetch_config(
     client = CdsClient(base, token=token, timeout_s=timeout_s)
     try:
         body = await client.get(target.namespace, target.gateway)
-    except CdsUnreachableError as exc:
-        raise UnreachableError(f"cannot reach the CDS at {base}: {exc}") from None
-    except CdsHttpError as exc:
-        if exc.status in (401, 403):
-            raise LookupFailedError(
-                f"the CDS at {base} refused the request ({exc.status}): the bearer token is "
-                f"{'wrong' if token else 'missing'}; set CDS_TOKEN or --cds-token-file"
-            ) from None
-        if exc.status == 404:
-            raise LookupFailedError(
-                f"the CDS at {base} has no config for gateway {target.namespace}/{target.gateway}"
-            ) from None
-        raise LookupFailedError(
-            f"the CDS at {base} answered {exc.status} for "
-            f"{target.namespace}/{target.gateway}: {exc.body[:200]}"
-        ) from None
+    except (CdsUnreachableError, CdsHttpError) as exc:
+        what = f"gateway {target.namespace}/{target.gateway}"
+        raise cds_failure(exc, base, what, has_token=bool(token)) from None
     try:
         return parse_config(body)
     except ConfigError as exc:

@@ -33,6 +33,7 @@ from stunner_common.config import ConfigError, StunnerConfig, parse_config
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.runtime import run as run_loop
 from turncat.carrier import TlsOptions
+from turncat.cds import cds_failure
 from turncat.ctl.icetest import probe_listener, resolve_address
 from turncat.ctl.status import gather_status
 from turncat.ctl.summary import (
@@ -45,7 +46,6 @@ from turncat.errors import (
     EXIT_FAILURE,
     EXIT_OK,
     EXIT_UNREACHABLE,
-    AuthFailedError,
     BadInputError,
     LookupFailedError,
     TurncatError,
@@ -183,24 +183,11 @@ async def load_configs(
     """The configs the CDS serves for the selection, sorted by Gateway, each parsed (validated,
     defaults applied) and as it was sent (for `-o json|yaml`)."""
     base = client.base_url
-    what = f"{ns}/{name}" if name else (f"namespace {ns}" if ns else "all Gateways")
+    what = f"gateway {ns}/{name}" if name else (f"namespace {ns}" if ns else "all Gateways")
     try:
         body = await client.get(ns, name)
-    except CdsUnreachableError as exc:
-        raise UnreachableError(f"cannot reach the CDS at {base}: {exc}") from None
-    except CdsHttpError as exc:
-        if exc.status in (401, 403):
-            raise AuthFailedError(
-                f"the CDS at {base} refused the request ({exc.status}): the bearer token is "
-                f"{'wrong' if has_token else 'missing'}; "
-                "set CDS_TOKEN or --cds-token-file",
-                exc.status,
-            ) from None
-        if exc.status == 404:
-            raise LookupFailedError(f"the CDS at {base} has no config for gateway {what}") from None
-        raise LookupFailedError(
-            f"the CDS at {base} answered {exc.status} for {what}: {exc.body[:200]}"
-        ) from None
+    except (CdsUnreachableError, CdsHttpError) as exc:
+        raise cds_failure(exc, base, what, has_token=has_token) from None
     try:
         doc = json.loads(body)
         items = [doc] if name else list(doc.get("items") or [])
