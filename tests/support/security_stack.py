@@ -4,7 +4,8 @@ Real redis-server, `stunner-operator --manifests` (local mode) on a copy of exam
 free ports and unique secrets, one or more `stunner-cds` replicas, and a `stunnerd` watching the
 CDS, all on loopback, every log captured to a file. Components can be SIGKILLed and restarted
 one at a time (same ports, same data). `SteadyRelay` is a TURN allocation (aioice) that sends
-numbered datagrams to a UDP echo peer at a steady rate and counts what comes back.
+numbered datagrams to a UDP echo peer (`support.echo`) at a steady rate and counts what comes
+back.
 """
 
 from __future__ import annotations
@@ -241,24 +242,6 @@ async def running_stack(tmp: Path, **kwargs: Any) -> AsyncIterator[Stack]:
 
 
 # ----------------------------------------------------------------------- traffic
-
-
-class EchoPeer(asyncio.DatagramProtocol):
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport: asyncio.DatagramTransport = transport  # type: ignore[assignment]
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.transport.sendto(data, addr)
-
-
-@contextlib.asynccontextmanager
-async def echo_peer() -> AsyncIterator[tuple[str, int]]:
-    loop = asyncio.get_running_loop()
-    transport, _ = await loop.create_datagram_endpoint(EchoPeer, local_addr=("127.0.0.1", 0))
-    try:
-        yield transport.get_extra_info("sockname")[:2]
-    finally:
-        transport.close()
 
 
 class _Receiver(asyncio.DatagramProtocol):

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from support.security_stack import Stack, SteadyRelay, echo_peer, running_stack
+from support.echo import echo_peer
+from support.security_stack import Stack, SteadyRelay, running_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -73,7 +74,7 @@ async def test_when_the_cds_token_changes_stunnerd_keeps_its_config_and_relays_u
 ) -> None:
     async with (
         running_stack(tmp_path) as stack,
-        echo_peer() as peer,
+        echo_peer() as (_echo, peer),
         SteadyRelay(stack.udp_port, peer, stack.secrets.user, stack.secrets.password) as relay,
     ):
         # the CDS comes back with a new token: the old one is refused from now on
@@ -96,7 +97,7 @@ async def test_when_the_cds_token_changes_stunnerd_keeps_its_config_and_relays_u
 async def test_turncat_sends_the_token_from_cds_token_and_says_what_is_wrong_without_it(
     tmp_path: Path,
 ) -> None:
-    async with running_stack(tmp_path) as stack, echo_peer() as peer:
+    async with running_stack(tmp_path) as stack, echo_peer() as (_echo, peer):
         cds = f"127.0.0.1:{stack.cds_ports[0]}"
         uri = "k8s://stunner/udp-gateway:udp-listener"
 

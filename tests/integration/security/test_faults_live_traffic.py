@@ -17,7 +17,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from stunner_common.redis_keys import CONFIGS_HASH, REV_COUNTER
-from support.security_stack import GATEWAY, SteadyRelay, echo_peer, running_stack
+from support.echo import echo_peer
+from support.security_stack import GATEWAY, SteadyRelay, running_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -30,7 +31,7 @@ DOWN_S = {"cds0": 5.0, "redis": 1.5, "operator": 1.5}
 async def test_killing_a_component_loses_no_packet_and_an_edit_made_meanwhile_applies_on_return(
     tmp_path: Path, component: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async with running_stack(tmp_path) as stack, echo_peer() as peer:
+    async with running_stack(tmp_path) as stack, echo_peer() as (_echo, peer):
         async with SteadyRelay(
             stack.udp_port, peer, stack.secrets.user, stack.secrets.password
         ) as relay:
@@ -60,7 +61,7 @@ async def test_killing_a_component_loses_no_packet_and_an_edit_made_meanwhile_ap
 async def test_redis_restarted_empty_gets_every_config_again_and_the_relay_never_stops(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async with running_stack(tmp_path) as stack, echo_peer() as peer:
+    async with running_stack(tmp_path) as stack, echo_peer() as (_echo, peer):
         store = aioredis.Redis.from_url(stack.redis.url)
         before = sorted(await store.hkeys(CONFIGS_HASH))
         assert GATEWAY.encode() in before
@@ -96,7 +97,7 @@ async def test_redis_restarted_empty_gets_every_config_again_and_the_relay_never
 async def test_a_dying_cds_replica_moves_its_watchers_to_the_other(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async with running_stack(tmp_path, cds_replicas=2) as stack, echo_peer() as peer:
+    async with running_stack(tmp_path, cds_replicas=2) as stack, echo_peer() as (_echo, peer):
         first, second = (f"127.0.0.1:{port}" for port in stack.cds_ports)
         assert stack.grep(f"CDS watch ws://{first}/"), "stunnerd starts on the first replica"
         async with SteadyRelay(

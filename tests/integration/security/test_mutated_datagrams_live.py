@@ -20,7 +20,7 @@ from aioice import stun
 from aioice.turn import create_turn_endpoint
 from OpenSSL import SSL
 
-from support.security_stack import echo_peer
+from support.echo import echo_peer
 from support.stunnerd_process import PASSWORD, USER, start_stunnerd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -125,7 +125,7 @@ async def test_stunnerd_survives_20000_mutated_datagrams_and_still_relays(tmp_pa
             def datagram_received(self, data: bytes, addr: object) -> None:
                 self.got.put_nowait(data)
 
-        async with echo_peer() as peer:
+        async with echo_peer() as (_echo, peer):
             transport, receiver = await create_turn_endpoint(
                 Receiver, server_addr=targets[0], username=USER, password=PASSWORD
             )

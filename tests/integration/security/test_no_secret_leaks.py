@@ -25,9 +25,10 @@ from aioice.turn import create_turn_endpoint
 
 from stunner_common.auth import ephemeral_credentials
 from stunner_common.config import self_signed_pair
+from support.echo import echo_peer
 from support.ports import free_port, free_udp_tcp_port
 from support.processes import ServerProcess
-from support.security_stack import Stack, echo_peer
+from support.security_stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -90,7 +91,7 @@ async def test_no_secret_in_any_log_or_endpoint_of_a_full_run_at_debug(tmp_path:
     try:
         stack.start_all()
         await stack.wait_status(lambda s: len(s.get("listeners", [])) == 2, "both listeners")
-        async with echo_peer() as peer:
+        async with echo_peer() as (_echo, peer):
             target = f"udp://{peer[0]}:{peer[1]}"
             user, password = stack.secrets.user, stack.secrets.password
             good = await turncat(
@@ -186,7 +187,7 @@ async def test_no_shared_secret_in_logs_status_or_metrics_of_an_ephemeral_stunne
     user, password = ephemeral_credentials(secret, ttl_s=600, now=time.time(), user_id="alice")
     found: list[str] = []
     try:
-        async with httpx.AsyncClient(timeout=2.0) as http, echo_peer() as peer:
+        async with httpx.AsyncClient(timeout=2.0) as http, echo_peer() as (_echo, peer):
             deadline = time.monotonic() + 20
             while True:
                 try:
