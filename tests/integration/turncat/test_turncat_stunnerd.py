@@ -28,6 +28,7 @@ from support.turncat_harness import (
     self_signed_cert,
     start_logged,
     start_turncat,
+    tcp_echo,
     turncat,
     udp_client,
 )
@@ -261,3 +262,21 @@ async def test_tls_and_dtls_listeners_of_stunnerd(tmp_path: Path, transport: str
         async with turncat(local, uri(tls_port, transport), echo.url, "--ca", ca) as tc:
             assert await roundtrips(local, [b"secure 1", b"secure 2"]) == [b"secure 1", b"secure 2"]
             assert await tc.stop() == 0
+
+
+async def test_stunnerd_with_worker_processes_refuses_tcp_relays_with_exit_code_6(
+    tmp_path: Path,
+) -> None:
+    # RFC 6062 relays are served by a single stunnerd process; its workers answer 442.
+    port = free_udp_tcp_port()
+    path, n = config_file(tmp_path, port, ["127.0.0.1/32"])
+    async with (
+        stunnerd("-c", str(path), "--udp-thread-num", "2", listeners=n),
+        tcp_echo() as echo,
+    ):
+        rc, err = await run_turncat("-", uri(port, "tcp"), echo.url)
+    assert rc == 6, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("turncat: the TURN server does not offer a TCP relay (RFC 6062)")
+    assert "442" in last
+    assert echo.connections == 0
