@@ -38,12 +38,26 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 STUNNERD_ENV = {"STUNNERD_HEALTH_PORT": "0"}
 
 
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+needs_ipv6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback (::1)")
+
+
 @contextlib.asynccontextmanager
-async def stunnerd(*args: str, listeners: int = 1) -> AsyncIterator[Turncat]:
+async def stunnerd(
+    *args: str, listeners: int = 1, bind: str = LOOPBACK, env: dict[str, str] | None = None
+) -> AsyncIterator[Turncat]:
     proc = await start_logged(
-        [sys.executable, "-m", "stunnerd", "--bind", LOOPBACK, *args],
+        [sys.executable, "-m", "stunnerd", "--bind", bind, *args],
         "ready on port",
-        env=STUNNERD_ENV,
+        env={**STUNNERD_ENV, **(env or {})},
     )
     try:
         await proc.wait_listening()
@@ -62,6 +76,7 @@ def config_file(
     auth: dict[str, Any] | None = None,
     protocols: tuple[str, ...] = ("TURN-UDP", "TURN-TCP"),
     tls_port: int | None = None,
+    address: str = LOOPBACK,
 ) -> tuple[Path, int]:
     cert_b64 = key_b64 = ""
     if tls_port is not None:
@@ -74,7 +89,7 @@ def config_file(
         listener: dict[str, Any] = {
             "name": f"{proto.lower()}-listener",
             "protocol": proto,
-            "address": LOOPBACK,
+            "address": address,
             "port": tls_port if secure else port,
             "routes": ["backend"],
         }
@@ -280,3 +295,52 @@ async def test_stunnerd_with_worker_processes_refuses_tcp_relays_with_exit_code_
     assert last.startswith("turncat: the TURN server does not offer a TCP relay (RFC 6062)")
     assert "442" in last
     assert echo.connections == 0
+
+
+async def stdin_roundtrip(server: str, peer: str, line: bytes) -> tuple[bytes, int, str]:
+    """One line through turncat in stdin mode: (the reply line, exit code, stderr)."""
+    tc = await start_turncat("-", server, peer, stdin=asyncio.subprocess.PIPE)
+    try:
+        assert tc.proc.stdin is not None
+        assert tc.proc.stdout is not None
+        tc.proc.stdin.write(line)
+        await tc.proc.stdin.drain()
+        async with asyncio.timeout(10):
+            reply = await tc.proc.stdout.readline()
+        tc.proc.stdin.close()
+        rc = await tc.wait()
+    finally:
+        await tc.aclose()
+    return reply, rc, tc.stderr
+
+
+@needs_ipv6
+@pytest.mark.parametrize("transport", ["udp", "tcp"])
+async def test_ipv6_server_and_ipv6_peer_through_stunnerd(tmp_path: Path, transport: str) -> None:
+    port = free_udp_tcp_port("::1")
+    path, n = config_file(tmp_path, port, ["::1/128"], address="::1")
+    server = f"turn://{USER}:{PASSWORD}@[::1]:{port}?transport={transport}"
+    async with (
+        stunnerd("-c", str(path), listeners=n, bind="::1"),
+        udp_echo("::1") as echo,
+    ):
+        reply, rc, err = await stdin_roundtrip(server, echo.url, b"v6 all the way\n")
+    assert (reply, rc) == (b"v6 all the way\n", 0), err
+    assert {host for host, _ in echo.protocol.sources} == {"::1"}
+
+
+@needs_ipv6
+async def test_ipv6_peer_through_a_listener_without_ipv6_relays_exits_6_with_440(
+    tmp_path: Path,
+) -> None:
+    port = free_udp_tcp_port()
+    path, n = config_file(tmp_path, port, ["::1/128", "127.0.0.1/32"])
+    async with stunnerd("-c", str(path), listeners=n), udp_echo("::1") as echo:
+        _reply, rc, err = await stdin_roundtrip(uri(port), echo.url, b"nowhere\n")
+    assert rc == 6, err
+    last = err.strip().splitlines()[-1]
+    assert last == (
+        "turncat: the TURN server does not offer an IPv6 relay: "
+        "ALLOCATE failed with 440 Address Family not Supported"
+    )
+    assert echo.protocol.received == 0
