@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
+from support.echo import udp_echo
 from support.ports import free_port
-from support.security_stack import Stack, echo_peer, running_stack
+from support.security_stack import Stack, running_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -153,8 +154,8 @@ async def test_status_finds_the_stunnerd_and_names_the_gateway_without_one(stack
 
 
 async def test_icetest_measures_each_listener_and_fails_the_unserved_one(stack: Stack) -> None:
-    async with echo_peer() as (host, port):
-        peer = f"udp://{host}:{port}"
+    async with udp_echo() as echo:
+        peer = echo.url
         rc, out, err = await stunnerctl(
             stack, "icetest", "stunner/udp-gateway", "--peer", peer, "-c", "30", "-o", "json"
         )
