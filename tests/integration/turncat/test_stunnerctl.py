@@ -195,6 +195,31 @@ async def test_icetest_measures_each_listener_and_fails_the_unserved_one(stack: 
     assert err.strip() == "stunnerctl: icetest failed on 1 of 1 listener(s)"
 
 
+async def test_icetest_mints_credentials_from_the_shared_secret_of_ephemeral_auth(
+    stack: Stack,
+) -> None:
+    config = stack.manifests / "gatewayconfig.yaml"
+    text = config.read_text()
+    secret = "icetest-shared-secret"
+    config.write_text(
+        text.replace("authType: static", "authType: ephemeral").replace(
+            f"password: {stack.secrets.password}", f"sharedSecret: {secret}"
+        )
+    )
+    await stack.wait_status(
+        lambda s: s.get("auth", {}).get("type") == "ephemeral", "stunnerd on ephemeral auth"
+    )
+    rc, out, err = await stunnerctl(stack, "config", "stunner/udp-gateway")
+    assert rc == 0, err
+    assert f"Authentication type: ephemeral, shared-secret: {secret}" in out.splitlines()
+    async with udp_echo() as echo:
+        rc, out, err = await stunnerctl(
+            stack, "icetest", "stunner/udp-gateway", "--peer", echo.url, "-c", "5"
+        )
+    assert rc == 0, out + err
+    assert "sent 5, received 5, loss 0.0%" in out
+
+
 async def test_cds_errors_end_with_one_line_and_their_exit_code(stack: Stack) -> None:
     rc, out, err = await stunnerctl(stack, "config", token="wrong-token")
     assert (rc, out) == (3, "")
