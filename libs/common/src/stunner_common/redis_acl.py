@@ -84,13 +84,34 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, ""))
 
 
-def write_secrets(directory: Path) -> dict[str, str]:
-    """Fresh passwords into ``<user>.password`` files and the ACL into ``users.acl`` (mode 0600).
+_PASSWORD_CHARS: Final = frozenset(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+)
 
-    The compose stack runs this at every start, so each run has its own passwords; the files are
-    written next to each other and renamed into place, so a reader never sees half a file.
+
+def _kept_password(path: Path) -> str | None:
+    """The password in ``path`` when it is one ``new_password`` could have made, else None."""
+    try:
+        text = path.read_text()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    return text if len(text) >= 32 and set(text) <= _PASSWORD_CHARS else None
+
+
+def write_secrets(directory: Path) -> dict[str, str]:
+    """Passwords into ``<user>.password`` files and the ACL into ``users.acl`` (mode 0600).
+
+    A password already in the directory is kept, a missing or malformed one is generated: the
+    compose stack runs this at every Redis start on a volume that lives as long as the compose
+    project, so a restarted Redis takes the passwords the operator and the CDS already hold, and
+    ``compose down -v`` (which removes the volume) gives the next project fresh ones. The ACL
+    file is always written again, from the rules of this version. Files are written next to each
+    other and renamed into place, so a reader never sees half a file.
     """
-    passwords = {OPERATOR_USER: new_password(), CDS_USER: new_password()}
+    passwords = {
+        user: _kept_password(directory / f"{user}.password") or new_password()
+        for user in (OPERATOR_USER, CDS_USER)
+    }
     files = {f"{user}.password": password for user, password in passwords.items()}
     files["users.acl"] = acl_config(passwords)
     directory.mkdir(parents=True, exist_ok=True)
@@ -106,6 +127,7 @@ def write_secrets(directory: Path) -> dict[str, str]:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit(
-            "usage: python -m stunner_common.redis_acl DIRECTORY  (writes fresh Redis secrets)"
+            "usage: python -m stunner_common.redis_acl DIRECTORY"
+            "  (writes the Redis secrets, keeping passwords already there)"
         )
     write_secrets(Path(sys.argv[1]))
