@@ -27,7 +27,7 @@ from bench.fuzz_targets import TARGETS, seeds
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = int(os.environ.get("BENCH_FUZZ_RUNS", "1000000"))
-MAX_LEN = {"manifests": 16384, "config": 8192, "cds": 8192}
+MAX_LEN = {"manifests": 4096, "config": 8192, "cds": 8192}
 PER_INPUT_TIMEOUT_S = 20
 _DONE = re.compile(r"Done (\d+) runs in (\d+) second")
 

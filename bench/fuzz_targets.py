@@ -190,19 +190,20 @@ class _LiveServer:
         self.inputs = 0
 
     def settle(self) -> None:
-        """Let the callbacks the input scheduled run (e.g. a relay opening)."""
-        self.loop.run_until_complete(asyncio.sleep(0))
+        """Let the callbacks the input scheduled run (e.g. a relay opening): one turn of the
+        loop, without a task per input."""
+        self.loop.call_soon(self.loop.stop)
+        self.loop.run_forever()
 
 
 def _chunks(data: bytes) -> list[bytes]:
     """Split an input into reads: a 0xFF byte followed by a length byte marks a cut."""
-    out, start, i = [], 0, 0
-    while i < len(data) - 1:
-        if data[i] == 0xFF:
-            out.append(data[start:i])
-            start = i = i + 2
-            continue
-        i += 1
+    out, start = [], 0
+    cut = data.find(0xFF, 0, len(data) - 1)
+    while cut >= 0:
+        out.append(data[start:cut])
+        start = cut + 2
+        cut = data.find(0xFF, start, len(data) - 1)
     out.append(data[start:])
     return out
 
