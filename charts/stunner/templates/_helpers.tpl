@@ -120,3 +120,23 @@ resetkeys ~stunner:* resetchannels -@all +@connection -@admin -@dangerous +ping 
 {{- define "stunner.redisCdsRules" -}}
 resetkeys ~stunner:* resetchannels -@all +@connection -@admin -@dangerous +ping +get +hget +hgetall +hkeys +xread +xrange +xrevrange +xlen +multi +exec +discard
 {{- end -}}
+
+{{/* The Secret and key of the CDS bearer token (see cds.token). */}}
+{{- define "stunner.cdsTokenSecretName" -}}
+{{ .Values.cds.token.existingSecret.name | default "stunner-cds-token" }}
+{{- end -}}
+
+{{- define "stunner.cdsTokenSecretKey" -}}
+{{ if .Values.cds.token.existingSecret.name }}{{ .Values.cds.token.existingSecret.key | default "token" }}{{ else }}token{{ end }}
+{{- end -}}
+
+{{/* The CDS_TOKEN env entry of a CDS client or of the CDS itself; nothing when cds.token is off. */}}
+{{- define "stunner.cdsTokenEnv" -}}
+{{- if .Values.cds.token.enabled }}
+- name: CDS_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "stunner.cdsTokenSecretName" . | quote }}
+      key: {{ include "stunner.cdsTokenSecretKey" . | quote }}
+{{- end }}
+{{- end -}}

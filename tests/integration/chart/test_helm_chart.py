@@ -179,6 +179,7 @@ def test_default_render_has_every_component(default: Rendered) -> None:
         ("Deployment", "stunner-redis"),
         ("Service", "stunner-redis"),
         ("Secret", "stunner-redis"),
+        ("Secret", "stunner-cds-token"),
         ("Dataplane", "default"),
         ("Deployment", "stunner-auth"),
         ("Service", "stunner-auth"),

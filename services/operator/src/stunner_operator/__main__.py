@@ -51,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig for Kubernetes mode")
     p.add_argument("--cds-address", help="host[:port] of the CDS the dataplane pods use")
     p.add_argument(
+        "--cds-token-secret",
+        help="Secret the dataplane pods read CDS_TOKEN from (key 'token'; env"
+        " OPERATOR_CDS_TOKEN_SECRET)",
+    )
+    p.add_argument(
         "--print", dest="print_only", action="store_true", help="render once, print the configs"
     )
     p.add_argument(
@@ -73,6 +78,8 @@ def _options(settings: OperatorSettings) -> RenderOptions:
     return RenderOptions(
         controller_name=settings.controller_name,
         cds_address=settings.cds_address,
+        cds_token_secret=settings.cds_token_secret,
+        cds_token_key=settings.cds_token_secret_key,
         endpoint_discovery=settings.endpoint_discovery,
     )
 
@@ -275,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             "kubeconfig",
             "redis_url",
             "cds_address",
+            "cds_token_secret",
             "log_level",
             "health_address",
             "metrics_address",

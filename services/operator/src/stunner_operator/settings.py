@@ -26,6 +26,10 @@ class OperatorSettings(BaseSettings):
     )
     controller_name: str = CONTROLLER_NAME
     cds_address: str = DEFAULT_CDS_ADDRESS
+    cds_token_secret: str = ""
+    """A Secret the stunnerd pods read ``CDS_TOKEN`` from (key ``cds_token_secret_key``), in
+    their own namespace; empty: they get no token."""
+    cds_token_secret_key: str = "token"
     endpoint_discovery: bool = True
     redis_timeout_s: float = Field(5.0, gt=0)
     kube_timeout_s: float = Field(10.0, gt=0)

@@ -271,6 +271,23 @@ def _with_capabilities(context: dict[str, Any] | None, caps: tuple[str, ...]) ->
     return out
 
 
+CDS_TOKEN_ENV = ("CDS_TOKEN", "CDS_TOKEN_FILE")
+
+
+def cds_token_env(dataplane: Dataplane, options: RenderOptions) -> list[dict[str, Any]]:
+    """``CDS_TOKEN`` from the configured Secret, unless the Dataplane gives a token itself.
+
+    The reference is not optional: a pod whose namespace lacks the Secret does not start, and
+    its events name the Secret, rather than watching the CDS without a token and being refused.
+    """
+    if not options.cds_token_secret or any(
+        e.get("name") in CDS_TOKEN_ENV for e in dataplane.spec.env
+    ):
+        return []
+    ref = {"name": options.cds_token_secret, "key": options.cds_token_key}
+    return [{"name": "CDS_TOKEN", "valueFrom": {"secretKeyRef": ref}}]
+
+
 def render_deployment(
     gw: Gateway, dataplane: Dataplane, annotations: dict[str, str], options: RenderOptions
 ) -> dict[str, Any]:
@@ -300,6 +317,7 @@ def render_deployment(
         {"name": "STUNNER_NAMESPACE", "value": ns},
         {"name": "STUNNER_NODENAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "STUNNER_CONFIG_ORIGIN", "value": cds_server_uri(options.cds_address)},
+        *cds_token_env(dataplane, options),
         *(dict(e) for e in dp.env),
     ]
     # With an offload engine stunnerd loads BPF and attaches it to the pod's interfaces; only

@@ -28,6 +28,10 @@ class RenderOptions:
     """Also admit a backend Service's ClusterIP."""
     cds_address: str = DEFAULT_CDS_ADDRESS
     """Where dataplane pods find the CDS (``host[:port]``), put in ``STUNNER_CONFIG_ORIGIN``."""
+    cds_token_secret: str = ""
+    """A Secret (in each Gateway's namespace) whose ``cds_token_key`` the dataplane pods get as
+    ``CDS_TOKEN``, the bearer token of the CDS; empty: no token is given to them."""
+    cds_token_key: str = "token"
     label_filter: tuple[str, ...] = DEFAULT_LABEL_FILTER
     """Gateway labels that are not copied onto the Deployment."""
     default_image: str = "l7mp/stunnerd:latest"
