@@ -36,7 +36,9 @@ METRICS = "http://127.0.0.1:8080/metrics"
 WAIT_S = 15.0
 
 
-def config(engine: str, peers: tuple[str, ...] = (f"{PEER_IP}/32",)) -> dict[str, Any]:
+def config(
+    engine: str, peers: tuple[str, ...] = (f"{PEER_IP}/32",), password: str = PASSWORD
+) -> dict[str, Any]:
     return {
         "version": "v1",
         "admin": {
@@ -49,7 +51,7 @@ def config(engine: str, peers: tuple[str, ...] = (f"{PEER_IP}/32",)) -> dict[str
         "auth": {
             "type": "static",
             "realm": REALM,
-            "credentials": {"username": USER, "password": PASSWORD},
+            "credentials": {"username": USER, "password": password},
         },
         "listeners": [
             {
@@ -77,9 +79,11 @@ class Deployment:
     path: Path
     proc: ServerProcess
 
-    def write(self, engine: str, peers: tuple[str, ...] = (f"{PEER_IP}/32",)) -> None:
+    def write(
+        self, engine: str, peers: tuple[str, ...] = (f"{PEER_IP}/32",), password: str = PASSWORD
+    ) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(config(engine, peers)))
+        tmp.write_text(json.dumps(config(engine, peers, password)))
         tmp.replace(self.path)
 
     def status(self) -> dict[str, Any]:
@@ -231,6 +235,25 @@ def test_a_peer_removed_from_the_route_is_dropped_with_the_reconcile(offloaded: 
             proc.kill()
             proc.wait()
     assert result["received"] < result["sent"]
+    assert offloaded.offload()["packets"] == before  # nothing relayed after the reconcile
+
+
+def test_a_password_change_ends_the_allocation_and_its_kernel_entries_with_the_reconcile(
+    offloaded: Deployment,
+) -> None:
+    proc = probe(offloaded.topo, count=200, interval_ms=20)
+    try:
+        offloaded.wait("kernel relaying", lambda s: s["offload"]["packets"] > 10)
+        offloaded.write("TC", password="rotated")
+        status = offloaded.wait("no allocation", lambda s: s["listeners"][0]["allocations"] == 0)
+        assert status["offload"]["channels"] == 0
+        before = status["offload"]["packets"]
+        result = probe_result(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert 0 < result["received"] < result["sent"]
     assert offloaded.offload()["packets"] == before  # nothing relayed after the reconcile
 
 

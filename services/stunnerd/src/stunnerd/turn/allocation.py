@@ -36,14 +36,23 @@ class Allocation:
         "permissions",
         "relay",
         "user_id",
+        "username",
     )
 
     def __init__(
-        self, client: Address, user_id: str, key: bytes, relay: Address, family: int, expires: float
+        self,
+        client: Address,
+        user_id: str,
+        key: bytes,
+        relay: Address,
+        family: int,
+        expires: float,
+        username: str = "",
     ) -> None:
         self.client = client
         self.user_id = user_id
         self.key = key
+        self.username = username  # as the Allocate sent it
         self.relay = relay
         self.family = family
         self.expires = expires

@@ -29,6 +29,7 @@ class AuthenticatedRequest:
     user_id: str
     key: bytes
     peers: tuple[Address, ...]  # every XOR-PEER-ADDRESS, in order
+    username: str = ""  # as sent; what a config change re-checks the allocation by
 
 
 @dataclass(frozen=True, slots=True)

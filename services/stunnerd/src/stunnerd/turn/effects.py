@@ -77,7 +77,7 @@ class AllocationCreated:
 class AllocationDeleted:
     client: Address
     user_id: str
-    reason: str  # "refresh", "expired", "closed", "shutdown"
+    reason: str  # "refresh", "expired", "closed", "shutdown", "revoked" (credentials withdrawn)
 
 
 Effect = (

@@ -121,12 +121,28 @@ class TurnEngine(RelayLifecycle):
         return len(self.allocations)
 
     def set_policies(self, policies: Policies, now: float) -> list[Effect]:
-        """Swap auth/peer/quota policies in place; re-evaluate channel routes for live traffic."""
+        """Swap auth/peer/quota policies in place; re-evaluate channel routes for live traffic.
+
+        A new authenticator that no longer grants an allocation's credentials (the user gone,
+        the password or the TURN REST secret changed) ends the allocation now, not at its next
+        request: its channels must not keep relaying (in the kernel offload either) on
+        credentials the config has withdrawn.
+        """
+        recheck = policies.authenticator != self.policies.authenticator
         self.policies = policies
         out: list[Effect] = []
-        for alloc in self.allocations.values():
+        for alloc in list(self.allocations.values()):
+            if recheck and not self._still_authorized(alloc):
+                self._delete(alloc, "revoked", out)
+                continue
             self._sync_routes(alloc, now, out)
         return out
+
+    def _still_authorized(self, alloc: Allocation) -> bool:
+        # Unix time 0: a TURN REST username's expiry bounds new requests, not a live allocation
+        # (it ends when a Refresh is refused), so only the key and the user are compared here.
+        found = self.policies.authenticator.lookup(alloc.username, 0.0)
+        return found is not None and found.key == alloc.key and found.user_id == alloc.user_id
 
     @property
     def reservations(self) -> dict[bytes, tuple[int, float]]:
@@ -225,7 +241,7 @@ class TurnEngine(RelayLifecycle):
             self._unknown_attributes(out, client, head, decoded.unknown_required)
             return
         request = AuthenticatedRequest(
-            decoded.message, client, checked.user_id, checked.key, decoded.peers
+            decoded.message, client, checked.user_id, checked.key, decoded.peers, checked.username
         )
         handler: Callable[[AuthenticatedRequest, float, list[Effect]], None] = {
             Method.ALLOCATE: self._allocate,

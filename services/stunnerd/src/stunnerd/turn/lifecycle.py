@@ -47,7 +47,13 @@ class RelayLifecycle(TurnMethods):
             return out
         relay = (self.relay_ip, port)
         alloc = Allocation(
-            client, pending.user_id, pending.key, relay, pending.family, now + pending.lifetime_s
+            client,
+            pending.user_id,
+            pending.key,
+            relay,
+            pending.family,
+            now + pending.lifetime_s,
+            pending.username,
         )
         self.allocations[client] = alloc
         self.usage.add(pending.user_id)

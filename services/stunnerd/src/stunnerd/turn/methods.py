@@ -54,6 +54,7 @@ class Pending:
     lifetime_s: int
     family: int
     reserve_next: bool = False
+    username: str = ""
 
 
 class TurnMethods:
@@ -118,6 +119,7 @@ class TurnMethods:
             lifetime(attrs.get("LIFETIME")),
             self.relay_family,
             reserve_next,
+            req.username,
         )
         out.append(
             OpenRelay(client, self.relay_family, even is not None, reserve_next, reserved_port)

@@ -28,6 +28,7 @@ _CACHE_MAX = 4096
 class Credential:
     user_id: str
     key: bytes
+    username: str = ""  # the USERNAME it was found by (TURN REST: expiry:user_id)
 
 
 class Authenticator(Protocol):
@@ -56,7 +57,7 @@ class StaticAuthenticator:
     def lookup(self, username: str, unix_now: float) -> Credential | None:
         if username != self.username:
             return None
-        return Credential(username, self._key)
+        return Credential(username, self._key, username)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,7 @@ class EphemeralAuthenticator:
                 return None
             expiry, user_id = parsed
             key = long_term_key(username, self.realm, self.password(username))
-            cached = (expiry, Credential(user_id, key))
+            cached = (expiry, Credential(user_id, key, username))
             if len(self._keys) >= _CACHE_MAX:
                 self._keys.clear()
             self._keys[username] = cached
