@@ -1,23 +1,29 @@
 """Kernel offload: CPU per relayed packet of stunnerd offloaded (TC), stunnerd in user space and
 coturn (one relay thread, = stunnerd's one process), the same load, through network namespaces.
 
-    client ns (turnutils_uclient + an aioice probe) ─veth─ server ns (the server) ─veth─ peer ns
-    (turnutils_peer)
+    client ns (load generator) ─veth─ server ns (the server) ─veth─ peer ns (echo peer)
 
-Two loads per server: a media-rate load (`BENCH_OFFLOAD_ALLOCATIONS` allocations, default 1000,
-each sending 160-byte ChannelData every 20 ms, i.e. 50 packets/s, echoed back by the peer) and a
-flood (10 allocations, no pacing). During each run an aioice probe sends its own paced channel
-(50 packets/s) and measures round-trip times (p50/p99) and loss.
+The load is `udp_load` (bench/udp_load.c, compiled here with cc), so that the generator's and
+the peer's own CPU stays small next to the relay's. The client side opens the allocations in
+Python (bench/offload_load.py: Allocate, ChannelBind to the peer), then `udp_load gen` sends from
+every allocation and times what the peer echoes back; Refresh 0 ends the allocations after each
+run, so no run meets another's leftovers. Two loads per server:
+- media: `BENCH_OFFLOAD_ALLOCATIONS` (default 1000) allocations x 50 packets/s x 160 B for
+  `BENCH_OFFLOAD_MESSAGES` (default 500, 10 s) messages each;
+- flood: 10 allocations, no pacing, `BENCH_OFFLOAD_FLOOD_MESSAGES` each.
 
-CPU per relayed packet (2 per echoed message) is counted two ways. The RATIO lines use the
-server's own processes (utime + stime) plus the whole machine's irq and softirq time from
-/proc/stat, where kernel packet work lands whichever task it interrupts: that is everything the
-relay costs, and what other tenants of a shared machine add to it is only their softirq share.
-The second figure is the issue's definition, the whole machine's busy time minus the load
-generator's and the peer's processes; on a quiet machine the two agree, on a shared one the
-second also carries everyone else's CPU and is printed for reference only. The load (uclient,
-turnutils_peer, the probe) is identical for every server, so its own softirq cost is a common
-floor that makes every ratio lean towards 1. Rounds alternate between servers; medians.
+CPU per relayed packet (2 per echoed message) is, as the issue defines it, the whole machine's
+busy time from /proc/stat (user, nice, system, irq, softirq, steal) minus the generator's and
+the peer's own process CPU, over the generator's window. On a shared machine, what other tenants'
+user processes ran meanwhile is subtracted too (`others_cpu_s`); on a quiet one that is nothing.
+The figure after it in the table is the server's own processes plus all irq/softirq time, for
+reference. Both still carry other tenants' softirq and kernel threads: the load average is
+printed; run it when the machine is quiet and repeat (`BENCH_OFFLOAD_ROUNDS`) for a range.
+This kernel accounts softirq by ticks (no CONFIG_IRQ_TIME_ACCOUNTING, check yours): packet work
+done in softirq on the way out of a process's send call is charged to that process, so part of
+every server's relay work is subtracted with the generator's and the peer's CPU. The reference
+row `ip forward` (no TURN, the server namespace routing the generator's datagrams to the peer)
+shows what the same accounting charges for the cheapest in-kernel path there is.
 """
 
 from __future__ import annotations
@@ -29,12 +35,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.bench_turn import PASSWORD, REALM, USER, cpu_seconds, parse_uclient
+from bench.bench_turn import PASSWORD, REALM, USER, cpu_seconds, tree_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -43,61 +48,85 @@ from support import netns  # noqa: E402
 from support.netns import PEER_IP, SERVER_CLIENT_IP, SERVER_PEER_IP, Topology  # noqa: E402
 
 ALLOCATIONS = int(os.environ.get("BENCH_OFFLOAD_ALLOCATIONS", "1000"))
-MEDIA_MESSAGES = int(os.environ.get("BENCH_OFFLOAD_MESSAGES", "250"))  # per allocation, 5 s
+MEDIA_MESSAGES = int(os.environ.get("BENCH_OFFLOAD_MESSAGES", "500"))  # per allocation, 10 s
+MEDIA_PPS = 50
 FLOOD_SESSIONS = 10
-FLOOD_MESSAGES = int(os.environ.get("BENCH_OFFLOAD_FLOOD_MESSAGES", "10000"))
+FLOOD_MESSAGES = int(os.environ.get("BENCH_OFFLOAD_FLOOD_MESSAGES", "20000"))
 ROUNDS = int(os.environ.get("BENCH_OFFLOAD_ROUNDS", "1"))
 PAYLOAD = 160
 STUNNERD_PORT, COTURN_PORT, PEER_PORT = 3478, 3578, 50000
+SETUP_TIMEOUT_S = 120.0
 RUN_TIMEOUT_S = 300.0
-PROBE = str(ROOT / "tests" / "support" / "turn_probe.py")
+PEER_MAX_S = 3600
+SERVERS = ("coturn", "user space", "offloaded")
+FORWARD = "ip forward"
+SOURCE = Path(__file__).with_name("udp_load.c")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+PF_KTHREAD = 0x00200000
 
 
-def machine_cpu_s() -> tuple[float, float]:
-    """(busy, irq + softirq) seconds of the whole machine, from the first line of /proc/stat."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / CLK_TCK, (fields[5] + fields[6]) / CLK_TCK
+def others_cpu_s() -> float:
+    """utime+stime+cutime+cstime summed over the machine's user processes outside this bench's
+    own tree: what other tenants ran. The difference of two samples also counts a process that
+    came and went in between, through its parent's cutime/cstime (minus what it had already run
+    at the first sample). Kernel threads (ksoftirqd, kworkers) are left in: some of their work is
+    the relay's."""
+    ours = set(tree_pids(os.getpid()))
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) in ours:
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[6]) & PF_KTHREAD:
+            continue
+        total += sum(int(f) for f in fields[11:15])  # fields 14-17 of stat(5)
+    return total / CLK_TCK
 
 
 @dataclass
 class Run:
     server: str
     load: str
-    echoed: int
     sent: int
-    lost_pct: float
-    relay_cpu_s: float  # the server's processes + all irq/softirq time
-    net_cpu_s: float  # the whole machine minus generator and peer
-    probe: dict[str, Any]
+    echoed: int
+    machine_cpu_s: float  # whole machine minus generator, peer and other tenants
+    server_cpu_s: float  # the server's processes + all irq/softirq
+    rtt_p50_ms: float
+    rtt_p99_ms: float
 
     @property
     def packets(self) -> int:
         return 2 * self.echoed
 
     @property
-    def us_per_packet(self) -> float:
-        return self.relay_cpu_s * 1e6 / max(1, self.packets)
+    def loss_pct(self) -> float:
+        return 100.0 * (self.sent - self.echoed) / max(1, self.sent)
 
     @property
-    def machine_us_per_packet(self) -> float:
-        return self.net_cpu_s * 1e6 / max(1, self.packets)
+    def us_per_packet(self) -> float:
+        return self.machine_cpu_s * 1e6 / max(1, self.packets)
+
+    @property
+    def server_us_per_packet(self) -> float:
+        return self.server_cpu_s * 1e6 / max(1, self.packets)
 
 
-def stunnerd_config(engine: str) -> dict[str, Any]:
+def stunnerd_config(engine: str, port: int, health_port: int) -> dict[str, Any]:
     return {
         "version": "v1",
         "admin": {
             "name": "bench/offload",
             "loglevel": "all:WARN",
-            "healthcheck_endpoint": "http://0.0.0.0:8086",
+            "healthcheck_endpoint": f"http://0.0.0.0:{health_port}",
             "offload_engine": engine,
         },
         "auth": {"type": "static", "realm": REALM,
                  "credentials": {"username": USER, "password": PASSWORD}},
         "listeners": [{"name": "bench/udp", "protocol": "TURN-UDP", "address": SERVER_CLIENT_IP,
-                       "port": STUNNERD_PORT, "routes": ["bench/peers"]}],
+                       "port": port, "routes": ["bench/peers"]}],
         "clusters": [{"name": "bench/peers", "type": "STATIC", "endpoints": [f"{PEER_IP}/32"]}],
     }  # fmt: skip
 
@@ -113,7 +142,7 @@ def coturn_argv(tmp: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def wait_port(topo: Topology, port: int, timeout_s: float = 20.0) -> None:
+def wait_port(topo: Topology, port: int, timeout_s: float = 30.0) -> None:
     code = (
         "import os, socket, sys, time\n"
         "req = b'\\x00\\x01\\x00\\x00\\x21\\x12\\xa4\\x42' + os.urandom(12)\n"
@@ -130,73 +159,72 @@ def wait_port(topo: Topology, port: int, timeout_s: float = 20.0) -> None:
         raise RuntimeError(f"no TURN server answers on {SERVER_CLIENT_IP}:{port}")
 
 
-def uclient_argv(port: int, load: str) -> list[str]:
-    if load == "media":
-        shape = ["-m", str(ALLOCATIONS), "-z", "20", "-n", str(MEDIA_MESSAGES)]
-    else:
-        shape = ["-m", str(FLOOD_SESSIONS), "-z", "0", "-n", str(FLOOD_MESSAGES)]
-    return [
-        "turnutils_uclient", "-c", "-X", "-u", USER, "-w", PASSWORD, "-e", PEER_IP,
-        "-r", str(PEER_PORT), "-p", str(port), "-l", str(PAYLOAD), *shape, SERVER_CLIENT_IP,
-    ]  # fmt: skip
+def set_forwarding(topo: Topology, on: bool) -> None:
+    topo.run(topo.server, "sysctl", "-qw", f"net.ipv4.ip_forward={int(on)}")
 
 
-def measure(topo: Topology, server: str, pid: int, port: int, load: str, peer_pid: int) -> Run:
-    probe_count = 250 if load == "media" else 100
-    for attempt in range(3):  # a leftover allocation on the same 5-tuple gets 437: new port
-        probe = subprocess.Popen(
-            topo.python(topo.client, PROBE, SERVER_CLIENT_IP, str(port), USER, PASSWORD,
-                        PEER_IP, str(PEER_PORT), "--count", str(probe_count)),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        assert probe.stdout is not None
-        if probe.stdout.readline().strip() == "ready":
-            break
-        probe.kill()
-        err = probe.communicate()[1][-300:]
-        if attempt == 2:
-            raise RuntimeError(f"probe failed against {server}: {err}")
-    (busy0, irq0), server0 = machine_cpu_s(), cpu_seconds(pid)
-    peer0, probe0 = cpu_seconds(peer_pid), cpu_seconds(probe.pid)
-    gen = subprocess.Popen(
-        topo.argv(topo.client, *uclient_argv(port, load)),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+def measure(
+    topo: Topology, udp_load: Path, server: str, pid: int | None, port: int, load: str,
+    peer_pid: int,
+) -> Run:  # fmt: skip
+    count, pps, messages = (
+        (ALLOCATIONS, MEDIA_PPS, MEDIA_MESSAGES)
+        if load == "media"
+        else (FLOOD_SESSIONS, 0, FLOOD_MESSAGES)
+    )
+    argv = [sys.executable, "-m", "bench.offload_load", str(udp_load), SERVER_CLIENT_IP, str(port)]
+    argv += [PEER_IP, str(PEER_PORT), str(count), str(pps), str(messages)]
+    if pid is None:
+        argv.append("--direct")
+    driver = subprocess.Popen(
+        topo.argv(topo.client, *argv), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
     )  # fmt: skip
-    gen_cpu = 0.0
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while gen.poll() is None and time.monotonic() < deadline:
-        gen_cpu = max(gen_cpu, cpu_seconds(gen.pid))  # read while alive: /proc goes with it
-        time.sleep(0.2)
-    if gen.poll() is None:
-        gen.kill()
-    output = gen.communicate()[0]
-    busy, irq = machine_cpu_s()
-    server_cpu = cpu_seconds(pid) - server0
-    others = cpu_seconds(peer_pid) - peer0 + max(0.0, cpu_seconds(probe.pid) - probe0) + gen_cpu
-    probe_out, probe_err = probe.communicate(timeout=60)
-    sent, received, lost = parse_uclient(output)
+    assert driver.stdout is not None
     try:
-        probe_result = json.loads(probe_out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        probe_result = {"error": probe_err[-300:]}
+        line = driver.stdout.readline().strip()  # "start", once every allocation is bound
+        if line != "start":
+            driver.kill()
+            raise RuntimeError(f"{line} {driver.communicate(timeout=30)[1][-400:]}".strip())
+        server0 = cpu_seconds(pid) if pid else 0.0
+        peer0, others0 = cpu_seconds(peer_pid), others_cpu_s()
+        result_line = driver.stdout.readline()
+        server1 = cpu_seconds(pid) if pid else 0.0
+        peer1, others1 = cpu_seconds(peer_pid), others_cpu_s()
+        rest, err = driver.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        driver.communicate()
+        raise RuntimeError("the load did not finish in time") from None
+    try:
+        out = json.loads(result_line)
+    except ValueError:
+        raise RuntimeError(f"no result from the load: {result_line}{rest}{err[-400:]}") from None
     return Run(
         server,
         load,
-        received,
-        sent,
-        lost,
-        server_cpu + irq - irq0,
-        busy - busy0 - others,
-        probe_result,
+        out["sent"],
+        out["received"],
+        out["busy_s"] - out["gen_cpu_s"] - (peer1 - peer0) - (others1 - others0),
+        server1 - server0 + out["softirq_s"],
+        out["rtt_p50_ms"],
+        out["rtt_p99_ms"],
     )
 
 
+def build_load(tmp: Path) -> Path | None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    out = tmp / "udp_load"
+    subprocess.run([cc, "-O2", "-o", str(out), str(SOURCE)], check=True)
+    return out
+
+
 def main() -> None:
-    missing = [
-        t for t in ("turnserver", "turnutils_uclient", "turnutils_peer") if not shutil.which(t)
-    ]
+    missing = [t for t in ("turnserver", "cc") if not shutil.which(t)]
     if missing:
-        print(f"bench offload: {', '.join(missing)} (coturn) not installed; skipped")
+        print(f"bench offload: {', '.join(missing)} not installed; skipped")
         return
     reason = netns.netns_unavailable()
     if reason:
@@ -208,6 +236,8 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="bench-offload-") as tmp_name:
             tmp = Path(tmp_name)
+            udp_load = build_load(tmp)
+            assert udp_load is not None
 
             def start(ns: str, argv: list[str], log: str) -> subprocess.Popen[bytes]:
                 with open(tmp / log, "wb") as out:
@@ -216,45 +246,42 @@ def main() -> None:
                 return proc
 
             peer = start(
-                topo.peer, ["turnutils_peer", "-L", PEER_IP, "-p", str(PEER_PORT)], "peer.log"
+                topo.peer,
+                [str(udp_load), "peer", PEER_IP, str(PEER_PORT), str(PEER_MAX_S)],
+                "peer.log",
             )
-            configs = {}
-            for name, engine, port in (
-                ("user space", "None", STUNNERD_PORT),
-                ("offloaded", "TC", STUNNERD_PORT + 1),
-            ):
-                cfg = stunnerd_config(engine)
-                cfg["listeners"][0]["port"] = port
-                cfg["admin"]["healthcheck_endpoint"] = (
-                    f"http://0.0.0.0:{8086 if engine == 'None' else 8087}"
-                )
-                path = tmp / f"stunnerd-{engine}.json"
-                path.write_text(json.dumps(cfg))
-                configs[name] = (path, port)
-            servers: dict[str, tuple[int, int]] = {}
+            servers: dict[str, tuple[int | None, int]] = {}
             coturn = start(topo.server, coturn_argv(tmp), "coturn.log")
             wait_port(topo, COTURN_PORT)
             servers["coturn"] = (coturn.pid, COTURN_PORT)
-            for name, (path, port) in configs.items():
-                proc = start(topo.server, [stunnerd, "-c", str(path)], f"{name}.log")
+            for name, engine, port, health in (
+                ("user space", "None", STUNNERD_PORT, 8086),
+                ("offloaded", "TC", STUNNERD_PORT + 1, 8087),
+            ):
+                path = tmp / f"stunnerd-{engine}.json"
+                path.write_text(json.dumps(stunnerd_config(engine, port, health)))
+                proc = start(topo.server, [stunnerd, "-c", str(path)], f"{engine}.log")
                 wait_port(topo, port)
                 servers[name] = (proc.pid, port)
+            servers[FORWARD] = (None, 0)
             status = netns.http_get(topo, topo.server, "http://127.0.0.1:8087/status")
-            offload_status = json.loads(status).get("offload", {}) if status.strip() else {}
-            print(f"offloaded stunnerd: offload {json.dumps(offload_status)}")
-            peer_pid = peer.pid
+            offload = json.loads(status).get("offload", {}) if status.strip() else {}
+            print(f"offloaded stunnerd: offload {json.dumps(offload)}")
+            print(f"loadavg before: {Path('/proc/loadavg').read_text().strip()}")
             runs: dict[tuple[str, str], list[Run]] = {}
-            # The flood first: uclient leaves its allocations behind, and the media load's
-            # thousand of them would meet the flood's client ports (437 Allocation Mismatch).
-            for load in ("flood", "media"):
-                for _ in range(ROUNDS):
+            for _ in range(ROUNDS):
+                for load in ("media", "flood"):
                     for name, (pid, port) in servers.items():
+                        set_forwarding(topo, pid is None)
                         try:
-                            run = measure(topo, name, pid, port, load, peer_pid)
+                            run = measure(topo, udp_load, name, pid, port, load, peer.pid)
                         except RuntimeError as exc:
-                            print(f"{load} run against {name} failed: {str(exc)[-300:]}")
+                            print(f"{load} run against {name} failed: {str(exc)[-400:]}")
                             continue
+                        finally:
+                            set_forwarding(topo, False)
                         runs.setdefault((name, load), []).append(run)
+            print(f"loadavg after: {Path('/proc/loadavg').read_text().strip()}")
             report(runs)
     finally:
         for proc in procs:
@@ -268,50 +295,56 @@ def main() -> None:
         topo.close()
 
 
+def _span(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.median(values):.2f} [{min(values):.2f}..{max(values):.2f}]"
+
+
 def report(runs: dict[tuple[str, str], list[Run]]) -> None:
     print(
-        f"media load: {ALLOCATIONS} allocations x 50 packets/s x {PAYLOAD} B, {MEDIA_MESSAGES} "
-        f"messages each; flood: {FLOOD_SESSIONS} allocations, no pacing, {FLOOD_MESSAGES} each"
+        f"media: {ALLOCATIONS} allocations x {MEDIA_PPS} packets/s x {PAYLOAD} B, "
+        f"{MEDIA_MESSAGES} messages each; flood: {FLOOD_SESSIONS} allocations, no pacing, "
+        f"{FLOOD_MESSAGES} each; {os.cpu_count()} cores; every message echoed (2 relayed packets)"
     )
     print(
-        f"{'server':<11} {'load':<6} {'echoed':>8} {'loss %':>7} {'µs/pkt':>7} "
-        f"{'machine-gen µs/pkt':>18} {'probe p50 ms':>13} {'p99 ms':>8} {'probe lost':>10}"
+        f"{'server':<11} {'load':<6} {'sent':>8} {'echoed':>8} {'loss %':>7} {'µs/pkt':>7} "
+        f"{'server+softirq µs/pkt':>21} {'RTT p50 ms':>10} {'p99 ms':>8}"
     )
     for (name, load), series in runs.items():
         for r in series:
-            p = r.probe
             print(
-                f"{name:<11} {load:<6} {r.echoed:>8} {r.lost_pct:>7.2f} {r.us_per_packet:>7.2f} "
-                f"{r.machine_us_per_packet:>18.2f} {p.get('rtt_p50_ms', float('nan')):>13} "
-                f"{p.get('rtt_p99_ms', float('nan')):>8} {p.get('lost', '?'):>10}"
+                f"{name:<11} {load:<6} {r.sent:>8} {r.echoed:>8} {r.loss_pct:>7.3f} "
+                f"{r.us_per_packet:>7.2f} {r.server_us_per_packet:>21.2f} "
+                f"{r.rtt_p50_ms:>10.3f} {r.rtt_p99_ms:>8.3f}"
             )
     for load in ("media", "flood"):
-        if any((name, load) not in runs for name in ("coturn", "user space", "offloaded")):
+        if any((name, load) not in runs for name in SERVERS):
             print(f"{load}: not every server completed a run; no ratio")
             continue
-        med = {
-            name: statistics.median(r.us_per_packet for r in s)
-            for (name, ld), s in runs.items()
-            if ld == load
-        }
-        whole = {
-            name: statistics.median(r.machine_us_per_packet for r in s)
-            for (name, ld), s in runs.items()
-            if ld == load
-        }
         prefix = "" if load == "media" else "flood "
-        for name in ("offloaded", "user space"):
-            label = "offloaded" if name == "offloaded" else "userspace"
-            print(
-                f"RATIO {prefix}cpu_per_packet {label}/coturn = {med[name] / med['coturn']:.2f}"
-                f"  (whole machine minus generator and peer: {whole[name] / whole['coturn']:.2f})"
-            )
-        for name in ("coturn", "user space", "offloaded"):
+        base = [r.us_per_packet for r in runs[("coturn", load)]]
+        base_srv = [r.server_us_per_packet for r in runs[("coturn", load)]]
+        names = [("offloaded", "offloaded"), ("user space", "userspace"), (FORWARD, "ipforward")]
+        for name, label in names:
+            if (name, load) not in runs:
+                continue
             series = runs[(name, load)]
-            loss = statistics.median(r.lost_pct for r in series)
-            p50 = statistics.median(r.probe.get("rtt_p50_ms", float("nan")) for r in series)
-            p99 = statistics.median(r.probe.get("rtt_p99_ms", float("nan")) for r in series)
-            print(f"{load}: {name}: loss {loss:.2f} %, probe RTT p50 {p50:.3f} ms p99 {p99:.3f} ms")
+            ratios = [r.us_per_packet / b for r, b in zip(series, base, strict=False)]
+            srv = [r.server_us_per_packet / b for r, b in zip(series, base_srv, strict=False)]
+            line = f"RATIO {prefix}cpu_per_packet {label}/coturn = {_span(ratios)}"
+            if name == FORWARD:
+                line = "reference: " + line.removeprefix("RATIO ")
+            print(f"{line}  (server+softirq: {_span(srv)})")
+        for name in (*SERVERS, FORWARD):
+            if (name, load) not in runs:
+                continue
+            series = runs[(name, load)]
+            print(
+                f"{load}: {name}: loss {_span([r.loss_pct for r in series])} %, "
+                f"RTT p50 {_span([r.rtt_p50_ms for r in series])} ms "
+                f"p99 {_span([r.rtt_p99_ms for r in series])} ms"
+            )
 
 
 if __name__ == "__main__":

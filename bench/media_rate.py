@@ -116,8 +116,11 @@ def _transact(
     return answers
 
 
-def open_allocations(count: int, server: tuple[str, int], peer: tuple[str, int]) -> list[Any]:
-    """`count` client sockets, each with an allocation and channel 0x4000 bound to `peer`."""
+def open_allocations(
+    count: int, server: tuple[str, int], peer: tuple[str, int], local_ip: str = "127.0.0.1"
+) -> list[Any]:
+    """`count` client sockets bound to `local_ip`, each with an allocation and channel 0x4000 bound
+    to `peer`."""
     from aioice import stun
 
     key = hashlib.md5(f"{USER}:{REALM}:{PASSWORD}".encode()).digest()
@@ -127,7 +130,7 @@ def open_allocations(count: int, server: tuple[str, int], peer: tuple[str, int])
         for _ in range(min(100, count - start)):
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
-            s.bind(("127.0.0.1", 0))
+            s.bind((local_ip, 0))
             s.setblocking(False)
             batch.append(s)
         alloc = {"LIFETIME": 600, "REQUESTED-TRANSPORT": 17 << 24}
@@ -149,6 +152,23 @@ def open_allocations(count: int, server: tuple[str, int], peer: tuple[str, int])
                 raise RuntimeError(f"ChannelBind failed: {a.attributes.get('ERROR-CODE')}")
         socks += batch
     return socks
+
+
+def close_allocations(socks: list[socket.socket], server: tuple[str, int]) -> None:
+    """Refresh with lifetime 0 on every socket (a fresh nonce first): the allocations end now
+    instead of lingering until their lifetime runs out. Unanswered requests are let go."""
+    from aioice import stun
+
+    key = hashlib.md5(f"{USER}:{REALM}:{PASSWORD}".encode()).digest()
+    for start in range(0, len(socks), 100):
+        batch = socks[start : start + 100]
+        with contextlib.suppress(RuntimeError, KeyError):
+            first = _transact(
+                batch, [_stun(stun.Method.REFRESH, {}, None, None)] * len(batch), server
+            )
+            nonces = [a.attributes["NONCE"] for a in first]
+            end = {"LIFETIME": 0}
+            _transact(batch, [_stun(stun.Method.REFRESH, end, key, n) for n in nonces], server)
 
 
 # ---------------------------------------------------------------------------- processes
