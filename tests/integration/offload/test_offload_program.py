@@ -395,3 +395,53 @@ def test_xdp_cannot_fix_the_partial_checksums_of_a_local_sender_behind_a_veth(
     with pytest.raises(AssertionError):
         exchange(topo, count=1)
     assert driver.channel("counters")["to_peer"] == [1, 160]
+
+
+CATCH6_SCRIPT = r"""
+import json, socket, sys
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); s.bind(("::", 3478)); s.settimeout(5)
+print("ready", flush=True)
+data, src = s.recvfrom(4096)
+print(json.dumps([src[0], src[1], data.hex()]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("engine", ["TC", "XDP"])
+def test_ipv6_channel_data_reaches_user_space_untouched(
+    topo: Topology, driver: Driver, engine: str
+) -> None:
+    for ns, dev, addr in (
+        (topo.client, "eth0", "fd77:1::2/64"),
+        (topo.server, "to-client", "fd77:1::1/64"),
+    ):
+        done = topo.run(ns, "ip", "-6", "addr", "add", addr, "dev", dev, "nodad")
+        assert done.returncode == 0, done.stderr
+    if engine == "XDP":
+        for ns in (topo.client, topo.peer):  # a veth needs XDP on the far end to receive it
+            netns.set_gro(topo, ns, "eth0", on=True)
+    driver("attach", engine=engine, interfaces=["to-client"])
+    driver.channel("put")  # the same client port and channel, over IPv4
+    frame = struct.pack("!HH", CHANNEL, 8) + b"over ip6"
+    catcher = subprocess.Popen(
+        topo.python(topo.server, "-c", CATCH6_SCRIPT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert catcher.stdout is not None
+        assert catcher.stdout.readline().strip() == "ready"
+        send = (
+            "import socket, sys\ns = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
+            "s.bind(('::', int(sys.argv[1])))\n"
+            "s.sendto(bytes.fromhex(sys.argv[2]), ('fd77:1::1', 3478))\n"
+        )
+        sent = topo.run(topo.client, sys.executable, "-c", send, str(CLIENT[1]), frame.hex())
+        assert sent.returncode == 0, sent.stderr
+        out, err = catcher.communicate(timeout=30)
+    finally:
+        if catcher.poll() is None:
+            catcher.kill()
+            catcher.wait()
+    assert json.loads(out) == ["fd77:1::2", CLIENT[1], frame.hex()], err
+    assert driver.channel("counters")["to_peer"] == [0, 0]
