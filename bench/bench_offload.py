@@ -212,6 +212,18 @@ def measure(
     )
 
 
+def irq_time_accounting() -> str:
+    """Whether this kernel accounts softirq time apart from the interrupted process."""
+    config = Path(f"/boot/config-{os.uname().release}")
+    try:
+        text = config.read_text()
+    except OSError:
+        return "unknown (no /boot/config)"
+    if "CONFIG_IRQ_TIME_ACCOUNTING=y" in text:
+        return "yes: softirq time is the machine's, never a process's"
+    return "no: softirq run in a process's context is charged to that process"
+
+
 def build_load(tmp: Path) -> Path | None:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -267,6 +279,7 @@ def main() -> None:
             status = netns.http_get(topo, topo.server, "http://127.0.0.1:8087/status")
             offload = json.loads(status).get("offload", {}) if status.strip() else {}
             print(f"offloaded stunnerd: offload {json.dumps(offload)}")
+            print(f"kernel IRQ time accounting: {irq_time_accounting()}")
             print(f"loadavg before: {Path('/proc/loadavg').read_text().strip()}")
             runs: dict[tuple[str, str], list[Run]] = {}
             for _ in range(ROUNDS):
