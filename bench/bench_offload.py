@@ -28,6 +28,7 @@ shows what the same accounting charges for the cheapest in-kernel path there is.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -214,11 +215,13 @@ def measure(
 
 def irq_time_accounting() -> str:
     """Whether this kernel accounts softirq time apart from the interrupted process."""
-    config = Path(f"/boot/config-{os.uname().release}")
     try:
-        text = config.read_text()
+        text = gzip.decompress(Path("/proc/config.gz").read_bytes()).decode()
     except OSError:
-        return "unknown (no /boot/config)"
+        try:
+            text = Path(f"/boot/config-{os.uname().release}").read_text()
+        except OSError:
+            return "unknown (neither /proc/config.gz nor /boot/config-*)"
     if "CONFIG_IRQ_TIME_ACCOUNTING=y" in text:
         return "yes: softirq time is the machine's, never a process's"
     return "no: softirq run in a process's context is charged to that process"
