@@ -669,44 +669,56 @@ def test_swapping_the_peer_policy_removes_and_restores_routes_of_live_allocation
     assert engine.allocation_count == 1
 
 
+def test_new_credentials_apply_to_the_next_request_of_a_live_allocation() -> None:
+    engine, client = allocated()
+    new = Policies(StaticAuthenticator(REALM, "user1", "changed"), AllowAllPeers(), UserQuota())
+    engine.set_policies(new, T0 + 1)
+    assert code(client.request(stun.Method.REFRESH, {}, T0 + 2)) == 401
+    client.password = "changed"
+    assert client.request(stun.Method.REFRESH, {}, T0 + 3).message_class == stun.Class.RESPONSE
+
+
 @pytest.mark.parametrize(
     "auth",
     [StaticAuthenticator(REALM, "user1", "changed"), StaticAuthenticator(REALM, "user2", "pass1")],
     ids=["password changed", "user replaced"],
 )
-def test_withdrawn_credentials_end_live_allocations_and_their_routes_at_once(
+def test_withdrawn_credentials_take_the_channels_out_of_the_offload_at_once(
     auth: StaticAuthenticator,
 ) -> None:
     engine, client = allocated()
     bind(client, PEER, 0x4001)
     effects = engine.set_policies(Policies(auth, AllowAllPeers(), UserQuota()), T0 + 1)
-    assert fx.ChannelRouteRemoved(client.addr, 0x4001, PEER) in effects
-    assert fx.CloseRelay(client.addr) in effects
-    assert fx.AllocationDeleted(client.addr, "user1", "revoked") in effects
-    assert engine.allocation_count == 0
-    assert engine.handle_peer(client.addr, PEER, b"x", T0 + 1) == []
+    assert effects == [fx.ChannelRouteAdded(client.addr, 0x4001, PEER, offload=False)]
+    assert engine.allocation_count == 1  # upstream: it relays until its next request fails
+    assert engine.handle_peer(client.addr, PEER, b"x", T0 + 1) != []
+    restored = engine.set_policies(static_policies(), T0 + 2)  # e.g. a rolled-back reconcile
+    assert restored == [fx.ChannelRouteAdded(client.addr, 0x4001, PEER, offload=True)]
+    assert engine.set_policies(static_policies(quota=3), T0 + 3) == []
 
 
-def test_a_config_change_that_keeps_the_credentials_keeps_the_allocations() -> None:
+def test_a_request_with_the_new_credentials_puts_the_channels_back_into_the_offload() -> None:
     engine, client = allocated()
     bind(client, PEER, 0x4001)
-    assert engine.set_policies(static_policies(quota=5), T0 + 1) == []
-    assert engine.allocation_count == 1
+    new = Policies(StaticAuthenticator(REALM, "user1", "changed"), AllowAllPeers(), UserQuota())
+    engine.set_policies(new, T0 + 1)
+    client.password = "changed"
     assert client.request(stun.Method.REFRESH, {}, T0 + 2).message_class == stun.Class.RESPONSE
+    assert fx.ChannelRouteAdded(client.addr, 0x4001, PEER, offload=True) in client.log[-3:]
+    assert engine.set_policies(new, T0 + 3) == []
 
 
-def test_a_new_turn_rest_secret_ends_allocations_but_an_expired_username_does_not() -> None:
+def test_a_new_turn_rest_secret_revokes_but_an_expired_username_does_not() -> None:
     engine, auth = ephemeral_engine()
     username = f"{int(T0) + 100}:alice"
     client = Client(engine, username=username, password=auth.password(username))
     assert client.allocate().message_class == stun.Class.RESPONSE
+    bind(client, PEER, 0x4001)
     same = Policies(EphemeralAuthenticator(REALM, "s3cret"), AllowAllPeers(), UserQuota(7))
-    assert engine.set_policies(same, T0 + 500) == []  # past the username's expiry: still live
-    assert engine.allocation_count == 1
+    assert engine.set_policies(same, T0 + 200) == []  # past the username's expiry: offloaded
     other = Policies(EphemeralAuthenticator(REALM, "rotated"), AllowAllPeers(), UserQuota())
-    effects = engine.set_policies(other, T0 + 501)
-    assert fx.AllocationDeleted(client.addr, "alice", "revoked") in effects
-    assert engine.allocation_count == 0
+    effects = engine.set_policies(other, T0 + 201)
+    assert effects == [fx.ChannelRouteAdded(client.addr, 0x4001, PEER, offload=False)]
 
 
 def test_another_user_cannot_refresh_someone_elses_allocation() -> None:

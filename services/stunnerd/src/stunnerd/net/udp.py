@@ -196,7 +196,9 @@ class UdpListener(Listener):
     def _route_added(self, effect: fx.ChannelRouteAdded) -> None:
         super()._route_added(effect)
         relay = self.relays.get(effect.client)
-        if self.offload is not None and relay is not None and relay.transport is not None:
+        if self.offload is not None and not effect.offload:
+            self.offload.channel_removed(self.name, effect.client, effect.channel)
+        elif self.offload is not None and relay is not None and relay.transport is not None:
             self.offload.channel_added(
                 self.name,
                 effect.client,

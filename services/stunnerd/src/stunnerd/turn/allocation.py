@@ -35,6 +35,7 @@ class Allocation:
         "peer_channels",
         "permissions",
         "relay",
+        "revoked",
         "user_id",
         "username",
     )
@@ -53,6 +54,7 @@ class Allocation:
         self.user_id = user_id
         self.key = key
         self.username = username  # as the Allocate sent it
+        self.revoked = False  # the config no longer grants its credentials: not offloaded
         self.relay = relay
         self.family = family
         self.expires = expires

@@ -51,11 +51,16 @@ class CloseRelay:
 
 @dataclass(frozen=True, slots=True)
 class ChannelRouteAdded:
-    """ChannelData between client and peer on this channel may now flow without the engine."""
+    """ChannelData between client and peer on this channel may now flow without the engine.
+
+    Sent again for a routed channel when `offload` changes: False while the allocation's
+    credentials are withdrawn by the config (it still relays, in user space only).
+    """
 
     client: Address
     channel: int
     peer: Address
+    offload: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +82,7 @@ class AllocationCreated:
 class AllocationDeleted:
     client: Address
     user_id: str
-    reason: str  # "refresh", "expired", "closed", "shutdown", "revoked" (credentials withdrawn)
+    reason: str  # "refresh", "expired", "closed", "shutdown"
 
 
 Effect = (

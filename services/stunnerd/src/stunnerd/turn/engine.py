@@ -123,18 +123,19 @@ class TurnEngine(RelayLifecycle):
     def set_policies(self, policies: Policies, now: float) -> list[Effect]:
         """Swap auth/peer/quota policies in place; re-evaluate channel routes for live traffic.
 
-        A new authenticator that no longer grants an allocation's credentials (the user gone,
-        the password or the TURN REST secret changed) ends the allocation now, not at its next
-        request: its channels must not keep relaying (in the kernel offload either) on
-        credentials the config has withdrawn.
+        Credentials the new authenticator no longer grants (the user gone, the password or the
+        TURN REST secret changed) apply to an allocation's next request, as upstream does: it
+        relays until a Refresh fails and it expires. Meanwhile it is `revoked`: its channels
+        leave the kernel offload at once (`ChannelRouteAdded(offload=False)`), and come back
+        if a later config grants the credentials again (a rolled-back reconcile) or the client
+        authenticates anew.
         """
         recheck = policies.authenticator != self.policies.authenticator
         self.policies = policies
         out: list[Effect] = []
-        for alloc in list(self.allocations.values()):
-            if recheck and not self._still_authorized(alloc):
-                self._delete(alloc, "revoked", out)
-                continue
+        for alloc in self.allocations.values():
+            if recheck:
+                self._set_revoked(alloc, not self._still_authorized(alloc), out)
             self._sync_routes(alloc, now, out)
         return out
 

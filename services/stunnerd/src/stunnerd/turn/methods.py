@@ -216,6 +216,9 @@ class TurnMethods:
         if alloc is None or alloc.user_id != req.user_id or alloc.expires <= now:
             self._fail(req, 437, "Allocation Mismatch", now, out)
             return None
+        if alloc.revoked:  # authenticated under the config in force: granted again
+            alloc.key, alloc.username = req.key, req.username
+            self._set_revoked(alloc, False, out)
         return alloc
 
     def _install_permission(self, alloc: Allocation, ip: str, now: float) -> None:
@@ -233,8 +236,26 @@ class TurnMethods:
             )
             if wanted != channel.routed:
                 channel.routed = wanted
-                route = ChannelRouteAdded if wanted else ChannelRouteRemoved
-                out.append(route(alloc.client, channel.number, channel.peer))
+                if wanted:
+                    out.append(
+                        ChannelRouteAdded(
+                            alloc.client, channel.number, channel.peer, not alloc.revoked
+                        )
+                    )
+                else:
+                    out.append(ChannelRouteRemoved(alloc.client, channel.number, channel.peer))
+
+    def _set_revoked(self, alloc: Allocation, revoked: bool, out: list[Effect]) -> None:
+        """Mark the allocation's credentials withdrawn (or granted again) and tell the edge which
+        of its routed channels may be offloaded."""
+        if revoked == alloc.revoked:
+            return
+        alloc.revoked = revoked
+        for channel in alloc.channels.values():
+            if channel.routed:
+                out.append(
+                    ChannelRouteAdded(alloc.client, channel.number, channel.peer, not revoked)
+                )
 
     def _delete(self, alloc: Allocation, reason: str, out: list[Effect]) -> None:
         for channel in alloc.channels.values():
