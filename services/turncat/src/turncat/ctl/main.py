@@ -45,7 +45,6 @@ from turncat.ctl.summary import (
 from turncat.errors import (
     EXIT_FAILURE,
     EXIT_OK,
-    EXIT_UNREACHABLE,
     BadInputError,
     LookupFailedError,
     TurncatError,
@@ -341,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"stunnerctl: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        return EXIT_UNREACHABLE
+        return EXIT_FAILURE
     except Exception as exc:
         log.debug("unexpected failure", exc_info=True)
         print(f"stunnerctl: unexpected error: {type(exc).__name__}: {exc}", file=sys.stderr)
