@@ -782,9 +782,9 @@ def test_request_with_truncated_attribute(method: bytes, expected: int) -> None:
 
 def test_request_with_unknown_method_gets_400() -> None:
     engine = make_engine()
-    raw = b"\x00\x0a\x00\x00\x21\x12\xa4\x42" + b"t" * 12
+    raw = b"\x00\x0d\x00\x00\x21\x12\xa4\x42" + b"t" * 12
     (reply,) = sent(engine.handle_client(raw, ("1.2.3.4", 5), T0), ("1.2.3.4", 5))
-    assert reply[:2] == b"\x01\x1a"  # error response to method 0x00A
+    assert reply[:2] == b"\x01\x1d"  # error response to method 0x00D
     assert reply[8:20] == b"t" * 12
     assert b"\x00\x09\x00" in reply  # ERROR-CODE attribute
     assert b"\x00\x00\x04\x00" in reply  # class 4, number 0

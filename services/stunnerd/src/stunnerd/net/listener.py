@@ -103,6 +103,7 @@ class Listener:
         cluster_traffic: dict[str, Traffic] | None = None,
         limits: ClientLimits | None = None,
         tuning: ServerTuning = DEFAULT_TUNING,
+        tcp_relays: bool = True,
     ) -> None:
         self.spec = spec
         self.tuning = tuning
@@ -117,6 +118,7 @@ class Listener:
             stream=self.stream,
             clock_offset_s=clock_offset_s,
             limits=self.limits.request,
+            tcp_relays=tcp_relays and self.stream,
         )
         self.batcher = batcher if batcher is not None else SendBatcher(loop, enabled=False)
         self.traffic: Traffic = traffic if traffic is not None else new_traffic()
@@ -162,6 +164,18 @@ class Listener:
     @property
     def bound_port(self) -> int:
         raise NotImplementedError
+
+    def tcp_relay_effect(
+        self,
+        effect: fx.OpenRelay
+        | fx.CloseRelay
+        | fx.ConnectPeer
+        | fx.BindPeerConnection
+        | fx.ClosePeerConnection,
+    ) -> None:
+        """RFC 6062 effects; only stream listeners get them (their engine may open TCP relays)."""
+        if isinstance(effect, fx.OpenRelay):
+            self.apply(self.engine.relay_failed(effect.client, self.loop.time()))
 
     # -------------------------------------------------------------- engine plumbing
 
@@ -244,6 +258,10 @@ class Listener:
                     closing = self.relays.pop(effect.client, None)
                     if closing is not None and closing.transport is not None:
                         closing.transport.close()
+                    elif self.stream:
+                        self.tcp_relay_effect(effect)
+                case fx.ConnectPeer() | fx.BindPeerConnection() | fx.ClosePeerConnection():
+                    self.tcp_relay_effect(effect)
                 case fx.AllocationCreated():
                     log.info(
                         "listener %s: allocation for %s (user %s) relay %s:%d lifetime %ds",
@@ -284,6 +302,9 @@ class Listener:
                 relay.peer_channels.pop(peer, None)
 
     def _open_relay(self, effect: fx.OpenRelay) -> None:
+        if effect.tcp:
+            self.tcp_relay_effect(effect)
+            return
         held: socket.socket | None = None
         try:
             if effect.reserved_port:

@@ -93,6 +93,7 @@ class TurnServer:
         limits: ClientLimits | None = None,
         nonce_key: bytes | None = None,
         socket_source: SocketSource | None = None,
+        tcp_relays: bool = True,
     ) -> None:
         self.bind_host = bind_host
         self.offload = offload  # the kernel fast path, for this process's TURN-UDP listeners
@@ -106,6 +107,9 @@ class TurnServer:
         self.socket_source = socket_source
         self.tuning = tuning
         self.udp_gso = tuning.udp_gso and gso_supported()
+        # RFC 6062 relays on TCP/TLS listeners; off in worker processes, where a client's data
+        # connection may reach another worker than its control connection
+        self.tcp_relays = tcp_relays
         # The C relay of established channels (TURN-UDP listeners), one per event loop.
         self.fastpath_wanted = tuning.fastpath and stunnerd.fastpath.available()
         self._fastpath: FastPath | None = None
@@ -252,6 +256,8 @@ class TurnServer:
         if self._batcher is None:
             self._batcher = SendBatcher(loop, enabled=self.udp_gso)
         extra: dict[str, Any] = {"offload": self.offload} if kind is UdpListener else {}
+        if kind is StreamListener:
+            extra["tcp_relays"] = self.tcp_relays
         try:
             running = kind(
                 spec,

@@ -29,6 +29,8 @@ from stunner_common.config import TlsPair
 from stunnerd.net.guard import SourceCounter
 from stunnerd.net.listener import Address, Listener, SendTo
 from stunnerd.net.relay import StreamRelayProtocol
+from stunnerd.net.tcp_relay import PeerLink, TcpRelays
+from stunnerd.turn import effects as fx
 from stunnerd.turn.codec import stream_frame_length
 
 log = logging.getLogger(__name__)
@@ -77,12 +79,16 @@ class StreamClientProtocol(asyncio.Protocol):
         self.frames = 0  # complete frames received
         self.window_bytes = 0  # bytes received since the last pre-authentication check
         self.guard_handle: asyncio.TimerHandle | None = None
+        # RFC 6062 §5.4: after ConnectionBind this is a data connection carrying raw bytes
+        self.peer_link: PeerLink | None = None
 
     def _idle_check(self) -> None:
         """Close a connection that sent nothing for a while and holds no allocation."""
         self.idle_handle = None
         if self.transport is None:
             return
+        if self.peer_link is not None:
+            return  # a data connection: its peer connection and allocation govern it
         if not self.active and self.client not in self.listener.engine.allocations:
             log.info("listener %s: closing idle connection %s", self.listener.name, self.client)
             self.transport.close()
@@ -95,7 +101,11 @@ class StreamClientProtocol(asyncio.Protocol):
     def _guard_check(self) -> None:
         """Before an allocation: a first message in time, then a minimum average rate."""
         self.guard_handle = None
-        if self.transport is None or self.client in self.listener.engine.allocations:
+        if (
+            self.transport is None
+            or self.peer_link is not None
+            or self.client in self.listener.engine.allocations
+        ):
             return
         limits = self.listener.limits.connection
         if self.frames == 0:
@@ -140,6 +150,9 @@ class StreamClientProtocol(asyncio.Protocol):
         counts = self.traffic
         counts[0] += 1  # upstream counts reads on streams, not frames
         counts[1] += len(data)
+        if self.peer_link is not None:
+            self.peer_link.to_peer(data)
+            return
         self.window_bytes += len(data)
         buf = self.buf
         buf += data
@@ -178,6 +191,12 @@ class StreamClientProtocol(asyncio.Protocol):
                     continue
             self.listener.client_slow_path(bytes(buf[offset : offset + size]), client)
             offset += size
+            if self.peer_link is not None:  # that was a ConnectionBind: the rest is raw
+                rest = bytes(buf[offset:])
+                buf.clear()
+                if rest:
+                    self.peer_link.to_peer(rest)
+                return
         if offset:
             del buf[:offset]
         if len(buf) > MAX_BUFFERED_BYTES:
@@ -194,9 +213,15 @@ class StreamClientProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        link = self.peer_link
+        if link is not None and link.transport is not None:
+            link.transport.pause_reading()  # back-pressure on the peer
 
     def resume_writing(self) -> None:
         self.paused = False
+        link = self.peer_link
+        if link is not None and link.transport is not None:
+            link.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -204,6 +229,8 @@ class StreamClientProtocol(asyncio.Protocol):
             if handle is not None:
                 handle.cancel()
         self.idle_handle = self.guard_handle = None
+        if self.peer_link is not None:
+            self.peer_link.close()
         if self.counted:
             self.counted = False
             self.listener.sources.release(self.client[0])
@@ -226,6 +253,7 @@ class StreamListener(Listener):
         self.tls_socket: socket.socket | None = None  # TLS: the listening socket we accept on
         self._accepting: asyncio.Task[None] | None = None
         self._handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
+        self.tcp_relays = TcpRelays(self)  # RFC 6062 relays of this listener's allocations
         if self.spec.protocol == "TURN-TLS":
             if self.spec.tls is None:
                 raise ValueError(f"listener {self.name}: TURN-TLS needs a certificate")
@@ -338,6 +366,27 @@ class StreamListener(Listener):
         assert self.server is not None
         return int(self.server.sockets[0].getsockname()[1])
 
+    def tcp_relay_effect(
+        self,
+        effect: fx.OpenRelay
+        | fx.CloseRelay
+        | fx.ConnectPeer
+        | fx.BindPeerConnection
+        | fx.ClosePeerConnection,
+    ) -> None:
+        relays = self.tcp_relays
+        match effect:
+            case fx.OpenRelay():
+                relays.open(effect)
+            case fx.CloseRelay():
+                relays.close_relay(effect.client)
+            case fx.ConnectPeer():
+                relays.connect(effect)
+            case fx.BindPeerConnection():
+                relays.bind(effect)
+            case fx.ClosePeerConnection():
+                relays.close_link(effect.connection_id)
+
     def connection_opened(self, client: Address, proto: StreamClientProtocol) -> None:
         self.clients[client] = proto
         self.connections += 1
@@ -360,6 +409,7 @@ class StreamListener(Listener):
             proto.send(data)
 
     async def _close_transport(self) -> None:
+        await self.tcp_relays.close()
         if self.server is not None:
             self.server.close()
         pending = [t for t in (self._accepting, *self._handshakes) if t is not None]

@@ -36,6 +36,7 @@ class Allocation:
         "permissions",
         "relay",
         "revoked",
+        "tcp",
         "user_id",
         "username",
     )
@@ -49,6 +50,7 @@ class Allocation:
         family: int,
         expires: float,
         username: str = "",
+        tcp: bool = False,
     ) -> None:
         self.client = client
         self.user_id = user_id
@@ -61,6 +63,7 @@ class Allocation:
         self.permissions: dict[str, float] = {}
         self.channels: dict[int, Channel] = {}
         self.peer_channels: dict[Address, Channel] = {}
+        self.tcp = tcp  # RFC 6062: the relay is a TCP listening socket (no channels, no UDP)
 
 
 def family_of(ip: str) -> int:

@@ -15,6 +15,7 @@ reaches the wire through this one module and never imports aioice directly.
 from __future__ import annotations
 
 import binascii
+import enum
 import hashlib
 import hmac
 import ipaddress
@@ -44,6 +45,7 @@ _HEADER = struct.Struct("!HHI12s")
 _ATTR_HEADER = struct.Struct("!HH")
 
 TRANSPORT_UDP = 17 << 24  # REQUESTED-TRANSPORT carries the protocol number in its top byte
+TRANSPORT_TCP = 6 << 24  # RFC 6062 §6.1
 FAMILY_IPV4 = 0x01
 FAMILY_IPV6 = 0x02
 
@@ -81,8 +83,18 @@ EXTRA_ATTRIBUTES: tuple[stun.AttributeEntry, ...] = (
     (0x0017, "REQUESTED-ADDRESS-FAMILY", _pack_family, _unpack_family),
     (0x0018, "EVEN-PORT", _pack_even_port, _unpack_even_port),
     (0x0022, "RESERVATION-TOKEN", stun.pack_bytes, stun.unpack_bytes),
+    (0x002A, "CONNECTION-ID", stun.pack_unsigned, stun.unpack_unsigned),
 )
 """The TURN attributes aioice 0.13 lacks, as aioice attribute entries (type, name, pack, unpack)."""
+
+
+class TcpMethod(enum.IntEnum):
+    """RFC 6062 §6.2: the TURN-TCP methods, which aioice 0.13's `Method` lacks."""
+
+    CONNECT = 0x000A
+    CONNECTION_BIND = 0x000B
+    CONNECTION_ATTEMPT = 0x000C
+
 
 # The extras aioice's parser skips (all of them in 0.13; none if a later aioice knows them).
 _EXTRA_BY_TYPE: dict[int, stun.AttributeEntry] = {
@@ -93,7 +105,7 @@ ATTRIBUTES_BY_NAME: dict[str, stun.AttributeEntry] = {
     **stun.ATTRIBUTES_BY_NAME,
 }
 KNOWN_ATTRIBUTE_TYPES = frozenset(stun.ATTRIBUTES_BY_TYPE) | frozenset(_EXTRA_BY_TYPE)
-_KNOWN_METHODS = frozenset(int(m) for m in Method)
+_KNOWN_METHODS = frozenset(int(m) for m in Method) | frozenset(int(m) for m in TcpMethod)
 
 
 class StunDecodeError(ValueError):
@@ -171,7 +183,10 @@ def decode(data: bytes) -> Decoded:
             raise StunBadRequestError(method, tid, "unknown method")
         raise StunDecodeError("unknown method")
     try:
-        message = stun.parse_message(data)
+        if method in _TCP_METHODS:
+            message = _parse_tcp_message(data, method, tid)
+        else:
+            message = stun.parse_message(data)
         for (_, name, _, unpack_value), value in extras:
             message.attributes[name] = unpack_value(value)
     except (ValueError, IndexError, UnicodeDecodeError, struct.error) as exc:
@@ -179,6 +194,41 @@ def decode(data: bytes) -> Decoded:
             raise StunBadRequestError(method, tid, f"malformed attribute: {exc}") from exc
         raise StunDecodeError(str(exc)) from exc
     return Decoded(message, tuple(unknown), tuple(peers))
+
+
+_TCP_METHODS = frozenset(int(m) for m in TcpMethod)
+
+
+def _parse_tcp_message(data: bytes, method: int, tid: bytes) -> Message:
+    """aioice's parser refuses methods it does not know, so RFC 6062 messages are parsed here
+    with its attribute table (extras are added by the caller, as for every message)."""
+    attributes: dict[str, Any] = {}
+    integrity_data: bytes | None = None
+    pos, end = HEADER_LENGTH, len(data)
+    while pos + 4 <= end:
+        attr_type, attr_len = _ATTR_HEADER.unpack_from(data, pos)
+        value = data[pos + 4 : pos + 4 + attr_len]
+        entry = stun.ATTRIBUTES_BY_TYPE.get(attr_type)
+        if entry is not None and (integrity_data is None or attr_type == 0x8028):
+            _, name, _, unpack_value = entry
+            if unpack_value is stun.unpack_xor_address:
+                attributes[name] = stun.unpack_xor_address(value, transaction_id=tid)
+            else:
+                attributes[name] = unpack_value(value)
+            if attr_type == 0x8028:
+                if attributes[name] != stun.message_fingerprint(data[:pos]):
+                    raise ValueError("STUN message fingerprint does not match")
+            elif attr_type == 0x0008:
+                integrity_data = data[:pos]
+        pos += 4 + attr_len + (-attr_len % 4)
+    message = Message(
+        message_method=method,  # type: ignore[arg-type]  # an RFC 6062 method, not in aioice's enum
+        message_class=Class(int.from_bytes(data[:2], "big") & 0x0110),
+        transaction_id=tid,
+        attributes=attributes,
+    )
+    message._integrity_data = integrity_data
+    return message
 
 
 _ATTR_MI = b"\x00\x08\x00\x14"

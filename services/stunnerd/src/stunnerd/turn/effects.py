@@ -35,6 +35,7 @@ class OpenRelay:
     even_port: bool
     reserve_next: bool = False  # EVEN-PORT with R: also hold port + 1 for a later Allocate
     reserved_port: int = 0  # RESERVATION-TOKEN: use the socket held on this port
+    tcp: bool = False  # RFC 6062: a listening TCP socket instead of a UDP one
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,33 @@ class ReleasePort:
 @dataclass(frozen=True, slots=True)
 class CloseRelay:
     client: Address
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectPeer:
+    """RFC 6062 §5.2: connect from `client`'s TCP relay address to `peer`; report the outcome
+    with `peer_connected` or `peer_connect_failed`."""
+
+    client: Address
+    connection_id: int
+    peer: Address
+
+
+@dataclass(frozen=True, slots=True)
+class BindPeerConnection:
+    """RFC 6062 §5.4: from now on the stream of `data_client` carries the raw bytes of the peer
+    connection `connection_id`, both ways (sent after the ConnectionBind success answer)."""
+
+    data_client: Address
+    connection_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClosePeerConnection:
+    """Close a peer connection (connecting, waiting for its bind, or bound: then its data
+    connection too)."""
+
+    connection_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +119,9 @@ Effect = (
     | OpenRelay
     | CloseRelay
     | ReleasePort
+    | ConnectPeer
+    | BindPeerConnection
+    | ClosePeerConnection
     | ChannelRouteAdded
     | ChannelRouteRemoved
     | AllocationCreated

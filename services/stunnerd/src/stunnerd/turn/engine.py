@@ -41,7 +41,7 @@ from stunnerd.turn.allocation import (
     family_of,
 )
 from stunnerd.turn.auth import AuthenticatedRequest, Gatekeeper, Refusal
-from stunnerd.turn.codec import Class, Method
+from stunnerd.turn.codec import Class, Method, TcpMethod
 from stunnerd.turn.effects import Address, Effect, SendToClient, SendToPeer
 from stunnerd.turn.guard import ChallengeBudget, RequestLimits
 from stunnerd.turn.lifecycle import RelayLifecycle
@@ -57,12 +57,20 @@ from stunnerd.turn.policies import (
 )
 from stunnerd.turn.reservations import Reservations
 from stunnerd.turn.retransmit import RetransmitCache
+from stunnerd.turn.tcp_connections import PeerConnections
 from stunnerd.turn.timers import Deadlines
 
 SOFTWARE = "stunnerd"
 
 _AUTHENTICATED_METHODS = frozenset(
-    {Method.ALLOCATE, Method.REFRESH, Method.CREATE_PERMISSION, Method.CHANNEL_BIND}
+    {
+        Method.ALLOCATE,
+        Method.REFRESH,
+        Method.CREATE_PERMISSION,
+        Method.CHANNEL_BIND,
+        TcpMethod.CONNECT,
+        TcpMethod.CONNECTION_BIND,
+    }
 )
 
 
@@ -88,11 +96,13 @@ class TurnEngine(RelayLifecycle):
         software: str | None = SOFTWARE,
         nonce_lifetime_s: float | None = None,
         limits: RequestLimits | None = None,
+        tcp_relays: bool = True,
     ) -> None:
         ipaddress.ip_address(relay_ip)  # fail early on a bad advertised address
         self.relay_ip = relay_ip
         self.relay_family = family_of(relay_ip)
         self.stream = stream
+        self.tcp_relays = tcp_relays  # RFC 6062 allocations (stream listeners only)
         self.clock_offset_s = clock_offset_s  # unix time = now + offset (ephemeral expiry)
         self.software = software
         self.policies = policies or Policies(NoAuthenticator(), AllowAllPeers(), UserQuota())
@@ -110,6 +120,7 @@ class TurnEngine(RelayLifecycle):
         self._cache = RetransmitCache()
         self._deadlines = Deadlines()
         self._reservations = Reservations(nonce_secret)
+        self._tcp = PeerConnections()
         self._indications = 0  # transaction ids of Data indications
         self.stats_dropped = 0
         self.stats_challenges_suppressed = 0  # 401/438 not sent: the source was over budget
@@ -137,6 +148,8 @@ class TurnEngine(RelayLifecycle):
             if recheck:
                 self._set_revoked(alloc, not self._still_authorized(alloc), out)
             self._sync_routes(alloc, now, out)
+            if alloc.tcp:
+                self._sync_tcp_connections(alloc.client, out)
         return out
 
     def _still_authorized(self, alloc: Allocation) -> bool:
@@ -244,12 +257,15 @@ class TurnEngine(RelayLifecycle):
         request = AuthenticatedRequest(
             decoded.message, client, checked.user_id, checked.key, decoded.peers, checked.username
         )
-        handler: Callable[[AuthenticatedRequest, float, list[Effect]], None] = {
+        handlers: dict[int, Callable[[AuthenticatedRequest, float, list[Effect]], None]] = {
             Method.ALLOCATE: self._allocate,
             Method.REFRESH: self._refresh,
             Method.CREATE_PERMISSION: self._create_permission,
             Method.CHANNEL_BIND: self._channel_bind,
-        }[Method(head.method)]
+            TcpMethod.CONNECT: self._connect,
+            TcpMethod.CONNECTION_BIND: self._connection_bind,
+        }
+        handler = handlers[head.method]
         handler(request, now, out)
 
     def _indication(self, data: bytes, client: Address, now: float, out: list[Effect]) -> None:
@@ -351,6 +367,4 @@ class TurnEngine(RelayLifecycle):
 
 
 def _transaction_id(engine: TurnEngine) -> bytes:
-    """Indications need a transaction id; uniqueness is all that matters (RFC 8489 §6)."""
-    engine._indications += 1
-    return engine._indications.to_bytes(12, "big")
+    return engine._next_indication_id()

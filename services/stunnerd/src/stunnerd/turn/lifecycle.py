@@ -22,11 +22,11 @@ from stunnerd.turn.effects import (
     ReleasePort,
     SendToClient,
 )
-from stunnerd.turn.methods import TurnMethods
+from stunnerd.turn.tcp_relay import TcpRelayMethods
 from stunnerd.turn.timers import DeadlineKind
 
 
-class RelayLifecycle(TurnMethods):
+class RelayLifecycle(TcpRelayMethods):
     """Relay handshake, client departure, expiry and shutdown; state set up by `TurnEngine`."""
 
     relay_ip: str
@@ -54,6 +54,7 @@ class RelayLifecycle(TurnMethods):
             pending.family,
             now + pending.lifetime_s,
             pending.username,
+            pending.tcp,
         )
         self.allocations[client] = alloc
         self.usage.add(pending.user_id)
@@ -118,7 +119,9 @@ class RelayLifecycle(TurnMethods):
             alloc = self.allocations.get(client)
             if alloc is None:
                 continue
-            if kind is DeadlineKind.ALLOCATION:
+            if kind is DeadlineKind.TCP_CONNECTION:
+                self._tcp_deadline(item, now, out)
+            elif kind is DeadlineKind.ALLOCATION:
                 if alloc.expires <= now:
                     self._delete(alloc, "expired", out)
             elif kind is DeadlineKind.PERMISSION:
@@ -145,5 +148,6 @@ class RelayLifecycle(TurnMethods):
         for port in self._reservations.release_all():
             out.append(ReleasePort(port))
         self._pending.clear()
+        self._tcp.clear()
         self._deadlines.clear()
         return out

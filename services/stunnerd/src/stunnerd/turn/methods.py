@@ -38,6 +38,7 @@ from stunnerd.turn.effects import (
 from stunnerd.turn.policies import UserUsage
 from stunnerd.turn.reservations import Reservations
 from stunnerd.turn.retransmit import RetransmitCache
+from stunnerd.turn.tcp_connections import PeerConnections, transport_refusal
 from stunnerd.turn.timers import DeadlineKind, Deadlines
 
 if TYPE_CHECKING:
@@ -55,12 +56,15 @@ class Pending:
     family: int
     reserve_next: bool = False
     username: str = ""
+    tcp: bool = False  # RFC 6062: a TCP relay
 
 
 class TurnMethods:
     """The request handlers; the state below is set up by `TurnEngine.__init__`."""
 
     relay_family: int
+    stream: bool
+    tcp_relays: bool  # this engine may open TCP relays (RFC 6062)
     software: str | None
     policies: Policies
     usage: UserUsage
@@ -69,6 +73,7 @@ class TurnMethods:
     _cache: RetransmitCache
     _deadlines: Deadlines
     _reservations: Reservations
+    _tcp: PeerConnections
 
     def _allocate(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:
         """RFC 8656 §7.2."""
@@ -85,9 +90,13 @@ class TurnMethods:
         if transport is None:
             self._fail(req, 400, "Missing REQUESTED-TRANSPORT", now, out)
             return
-        if transport & 0xFF000000 != codec.TRANSPORT_UDP:
-            self._fail(req, 442, "Unsupported Transport Protocol", now, out)
+        refusal = transport_refusal(
+            transport, attrs, stream=self.stream, tcp_relays=self.tcp_relays
+        )
+        if refusal is not None:
+            self._fail(req, refusal[0], refusal[1], now, out)
             return
+        tcp = transport & 0xFF000000 == codec.TRANSPORT_TCP
         reserved_port = 0
         if "RESERVATION-TOKEN" in attrs:
             if "EVEN-PORT" in attrs or "REQUESTED-ADDRESS-FAMILY" in attrs:
@@ -120,9 +129,10 @@ class TurnMethods:
             self.relay_family,
             reserve_next,
             req.username,
+            tcp,
         )
         out.append(
-            OpenRelay(client, self.relay_family, even is not None, reserve_next, reserved_port)
+            OpenRelay(client, self.relay_family, even is not None, reserve_next, reserved_port, tcp)
         )
 
     def _refresh(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:
@@ -170,6 +180,9 @@ class TurnMethods:
         """RFC 8656 §11.2: bind or refresh; a channel and a peer are bound one to one."""
         alloc = self._owned_allocation(req, now, out)
         if alloc is None:
+            return
+        if alloc.tcp:
+            self._fail(req, 400, "Bad Request (no channels on a TCP allocation)", now, out)
             return
         attrs = req.message.attributes
         number = attrs.get("CHANNEL-NUMBER")
@@ -262,6 +275,8 @@ class TurnMethods:
             if channel.routed:
                 channel.routed = False
                 out.append(ChannelRouteRemoved(alloc.client, channel.number, channel.peer))
+        if alloc.tcp:
+            self._tcp.drop_allocation(alloc.client, out)
         del self.allocations[alloc.client]
         self.usage.remove(alloc.user_id)
         self._deadlines.compact(self.allocations, len(self._reservations))

@@ -26,6 +26,7 @@ class DeadlineKind(enum.IntEnum):
     PERMISSION = 1  # item: the peer IP
     CHANNEL = 2  # item: the channel number
     RESERVATION = 3  # item: the reservation token (outlives the allocation that made it)
+    TCP_CONNECTION = 4  # item: the RFC 6062 connection id (connect or bind timeout)
 
 
 class Deadlines:

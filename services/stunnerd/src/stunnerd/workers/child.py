@@ -91,6 +91,7 @@ async def serve(
             reuse_port=True,
             tuning=tuning,
             limits=limits,
+            tcp_relays=False,  # see the stunnerd README: TCP relays and worker processes
         )
     else:
         inherited = InheritedSockets(FdChannel.from_fd(fd_channel))
@@ -101,6 +102,7 @@ async def serve(
             limits=limits,
             nonce_key=inherited.wait_nonce_key(),
             socket_source=inherited.take,
+            tcp_relays=False,
         )
     dataplane = LocalDataplane(server)
     log.info("worker %d ready (pid %d)", index, os.getpid())
