@@ -124,3 +124,25 @@ def test_uclient_rtp_rtcp_pairs_get_even_ports_and_reservations(
         "-u", USER, "-w", PASSWORD,
     ]  # fmt: skip
     assert_all_echoed(uclient([*args, "127.0.0.1"]))
+
+
+@pytest.mark.parametrize("proto", ["TURN-TCP", "TURN-TLS"])
+def test_uclient_relays_over_tcp_allocations_client_to_client(
+    stunnerd_static: Stunnerd, proto: str
+) -> None:
+    """-T: RFC 6062 TCP relays; each client Connects to the other's relayed address, so stunnerd
+    both connects out (Connect) and accepts (ConnectionAttempt), then splices data connections."""
+    args = [
+        *TRANSPORTS[proto], "-T",
+        "-p", str(stunnerd_static.ports[proto]),
+        "-X", "-m", str(SESSIONS), "-n", str(MESSAGES // 2), "-z", "2", "-l", "100",
+        "-u", USER, "-w", PASSWORD, "127.0.0.1",
+    ]  # fmt: skip
+    output = uclient(args)
+    tail = f"{proto}:\n{output[-3000:]}"
+    totals = re.findall(r"tot_send_msgs=(\d+), tot_recv_msgs=(\d+)\s*$", output, re.M)
+    assert totals, tail
+    sent, received = map(int, totals[-1])
+    assert sent == MESSAGES, tail  # -m pairs of clients, -n messages each way per client
+    assert received == sent, tail
+    assert "Total lost packets 0 (0.000000%)" in output, tail

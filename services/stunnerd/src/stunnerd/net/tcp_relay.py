@@ -64,13 +64,12 @@ class PeerLink(asyncio.Protocol):
         self.peer: Address = ("", 0)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
         name = transport.get_extra_info("peername")
         self.peer = (name[0], name[1])
         with contextlib.suppress(OSError, AttributeError):
             transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.pause_reading()  # until a data connection is bound (RFC 6062 §5.3)
+        transport.pause_reading()  # type: ignore[attr-defined]  # until a data connection is bound (RFC 6062 §5.3)
         self.relays.peer_made(self)
 
     def data_received(self, data: bytes) -> None:
