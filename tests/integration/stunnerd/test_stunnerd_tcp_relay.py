@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fixtures.stunnerd.inproc import make_config, running_dataplane
@@ -17,6 +18,7 @@ from fixtures.stunnerd.tcp_client import (
 from stunnerd.net.server import TurnServer
 from stunnerd.workers.local import LocalDataplane
 from support.stun import aioice_knows_turn_attributes
+from support.stunnerd_process import ManagedStunnerd, base_config, health_port, listener_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -211,3 +213,26 @@ async def test_tcp_allocations_are_refused_with_442_on_udp_listeners_and_in_work
         await control.close()
     finally:
         await dataplane.close()
+
+
+async def test_worker_processes_refuse_tcp_allocations_with_442_and_keep_udp_ones(
+    tmp_path: Path,
+) -> None:
+    """With --udp-thread-num 2 a data connection may reach another worker than its allocation:
+    TCP relays are refused clearly there (see the stunnerd README), UDP relays still work."""
+    ports = listener_ports("tcp")
+    config = base_config(health_port(), ports)
+    config["listeners"][0]["protocol"] = "TURN-TCP"
+    server = ManagedStunnerd(tmp_path, config, "--udp-thread-num", "2")
+    try:
+        await server.ready()
+        for _ in range(4):  # new connections, so that both workers are likely asked
+            control = await TurnTcpConnection.open(("127.0.0.1", ports["tcp"]), Credentials())
+            refused = await control.allocate_tcp()
+            assert refused.error_code == 442
+            assert "single worker" in refused.attributes["ERROR-CODE"][1]
+            udp = await control.request(0x0003, {"REQUESTED-TRANSPORT": 17 << 24})
+            assert udp.error_code is None
+            await control.close()
+    finally:
+        await server.close()
