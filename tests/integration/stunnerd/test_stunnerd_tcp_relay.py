@@ -46,6 +46,20 @@ async def echoed(data: TurnTcpConnection, payload: bytes) -> bytes:
     return got
 
 
+async def relayed_to(
+    server: tuple[str, int], peer: tuple[str, int]
+) -> tuple[TurnTcpConnection, TurnTcpConnection]:
+    """A TCP allocation, a Connect to `peer` and a bound data connection that echoes."""
+    creds = Credentials()
+    control = await TurnTcpConnection.open(server, creds)
+    assert (await control.allocate_tcp()).error_code is None
+    connected = await control.connect(peer)
+    data, bound = await bind_data_connection(server, creds, connected.attributes["CONNECTION-ID"])
+    assert bound.error_code is None
+    assert await echoed(data, b"ping") == b"ping"
+    return control, data
+
+
 @pytest.mark.parametrize("protocol", ["TURN-TCP", "TURN-TLS"])
 async def test_connect_and_connection_bind_relay_bytes_both_ways(
     no_leaked_tasks: None, protocol: str
@@ -156,14 +170,7 @@ async def test_refresh_with_zero_lifetime_closes_the_data_and_peer_connections(
 ) -> None:
     config = make_config(("TURN-TCP",))
     async with running_dataplane(config), tcp_echo() as echo:
-        creds = Credentials()
-        control = await TurnTcpConnection.open(listener_addr(config), creds)
-        await control.allocate_tcp()
-        connected = await control.connect(echo.addr)
-        data, _ = await bind_data_connection(
-            listener_addr(config), creds, connected.attributes["CONNECTION-ID"]
-        )
-        assert await echoed(data, b"ping") == b"ping"
+        control, data = await relayed_to(listener_addr(config), echo.addr)
         refreshed = await control.request(0x0004, {"LIFETIME": 0})
         assert refreshed.error_code is None
         assert await data.closed_by_server()
@@ -178,14 +185,7 @@ async def test_a_reconcile_that_drops_the_route_closes_the_data_connection(
 ) -> None:
     config = make_config(("TURN-TCP",))
     async with running_dataplane(config) as dataplane, tcp_echo() as echo:
-        creds = Credentials()
-        control = await TurnTcpConnection.open(listener_addr(config), creds)
-        await control.allocate_tcp()
-        connected = await control.connect(echo.addr)
-        data, _ = await bind_data_connection(
-            listener_addr(config), creds, connected.attributes["CONNECTION-ID"]
-        )
-        assert await echoed(data, b"ping") == b"ping"
+        control, data = await relayed_to(listener_addr(config), echo.addr)
         narrowed = config.model_copy(
             update={
                 "clusters": [config.clusters[0].model_copy(update={"endpoints": ["10.0.0.0/8"]})]

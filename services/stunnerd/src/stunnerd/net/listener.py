@@ -165,14 +165,7 @@ class Listener:
     def bound_port(self) -> int:
         raise NotImplementedError
 
-    def tcp_relay_effect(
-        self,
-        effect: fx.OpenRelay
-        | fx.CloseRelay
-        | fx.ConnectPeer
-        | fx.BindPeerConnection
-        | fx.ClosePeerConnection,
-    ) -> None:
+    def tcp_relay_effect(self, effect: fx.TcpRelayEffect) -> None:
         """RFC 6062 effects; only stream listeners get them (their engine may open TCP relays)."""
         if isinstance(effect, fx.OpenRelay):
             self.apply(self.engine.relay_failed(effect.client, self.loop.time()))

@@ -366,14 +366,7 @@ class StreamListener(Listener):
         assert self.server is not None
         return int(self.server.sockets[0].getsockname()[1])
 
-    def tcp_relay_effect(
-        self,
-        effect: fx.OpenRelay
-        | fx.CloseRelay
-        | fx.ConnectPeer
-        | fx.BindPeerConnection
-        | fx.ClosePeerConnection,
-    ) -> None:
+    def tcp_relay_effect(self, effect: fx.TcpRelayEffect) -> None:
         relays = self.tcp_relays
         match effect:
             case fx.OpenRelay():

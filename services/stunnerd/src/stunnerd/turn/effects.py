@@ -127,3 +127,6 @@ Effect = (
     | AllocationCreated
     | AllocationDeleted
 )
+
+TcpRelayEffect = OpenRelay | CloseRelay | ConnectPeer | BindPeerConnection | ClosePeerConnection
+"""What a stream listener's TCP relays carry out (an `OpenRelay` only when its `tcp` is set)."""
