@@ -85,6 +85,9 @@ async def test_connect_and_connection_bind_relay_bytes_both_ways(
         cluster = server.cluster_traffic["loopback"]
         assert cluster[1] == len(payload)  # rx bytes
         assert cluster[3] == len(payload)  # tx bytes
+        listener = server.listener_traffic[protocol.lower()]
+        assert listener[1] > len(payload)  # rx: the requests and the payload from the client
+        assert listener[3] > len(payload)  # tx: the answers and the payload to the client
         assert server.allocation_counts() == {protocol.lower(): 1}
         await data.close()
         async with asyncio.timeout(STEP_S):

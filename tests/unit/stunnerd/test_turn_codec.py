@@ -218,3 +218,27 @@ def test_a_malformed_extra_attribute_in_a_request_is_a_bad_request() -> None:
     raw = b"\x00\x03\x00\x08\x21\x12\xa4\x42" + b"t" * 12 + even_port
     with pytest.raises(codec.StunBadRequestError, match="EVEN-PORT"):
         codec.decode(raw)
+
+
+@pytest.mark.usefixtures("aioice_turn_attributes")
+def test_rfc_6062_requests_decode_with_their_attributes_integrity_and_fingerprint() -> None:
+    """aioice's parser refuses methods it does not know; the codec reads Connect itself."""
+    key = hashlib.md5(b"user:realm:pass").digest()
+    msg = stun.Message(
+        0x000A,  # type: ignore[arg-type]  # Connect (RFC 6062 §6.1)
+        stun.Class.REQUEST,
+        attributes={"XOR-PEER-ADDRESS": ("192.0.2.7", 4242), "CONNECTION-ID": 77},
+    )
+    msg.add_message_integrity(key)
+    raw = bytes(msg)
+    decoded = codec.decode(raw)
+    assert decoded.message.message_method == codec.TcpMethod.CONNECT
+    assert decoded.message.message_class == stun.Class.REQUEST
+    assert decoded.message.attributes["XOR-PEER-ADDRESS"] == ("192.0.2.7", 4242)
+    assert decoded.message.attributes["CONNECTION-ID"] == 77
+    assert decoded.peers == (("192.0.2.7", 4242),)
+    assert codec.check_integrity(decoded.message, key)
+    tampered = bytearray(raw)
+    tampered[26] ^= 1
+    with pytest.raises(codec.StunBadRequestError):
+        codec.decode(bytes(tampered))

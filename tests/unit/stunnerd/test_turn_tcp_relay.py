@@ -13,6 +13,7 @@ from stunnerd.turn import effects as fx
 from stunnerd.turn.engine import Policies, TurnEngine
 from stunnerd.turn.policies import (
     AllowAllPeers,
+    EphemeralAuthenticator,
     PredicatePeerPolicy,
     StaticAuthenticator,
     UserQuota,
@@ -52,15 +53,17 @@ class Conn:
     addr: tuple[str, int]
     nonce: bytes | None = None
     log: list[fx.Effect] = field(default_factory=list)
+    username: str = "user1"
+    password: str = "pass1"
 
     @property
     def key(self) -> bytes:
-        return hashlib.md5(f"user1:{REALM}:pass1".encode()).digest()
+        return hashlib.md5(f"{self.username}:{REALM}:{self.password}".encode()).digest()
 
     def feed(self, method: int, attrs: dict[str, Any], now: float) -> list[fx.Effect]:
         msg = stun.Message(method, stun.Class.REQUEST, attributes=dict(attrs))  # type: ignore[arg-type]
         if self.nonce is not None:
-            msg.attributes.update({"USERNAME": "user1", "REALM": REALM, "NONCE": self.nonce})
+            msg.attributes.update({"USERNAME": self.username, "REALM": REALM, "NONCE": self.nonce})
             msg.add_message_integrity(self.key)
         effects = self.engine.handle_client(bytes(msg), self.addr, now)
         self.log.extend(effects)
@@ -270,6 +273,29 @@ def test_connection_bind_with_a_missing_or_unknown_connection_id_gets_400(
     assert reply is not None
     assert reply.error_code == 400
     assert not any(isinstance(e, fx.BindPeerConnection) for e in data.log)
+
+
+def test_connection_bind_signed_by_another_user_gets_441() -> None:
+    auth = EphemeralAuthenticator(REALM, "secret")
+    engine = TurnEngine(
+        relay_ip=RELAY_IP,
+        nonce_secret=b"k" * 32,
+        policies=Policies(auth, AllowAllPeers(), UserQuota()),
+        stream=True,
+    )
+    alice, bob = "2000000:alice", "2000000:bob"
+    conn = Conn(engine, ("203.0.113.7", 40000), username=alice, password=auth.password(alice))
+    assert conn.allocate().error_code is None
+    cid = connect(conn)
+    engine.peer_connected(cid, T0)
+    data = Conn(engine, ("203.0.113.9", 40001), username=bob, password=auth.password(bob))
+    reply = data.request(CONNECTION_BIND, {"CONNECTION-ID": cid})
+    assert reply is not None
+    assert reply.error_code == 441
+    owner = Conn(engine, ("203.0.113.7", 40002), username=alice, password=auth.password(alice))
+    reply = owner.request(CONNECTION_BIND, {"CONNECTION-ID": cid})
+    assert reply is not None
+    assert reply.error_code is None  # the refused attempt did not use the id up
 
 
 def test_connection_bind_for_a_connection_still_connecting_gets_400() -> None:

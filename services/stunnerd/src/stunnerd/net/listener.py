@@ -165,6 +165,9 @@ class Listener:
     def bound_port(self) -> int:
         raise NotImplementedError
 
+    def recount_tcp_relays(self) -> None:
+        """Stream listeners: their TCP relays' peer connections may change cluster too."""
+
     def tcp_relay_effect(self, effect: fx.TcpRelayEffect) -> None:
         """RFC 6062 effects; only stream listeners get them (their engine may open TCP relays)."""
         if isinstance(effect, fx.OpenRelay):
@@ -192,6 +195,7 @@ class Listener:
 
     def _recount_routes(self) -> None:
         """Routes that survive a policy change may now fall under another cluster."""
+        self.recount_tcp_relays()
         for key, (sock, peer, _old) in list(self.routes.items()):
             self.routes[key] = (sock, peer, self.cluster_counts(peer))
         for relay in self.relays.values():

@@ -366,6 +366,9 @@ class StreamListener(Listener):
         assert self.server is not None
         return int(self.server.sockets[0].getsockname()[1])
 
+    def recount_tcp_relays(self) -> None:
+        self.tcp_relays.recount()
+
     def tcp_relay_effect(self, effect: fx.TcpRelayEffect) -> None:
         relays = self.tcp_relays
         match effect:

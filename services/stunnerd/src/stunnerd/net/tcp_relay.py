@@ -233,6 +233,11 @@ class TcpRelays:
         data.peer_link = link
         link.transport.resume_reading()
 
+    def recount(self) -> None:
+        """After a policy change a peer may fall under another cluster's counters."""
+        for link in self.links.values():
+            link.counts = self.listener.cluster_counts(link.peer)
+
     def close_link(self, connection_id: int) -> None:
         task = self.connecting.pop(connection_id, None)
         if task is not None:
