@@ -232,7 +232,7 @@ def test_rfc_6062_requests_decode_with_their_attributes_integrity_and_fingerprin
     msg.add_message_integrity(key)
     raw = bytes(msg)
     decoded = codec.decode(raw)
-    assert decoded.message.message_method == codec.TcpMethod.CONNECT
+    assert int(decoded.message.message_method) == codec.TcpMethod.CONNECT
     assert decoded.message.message_class == stun.Class.REQUEST
     assert decoded.message.attributes["XOR-PEER-ADDRESS"] == ("192.0.2.7", 4242)
     assert decoded.message.attributes["CONNECTION-ID"] == 77

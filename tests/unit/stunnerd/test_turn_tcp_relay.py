@@ -256,9 +256,9 @@ def test_connection_bind_on_a_new_connection_splices_it_to_the_peer_connection()
     assert effects[-1] == fx.BindPeerConnection(data.addr, cid)
     assert engine.tick(T0 + BIND_TIMEOUT_S + 1) == []  # bound: no bind timeout any more
     again = Conn(engine, ("203.0.113.7", 40002), nonce=conn.nonce)
-    reply = again.request(CONNECTION_BIND, {"CONNECTION-ID": cid}, T0 + 2)
-    assert reply is not None
-    assert reply.error_code == 400  # already bound
+    second = again.request(CONNECTION_BIND, {"CONNECTION-ID": cid}, T0 + 2)
+    assert second is not None
+    assert second.error_code == 400  # already bound
 
 
 @pytest.mark.parametrize("attrs", [{}, {"CONNECTION-ID": 999}], ids=["missing", "unknown"])
