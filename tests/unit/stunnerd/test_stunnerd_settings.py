@@ -89,6 +89,7 @@ def test_network_and_admin_timeouts_come_from_stunnerd_variables_and_reach_the_s
         "STUNNERD_ADMIN_REQUEST_TIMEOUT_S": "4",
         "STUNNERD_DNS_REFRESH_S": "1",
         "STUNNERD_DNS_TIMEOUT_S": "2",
+        "STUNNERD_MAX_TCP_CONNECTIONS_PER_ALLOCATION": "8",
     }
     settings = load_settings(env, config=None, watch=False, turn_uri=None, ident="a/b")
     assert settings.admin_request_timeout_s == 4.0
@@ -100,6 +101,7 @@ def test_network_and_admin_timeouts_come_from_stunnerd_variables_and_reach_the_s
         client_idle_timeout_s=7.5,
         socket_close_timeout_s=0.5,
         stream_close_timeout_s=3.0,
+        max_tcp_connections_per_allocation=8,
     )
     defaults = load_settings({}, config=None, watch=False, turn_uri=None, ident="a/b")
     assert defaults.server_tuning() == ServerTuning()

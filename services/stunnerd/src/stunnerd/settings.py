@@ -44,6 +44,7 @@ from stunnerd.turn.guard import (
     DEFAULT_MAX_MESSAGE_BYTES,
     RequestLimits,
 )
+from stunnerd.turn.tcp_connections import MAX_CONNECTIONS_PER_ALLOCATION
 
 DEFAULT_GRACE_PERIOD_S = 3600.0
 DEFAULT_SIGINT_GRACE_PERIOD_S = 5.0
@@ -91,6 +92,8 @@ class StunnerdSettings(BaseSettings):
     """How long closing a UDP/DTLS listener waits for the kernel to release its port."""
     stream_close_timeout_s: float = Field(STREAM_CLOSE_TIMEOUT_S, gt=0)
     """How long closing a TCP/TLS listener waits for its server socket to close."""
+    max_tcp_connections_per_allocation: int = Field(MAX_CONNECTIONS_PER_ALLOCATION, ge=1)
+    """Peer connections one TCP allocation (RFC 6062) may hold; past it Connect gets 508."""
     admin_request_timeout_s: float = Field(REQUEST_HEAD_TIMEOUT_S, gt=0)
     """How long the health and metrics servers wait for a request head (and for a reply to go)."""
     stats_refresh_timeout_s: float = Field(2.0, gt=0)
@@ -128,6 +131,7 @@ class StunnerdSettings(BaseSettings):
             client_idle_timeout_s=self.client_idle_timeout_s,
             socket_close_timeout_s=self.socket_close_timeout_s,
             stream_close_timeout_s=self.stream_close_timeout_s,
+            max_tcp_connections_per_allocation=self.max_tcp_connections_per_allocation,
         )
 
     def client_limits(self) -> ClientLimits:

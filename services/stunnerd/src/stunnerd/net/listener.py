@@ -119,6 +119,7 @@ class Listener:
             clock_offset_s=clock_offset_s,
             limits=self.limits.request,
             tcp_relays=tcp_relays and self.stream,
+            max_tcp_connections=tuning.max_tcp_connections_per_allocation,
         )
         self.batcher = batcher if batcher is not None else SendBatcher(loop, enabled=False)
         self.traffic: Traffic = traffic if traffic is not None else new_traffic()

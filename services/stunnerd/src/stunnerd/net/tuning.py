@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from stunnerd.turn.tcp_connections import MAX_CONNECTIONS_PER_ALLOCATION
+
 DNS_REFRESH_S = 5.0
 DNS_TIMEOUT_S = 5.0
 CLIENT_IDLE_TIMEOUT_S = 60.0
@@ -34,6 +36,8 @@ class ServerTuning:
     """How long closing a UDP/DTLS listener waits for the kernel to release its port."""
     stream_close_timeout_s: float = STREAM_CLOSE_TIMEOUT_S
     """How long closing a TCP/TLS listener waits for its server socket to close."""
+    max_tcp_connections_per_allocation: int = MAX_CONNECTIONS_PER_ALLOCATION
+    """Peer connections one TCP allocation (RFC 6062) may hold, in any state."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))

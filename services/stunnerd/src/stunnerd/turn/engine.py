@@ -57,7 +57,7 @@ from stunnerd.turn.policies import (
 )
 from stunnerd.turn.reservations import Reservations
 from stunnerd.turn.retransmit import RetransmitCache
-from stunnerd.turn.tcp_connections import PeerConnections
+from stunnerd.turn.tcp_connections import MAX_CONNECTIONS_PER_ALLOCATION, PeerConnections
 from stunnerd.turn.timers import Deadlines
 
 SOFTWARE = "stunnerd"
@@ -97,12 +97,14 @@ class TurnEngine(RelayLifecycle):
         nonce_lifetime_s: float | None = None,
         limits: RequestLimits | None = None,
         tcp_relays: bool = True,
+        max_tcp_connections: int = MAX_CONNECTIONS_PER_ALLOCATION,
     ) -> None:
         ipaddress.ip_address(relay_ip)  # fail early on a bad advertised address
         self.relay_ip = relay_ip
         self.relay_family = family_of(relay_ip)
         self.stream = stream
         self.tcp_relays = tcp_relays  # RFC 6062 allocations (stream listeners only)
+        self.max_tcp_connections = max_tcp_connections  # peer connections per TCP allocation
         self.clock_offset_s = clock_offset_s  # unix time = now + offset (ephemeral expiry)
         self.software = software
         self.policies = policies or Policies(NoAuthenticator(), AllowAllPeers(), UserQuota())

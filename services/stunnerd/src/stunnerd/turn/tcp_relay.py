@@ -39,7 +39,6 @@ from stunnerd.turn.methods import TurnMethods
 from stunnerd.turn.tcp_connections import (
     BIND_TIMEOUT_S,
     CONNECT_TIMEOUT_S,
-    MAX_CONNECTIONS_PER_ALLOCATION,
     ConnectionState,
     PeerConnection,
 )
@@ -49,7 +48,7 @@ from stunnerd.turn.timers import DeadlineKind
 class TcpRelayMethods(TurnMethods):
     """The RFC 6062 handlers and edge reports; state set up by `TurnEngine.__init__`."""
 
-    max_tcp_connections: int = MAX_CONNECTIONS_PER_ALLOCATION
+    max_tcp_connections: int
     _indications: int
 
     # ------------------------------------------------------------------ requests
