@@ -18,7 +18,7 @@ PACKAGES = {
     "services/turncat": "turncat",
     "services/auth": "stunner_auth",
 }
-SCRIPTS = {"stunnerd", "turncat", "stunner-cds", "stunner-operator", "stunner-auth"}
+SCRIPTS = {"stunnerd", "turncat", "stunnerctl", "stunner-cds", "stunner-operator", "stunner-auth"}
 
 
 @pytest.mark.parametrize(("folder", "module"), sorted(PACKAGES.items()))
