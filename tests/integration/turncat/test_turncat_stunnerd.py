@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import socket
 import sys
 import time
@@ -344,3 +345,66 @@ async def test_ipv6_peer_through_a_listener_without_ipv6_relays_exits_6_with_440
         "ALLOCATE failed with 440 Address Family not Supported"
     )
     assert echo.protocol.received == 0
+
+
+@pytest.mark.parametrize("transport", ["tcp", "tls"])
+async def test_tcp_peer_through_stunnerd_one_connection_per_client(
+    tmp_path: Path, transport: str
+) -> None:
+    port, tls_port = free_udp_tcp_port(), free_udp_tcp_port()
+    protocols = ("TURN-TCP", "TURN-TLS")
+    path, n = config_file(tmp_path, port, ["127.0.0.1/32"], protocols=protocols, tls_port=tls_port)
+    local_port = free_port()
+    server = uri(tls_port if transport == "tls" else port, transport)
+    async with (
+        stunnerd("-c", str(path), listeners=n),
+        tcp_echo() as echo,
+        turncat(f"tcp://{LOOPBACK}:{local_port}", server, echo.url, "--insecure"),
+    ):
+        assert echo.connections == 1  # the startup check
+        big = os.urandom(200_000)
+        replies = await asyncio.gather(
+            *(
+                tcp_roundtrip(local_port, payload)
+                for payload in (b"first client", b"second client", big)
+            )
+        )
+        assert list(replies) == [b"first client", b"second client", big]
+        assert echo.connections == 4
+        assert len(set(echo.sources)) == 4  # each from its own relayed address
+
+
+async def test_tcp_peer_through_stunnerd_from_stdin() -> None:
+    port = free_udp_tcp_port()
+    async with stunnerd(uri(port, "tcp")), tcp_echo() as echo:
+        line = b"a line for a tcp peer\n"
+        reply, rc, err = await stdin_roundtrip(uri(port, "tcp"), echo.url, line)
+    assert (reply, rc) == (line, 0), err
+    assert echo.connections == 1  # stdin mode opens its one session, no separate check
+
+
+async def test_tcp_peer_refusals_of_stunnerd_have_their_exit_codes(tmp_path: Path) -> None:
+    port = free_udp_tcp_port()
+    path, n = config_file(tmp_path, port, ["127.0.0.1/32"], protocols=("TURN-TCP",))
+    async with stunnerd("-c", str(path), listeners=n):
+        # Admitted by the route, but nobody listens there: 447.
+        closed = free_port()
+        rc, err = await run_turncat("-", uri(port, "tcp"), f"tcp://{LOOPBACK}:{closed}")
+        assert rc == 7, err
+        assert "447" in err.strip().splitlines()[-1]
+        # Outside every cluster: 403.
+        rc, err = await run_turncat("-", uri(port, "tcp"), "tcp://127.0.0.2:80")
+        assert rc == 4, err
+        assert "not allowed" in err.strip().splitlines()[-1]
+
+
+async def tcp_roundtrip(port: int, payload: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection(LOOPBACK, port)
+    try:
+        writer.write(payload)
+        await writer.drain()
+        async with asyncio.timeout(10):
+            return await reader.readexactly(len(payload))
+    finally:
+        writer.close()
+        await writer.wait_closed()
