@@ -220,3 +220,18 @@ def test_without_a_stun_limit_everything_unrouted_reaches_python(rig: Rig) -> No
     rig.client.sendto(junk, addr(rig.listener))
     assert rig.relay.poll() == [(rig.listener.fileno(), junk, addr(rig.client))]
     assert rig.relay.stats()["dropped"] == 0
+
+
+def test_with_a_datagram_limit_longer_datagrams_are_read_in_part_and_dropped(rig: Rig) -> None:
+    rig.relay.watch(rig.listener.fileno(), _fastpath.LISTENER, LISTENER_SLOT, 1500, 2048)
+    rig.route(0x4000)
+    fits = channel_data(0x4000, b"f" * (2048 - 4))
+    too_long = channel_data(0x4000, b"t" * 2048)
+    rig.client.sendto(too_long, addr(rig.listener))
+    rig.client.sendto(fits, addr(rig.listener))
+    assert rig.relay.poll() == []
+    assert recv(rig.peer)[0] == b"f" * (2048 - 4)  # only the one that fits was relayed
+    stats = rig.relay.stats()
+    assert (stats["relayed"], stats["dropped"]) == (1, 1)
+    with pytest.raises(ValueError, match="size limit"):
+        rig.relay.watch(rig.listener.fileno(), _fastpath.LISTENER, LISTENER_SLOT, 1500, 70_000)

@@ -23,6 +23,7 @@ from stunner_common.config import StunnerConfig
 from stunnerd.net.guard import ClientLimits, ConnectionLimits
 from stunnerd.net.server import TurnServer
 from stunnerd.net.stream import StreamListener
+from stunnerd.net.tuning import ServerTuning
 from stunnerd.turn.guard import RequestLimits
 from stunnerd.workers.local import LocalDataplane
 from support.echo import echo_peer
@@ -365,3 +366,39 @@ async def test_a_trickle_before_allocating_is_closed_on_tls_too(no_leaked_tasks:
         async with asyncio.timeout(WAIT_S):
             while listener.connections or listener.sources.counts:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("fastpath", [False, True])
+async def test_a_udp_datagram_over_the_read_limit_is_dropped_even_on_a_bound_channel(
+    no_leaked_tasks: None, fastpath: bool
+) -> None:
+    from fixtures.stunnerd.client import UdpTurnClient
+
+    from stunnerd import fastpath as c_relay
+
+    if fastpath and not c_relay.available():
+        pytest.skip("stunnerd._fastpath is not built")
+    config = make_config()
+    limits = ClientLimits(RequestLimits(max_udp_datagram_bytes=2048))
+    tuning = ServerTuning(fastpath=fastpath)
+    dataplane = LocalDataplane(TurnServer(bind_host="127.0.0.1", limits=limits, tuning=tuning))
+    try:
+        await dataplane.reconciler.apply(config)
+        async with (
+            echo_peer() as (peer, peer_addr),
+            UdpTurnClient(("127.0.0.1", config.listeners[0].port)) as client,
+        ):
+            await client.allocate()
+            bound = await client.request(
+                stun.Method.CHANNEL_BIND, {"CHANNEL-NUMBER": 0x4000, "XOR-PEER-ADDRESS": peer_addr}
+            )
+            assert bound.message_class == stun.Class.RESPONSE
+            frame = b"\x40\x00" + (2048).to_bytes(2, "big") + bytes(2048)  # 2052 bytes
+            client.send_raw(frame)
+            assert await client.nothing_arrives()
+            fits = b"\x40\x00" + (2044).to_bytes(2, "big") + bytes(2044)  # 2048 bytes
+            client.send_raw(fits)
+            assert await client.recv_raw() == fits
+            assert peer.received == 1
+    finally:
+        await dataplane.close()

@@ -60,3 +60,13 @@ def test_source_counter_caps_and_forgets() -> None:
     counter.release("a")
     assert counter.counts == {}
     assert all(SourceCounter(0).acquire("b") for _ in range(100))  # 0: unlimited
+
+
+def test_the_udp_datagram_read_limit_is_a_knob_with_bounds() -> None:
+    assert settings_from({}).request.max_udp_datagram_bytes == 9216
+    limits = settings_from({"STUNNERD_MAX_UDP_DATAGRAM_BYTES": "4096"})
+    assert limits.request.max_udp_datagram_bytes == 4096
+    assert ClientLimits.from_json(limits.to_json()) == limits  # what workers get
+    for bad in ("1000", "70000"):  # under an MTU; over what the C relay can read
+        with pytest.raises(ValidationError):
+            settings_from({"STUNNERD_MAX_UDP_DATAGRAM_BYTES": bad})

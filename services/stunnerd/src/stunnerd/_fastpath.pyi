@@ -4,7 +4,15 @@ BATCH: int
 
 class FastRelay:
     def fileno(self) -> int: ...
-    def watch(self, fd: int, kind: int, slot: int, max_stun_bytes: int = 0, /) -> None: ...
+    def watch(
+        self,
+        fd: int,
+        kind: int,
+        slot: int,
+        max_stun_bytes: int = 0,
+        max_datagram_bytes: int = 0,
+        /,
+    ) -> None: ...
     def unwatch(self, fd: int, /) -> None: ...
     def add_client_route(
         self,

@@ -42,6 +42,7 @@ from stunnerd.turn.guard import (
     DEFAULT_CHALLENGE_RATE_PER_S,
     DEFAULT_MAX_ATTRIBUTES,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_UDP_DATAGRAM_BYTES,
     RequestLimits,
 )
 from stunnerd.turn.tcp_connections import MAX_CONNECTIONS_PER_ALLOCATION
@@ -106,6 +107,8 @@ class StunnerdSettings(BaseSettings):
     # What a client without credentials may cost (stunnerd README, "Hostile input").
     max_stun_message_bytes: int = Field(DEFAULT_MAX_MESSAGE_BYTES, ge=548, le=65555)
     """A STUN message larger than this is dropped unread (ChannelData is not limited)."""
+    max_udp_datagram_bytes: int = Field(DEFAULT_MAX_UDP_DATAGRAM_BYTES, ge=1500, le=65536)
+    """A TURN-UDP datagram longer than this (ChannelData included) is dropped, read only in part."""
     max_stun_attributes: int = Field(DEFAULT_MAX_ATTRIBUTES, ge=8)
     """A request with more attributes gets a 400 without being decoded."""
     challenge_rate_per_s: float = Field(DEFAULT_CHALLENGE_RATE_PER_S, ge=0)
@@ -139,6 +142,7 @@ class StunnerdSettings(BaseSettings):
             RequestLimits(
                 max_message_bytes=self.max_stun_message_bytes,
                 max_attributes=self.max_stun_attributes,
+                max_udp_datagram_bytes=self.max_udp_datagram_bytes,
                 challenge_rate_per_s=self.challenge_rate_per_s,
                 challenge_burst=self.challenge_burst,
             ),

@@ -71,14 +71,22 @@ class FastPath:
         counts: list[int],
         handler: Handler,
         max_stun_bytes: int = 0,
+        max_datagram_bytes: int = 0,
     ) -> None:
         """Read a client-facing socket here; `handler(data, addr)` gets what no route takes.
 
         With `max_stun_bytes`, what the engine would drop unread (neither ChannelData nor a
-        valid STUN header within the limit) is dropped in C and never reaches `handler`.
+        valid STUN header within the limit) is dropped in C and never reaches `handler`. With
+        `max_datagram_bytes`, at most that much of a datagram is read; a longer one is dropped.
         """
         self.handlers[sock.fileno()] = handler
-        self.relay.watch(sock.fileno(), _fastpath.LISTENER, self.slot(counts), max_stun_bytes)
+        self.relay.watch(
+            sock.fileno(),
+            _fastpath.LISTENER,
+            self.slot(counts),
+            max_stun_bytes,
+            max_datagram_bytes,
+        )
 
     def watch_relay(self, sock: socket.socket, counts: list[int], handler: Handler) -> None:
         """Read an allocation's relay socket here; datagrams sent on to clients count in the

@@ -17,7 +17,9 @@
  * dropped here, before any Python object exists (counted in `stats()["dropped"]`): a datagram
  * that is neither ChannelData (first byte 0x40-0x7F) nor a STUN message with a valid header
  * (two zero bits, the magic cookie, a length matching the datagram and a multiple of 4, at most
- * the limit), and anything truncated. This keeps what a flood of junk costs close to the cost
+ * the limit), and anything truncated: a listener may also be given a datagram limit, and then
+ * only that much is read of a datagram (a longer one comes back with MSG_TRUNC), so a 60 KB
+ * datagram costs the copy of a few KB. This keeps what a flood of junk costs close to the cost
  * of receiving it (see `python -m bench hostile`).
  */
 #define PY_SSIZE_T_CLEAN
@@ -68,6 +70,7 @@ typedef struct {
     uint8_t kind;
     int slot; /* listener counters: rx on a listener, tx to clients for a relay */
     uint32_t max_stun; /* listener: STUN messages larger than this are dropped; 0: no filter */
+    uint32_t max_datagram; /* listener: read at most this much, drop longer; 0: BUF_BYTES */
 } FdInfo;
 
 typedef struct {
@@ -334,9 +337,11 @@ static inline int engine_reads(const uint8_t *d, size_t size, uint32_t max_stun)
 static int drain_listener(FastRelay *self, int fd, PyObject *out) {
     int lslot = self->fds[fd].slot;
     uint32_t max_stun = self->fds[fd].max_stun;
+    size_t read_bytes = self->fds[fd].max_datagram ? self->fds[fd].max_datagram : BUF_BYTES;
     for (int round = 0; round < DRAIN_ROUNDS; round++) {
         for (int i = 0; i < BATCH; i++) {
-            self->rx_iov[i].iov_len = BUF_BYTES;
+            /* a longer datagram is cut here (MSG_TRUNC) and dropped below: no copy past this */
+            self->rx_iov[i].iov_len = read_bytes;
             self->rx[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_storage);
         }
         int got = recvmmsg(fd, self->rx, BATCH, MSG_DONTWAIT, NULL);
@@ -453,11 +458,12 @@ static PyObject *FastRelay_poll(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
 /* ------------------------------------------------------------------ management */
 
 static PyObject *FastRelay_watch(FastRelay *self, PyObject *args) {
-    int fd, kind, slot, max_stun = 0;
-    if (!PyArg_ParseTuple(args, "iii|i", &fd, &kind, &slot, &max_stun))
+    int fd, kind, slot, max_stun = 0, max_datagram = 0;
+    if (!PyArg_ParseTuple(args, "iii|ii", &fd, &kind, &slot, &max_stun, &max_datagram))
         return NULL;
-    if (fd < 0 || (kind != KIND_LISTENER && kind != KIND_RELAY) || max_stun < 0) {
-        PyErr_SetString(PyExc_ValueError, "bad fd, kind or STUN size limit");
+    if (fd < 0 || (kind != KIND_LISTENER && kind != KIND_RELAY) || max_stun < 0 ||
+        max_datagram < 0 || max_datagram > BUF_BYTES) {
+        PyErr_SetString(PyExc_ValueError, "bad fd, kind or size limit");
         return NULL;
     }
     if (ensure_fd(self, fd) < 0 || ensure_slot(self, slot) < 0)
@@ -469,6 +475,7 @@ static PyObject *FastRelay_watch(FastRelay *self, PyObject *args) {
     self->fds[fd].kind = (uint8_t)kind;
     self->fds[fd].slot = slot;
     self->fds[fd].max_stun = kind == KIND_LISTENER ? (uint32_t)max_stun : 0;
+    self->fds[fd].max_datagram = kind == KIND_LISTENER ? (uint32_t)max_datagram : 0;
     Py_RETURN_NONE;
 }
 
@@ -641,8 +648,9 @@ static PyObject *FastRelay_new(PyTypeObject *type, PyObject *args, PyObject *kwd
 static PyMethodDef FastRelay_methods[] = {
     {"fileno", (PyCFunction)FastRelay_fileno, METH_NOARGS, "The epoll descriptor to watch."},
     {"watch", (PyCFunction)FastRelay_watch, METH_VARARGS,
-     "watch(fd, kind, slot[, max_stun_bytes]): add a listener (1) or relay (2) socket; a "
-     "listener with a STUN size limit has what the engine would not read dropped in C."},
+     "watch(fd, kind, slot[, max_stun_bytes[, max_datagram_bytes]]): add a listener (1) or "
+     "relay (2) socket; a listener with a STUN size limit has what the engine would not read "
+     "dropped in C, and one with a datagram limit reads no more than that of a datagram."},
     {"unwatch", (PyCFunction)FastRelay_unwatch, METH_VARARGS,
      "unwatch(fd): stop watching fd and forget every route through it."},
     {"add_client_route", (PyCFunction)FastRelay_add_client_route, METH_VARARGS,

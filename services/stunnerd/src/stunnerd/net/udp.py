@@ -109,10 +109,11 @@ async def open_listener_socket(
 class UdpListenerProtocol(ClosingDatagramProtocol):
     """TURN-UDP: routed ChannelData is forwarded right here; the rest goes to the engine."""
 
-    __slots__ = ("routes", "send", "slow_path", "traffic")
+    __slots__ = ("max_datagram", "routes", "send", "slow_path", "traffic")
 
     def __init__(self, listener: UdpListener) -> None:
         super().__init__()
+        self.max_datagram = listener.limits.request.max_udp_datagram_bytes
         self.routes = listener.routes
         self.send = listener.batcher.send
         self.slow_path = listener.client_slow_path
@@ -123,6 +124,8 @@ class UdpListenerProtocol(ClosingDatagramProtocol):
         counts = self.traffic
         counts[0] += 1
         counts[1] += size
+        if size > self.max_datagram:
+            return  # as the C relay, which reads no more than this
         if size >= 4 and 0x40 <= data[0] <= 0x7F:
             route = self.routes.get((addr, (data[0] << 8) | data[1]))
             if route is not None:
@@ -169,6 +172,7 @@ class UdpListener(Listener):
                 self.traffic,
                 self.client_slow_path,
                 max_stun_bytes=self.limits.request.max_message_bytes,
+                max_datagram_bytes=self.limits.request.max_udp_datagram_bytes,
             )
             self._sendto = _raw_sendto(sock)
             return

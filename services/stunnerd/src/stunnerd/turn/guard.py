@@ -15,6 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 DEFAULT_MAX_MESSAGE_BYTES = 1500
+DEFAULT_MAX_UDP_DATAGRAM_BYTES = 9216  # a jumbo frame's payload
 DEFAULT_MAX_ATTRIBUTES = 40
 DEFAULT_CHALLENGE_RATE_PER_S = 100.0
 DEFAULT_CHALLENGE_BURST = 200
@@ -31,6 +32,10 @@ class RequestLimits:
     """401/438 answers per source IP and second, on average (0: unlimited)."""
     challenge_burst: int = DEFAULT_CHALLENGE_BURST
     """401/438 answers a source IP may get at once before the rate applies."""
+    max_udp_datagram_bytes: int = DEFAULT_MAX_UDP_DATAGRAM_BYTES
+    """A TURN-UDP listener reads at most this much of a datagram; a longer one (ChannelData
+    included) is dropped. The C relay reads only this much, so a flood of 60 KB datagrams
+    costs a copy of this size each, not of 60 KB."""
 
 
 class ChallengeBudget:
