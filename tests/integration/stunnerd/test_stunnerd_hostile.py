@@ -161,11 +161,7 @@ async def test_a_trickle_before_allocating_is_closed_and_an_allocation_is_exempt
         binding = bytes(stun.Message(stun.Method.BINDING, stun.Class.REQUEST))
         try:
             writer.write(binding)  # a complete first message in time ...
-            trickle = asyncio.create_task(_trickle(writer))  # ... then 10 bytes a second
-            assert await closed_by_server(reader)
-            trickle.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-                await trickle
+            assert await closed_while_trickling(reader, writer)  # ... then 10 bytes a second
         finally:
             await close_all([writer])
         # a client that allocated sends nothing for several windows and is still served
@@ -182,6 +178,19 @@ async def test_a_trickle_before_allocating_is_closed_and_an_allocation_is_exempt
                 turn.close()
                 async with asyncio.timeout(WAIT_S):
                     await collector.closed
+
+
+async def closed_while_trickling(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> bool:
+    """Send 10 bytes a second until the server hangs up (True), within WAIT_S."""
+    trickle = asyncio.create_task(_trickle(writer))
+    try:
+        return await closed_by_server(reader)
+    finally:
+        trickle.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await trickle
 
 
 async def _trickle(writer: asyncio.StreamWriter) -> None:
@@ -355,11 +364,7 @@ async def test_a_trickle_before_allocating_is_closed_on_tls_too(no_leaked_tasks:
         )
         try:
             await binding_over(reader, writer)  # a complete first message in time ...
-            trickle = asyncio.create_task(_trickle(writer))  # ... then 10 bytes a second
-            assert await closed_by_server(reader)
-            trickle.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-                await trickle
+            assert await closed_while_trickling(reader, writer)  # ... then 10 bytes a second
         finally:
             await close_all([writer])
         listener = stream_listener(server)
