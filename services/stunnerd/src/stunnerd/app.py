@@ -71,6 +71,7 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
             log_format=settings.log_format,
             tuning=settings.server_tuning(),
             limits=settings.client_limits(),
+            relay_addresses=settings.relay_address_list(),
             timeouts=WorkerTimeouts(
                 request_s=settings.worker_request_timeout_s,
                 stats_s=settings.worker_stats_timeout_s,
@@ -88,6 +89,7 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
             tuning=settings.server_tuning(),
             offload=OffloadManager(),
             limits=settings.client_limits(),
+            relay_addresses=settings.relay_address_list(),
         )
     )
 

@@ -10,10 +10,11 @@ below `stunnerd.app` reads the environment: the parts that need a setting get it
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
@@ -75,6 +76,10 @@ class StunnerdSettings(BaseSettings):
     """Read the CDS bearer token from this file (re-read when it changes); else `CDS_TOKEN`."""
     bind_host: str = "0.0.0.0"
     """Where listener and relay sockets bind (upstream: the wildcard address)."""
+    relay_addresses: str = ""
+    """Comma-separated IPs (in a pod: `status.podIPs`). Each listener advertises its own address
+    as its relay address and, from here, the first one of the other family: what IPv6 (or IPv4)
+    REQUESTED-ADDRESS-FAMILY and dual allocations (ADDITIONAL-ADDRESS-FAMILY) get."""
     udp_gso: bool = True
     """Batch datagrams to one destination into one `sendmsg` with UDP_SEGMENT, where supported."""
     fastpath: bool = True
@@ -137,6 +142,19 @@ class StunnerdSettings(BaseSettings):
             max_tcp_connections_per_allocation=self.max_tcp_connections_per_allocation,
         )
 
+    @field_validator("relay_addresses", mode="after")
+    @classmethod
+    def _relay_addresses(cls, value: str) -> str:
+        for ip in relay_address_list(value):
+            try:
+                ipaddress.ip_address(ip)
+            except ValueError:
+                raise ValueError(f"relay address {ip!r} is not an IP address") from None
+        return value
+
+    def relay_address_list(self) -> tuple[str, ...]:
+        return relay_address_list(self.relay_addresses)
+
     def client_limits(self) -> ClientLimits:
         return ClientLimits(
             RequestLimits(
@@ -154,6 +172,10 @@ class StunnerdSettings(BaseSettings):
                 preauth_window_s=self.preauth_window_s,
             ),
         )
+
+
+def relay_address_list(text: str) -> tuple[str, ...]:
+    return tuple(ip.strip() for ip in text.split(",") if ip.strip())
 
 
 class _MappingEnvSource(EnvSettingsSource):

@@ -7,7 +7,10 @@ agree on the address and the kind of socket a listener config means.
 
 from __future__ import annotations
 
+import socket
 from typing import NamedTuple
+
+DUAL_STACK_HOSTS = frozenset({"::", ""})
 
 
 class SocketKey(NamedTuple):
@@ -23,6 +26,13 @@ def listener_bind_host(bind_host: str, address: str) -> str:
     if ":" in address and ":" not in bind_host:
         return "::"
     return bind_host
+
+
+def allow_both_families(sock: socket.socket, host: str) -> None:
+    """A socket on the IPv6 wildcard `::` takes IPv4 clients too (they show up as ::ffff:a.b.c.d),
+    whatever the host's `net.ipv6.bindv6only` says; call before `bind`."""
+    if sock.family == socket.AF_INET6 and host in DUAL_STACK_HOSTS:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
 
 
 def socket_kind(protocol: str) -> str:

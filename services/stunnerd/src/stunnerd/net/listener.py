@@ -74,6 +74,7 @@ class ListenerSpec:
     bind_host: str = "0.0.0.0"
     tls: TlsPair | None = None
     reuse_port: bool = False  # share the port with other worker processes (SO_REUSEPORT)
+    other_relay_ip: str = ""  # a relay address of the other family (dual allocations)
 
 
 def _wire_forms(addr: Address) -> tuple[Any, ...]:
@@ -112,6 +113,7 @@ class Listener:
         self.limits = limits if limits is not None else ClientLimits()
         self.engine = TurnEngine(
             relay_ip=spec.relay_ip,
+            other_relay_ip=spec.other_relay_ip,
             nonce_secret=nonce_secret,
             policies=policies,
             usage=usage,
@@ -130,6 +132,8 @@ class Listener:
         # (client address, channel) -> (relay socket, peer, cluster counters): client → peer
         self.routes: dict[tuple[Any, int], tuple[socket.socket, Address, Traffic]] = {}
         self.relays: dict[Address, DatagramRelayProtocol] = {}
+        # The IPv6 relay of each dual allocation (RFC 8656 §7.2); `relays` holds its IPv4 one.
+        self.dual_relays: dict[Address, DatagramRelayProtocol] = {}
         self.held_ports: dict[int, socket.socket] = {}  # reservations (EVEN-PORT with R)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -194,12 +198,20 @@ class Listener:
             counts = self.cluster_traffic[name] = new_traffic()
         return counts
 
+    def relay_for(self, client: Address, peer_ip: str) -> DatagramRelayProtocol | None:
+        """The relay of `client`'s allocation that serves peers of `peer_ip`'s family."""
+        if ":" in peer_ip and self.dual_relays:
+            dual = self.dual_relays.get(client)
+            if dual is not None:
+                return dual
+        return self.relays.get(client)
+
     def _recount_routes(self) -> None:
         """Routes that survive a policy change may now fall under another cluster."""
         self.recount_tcp_relays()
         for key, (sock, peer, _old) in list(self.routes.items()):
             self.routes[key] = (sock, peer, self.cluster_counts(peer))
-        for relay in self.relays.values():
+        for relay in (*self.relays.values(), *self.dual_relays.values()):
             for addr, (channel, _old) in list(relay.peer_channels.items()):
                 relay.peer_channels[addr] = (channel, self.cluster_counts((addr[0], addr[1])))
 
@@ -236,7 +248,7 @@ class Listener:
                 case fx.SendToClient():
                     self.send_to_client(effect.client, effect.data)
                 case fx.SendToPeer():
-                    relay = self.relays.get(effect.client)
+                    relay = self.relay_for(effect.client, effect.peer[0])
                     if relay is not None and relay.transport is not None:
                         counts = self.cluster_counts(effect.peer)
                         counts[TX_PKTS] += 1
@@ -254,6 +266,9 @@ class Listener:
                         released.close()
                 case fx.CloseRelay():
                     closing = self.relays.pop(effect.client, None)
+                    dual = self.dual_relays.pop(effect.client, None)
+                    if dual is not None and dual.transport is not None:
+                        dual.transport.close()
                     if closing is not None and closing.transport is not None:
                         closing.transport.close()
                     elif self.stream:
@@ -262,12 +277,15 @@ class Listener:
                     self.tcp_relay_effect(effect)
                 case fx.AllocationCreated():
                     log.info(
-                        "listener %s: allocation for %s (user %s) relay %s:%d lifetime %ds",
+                        "listener %s: allocation for %s (user %s) relay %s:%d%s lifetime %ds",
                         self.name,
                         effect.client,
                         effect.user_id,
                         effect.relay[0],
                         effect.relay[1],
+                        f" and [{effect.additional[0]}]:{effect.additional[1]}"
+                        if effect.additional
+                        else "",
                         effect.lifetime_s,
                     )
                 case fx.AllocationDeleted():
@@ -281,7 +299,7 @@ class Listener:
         self._rearm()
 
     def _route_added(self, effect: fx.ChannelRouteAdded) -> None:
-        relay = self.relays.get(effect.client)
+        relay = self.relay_for(effect.client, effect.peer[0])
         if relay is None or relay.transport is None:
             return
         counts = self.cluster_counts(effect.peer)
@@ -294,7 +312,7 @@ class Listener:
     def _route_removed(self, effect: fx.ChannelRouteRemoved) -> None:
         for client in _wire_forms(effect.client):
             self.routes.pop((client, effect.channel), None)
-        relay = self.relays.get(effect.client)
+        relay = self.relay_for(effect.client, effect.peer[0])
         if relay is not None:
             for peer in _wire_forms(effect.peer):
                 relay.peer_channels.pop(peer, None)
@@ -304,6 +322,7 @@ class Listener:
             self.tcp_relay_effect(effect)
             return
         held: socket.socket | None = None
+        dual: socket.socket | None = None
         try:
             if effect.reserved_port:
                 sock = self.held_ports.pop(effect.reserved_port, None)
@@ -313,40 +332,63 @@ class Listener:
                 sock, held = bind_even_pair(self.spec.bind_host, effect.family)
             else:
                 sock = bind_relay_socket(self.spec.bind_host, effect.family, effect.even_port)
+            if effect.additional_family:
+                try:
+                    dual = bind_relay_socket(self.spec.bind_host, effect.additional_family, False)
+                except OSError:
+                    sock.close()
+                    raise
         except OSError as exc:
             log.warning("listener %s: cannot open a relay socket: %s", self.name, exc)
             self.apply(self.engine.relay_failed(effect.client, self.loop.time()))
             return
         task = self.loop.create_task(
-            self._start_relay(effect.client, sock, held), name=f"relay-open:{self.name}"
+            self._start_relay(effect.client, sock, held, dual), name=f"relay-open:{self.name}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _start_relay(
-        self, client: Address, sock: socket.socket, held: socket.socket | None = None
+        self,
+        client: Address,
+        sock: socket.socket,
+        held: socket.socket | None = None,
+        dual: socket.socket | None = None,
     ) -> None:
         port = int(sock.getsockname()[1])
+        dual_relay: DatagramRelayProtocol | None = None
         try:
             relay = await self._relay_endpoint(client, sock)
+            if dual is not None:
+                try:
+                    dual_relay = await self._relay_endpoint(client, dual)
+                except BaseException:
+                    relay.transport.close()  # type: ignore[union-attr]
+                    raise
         except OSError as exc:
-            sock.close()
-            if held is not None:
-                held.close()
+            for unused in (sock, held, dual):
+                if unused is not None:
+                    unused.close()
             log.warning("listener %s: relay socket failed: %s", self.name, exc)
             self.apply(self.engine.relay_failed(client, self.loop.time()))
             return
         if self.closed:
-            relay.transport.close()  # type: ignore[union-attr]
+            for opened in (relay, dual_relay):
+                if opened is not None and opened.transport is not None:
+                    opened.transport.close()
             if held is not None:
                 held.close()
             return
         self.relays[client] = relay
+        dual_port = 0
+        if dual_relay is not None:
+            self.dual_relays[client] = dual_relay
+            dual_port = int(dual_relay.sock.getsockname()[1])
         held_port = 0
         if held is not None:
             held_port = int(held.getsockname()[1])
             self.held_ports[held_port] = held
-        self.apply(self.engine.relay_opened(client, port, self.loop.time(), held_port))
+        self.apply(self.engine.relay_opened(client, port, self.loop.time(), held_port, dual_port))
 
     async def _relay_endpoint(self, client: Address, sock: socket.socket) -> DatagramRelayProtocol:
         """The protocol of a new relay socket, reading it (through an event-loop transport here)."""
@@ -388,10 +430,11 @@ class Listener:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        for relay in self.relays.values():
+        for relay in (*self.relays.values(), *self.dual_relays.values()):
             if relay.transport is not None:
                 relay.transport.close()
         self.relays.clear()
+        self.dual_relays.clear()
         self.routes.clear()
         for held in self.held_ports.values():
             held.close()

@@ -183,6 +183,9 @@ def bind_relay_socket(bind_host: str, family: int, even: bool, port: int = 0) ->
         sock = socket.socket(af, socket.SOCK_DGRAM)
         try:
             sock.setblocking(False)
+            if af == socket.AF_INET6:
+                # an IPv6 relay relays to IPv6 peers only: never to IPv4 through a mapped address
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind((host, port))
         except OSError:
             sock.close()

@@ -18,7 +18,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import stunnerd.fastpath
@@ -70,6 +70,13 @@ def relay_address(listener: ListenerConfig) -> str:
     return listener.address
 
 
+def other_relay_address(primary: str, extra: Sequence[str]) -> str:
+    """The first of `extra` in the other family than `primary` ("" if none): the listener's
+    relay address for REQUESTED-ADDRESS-FAMILY of that family and for dual allocations."""
+    six = ":" in primary
+    return next((ip for ip in extra if (":" in ip) != six), "")
+
+
 def host_addresses() -> set[str]:
     """What this host's name resolves to (in a pod: the pod IP); empty when it does not."""
     try:
@@ -94,8 +101,12 @@ class TurnServer:
         nonce_key: bytes | None = None,
         socket_source: SocketSource | None = None,
         tcp_relays: bool = True,
+        relay_addresses: Sequence[str] = (),
     ) -> None:
         self.bind_host = bind_host
+        # Relay addresses beyond the listeners' own (STUNNERD_RELAY_ADDRESSES): each listener
+        # also advertises the first one of the other family (dual-stack, RFC 8656 §7.2).
+        self.relay_addresses = tuple(relay_addresses)
         self.offload = offload  # the kernel fast path, for this process's TURN-UDP listeners
         self.limits = limits if limits is not None else ClientLimits()
         self._host_addresses = host_addresses()
@@ -143,6 +154,7 @@ class TurnServer:
         own = set(self._host_addresses)
         own.add(self.bind_host)
         own.update(lst.address for lst in config.listeners)
+        own.update(self.relay_addresses)
         return ProtectedRanges.build(own)
 
     # ---------------------------------------------------------------- ListenerTarget
@@ -187,12 +199,13 @@ class TurnServer:
         self.listeners[listener.name] = running
         self._ensure_dns(config)
         log.info(
-            "listener %s: %s on %s:%d (relay address %s)",
+            "listener %s: %s on %s:%d (relay address %s%s)",
             spec.name,
             spec.protocol,
             spec.bind_host,
             running.bound_port,
             spec.relay_ip,
+            f" and {spec.other_relay_ip}" if spec.other_relay_ip else "",
         )
 
     async def remove_listener(self, name: str) -> None:
@@ -232,10 +245,12 @@ class TurnServer:
             except Exception as exc:
                 raise ListenerError(f"listener {listener.name}: {exc}") from exc
         bind_host = listener_bind_host(self.bind_host, listener.address)
+        relay_ip = relay_address(listener)
         return ListenerSpec(
             name=listener.name,
             protocol=listener.protocol,
-            relay_ip=relay_address(listener),
+            relay_ip=relay_ip,
+            other_relay_ip=other_relay_address(relay_ip, self.relay_addresses),
             port=listener.port,
             bind_host=bind_host,
             tls=tls,

@@ -26,6 +26,7 @@ import tempfile
 from typing import Any
 
 from stunner_common.config import TlsPair
+from stunnerd.net.binding import DUAL_STACK_HOSTS, allow_both_families
 from stunnerd.net.guard import SourceCounter
 from stunnerd.net.listener import Address, Listener, SendTo
 from stunnerd.net.relay import StreamRelayProtocol
@@ -36,6 +37,25 @@ from stunnerd.turn.codec import stream_frame_length
 log = logging.getLogger(__name__)
 
 ACCEPT_BACKLOG = 4096  # bursts of connections wait in the kernel, not in SYN retries
+
+
+def bind_dual_stack_server(port: int, reuse_port: bool) -> socket.socket:
+    """A listening TCP socket on `[::]:port` that takes IPv4 clients too."""
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        allow_both_families(sock, "::")
+        sock.bind(("::", port))
+        sock.listen(ACCEPT_BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 MAX_BUFFERED_BYTES = 256 * 1024
 
 
@@ -261,6 +281,9 @@ class StreamListener(Listener):
 
     async def start(self) -> None:
         inherited, self.inherited_socket = self.inherited_socket, None
+        if inherited is None and self.spec.bind_host in DUAL_STACK_HOSTS:
+            # asyncio would make a `::` server socket IPv6-only; bind it ourselves for both
+            inherited = bind_dual_stack_server(self.spec.port, self.spec.reuse_port)
         if self.ssl_context is not None:
             self._start_tls(inherited)
             return

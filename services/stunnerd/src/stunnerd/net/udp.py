@@ -21,6 +21,7 @@ import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from stunnerd.net.binding import allow_both_families
 from stunnerd.net.listener import Listener, ListenerSpec
 from stunnerd.net.relay import (
     TX_BYTES,
@@ -68,6 +69,7 @@ def bind_listener_socket(spec: ListenerSpec) -> socket.socket:
         sock.setblocking(False)
         if spec.reuse_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        allow_both_families(sock, spec.bind_host)
         sock.bind((spec.bind_host, spec.port))
         tune_udp_socket(sock)
     except BaseException:
@@ -199,7 +201,7 @@ class UdpListener(Listener):
 
     def _route_added(self, effect: fx.ChannelRouteAdded) -> None:
         super()._route_added(effect)
-        relay = self.relays.get(effect.client)
+        relay = self.relay_for(effect.client, effect.peer[0])
         if self.offload is not None and not effect.offload:
             self.offload.channel_removed(self.name, effect.client, effect.channel)
         elif self.offload is not None and relay is not None and relay.transport is not None:
@@ -229,7 +231,7 @@ class UdpListener(Listener):
             self.offload.channel_removed(self.name, effect.client, effect.channel)
         super()._route_removed(effect)
         if self.fastpath is not None and self.sock is not None:
-            relay = self.relays.get(effect.client)
+            relay = self.relay_for(effect.client, effect.peer[0])
             relay_sock = relay.sock if relay is not None else None
             self.fastpath.remove_route(
                 self.sock, effect.client, effect.channel, relay_sock, effect.peer

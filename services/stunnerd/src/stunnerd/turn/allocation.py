@@ -7,6 +7,8 @@ defaults; `lifetime()` is the §7.2 rule for a requested LIFETIME.
 
 from __future__ import annotations
 
+import ipaddress
+
 from stunnerd.turn.effects import Address
 
 DEFAULT_LIFETIME_S = 600
@@ -26,10 +28,14 @@ class Channel:
 
 
 class Allocation:
+    """One client's allocation; a dual one (RFC 8656 §7.2) has an IPv6 `additional` relay too."""
+
     __slots__ = (
+        "additional",
         "channels",
         "client",
         "expires",
+        "families",
         "family",
         "key",
         "peer_channels",
@@ -51,6 +57,7 @@ class Allocation:
         expires: float,
         username: str = "",
         tcp: bool = False,
+        additional: Address | None = None,
     ) -> None:
         self.client = client
         self.user_id = user_id
@@ -59,6 +66,10 @@ class Allocation:
         self.revoked = False  # the config no longer grants its credentials: not offloaded
         self.relay = relay
         self.family = family
+        self.additional = additional
+        self.families = frozenset(
+            (family, family_of(additional[0])) if additional is not None else (family,)
+        )
         self.expires = expires
         self.permissions: dict[str, float] = {}
         self.channels: dict[int, Channel] = {}
@@ -68,6 +79,26 @@ class Allocation:
 
 def family_of(ip: str) -> int:
     return 6 if ":" in ip else 4
+
+
+def unmapped(ip: str) -> str:
+    """An IPv4-mapped IPv6 address (::ffff:a.b.c.d) as the IPv4 address it carries.
+
+    A peer given in that form is an IPv4 peer: it is judged, permitted and relayed as one, so it
+    gets no way around the IPv4 routes or protected ranges, nor onto an IPv6 relay socket.
+    """
+    if ":" not in ip:
+        return ip
+    try:
+        mapped = ipaddress.IPv6Address(ip).ipv4_mapped
+    except ValueError:
+        return ip
+    return ip if mapped is None else str(mapped)
+
+
+def unmapped_address(addr: Address) -> Address:
+    ip = unmapped(addr[0])
+    return addr if ip is addr[0] else (ip, addr[1])
 
 
 def lifetime(requested: int | None) -> int:

@@ -2,8 +2,9 @@
 
 aioice 0.13 parses and builds STUN messages (RFC 8489) and knows most TURN attributes, but it
 skips unknown attributes silently and lacks a few that a TURN server must recognise
-(REQUESTED-ADDRESS-FAMILY, EVEN-PORT, RESERVATION-TOKEN, UNKNOWN-ATTRIBUTES). This module keeps
-its own attribute tables (aioice's plus those four) and never writes into aioice's globals, so
+(REQUESTED-ADDRESS-FAMILY, EVEN-PORT, RESERVATION-TOKEN, UNKNOWN-ATTRIBUTES, and the dual
+allocation's ADDITIONAL-ADDRESS-FAMILY and ADDRESS-ERROR-CODE). This module keeps its own
+attribute tables (aioice's plus those) and never writes into aioice's globals, so
 another user of aioice in the process sees aioice as shipped: `decode` adds the extra attributes
 to the parsed message itself and `encode` packs from our tables. The raw attribute types are
 scanned so that the engine can answer 420 for unknown comprehension-required attributes
@@ -20,7 +21,7 @@ import hashlib
 import hmac
 import ipaddress
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,18 @@ def _unpack_family(data: bytes) -> int:
     return int(data[0])
 
 
+def _pack_address_error(value: tuple[int, int, str]) -> bytes:
+    """ADDRESS-ERROR-CODE (RFC 8656 §18.13): family, then an ERROR-CODE body (class, number)."""
+    family, code, reason = value
+    return struct.pack("!BBBB", family, 0, code // 100, code % 100) + reason.encode()
+
+
+def _unpack_address_error(data: bytes) -> tuple[int, int, str]:
+    if len(data) < 4:
+        raise ValueError("ADDRESS-ERROR-CODE must be at least 4 bytes")
+    return int(data[0]), (data[2] & 0x07) * 100 + data[3], data[4:].decode()
+
+
 def _pack_even_port(value: int) -> bytes:
     return struct.pack("!B", value)
 
@@ -84,8 +97,16 @@ EXTRA_ATTRIBUTES: tuple[stun.AttributeEntry, ...] = (
     (0x0018, "EVEN-PORT", _pack_even_port, _unpack_even_port),
     (0x0022, "RESERVATION-TOKEN", stun.pack_bytes, stun.unpack_bytes),
     (0x002A, "CONNECTION-ID", stun.pack_unsigned, stun.unpack_unsigned),
+    (0x8000, "ADDITIONAL-ADDRESS-FAMILY", _pack_family, _unpack_family),
+    (0x8001, "ADDRESS-ERROR-CODE", _pack_address_error, _unpack_address_error),
 )
 """The TURN attributes aioice 0.13 lacks, as aioice attribute entries (type, name, pack, unpack)."""
+
+LEGACY_ATTRIBUTES: tuple[stun.AttributeEntry, ...] = (
+    (0x8032, "ADDITIONAL-ADDRESS-FAMILY", _pack_family, _unpack_family),
+)
+"""Decoded but never sent: the codepoint of the dual-allocation draft that coturn 4.6 still
+sends for ADDITIONAL-ADDRESS-FAMILY (RFC 8656 assigned 0x8000)."""
 
 
 class TcpMethod(enum.IntEnum):
@@ -98,7 +119,9 @@ class TcpMethod(enum.IntEnum):
 
 # The extras aioice's parser skips (all of them in 0.13; none if a later aioice knows them).
 _EXTRA_BY_TYPE: dict[int, stun.AttributeEntry] = {
-    entry[0]: entry for entry in EXTRA_ATTRIBUTES if entry[0] not in stun.ATTRIBUTES_BY_TYPE
+    entry[0]: entry
+    for entry in EXTRA_ATTRIBUTES + LEGACY_ATTRIBUTES
+    if entry[0] not in stun.ATTRIBUTES_BY_TYPE
 }
 ATTRIBUTES_BY_NAME: dict[str, stun.AttributeEntry] = {
     **{entry[1]: entry for entry in EXTRA_ATTRIBUTES},
@@ -264,7 +287,7 @@ def encode(
     method: int,
     klass: Class,
     transaction_id: bytes,
-    attributes: dict[str, Any],
+    attributes: Mapping[str, Any] | Sequence[tuple[str, Any]],
     *,
     key: bytes | None = None,
     software: str | None = None,
@@ -272,10 +295,11 @@ def encode(
     """Build a message; with `key`, MESSAGE-INTEGRITY; always FINGERPRINT (RFC 8489 §14.5, §14.7).
 
     Attribute values are packed with aioice's table, but the message is serialised once, instead
-    of once per trailing attribute as `aioice.stun.Message` does.
+    of once per trailing attribute as `aioice.stun.Message` does. A sequence of (name, value)
+    pairs may repeat a name (a dual allocation's two XOR-RELAYED-ADDRESS, RFC 8656 §7.2).
     """
     body = bytearray()
-    items = list(attributes.items())
+    items = list(attributes.items()) if isinstance(attributes, Mapping) else list(attributes)
     if software:
         items.append(("SOFTWARE", software))
     for name, value in items:

@@ -36,6 +36,7 @@ class OpenRelay:
     reserve_next: bool = False  # EVEN-PORT with R: also hold port + 1 for a later Allocate
     reserved_port: int = 0  # RESERVATION-TOKEN: use the socket held on this port
     tcp: bool = False  # RFC 6062: a listening TCP socket instead of a UDP one
+    additional_family: int = 0  # a dual allocation (RFC 8656 §7.2): also a relay of this family
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,7 @@ class AllocationCreated:
     user_id: str
     relay: Address
     lifetime_s: int
+    additional: Address | None = None  # the IPv6 relay of a dual allocation
 
 
 @dataclass(frozen=True, slots=True)

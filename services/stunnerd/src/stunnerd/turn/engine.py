@@ -39,6 +39,8 @@ from stunnerd.turn import codec, precheck
 from stunnerd.turn.allocation import (
     Allocation,
     family_of,
+    unmapped,
+    unmapped_address,
 )
 from stunnerd.turn.auth import AuthenticatedRequest, Gatekeeper, Refusal
 from stunnerd.turn.codec import Class, Method, TcpMethod
@@ -89,6 +91,7 @@ class TurnEngine(RelayLifecycle):
         *,
         relay_ip: str,
         nonce_secret: bytes,
+        other_relay_ip: str = "",
         policies: Policies | None = None,
         usage: UserUsage | None = None,
         stream: bool = False,
@@ -102,6 +105,14 @@ class TurnEngine(RelayLifecycle):
         ipaddress.ip_address(relay_ip)  # fail early on a bad advertised address
         self.relay_ip = relay_ip
         self.relay_family = family_of(relay_ip)
+        # Relay addresses by family: the listener's own, and one of the other family if the
+        # server has one (REQUESTED-ADDRESS-FAMILY and dual allocations, RFC 8656 §7.2).
+        self.relay_ips = {self.relay_family: relay_ip}
+        if other_relay_ip:
+            ipaddress.ip_address(other_relay_ip)
+            if family_of(other_relay_ip) == self.relay_family:
+                raise ValueError(f"{other_relay_ip} is not of the other family than {relay_ip}")
+            self.relay_ips[family_of(other_relay_ip)] = other_relay_ip
         self.stream = stream
         self.tcp_relays = tcp_relays  # RFC 6062 allocations (stream listeners only)
         self.max_tcp_connections = max_tcp_connections  # peer connections per TCP allocation
@@ -230,7 +241,7 @@ class TurnEngine(RelayLifecycle):
                 Method.BINDING,
                 Class.RESPONSE,
                 head.transaction_id,
-                {"XOR-MAPPED-ADDRESS": client},
+                {"XOR-MAPPED-ADDRESS": unmapped_address(client)},
                 software=self.software,
             ),
         )
@@ -348,6 +359,8 @@ class TurnEngine(RelayLifecycle):
     def _relay_to_peer(
         self, client: Address, peer: Address, data: bytes, now: float, out: list[Effect]
     ) -> None:
+        if ":" in peer[0]:
+            peer = (unmapped(peer[0]), peer[1])
         alloc = self.allocations.get(client)
         expires = alloc.permissions.get(peer[0]) if alloc is not None else None
         if expires is None or expires <= now or not self.policies.peers.admits(peer[0], peer[1]):

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from stunnerd.turn import codec
-from stunnerd.turn.allocation import Allocation
-from stunnerd.turn.codec import Class, Method
+from stunnerd.turn.allocation import Allocation, unmapped_address
+from stunnerd.turn.codec import FAMILY_IPV4, FAMILY_IPV6, Class, Method
 from stunnerd.turn.effects import (
     Address,
     AllocationCreated,
@@ -30,13 +30,20 @@ class RelayLifecycle(TcpRelayMethods):
     """Relay handshake, client departure, expiry and shutdown; state set up by `TurnEngine`."""
 
     relay_ip: str
+    relay_ips: dict[int, str]
 
     def relay_opened(
-        self, client: Address, port: int, now: float, reserved_port: int = 0
+        self,
+        client: Address,
+        port: int,
+        now: float,
+        reserved_port: int = 0,
+        additional_port: int = 0,
     ) -> list[Effect]:
         """The edge bound the relay socket for a pending Allocate: answer with success.
 
-        `reserved_port` is the socket the edge holds for an EVEN-PORT request with the R bit.
+        `reserved_port` is the socket the edge holds for an EVEN-PORT request with the R bit;
+        `additional_port` the IPv6 relay of a dual allocation (RFC 8656 §7.2).
         """
         out: list[Effect] = []
         pending = self._pending.pop(client, None)
@@ -45,7 +52,10 @@ class RelayLifecycle(TcpRelayMethods):
             if reserved_port:
                 out.append(ReleasePort(reserved_port))
             return out
-        relay = (self.relay_ip, port)
+        relay = (self.relay_ips[pending.family], port)
+        additional = None
+        if pending.additional and additional_port:
+            additional = (self.relay_ips[pending.additional], additional_port)
         alloc = Allocation(
             client,
             pending.user_id,
@@ -55,19 +65,23 @@ class RelayLifecycle(TcpRelayMethods):
             now + pending.lifetime_s,
             pending.username,
             pending.tcp,
+            additional,
         )
         self.allocations[client] = alloc
         self.usage.add(pending.user_id)
         self._deadlines.schedule(alloc.expires, DeadlineKind.ALLOCATION, client, None)
-        attrs: dict[str, Any] = {
-            "XOR-RELAYED-ADDRESS": relay,
-            "LIFETIME": pending.lifetime_s,
-            "XOR-MAPPED-ADDRESS": client,
-        }
+        attrs: list[tuple[str, Any]] = [("XOR-RELAYED-ADDRESS", relay)]
+        if additional is not None:
+            attrs.append(("XOR-RELAYED-ADDRESS", additional))
+        if pending.refused:
+            code = FAMILY_IPV6 if pending.refused == 6 else FAMILY_IPV4
+            attrs.append(("ADDRESS-ERROR-CODE", (code, 440, "Address Family not Supported")))
+        attrs.append(("LIFETIME", pending.lifetime_s))
+        attrs.append(("XOR-MAPPED-ADDRESS", unmapped_address(client)))
         if reserved_port:
             token, expires = self._reservations.hold(reserved_port, now)
             self._deadlines.schedule(expires, DeadlineKind.RESERVATION, client, token)
-            attrs["RESERVATION-TOKEN"] = token
+            attrs.append(("RESERVATION-TOKEN", token))
         answer = codec.encode(
             Method.ALLOCATE,
             Class.RESPONSE,
@@ -78,7 +92,9 @@ class RelayLifecycle(TcpRelayMethods):
         )
         self._cache.remember(client, pending.transaction_id, answer, now)
         out.append(SendToClient(client, answer))
-        out.append(AllocationCreated(client, pending.user_id, relay, pending.lifetime_s))
+        out.append(
+            AllocationCreated(client, pending.user_id, relay, pending.lifetime_s, additional)
+        )
         return out
 
     def relay_failed(self, client: Address, now: float) -> list[Effect]:

@@ -22,6 +22,8 @@ from stunnerd.turn.allocation import (
     Channel,
     family_of,
     lifetime,
+    unmapped,
+    unmapped_address,
 )
 from stunnerd.turn.auth import AuthenticatedRequest
 from stunnerd.turn.codec import Class
@@ -35,6 +37,7 @@ from stunnerd.turn.effects import (
     OpenRelay,
     SendToClient,
 )
+from stunnerd.turn.families import FAMILY_CODES, FamilyRefusal, choose_families
 from stunnerd.turn.policies import UserUsage
 from stunnerd.turn.reservations import Reservations
 from stunnerd.turn.retransmit import RetransmitCache
@@ -57,6 +60,8 @@ class Pending:
     reserve_next: bool = False
     username: str = ""
     tcp: bool = False  # RFC 6062: a TCP relay
+    additional: int = 0  # a dual allocation's second family (RFC 8656 §7.2)
+    refused: int = 0  # a dual allocation's family this listener has no relay address for
 
 
 class TurnMethods:
@@ -65,6 +70,7 @@ class TurnMethods:
     relay_family: int
     stream: bool
     tcp_relays: bool  # this engine may open TCP relays (RFC 6062)
+    relay_ips: dict[int, str]  # family -> advertised relay IP
     software: str | None
     policies: Policies
     usage: UserUsage
@@ -97,6 +103,13 @@ class TurnMethods:
             self._fail(req, refusal[0], refusal[1], now, out)
             return
         tcp = transport & 0xFF000000 == codec.TRANSPORT_TCP
+        families = choose_families(attrs, self.relay_ips, self.relay_family)
+        if isinstance(families, FamilyRefusal):
+            self._fail(req, families.code, families.reason, now, out)
+            return
+        if tcp and (families.additional or families.refused):
+            self._fail(req, 400, "ADDITIONAL-ADDRESS-FAMILY with a TCP relay", now, out)
+            return
         reserved_port = 0
         if "RESERVATION-TOKEN" in attrs:
             if "EVEN-PORT" in attrs or "REQUESTED-ADDRESS-FAMILY" in attrs:
@@ -104,15 +117,6 @@ class TurnMethods:
                 return
             if not self._reservations.valid(attrs["RESERVATION-TOKEN"], now):
                 self._fail(req, 508, "Insufficient Capacity (no such reservation)", now, out)
-                return
-        family_code = attrs.get("REQUESTED-ADDRESS-FAMILY")
-        if family_code is not None:
-            wanted = {codec.FAMILY_IPV4: 4, codec.FAMILY_IPV6: 6}.get(family_code)
-            if wanted is None:
-                self._fail(req, 440, "Address Family not Supported", now, out)
-                return
-            if wanted != self.relay_family:
-                self._fail(req, 440, "Address Family not Supported", now, out)
                 return
         if not self.policies.quota.allows(req.user_id, self.usage.counts):
             self._fail(req, 486, "Allocation Quota Reached", now, out)
@@ -126,13 +130,23 @@ class TurnMethods:
             req.user_id,
             req.key,
             lifetime(attrs.get("LIFETIME")),
-            self.relay_family,
+            families.family,
             reserve_next,
             req.username,
             tcp,
+            families.additional,
+            families.refused,
         )
         out.append(
-            OpenRelay(client, self.relay_family, even is not None, reserve_next, reserved_port, tcp)
+            OpenRelay(
+                client,
+                families.family,
+                even is not None,
+                reserve_next,
+                reserved_port,
+                tcp,
+                families.additional,
+            )
         )
 
     def _refresh(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:
@@ -142,7 +156,7 @@ class TurnMethods:
             return
         attrs = req.message.attributes
         family_code = attrs.get("REQUESTED-ADDRESS-FAMILY")
-        if family_code is not None and {1: 4, 2: 6}.get(family_code) != alloc.family:
+        if family_code is not None and FAMILY_CODES.get(family_code) not in alloc.families:
             self._fail(req, 443, "Peer Address Family Mismatch", now, out)
             return
         requested = attrs.get("LIFETIME")
@@ -160,12 +174,12 @@ class TurnMethods:
         alloc = self._owned_allocation(req, now, out)
         if alloc is None:
             return
-        peers = req.peers
+        peers = [unmapped_address(peer) for peer in req.peers]
         if not peers:
             self._fail(req, 400, "Missing XOR-PEER-ADDRESS", now, out)
             return
         for ip, _port in peers:
-            if family_of(ip) != alloc.family:
+            if family_of(ip) not in alloc.families:
                 self._fail(req, 443, "Peer Address Family Mismatch", now, out)
                 return
             if not self.policies.peers.admits_ip(ip):
@@ -193,8 +207,8 @@ class TurnMethods:
         if peer is None:
             self._fail(req, 400, "Missing XOR-PEER-ADDRESS", now, out)
             return
-        peer = (peer[0], peer[1])
-        if family_of(peer[0]) != alloc.family:
+        peer = (unmapped(peer[0]), peer[1])
+        if family_of(peer[0]) not in alloc.families:
             self._fail(req, 443, "Peer Address Family Mismatch", now, out)
             return
         existing = alloc.channels.get(number)

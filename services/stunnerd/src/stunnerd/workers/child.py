@@ -79,6 +79,7 @@ async def serve(
     tuning: ServerTuning,
     limits: ClientLimits,
     fd_channel: int | None = None,
+    relay_addresses: tuple[str, ...] = (),
 ) -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
@@ -92,6 +93,7 @@ async def serve(
             tuning=tuning,
             limits=limits,
             tcp_relays=False,  # see the stunnerd README: TCP relays and worker processes
+            relay_addresses=relay_addresses,
         )
     else:
         inherited = InheritedSockets(FdChannel.from_fd(fd_channel))
@@ -103,6 +105,7 @@ async def serve(
             nonce_key=inherited.wait_nonce_key(),
             socket_source=inherited.take,
             tcp_relays=False,
+            relay_addresses=relay_addresses,
         )
     dataplane = LocalDataplane(server)
     log.info("worker %d ready (pid %d)", index, os.getpid())
@@ -132,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     parser.add_argument("--tuning", default=None, help="ServerTuning as JSON (default: defaults)")
     parser.add_argument("--limits", default=None, help="ClientLimits as JSON (default: defaults)")
+    parser.add_argument("--relay-addresses", default="", help="comma-separated relay IPs")
     parser.add_argument(
         "--fd-channel", type=int, default=None, help="Unix socket carrying listener sockets"
     )
@@ -148,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     # to the process group must not kill the workers under it. A worker ends when stdin closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return run_loop(serve(args.index, args.bind, args.log, tuning, limits, args.fd_channel))
+    relay_addresses = tuple(ip for ip in args.relay_addresses.split(",") if ip)
+    return run_loop(
+        serve(args.index, args.bind, args.log, tuning, limits, args.fd_channel, relay_addresses)
+    )
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ class Worker:
         stop_timeout_s: float = 10.0,
         limits: ClientLimits | None = None,
         nonce_key: bytes | None = None,
+        relay_addresses: tuple[str, ...] = (),
     ) -> None:
         self.index = index
         self.nonce_key = nonce_key
@@ -92,6 +93,7 @@ class Worker:
             "--tuning",
             tuning.to_json(),
             *(["--limits", limits.to_json()] if limits is not None else []),
+            *(["--relay-addresses", ",".join(relay_addresses)] if relay_addresses else []),
         ]
         self._stop_timeout_s = stop_timeout_s
         self.proc: asyncio.subprocess.Process | None = None
@@ -202,6 +204,7 @@ class WorkerPool:
         tuning: ServerTuning = DEFAULT_TUNING,
         timeouts: WorkerTimeouts = WorkerTimeouts(),
         limits: ClientLimits | None = None,
+        relay_addresses: tuple[str, ...] = (),
     ) -> None:
         if count < 1:
             raise ValueError("a worker pool needs at least one worker")
@@ -219,6 +222,7 @@ class WorkerPool:
                 stop_timeout_s=timeouts.stop_s,
                 limits=limits,
                 nonce_key=self.nonce_key,
+                relay_addresses=relay_addresses,
             )
             for i in range(count)
         ]

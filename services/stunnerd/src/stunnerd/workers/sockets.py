@@ -20,7 +20,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from stunner_common.config import ListenerConfig, StunnerConfig
-from stunnerd.net.binding import SocketKey, listener_bind_host, socket_kind
+from stunnerd.net.binding import (
+    SocketKey,
+    allow_both_families,
+    listener_bind_host,
+    socket_kind,
+)
 
 LISTEN_BACKLOG = 1024
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
@@ -57,6 +62,7 @@ def bind_reuseport(key: SocketKey, port: int) -> socket.socket:
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
         sock.setblocking(False)
+        allow_both_families(sock, key.host)
         sock.bind((key.host, port))
         if kind == socket.SOCK_STREAM:
             sock.listen(LISTEN_BACKLOG)
