@@ -63,3 +63,44 @@ def test_switching_back_to_none_clears_the_reason(tmp_path: Path) -> None:
     manager.configure("XDP")
     manager.configure("None")
     assert manager.status()["reason"] == "offload_engine is None"
+
+
+class RecordingDatapath:
+    """Stands in for a loaded program: records the map entries it is given."""
+
+    def __init__(self) -> None:
+        self.put_calls: list[object] = []
+
+    def put(self, entries: object) -> None:
+        self.put_calls.append(entries)
+
+
+@pytest.mark.parametrize(
+    ("client", "peer"),
+    [
+        (("::1", 4000), ("::1", 5000)),  # an IPv6 channel
+        (("::ffff:127.0.0.1", 4000), ("127.0.0.1", 5000)),  # an IPv4 client on a socket on ::
+        (("127.0.0.1", 4000), ("::1", 5000)),  # a dual allocation's IPv6 peer
+    ],
+)
+def test_channels_involving_ipv6_stay_in_user_space(
+    tmp_path: Path, client: tuple[str, int], peer: tuple[str, int]
+) -> None:
+    """The kernel program is IPv4-only: such channels get no map entries and are relayed by
+    the user-space path (the engine's routes are untouched), with no error."""
+    manager = broken(tmp_path)
+    recorder = RecordingDatapath()
+    manager.datapath = recorder  # type: ignore[assignment]
+    counts = [0, 0, 0, 0]
+    manager.channel_added(
+        "l",
+        client,
+        0x4000,
+        peer,
+        listener_addr=("::", 3478),
+        relay_addr=("::", 50000),
+        listener_traffic=counts,
+        cluster_traffic=counts,
+    )
+    assert recorder.put_calls == []
+    assert manager.channels[("l", client, 0x4000)].entries is None

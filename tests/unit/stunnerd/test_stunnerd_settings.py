@@ -138,3 +138,26 @@ def test_a_worker_process_gets_the_supervisors_tuning_limits_and_log_format() ->
     assert (args.index, args.bind, args.log_format) == (2, "127.0.0.1", "json")
     assert ServerTuning.from_json(args.tuning) == tuning
     assert ClientLimits.from_json(args.limits) == limits
+
+
+def test_relay_addresses_come_from_the_environment_as_a_comma_separated_list() -> None:
+    env = {"STUNNERD_RELAY_ADDRESSES": "10.0.0.5, fd00::5"}
+    settings = load_settings(env, config=None, watch=False, turn_uri=None, ident="a/b")
+    assert settings.relay_address_list() == ("10.0.0.5", "fd00::5")
+    with pytest.raises(ValueError, match="relay address 'pod' is not an IP address"):
+        load_settings(
+            {"STUNNERD_RELAY_ADDRESSES": "10.0.0.5,pod"},
+            config=None,
+            watch=False,
+            turn_uri=None,
+            ident="a/b",
+        )
+
+
+def test_a_listener_advertises_the_first_relay_address_of_the_other_family() -> None:
+    from stunnerd.net.server import other_relay_address
+
+    extra = ("10.0.0.5", "fd00::5", "fd00::6")
+    assert other_relay_address("10.0.0.5", extra) == "fd00::5"
+    assert other_relay_address("fd00::5", extra) == "10.0.0.5"
+    assert other_relay_address("127.0.0.1", ("10.0.0.5",)) == ""

@@ -157,7 +157,7 @@ def test_relay_families_follow_the_family_attributes(
         {"ADDITIONAL-ADDRESS-FAMILY": IPV6, "REQUESTED-ADDRESS-FAMILY": IPV4},
         {"ADDITIONAL-ADDRESS-FAMILY": IPV6, "REQUESTED-ADDRESS-FAMILY": IPV6},
         {"ADDITIONAL-ADDRESS-FAMILY": IPV4},
-        {"ADDITIONAL-ADDRESS-FAMILY": IPV6, "EVEN-PORT": 0},
+        {"ADDITIONAL-ADDRESS-FAMILY": IPV6, "EVEN-PORT": 0x80},
         {"ADDITIONAL-ADDRESS-FAMILY": IPV6, "RESERVATION-TOKEN": b"12345678"},
     ],
 )
@@ -181,6 +181,13 @@ def test_dual_allocate_answers_an_ipv4_and_an_ipv6_relayed_address() -> None:
     alloc = client.engine.allocations[CLIENT]
     assert alloc.families == {4, 6}
     assert 0x8001 not in [k for k, _ in raw_attributes(answer)]
+
+
+def test_dual_allocate_with_a_plain_even_port_asks_for_an_even_ipv4_relay() -> None:
+    client = Client(engine(other="2001:db8::1"))
+    assert error_of(client.allocate(additional_address_family=IPV6, even_port=0)) is None
+    assert client.opened[0].even_port
+    assert client.opened[0].additional_family == 6
 
 
 def test_coturns_draft_codepoint_for_additional_address_family_is_understood() -> None:

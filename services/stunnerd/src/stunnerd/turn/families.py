@@ -7,8 +7,9 @@ ADDITIONAL-ADDRESS-FAMILY (value IPv6) asks for a *dual* allocation: an IPv4 and
 under one allocation, one lifetime, and permissions per family.
 
 Refusals, in the order the RFC checks them: both attributes together, ADDITIONAL-ADDRESS-FAMILY
-with a value other than IPv6, or with RESERVATION-TOKEN or EVEN-PORT (a reserved port names one
-socket; coturn refuses EVEN-PORT the same way) get 400; a family the listener has no relay
+with a value other than IPv6, or with RESERVATION-TOKEN or EVEN-PORT's R bit (a reserved port
+names one socket; coturn refuses the R bit the same way) get 400 (a plain EVEN-PORT makes the IPv4
+relay's port even); a family the listener has no relay
 address for gets 440. A dual request to a listener without an IPv6 relay address still gets its
 IPv4 relay, with ADDRESS-ERROR-CODE 440 for the IPv6 part (RFC 8656 §7.2); without an IPv4 relay
 address the whole request gets 440.
@@ -48,8 +49,8 @@ def choose_families(
             return FamilyRefusal(400, "REQUESTED-ADDRESS-FAMILY with ADDITIONAL-ADDRESS-FAMILY")
         if "RESERVATION-TOKEN" in attrs:
             return FamilyRefusal(400, "RESERVATION-TOKEN with ADDITIONAL-ADDRESS-FAMILY")
-        if "EVEN-PORT" in attrs:
-            return FamilyRefusal(400, "EVEN-PORT with ADDITIONAL-ADDRESS-FAMILY")
+        if attrs.get("EVEN-PORT", 0) & 0x80:
+            return FamilyRefusal(400, "EVEN-PORT with R bit and ADDITIONAL-ADDRESS-FAMILY")
         if FAMILY_CODES.get(additional) != 6:
             return FamilyRefusal(400, "ADDITIONAL-ADDRESS-FAMILY must be IPv6")
         if 4 not in relay_families:
