@@ -69,15 +69,18 @@ def _service_endpoints(
     if svc is None:
         problems.append(BackendProblem("BackendNotFound", f"Service {ns}/{name} not found"))
     elif options.relay_to_cluster_ip:
-        cip = svc.spec.cluster_ip
-        if cip in ("", "None"):
+        # a dual-stack Service has a cluster IP per family (clusterIPs, primary first)
+        cips = [
+            ip for ip in svc.spec.cluster_ips or (svc.spec.cluster_ip,) if ip not in ("", "None")
+        ]
+        if not cips:
             problems.append(
                 BackendProblem(
                     "BackendNotFound", f"Service {ns}/{name} has no cluster IP (headless)"
                 )
             )
         else:
-            addrs.append(cip)
+            addrs.extend(cips)
     if svc is not None and not addrs:
         problems.append(BackendProblem("BackendNotFound", f"Service {ns}/{name} has no endpoints"))
     return addrs, problems

@@ -14,6 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from stunner_common.crds import Dataplane, Gateway, GatewayConfig, Listener, Service
+from stunner_operator.render.families import (
+    address_family,
+    dual_stack_env,
+    hinted_ips,
+    ip_families,
+    ip_family_problems,
+)
 from stunner_operator.render.options import RenderOptions, cds_server_uri
 
 OWNED_BY_LABEL = "stunner.l7mp.io/owned-by"
@@ -132,6 +139,7 @@ def annotation_problems(annotations: dict[str, str], listener_names: list[str]) 
         problems.append(
             f"annotation {EXTERNAL_TRAFFIC_POLICY}: {policy!r} is not Local or Cluster; ignored"
         )
+    problems.extend(ip_family_problems(annotations))
     return problems
 
 
@@ -226,6 +234,23 @@ def render_service(
         if (addr.type or "IPAddress") == "IPAddress" and addr.value:
             spec["loadBalancerIP"] = addr.value
             spec["externalIPs"] = [addr.value]
+    families = ip_families(gw, annotations)
+    if families.policy is not None:
+        spec["ipFamilyPolicy"] = families.policy
+    if families.families:
+        spec["ipFamilies"] = list(families.families)
+    if families.dual_stack and "externalIPs" in spec:
+        # the first hinted address of the other family too (GATEWAY.md uses only the first)
+        other = next(
+            (
+                ip
+                for ip in hinted_ips(gw)
+                if address_family(ip) != address_family(spec["externalIPs"][0])
+            ),
+            None,
+        )
+        if other is not None:
+            spec["externalIPs"].append(other)
     svc_annotations = dict(annotations)
     svc_annotations[RELATED_GATEWAY_NAME] = f"{ns}/{name}"
     return {
@@ -318,6 +343,7 @@ def render_deployment(
         {"name": "STUNNER_NODENAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "STUNNER_CONFIG_ORIGIN", "value": cds_server_uri(options.cds_address)},
         *cds_token_env(dataplane, options),
+        *(dual_stack_env() if ip_families(gw, annotations).dual_stack else ()),
         *(dict(e) for e in dp.env),
     ]
     # With an offload engine stunnerd loads BPF and attaches it to the pod's interfaces; only
