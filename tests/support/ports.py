@@ -30,3 +30,13 @@ def free_udp_tcp_port(host: str = LOOPBACK) -> int:
                 continue
             return port
     raise RuntimeError("no port free for both UDP and TCP")
+
+
+def ipv6_loopback_available() -> bool:
+    """Whether this host has ::1 (IPv6 tests skip with that reason where it has not)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True

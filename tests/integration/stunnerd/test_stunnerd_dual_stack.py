@@ -20,22 +20,13 @@ from stunnerd import fastpath
 from stunnerd.net.server import TurnServer
 from stunnerd.workers.local import LocalDataplane
 from support.echo import UdpEcho, udp_echo
-from support.ports import free_udp_tcp_port
+from support.ports import free_udp_tcp_port, ipv6_loopback_available
 from support.stun import aioice_knows_turn_attributes
 from support.stunnerd_process import PASSWORD, REALM, USER
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
 IPV4, IPV6 = 0x01, 0x02
-
-
-def ipv6_loopback_available() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
-            sock.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
 
 
 if not ipv6_loopback_available():

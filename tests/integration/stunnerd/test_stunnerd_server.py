@@ -19,6 +19,7 @@ from stunnerd.net.server import TurnServer
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.workers.local import LocalDataplane
 from support.echo import echo_peer, udp_echo
+from support.ports import ipv6_loopback_available
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -212,15 +213,6 @@ async def test_listeners_can_be_added_and_removed_while_running(no_leaked_tasks:
             pass
         await dataplane.reconciler.apply(config)
         assert set(server.listeners) == {"turn-udp"}
-
-
-def ipv6_loopback_available() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
-            sock.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
 
 
 @pytest.mark.skipif(not ipv6_loopback_available(), reason="no IPv6 loopback here")

@@ -13,22 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from support.ports import free_port, free_udp_tcp_port
+from support.ports import free_port, free_udp_tcp_port, ipv6_loopback_available
 from support.processes import ServerProcess, which
 from support.stunnerd_process import PASSWORD, USER, ManagedStunnerd
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
 
 MESSAGES = 20
-
-
-def ipv6_loopback_available() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
-            sock.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
 
 
 if not ipv6_loopback_available():
