@@ -9,6 +9,7 @@ import contextlib
 import socket
 import struct
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from stunnerd.workers.local import LocalDataplane
 from support.echo import UdpEcho, udp_echo
 from support.ports import free_udp_tcp_port, ipv6_loopback_available
 from support.stun import aioice_knows_turn_attributes
-from support.stunnerd_process import PASSWORD, REALM, USER
+from support.stunnerd_process import PASSWORD, REALM, USER, ManagedStunnerd, health_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -267,3 +268,33 @@ async def test_a_listener_on_the_ipv6_wildcard_answers_ipv4_and_ipv6_clients(
             assert reply.attributes["XOR-MAPPED-ADDRESS"] == local
     finally:
         await dataplane.close()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+async def test_the_stunnerd_command_takes_its_relay_addresses_from_the_environment(
+    tmp_path: Path, workers: str
+) -> None:
+    """STUNNERD_RELAY_ADDRESSES reaches the listeners of the process and of its workers."""
+    port = free_udp_tcp_port()
+    config = dual_config(port).to_dict()
+    config["admin"] = {
+        "name": "default/dual",
+        "healthcheck_endpoint": f"http://127.0.0.1:{health_port()}",
+    }
+    server = ManagedStunnerd(
+        tmp_path,
+        config,
+        "--udp-thread-num",
+        workers,
+        env={"STUNNERD_RELAY_ADDRESSES": "::1", "STUNNERD_BIND_HOST": "::"},
+    )
+    try:
+        await server.ready()
+        async with client_at(port, "127.0.0.1") as client:
+            await client.ok(
+                stun.Method.ALLOCATE,
+                {"REQUESTED-TRANSPORT": 17 << 24, "ADDITIONAL-ADDRESS-FAMILY": IPV6},
+            )
+            assert [ip for ip, _ in client.relayed()] == ["127.0.0.1", "::1"]
+    finally:
+        await server.close()
