@@ -42,6 +42,10 @@ def test_a_gateway_with_public_ips_of_both_families_gets_a_dual_stack_service_an
     assert spec["externalIPs"] == ["203.0.113.10", "2001:db8::10"]
     (listener,) = rendered["configs"]["stunner/dual-gateway"]["listeners"]
     assert listener["public_address"] == "203.0.113.10"
+    assert rendered["statuses"]["Gateway stunner/dual-gateway"]["addresses"] == [
+        {"type": "IPAddress", "value": "203.0.113.10"},
+        {"type": "IPAddress", "value": "2001:db8::10"},
+    ]
     env = rendered["deployments"]["stunner/dual-gateway"]["spec"]["template"]["spec"]["containers"][
         0
     ]["env"]

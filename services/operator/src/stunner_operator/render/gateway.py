@@ -37,6 +37,7 @@ from stunner_operator.render.dataplane import (
     render_deployment,
     render_service,
 )
+from stunner_operator.render.families import address_family, hinted_ips
 from stunner_operator.render.hierarchy import Hierarchy, class_status, resolve_hierarchy
 from stunner_operator.render.listeners import (
     LISTENER_ADDRESS,
@@ -365,6 +366,12 @@ def _gateway_status(
     for st in states:
         if st.public is not None:
             addresses = ((st.public[0], st.public[1]),)
+    if addresses and addresses[0][1] in hinted_ips(gw):
+        # a Gateway hinting IPs of both families is reachable on the other family's too
+        family = address_family(addresses[0][1])
+        other = next((ip for ip in hinted_ips(gw) if address_family(ip) != family), None)
+        if other is not None:
+            addresses += (("IPAddress", other),)
     return GatewayStatus(
         gw.metadata.generation,
         (accepted, programmed),
