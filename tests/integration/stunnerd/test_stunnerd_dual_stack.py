@@ -19,6 +19,7 @@ from fixtures.stunnerd.client import UdpTurnClient
 from stunner_common.config import StunnerConfig, parse_config
 from stunnerd import fastpath
 from stunnerd.net.server import TurnServer
+from stunnerd.net.tuning import ServerTuning
 from stunnerd.workers.local import LocalDataplane
 from support.echo import UdpEcho, udp_echo
 from support.ports import free_udp_tcp_port, ipv6_loopback_available
@@ -63,7 +64,9 @@ async def dual_stack_server(
 ) -> AsyncIterator[tuple[LocalDataplane, int]]:
     """A listener on [::]:port (IPv4 clients too) advertising 127.0.0.1 and ::1 as relays."""
     port = free_udp_tcp_port()
-    server = TurnServer(bind_host="::", relay_addresses=("::1",), fastpath=use_fastpath)
+    server = TurnServer(
+        bind_host="::", relay_addresses=("::1",), tuning=ServerTuning(fastpath=use_fastpath)
+    )
     dataplane = LocalDataplane(server)
     try:
         await dataplane.reconciler.apply(dual_config(port, endpoints))
