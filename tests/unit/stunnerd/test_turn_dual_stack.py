@@ -353,3 +353,22 @@ def test_an_ipv6_port_range_bounds_channels_like_an_ipv4_one() -> None:
     assert client.bind(("fd00::5", 11)) == 403
     assert client.bind(("fd00::5", 10)) is None
     assert client.permit(("fd00::5", 11)) is None  # a permission is for the IP (RFC 8656 §9)
+
+
+def test_a_dual_tcp_allocation_gets_400() -> None:
+    """RFC 6062 relays are single-family: ADDITIONAL-ADDRESS-FAMILY has no meaning there."""
+    policies = Policies(StaticAuthenticator(REALM, "user1", "pass1"), AllowAllPeers(), UserQuota())
+    eng = TurnEngine(
+        relay_ip="192.0.2.1",
+        other_relay_ip="2001:db8::1",
+        nonce_secret=b"k" * 32,
+        policies=policies,
+        stream=True,
+    )
+    client = Client(eng)
+    answer = client.raw(
+        stun.Method.ALLOCATE,
+        {"REQUESTED-TRANSPORT": 6 << 24, "ADDITIONAL-ADDRESS-FAMILY": IPV6},
+    )
+    assert error_of(answer) == 400
+    assert client.opened == []
