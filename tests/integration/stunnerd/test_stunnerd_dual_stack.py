@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from aioice import stun
 from fixtures.stunnerd.client import UdpTurnClient
 
-from stunner_common.config import StunnerConfig, parse_config
+from stunner_common.config import StunnerConfig, parse_config, self_signed_pair
 from stunnerd import fastpath
 from stunnerd.net.server import TurnServer
 from stunnerd.net.tuning import ServerTuning
@@ -242,31 +243,39 @@ async def test_dual_allocation_without_an_ipv6_relay_address_gets_ipv4_and_addre
         await dataplane.close()
 
 
-@pytest.mark.parametrize("protocol", ["TURN-UDP", "TURN-TCP"])
+def binding_over(protocol: str, host: str, port: int) -> tuple[bytes, tuple[str, int]]:
+    """One STUN Binding from `host` over a plain socket (TLS: unverified); answer, local addr."""
+    binding = stun.Message(stun.Method.BINDING, stun.Class.REQUEST)
+    kind = socket.SOCK_DGRAM if protocol == "TURN-UDP" else socket.SOCK_STREAM
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, kind) as raw:
+        raw.settimeout(5)
+        raw.connect((host, port))
+        sock = raw
+        if protocol == "TURN-TLS":
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            sock = context.wrap_socket(raw)
+        sock.sendall(bytes(binding))
+        return sock.recv(2048), sock.getsockname()[:2]
+
+
+@pytest.mark.parametrize("protocol", ["TURN-UDP", "TURN-TCP", "TURN-TLS"])
 async def test_a_listener_on_the_ipv6_wildcard_answers_ipv4_and_ipv6_clients(
     no_leaked_tasks: None, protocol: str
 ) -> None:
     """Bound to `::` (whatever net.ipv6.bindv6only says), each client sees its own address."""
     port = free_udp_tcp_port()
-    config = parse_config(
-        {
-            **dual_config(port).to_dict(),
-            "listeners": [{"name": "any", "protocol": protocol, "address": "::1", "port": port}],
-        }
-    )
+    listener: dict[str, Any] = {"name": "any", "protocol": protocol, "address": "::1", "port": port}
+    if protocol == "TURN-TLS":
+        listener["cert"], listener["key"] = self_signed_pair("localhost")
+    config = parse_config({**dual_config(port).to_dict(), "listeners": [listener]})
     dataplane = LocalDataplane(TurnServer(bind_host="::"))
     try:
         await dataplane.reconciler.apply(config)
         for host in ("127.0.0.1", "::1"):
-            binding = stun.Message(stun.Method.BINDING, stun.Class.REQUEST)
-            kind = socket.SOCK_DGRAM if protocol == "TURN-UDP" else socket.SOCK_STREAM
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            with socket.socket(family, kind) as sock:
-                sock.settimeout(5)
-                sock.connect((host, port))
-                await asyncio.to_thread(sock.sendall, bytes(binding))
-                answer = await asyncio.to_thread(sock.recv, 2048)
-                local = sock.getsockname()[:2]
+            answer, local = await asyncio.to_thread(binding_over, protocol, host, port)
             reply = stun.parse_message(answer)
             assert reply.attributes["XOR-MAPPED-ADDRESS"] == local
     finally:
