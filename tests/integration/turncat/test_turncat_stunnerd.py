@@ -18,7 +18,7 @@ import pytest
 
 from stunner_common.auth import ephemeral_credentials
 from support.echo import udp_echo
-from support.ports import LOOPBACK, free_port, free_udp_tcp_port
+from support.ports import LOOPBACK, free_port, free_udp_tcp_port, ipv6_loopback_available
 from support.turncat_harness import (
     PASSWORD,
     REALM,
@@ -39,16 +39,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 STUNNERD_ENV = {"STUNNERD_HEALTH_PORT": "0"}
 
 
-def _has_ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
-            sock.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-needs_ipv6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback (::1)")
+needs_ipv6 = pytest.mark.skipif(not ipv6_loopback_available(), reason="no IPv6 loopback (::1)")
 
 
 @contextlib.asynccontextmanager
@@ -408,3 +399,15 @@ async def tcp_roundtrip(port: int, payload: bytes) -> bytes:
     finally:
         writer.close()
         await writer.wait_closed()
+
+
+@needs_ipv6
+async def test_ipv6_peer_through_an_ipv4_listener_asks_for_an_ipv6_relay(tmp_path: Path) -> None:
+    # The listener is IPv4; only REQUESTED-ADDRESS-FAMILY gets the allocation its IPv6 relay.
+    port = free_udp_tcp_port()
+    path, n = config_file(tmp_path, port, ["::1/128", "127.0.0.1/32"])
+    env = {"STUNNERD_RELAY_ADDRESSES": "::1"}
+    async with stunnerd("-c", str(path), listeners=n, env=env), udp_echo("::1") as echo:
+        reply, rc, err = await stdin_roundtrip(uri(port), echo.url, b"to v6 via v4\n")
+    assert (reply, rc) == (b"to v6 via v4\n", 0), err
+    assert {host for host, _ in echo.protocol.sources} == {"::1"}

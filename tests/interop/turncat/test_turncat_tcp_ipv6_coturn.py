@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from support.echo import udp_echo
-from support.ports import LOOPBACK, free_port
+from support.ports import LOOPBACK, free_port, ipv6_loopback_available
 from support.turncat_harness import (
     coturn,
     run_turncat,
@@ -31,16 +31,7 @@ pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
 IPV6 = "::1"
 
 
-def _has_ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
-            sock.bind((IPV6, 0))
-    except OSError:
-        return False
-    return True
-
-
-needs_ipv6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback (::1)")
+needs_ipv6 = pytest.mark.skipif(not ipv6_loopback_available(), reason="no IPv6 loopback (::1)")
 
 
 async def _tcp_roundtrip(port: int, payload: bytes, host: str = LOOPBACK) -> bytes:
