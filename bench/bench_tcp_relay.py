@@ -34,7 +34,7 @@ from bench.bench_turn import (
 )
 
 PAIRS = 5  # -m: client pairs
-MESSAGES = int(os.environ.get("BENCH_TCP_RELAY_MESSAGES", "2000"))  # -n, per client
+MESSAGES = int(os.environ.get("BENCH_TCP_RELAY_MESSAGES", "10000"))  # -n, per client
 ROUNDS = int(os.environ.get("BENCH_TCP_RELAY_ROUNDS", "3"))
 
 
