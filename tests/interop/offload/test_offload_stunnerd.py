@@ -10,7 +10,9 @@ figures mean user space relayed none of the channel traffic.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -136,10 +138,10 @@ def peer(topo: Topology, tmp_path: Path) -> Iterator[None]:
     proc.stop()
 
 
-def start(topo: Topology, tmp_path: Path, engine: str) -> Deployment:
+def start(topo: Topology, tmp_path: Path, engine: str, workers: int = 1) -> Deployment:
     path = tmp_path / "stunnerd.json"
     path.write_text(json.dumps(config(engine)))
-    argv = topo.argv(topo.server, STUNNERD, "-c", str(path), "-w")
+    argv = topo.argv(topo.server, STUNNERD, "-c", str(path), "-w", "--udp-thread-num", str(workers))
     dep = Deployment(topo, path, ServerProcess(argv, log_path=tmp_path / "stunnerd.log"))
     try:
         dep.wait("serving", lambda s: bool(s.get("listeners")))
@@ -292,6 +294,63 @@ def test_switching_the_engine_live_loses_no_packet(
         assert result["duplicates"] == 0, result
         assert dep.cluster_packets() == {"rx": 301, "tx": 301}  # 300 + the binding probe
     finally:
+        dep.proc.stop()
+
+
+def kernel_entries(topo: Topology) -> int:
+    """Entries in the client map of the program attached in the server namespace."""
+
+    def run(*argv: str) -> Any:
+        done = topo.run(topo.server, *argv)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    filters = run("tc", "-j", "filter", "show", "dev", topo.server_client_if, "ingress")
+    prog = next(f["options"]["prog"]["id"] for f in filters if "prog" in f.get("options", {}))
+    for map_id in run("bpftool", "-j", "prog", "show", "id", str(prog))["map_ids"]:
+        if run("bpftool", "-j", "map", "show", "id", str(map_id))["name"] == "stunner_chan":
+            return len(run("bpftool", "-j", "map", "dump", "id", str(map_id)))
+    raise AssertionError("no stunner_chan map")
+
+
+def test_two_worker_processes_share_one_program_and_a_dead_workers_entries_go(
+    topo: Topology, tmp_path: Path, peer: None
+) -> None:
+    _tool("bpftool")
+    dep = start(topo, tmp_path, "TC", workers=2)
+    load = subprocess.Popen(
+        topo.argv(
+            topo.client, _tool("turnutils_uclient"), "-u", USER, "-w", PASSWORD, "-e", PEER_IP,
+            "-r", str(PEER_PORT), "-X", "-c", "-m", "16", "-n", "1500", "-z", "20", "-l", "160",
+            SERVER_CLIENT_IP,
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        # uclient's 16 sessions hold 32 allocations, with a channel each
+        status = dep.wait(
+            "32 channels over both workers, relaying",
+            lambda s: (
+                s["offload"].get("channels") == s["allocationCount"] == 32
+                and s["offload"]["packets"] > 0
+                and all(w["allocations"] > 0 for w in s["workers"])
+            ),
+        )
+        assert kernel_entries(topo) == 32
+        relayed = sum(status["clusters"][0]["stats"][d]["pkts"] for d in ("rx", "tx"))
+        assert status["offload"]["packets"] == relayed > 0  # all of it by the kernel
+        victim = status["workers"][0]
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+        after = dep.wait(
+            "the worker back", lambda s: s["workers"][0]["pid"] not in (None, victim["pid"])
+        )
+        assert after["workers"][0]["allocations"] == 0
+        assert 0 < after["offload"]["channels"] < 32
+        assert kernel_entries(topo) == after["offload"]["channels"]  # the dead worker's are gone
+    finally:
+        load.kill()
+        load.wait()
         dep.proc.stop()
 
 

@@ -11,6 +11,7 @@ This module knows nothing of TURN allocations: `offload.manager` decides what go
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -206,6 +207,21 @@ class Datapath:
             self.obj.close()
             raise
         self.attached: dict[str, tuple[int, Mode]] = {}  # interface -> (ifindex, mode)
+        self.owner = 0  # written into every entry this process puts (`Fwd.pad`)
+
+    def map_fds(self) -> tuple[int, int]:
+        """The two maps' descriptors, to hand to worker processes (`SharedMaps`)."""
+        return self.chan.fd, self.peer.fd
+
+    def forget_owner(self, owner: int) -> int:
+        """Delete every entry `owner` put (a worker process that died); how many."""
+        gone = 0
+        for fmap, key_type in ((self.chan, ClientKey), (self.peer, PeerKey)):
+            for key in fmap.keys(key_type):
+                value = Fwd()
+                if fmap.lookup(key, value) and value.pad == owner and fmap.delete(key):
+                    gone += 1
+        return gone
 
     # ------------------------------------------------------------------ attach / detach
 
@@ -274,6 +290,7 @@ class Datapath:
             old = Fwd()
             if fmap.lookup(key, old):
                 value.packets, value.bytes = old.packets, old.bytes
+            value.pad = self.owner
             fmap.update(key, value)
 
     def delete(self, entries: ChannelEntries) -> tuple[Counters | None, Counters | None]:
@@ -306,3 +323,32 @@ class Datapath:
 
     def entry_count(self) -> tuple[int, int]:
         return len(self.chan.keys(ClientKey)), len(self.peer.keys(PeerKey))
+
+
+class SharedMaps(Datapath):
+    """A worker process's view of the supervisor's loaded program: the maps only.
+
+    With `--udp-thread-num` above 1 the supervisor loads and attaches the program once and hands
+    every worker duplicates of the two map descriptors over its socket channel; each worker
+    writes the entries of its own channels, tagged with its `owner` number, so the supervisor
+    can delete a dead worker's entries. Attaching is the supervisor's: `attach` reports its
+    modes, `detach` does nothing, `close` closes the duplicates.
+    """
+
+    def __init__(self, chan_fd: int, peer_fd: int, modes: dict[str, Mode], owner: int) -> None:
+        self.chan = BpfMap(chan_fd)
+        self.peer = BpfMap(peer_fd)
+        self.modes = dict(modes)
+        self.attached = {}
+        self.owner = owner
+
+    def attach(self, engine: str, names: tuple[str, ...] | list[str]) -> dict[str, Mode]:
+        return dict(self.modes)
+
+    def detach(self) -> None:
+        return None
+
+    def close(self) -> None:
+        for fd in (self.chan.fd, self.peer.fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)

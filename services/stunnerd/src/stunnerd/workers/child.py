@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from stunner_common.config import ConfigError, parse_config
@@ -24,6 +25,9 @@ from stunnerd.net.binding import SocketKey
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.server import TurnServer
 from stunnerd.net.tuning import ServerTuning
+from stunnerd.offload.datapath import Datapath, SharedMaps
+from stunnerd.offload.libbpf import OffloadError
+from stunnerd.offload.manager import OffloadManager
 from stunnerd.workers.local import LocalDataplane
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 from stunnerd.workers.sockets import FdChannel, InheritedSockets
@@ -62,6 +66,7 @@ async def handle(
             started=[list(item) for item in outcome.started],
         )
     elif op == "stats":
+        reply["offload"] = dataplane.offload_status()  # folds the kernel's counts in first
         reply["stats"] = dataplane.stats().to_dict()
     elif op == "drain":
         await dataplane.stop_accepting()
@@ -70,6 +75,21 @@ async def handle(
     else:
         reply["error"] = f"unknown op {op!r}"
     return reply
+
+
+def shared_maps(inherited: InheritedSockets) -> Callable[[], Datapath]:
+    """The worker's offload datapath: duplicates of the maps the supervisor sent last."""
+
+    def factory() -> Datapath:
+        fds = inherited.offload_fds
+        if "chan" not in fds or "peer" not in fds:
+            raise OffloadError(inherited.offload_reason or "no offload maps from the supervisor")
+        info = inherited.offload_info
+        return SharedMaps(
+            os.dup(fds["chan"]), os.dup(fds["peer"]), dict(info["modes"]), int(info["owner"])
+        )
+
+    return factory
 
 
 async def serve(
@@ -106,6 +126,7 @@ async def serve(
             socket_source=inherited.take,
             tcp_relays=False,
             relay_addresses=relay_addresses,
+            offload=OffloadManager(shared_maps(inherited)),
         )
     dataplane = LocalDataplane(server)
     log.info("worker %d ready (pid %d)", index, os.getpid())

@@ -31,6 +31,7 @@ from stunner_common.logs import LogFormat
 from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, merge_snapshots
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
+from stunnerd.offload.manager import OffloadManager
 from stunnerd.reconcile.dataplane import ApplyOutcome
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 from stunnerd.workers.sockets import (
@@ -38,6 +39,7 @@ from stunnerd.workers.sockets import (
     SocketGroups,
     config_keys,
     new_nonce_key,
+    send_offload,
     send_sockets,
 )
 
@@ -97,6 +99,7 @@ class Worker:
         ]
         self._stop_timeout_s = stop_timeout_s
         self.proc: asyncio.subprocess.Process | None = None
+        self.offload: dict[str, Any] = {}  # its last reported offload status
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
@@ -227,6 +230,10 @@ class WorkerPool:
             for i in range(count)
         ]
         self.retired = StatsSnapshot()  # traffic counted by workers that have since died
+        # The kernel offload: loaded and attached here, once; each worker writes the entries
+        # of its own channels into these maps (`sockets.send_offload`, `SharedMaps`).
+        self.offload = OffloadManager()
+        self.retired_offload = [0, 0]  # packets, bytes the kernel relayed for dead workers
         self.running: StunnerConfig | None = None
         self._lock = asyncio.Lock()
         self._watchdog: asyncio.Task[None] | None = None
@@ -260,6 +267,9 @@ class WorkerPool:
 
     async def _restart(self, worker: Worker) -> None:
         await worker.stop()
+        if self.offload.datapath is not None:
+            gone = self.offload.datapath.forget_owner(worker.index + 1)
+            log.info("offload: removed %d kernel entries of worker %d", gone, worker.index)
         await asyncio.sleep(self.timeouts.restart_delay_s)
         await worker.start()
         async with self._lock:
@@ -276,6 +286,14 @@ class WorkerPool:
                 raise WorkerError(f"worker {worker.index} is not running")
             try:
                 send_sockets(worker.channel, self.sockets.of_worker(worker.index, keys))
+                datapath = self.offload.datapath
+                send_offload(
+                    worker.channel,
+                    datapath.map_fds() if datapath is not None else None,
+                    dict(self.offload.modes),
+                    worker.index + 1,
+                    str(self.offload.status().get("reason", "")),
+                )
             except OSError as exc:
                 raise WorkerError(f"worker {worker.index}: sockets not handed over: {exc}") from exc
             return await worker.request(message, self.timeouts.request_s)
@@ -291,6 +309,7 @@ class WorkerPool:
             except OSError as exc:
                 self.sockets.retain(config_keys(self.running, self.bind_host))
                 return ApplyOutcome(applied=False, error=str(exc))
+            self._configure_offload(config)
             try:
                 return await self._apply_all(config)
             finally:
@@ -300,6 +319,7 @@ class WorkerPool:
         replies = await asyncio.gather(*(self._apply_one(w, config) for w in self.workers))
         errors = [f"worker {i}: {r['error']}" for i, r in enumerate(replies) if r.get("error")]
         if errors:
+            self._configure_offload(self.running)
             if self.running is not None:
                 took = [w for w, r in zip(self.workers, replies, strict=True) if not r.get("error")]
                 await asyncio.gather(*(self._apply_one(w, self.running) for w in took))
@@ -315,10 +335,29 @@ class WorkerPool:
             started=tuple((str(n), int(p)) for n, p in first.get("started") or ()),
         )
 
+    def _configure_offload(self, config: StunnerConfig | None) -> None:
+        if config is None:
+            self.offload.configure("None")
+        else:
+            self.offload.configure(config.admin.offload_engine, config.admin.offload_interfaces)
+
+    def offload_status(self) -> dict[str, Any]:
+        """`/status`'s `offload`: the supervisor's program, the workers' channels and counts."""
+        out = self.offload.status()
+        if out["active"]:
+            out["channels"] = sum(int(w.offload.get("channels", 0)) for w in self.workers)
+            for i, key in enumerate(("packets", "bytes")):
+                live = sum(int(w.offload.get(key, 0)) for w in self.workers)
+                out[key] = live + self.retired_offload[i]
+        return out
+
     def _retire(self, worker: Worker) -> None:
         """Forget a dead worker's gauges; keep its traffic in `retired`."""
         gone = worker.stats
         worker.stats = StatsSnapshot()
+        for i, key in enumerate(("packets", "bytes")):
+            self.retired_offload[i] += int(worker.offload.get(key, 0))
+        worker.offload = {}
         traffic_only = StatsSnapshot(
             tuple(ListenerStats(x.name, traffic=x.traffic) for x in gone.listeners),
             tuple(ClusterStats(c.name, c.traffic) for c in gone.clusters),
@@ -352,6 +391,7 @@ class WorkerPool:
             if worker.exited.is_set():
                 return  # the answer of a process that is gone (the watchdog retires it)
             worker.stats = StatsSnapshot.from_dict(reply.get("stats") or {})
+            worker.offload = dict(reply.get("offload") or {})
 
         await asyncio.gather(*(one(w) for w in self.workers))
 
@@ -375,3 +415,4 @@ class WorkerPool:
             await asyncio.gather(self._watchdog, return_exceptions=True)
         await asyncio.gather(*(w.stop() for w in self.workers))
         self.sockets.close()
+        self.offload.close()  # detach: nothing is relayed in the kernel without the workers

@@ -158,6 +158,9 @@ class FdChannel:
                 os.close(fd)
             raise ConnectionError("the supervisor closed the socket channel")
         message = json.loads(data)
+        if message.get("op") == "offload_map" and fds:
+            message["fd"] = fds[0]  # a BPF map, not a socket
+            return message, None
         sock = socket.socket(fileno=fds[0]) if fds else None
         if sock is not None:
             sock.setblocking(False)
@@ -174,6 +177,11 @@ class InheritedSockets:
         self.channel = channel
         self.sockets: dict[SocketKey, socket.socket] = {}
         self.nonce_key: bytes | None = None
+        # The supervisor's offload maps (by name), their attach modes and this worker's owner
+        # tag, or why there are none.
+        self.offload_fds: dict[str, int] = {}
+        self.offload_info: dict[str, Any] = {}
+        self.offload_reason = "the supervisor has not loaded the offload program"
 
     def wait_nonce_key(self) -> bytes:
         """Block until the supervisor's first message (the nonce key) arrives."""
@@ -191,6 +199,16 @@ class InheritedSockets:
     def _take(self, message: dict[str, Any], sock: socket.socket | None) -> None:
         if message.get("op") == "nonce_key":
             self.nonce_key = bytes.fromhex(str(message["key"]))
+        elif message.get("op") == "offload_map" and "fd" in message:
+            old_fd = self.offload_fds.pop(str(message["name"]), None)
+            if old_fd is not None:
+                os.close(old_fd)
+            self.offload_fds[str(message["name"])] = int(message["fd"])
+            self.offload_info = {"modes": message.get("modes") or {}, "owner": message["owner"]}
+            self.offload_reason = ""
+        elif message.get("op") == "offload_off":
+            self._close_offload()
+            self.offload_reason = str(message.get("reason") or "offload is off")
         elif message.get("op") == "socket" and sock is not None:
             key = SocketKey(str(message["kind"]), str(message["host"]), int(message["port"]))
             old = self.sockets.pop(key, None)
@@ -214,9 +232,27 @@ class InheritedSockets:
         dup.setblocking(False)
         return dup
 
+    def _close_offload(self) -> None:
+        for fd in self.offload_fds.values():
+            os.close(fd)
+        self.offload_fds.clear()
+        self.offload_info = {}
+
     def close(self) -> None:
         self.retain(())
+        self._close_offload()
         self.channel.close()
+
+
+def send_offload(
+    channel: FdChannel, maps: tuple[int, int] | None, modes: dict[str, str], owner: int, reason: str
+) -> None:
+    """The supervisor's offload maps (duplicated into the worker), or why there are none."""
+    if maps is None:
+        channel.send({"op": "offload_off", "reason": reason})
+        return
+    for name, fd in zip(("chan", "peer"), maps, strict=True):
+        channel.send({"op": "offload_map", "name": name, "modes": modes, "owner": owner}, fd)
 
 
 def send_sockets(channel: FdChannel, entries: list[tuple[SocketKey, int]]) -> None:
