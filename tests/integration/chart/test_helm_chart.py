@@ -537,3 +537,16 @@ def test_default_dataplane_leaves_the_operator_set_environment_alone(default: Re
 def test_dataplane_can_be_left_out() -> None:
     rendered = render({"dataplane": {"enabled": False}})
     assert not [o for o in rendered.objects if o["kind"] == "Dataplane"]
+
+
+def test_hashed_annotations_are_quoted_so_an_all_digit_hash_stays_a_string() -> None:
+    """A checksum truncated to 16 hex digits is all digits about once in 1,900 renders; unquoted,
+    YAML then reads it as an integer and Kubernetes refuses the annotation."""
+    hashed = [
+        f"{path.name}: {line.strip()}"
+        for path in sorted((CHART_DIR / "templates").glob("*.yaml"))
+        for line in path.read_text().splitlines()
+        if "sha256sum" in line and re.match(r"\s*[\w./-]+:\s*\{\{", line)
+    ]
+    assert hashed, "no hashed annotation found: the scan no longer matches the templates"
+    assert [line for line in hashed if "| quote }}" not in line] == []
