@@ -320,6 +320,23 @@ async def run_turncat(*args: str, env: dict[str, str] | None = None) -> tuple[in
     return rc, tc.stderr
 
 
+async def stdin_roundtrip(server_uri: str, peer: str, line: bytes) -> tuple[bytes, int, str]:
+    """One line through turncat in stdin mode: (the reply line, exit code, stderr)."""
+    tc = await start_turncat("-", server_uri, peer, stdin=asyncio.subprocess.PIPE)
+    try:
+        assert tc.proc.stdin is not None
+        assert tc.proc.stdout is not None
+        tc.proc.stdin.write(line)
+        await tc.proc.stdin.drain()
+        async with asyncio.timeout(10):
+            reply = await tc.proc.stdout.readline()
+        tc.proc.stdin.close()
+        rc = await tc.wait()
+    finally:
+        await tc.aclose()
+    return reply, rc, tc.stderr
+
+
 @dataclass
 class TcpEcho:
     """A TCP echo peer: `connections` counts accepted connections, `sources` their addresses."""

@@ -29,6 +29,7 @@ from support.turncat_harness import (
     self_signed_cert,
     start_logged,
     start_turncat,
+    stdin_roundtrip,
     tcp_echo,
     turncat,
     udp_client,
@@ -287,23 +288,6 @@ async def test_stunnerd_with_worker_processes_refuses_tcp_relays_with_exit_code_
     assert last.startswith("turncat: the TURN server does not offer a TCP relay (RFC 6062)")
     assert "442" in last
     assert echo.connections == 0
-
-
-async def stdin_roundtrip(server: str, peer: str, line: bytes) -> tuple[bytes, int, str]:
-    """One line through turncat in stdin mode: (the reply line, exit code, stderr)."""
-    tc = await start_turncat("-", server, peer, stdin=asyncio.subprocess.PIPE)
-    try:
-        assert tc.proc.stdin is not None
-        assert tc.proc.stdout is not None
-        tc.proc.stdin.write(line)
-        await tc.proc.stdin.drain()
-        async with asyncio.timeout(10):
-            reply = await tc.proc.stdout.readline()
-        tc.proc.stdin.close()
-        rc = await tc.wait()
-    finally:
-        await tc.aclose()
-    return reply, rc, tc.stderr
 
 
 @needs_ipv6

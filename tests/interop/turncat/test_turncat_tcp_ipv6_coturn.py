@@ -20,7 +20,7 @@ from support.ports import LOOPBACK, free_port, ipv6_loopback_available
 from support.turncat_harness import (
     coturn,
     run_turncat,
-    start_turncat,
+    stdin_roundtrip,
     tcp_echo,
     turncat,
     udp_client,
@@ -44,22 +44,6 @@ async def _tcp_roundtrip(port: int, payload: bytes, host: str = LOOPBACK) -> byt
     finally:
         writer.close()
         await writer.wait_closed()
-
-
-async def _stdin_roundtrip(server_uri: str, peer: str, line: bytes) -> tuple[bytes, int, str]:
-    tc = await start_turncat("-", server_uri, peer, stdin=asyncio.subprocess.PIPE)
-    try:
-        assert tc.proc.stdin is not None
-        assert tc.proc.stdout is not None
-        tc.proc.stdin.write(line)
-        await tc.proc.stdin.drain()
-        async with asyncio.timeout(10):
-            reply = await tc.proc.stdout.readline()
-        tc.proc.stdin.close()
-        rc = await tc.wait()
-    finally:
-        await tc.aclose()
-    return reply, rc, tc.stderr
 
 
 @pytest.mark.parametrize("transport", ["tcp", "tls"])
@@ -96,7 +80,7 @@ async def test_stdin_reaches_a_tcp_peer_and_its_bytes_come_back_on_stdout(
 ) -> None:
     with coturn(tmp_path) as server:
         async with tcp_echo() as echo:
-            reply, rc, err = await _stdin_roundtrip(server.uri("tcp"), echo.url, b"to tcp\n")
+            reply, rc, err = await stdin_roundtrip(server.uri("tcp"), echo.url, b"to tcp\n")
     assert reply == b"to tcp\n"
     assert rc == 0, err
     assert echo.connections == 1
@@ -154,7 +138,7 @@ async def test_ipv6_server_and_ipv6_udp_peer(tmp_path: Path, transport: str) -> 
 async def test_ipv6_tcp_peer_through_an_ipv6_server(tmp_path: Path) -> None:
     with coturn(tmp_path, host=IPV6) as server:
         async with tcp_echo(IPV6) as echo:
-            reply, rc, err = await _stdin_roundtrip(server.uri("tcp"), echo.url, b"v6 stream\n")
+            reply, rc, err = await stdin_roundtrip(server.uri("tcp"), echo.url, b"v6 stream\n")
     assert (reply, rc) == (b"v6 stream\n", 0), err
     assert {host for host, _ in echo.sources} == {IPV6}
 
@@ -165,12 +149,12 @@ async def test_ipv4_peer_through_an_ipv6_server_and_ipv6_peer_through_an_ipv4_on
 ) -> None:
     with coturn(tmp_path, host=IPV6) as server:
         async with udp_echo(LOOPBACK) as echo:
-            reply, rc, err = await _stdin_roundtrip(server.uri("udp"), echo.url, b"v4 peer\n")
+            reply, rc, err = await stdin_roundtrip(server.uri("udp"), echo.url, b"v4 peer\n")
             assert (reply, rc) == (b"v4 peer\n", 0), err
             assert {host for host, _ in echo.protocol.sources} == {LOOPBACK}
     (tmp_path / "v4").mkdir()
     with coturn(tmp_path / "v4", host=LOOPBACK) as server:
         async with udp_echo(IPV6) as echo:
-            reply, rc, err = await _stdin_roundtrip(server.uri("udp"), echo.url, b"v6 peer\n")
+            reply, rc, err = await stdin_roundtrip(server.uri("udp"), echo.url, b"v6 peer\n")
             assert (reply, rc) == (b"v6 peer\n", 0), err
             assert {host for host, _ in echo.protocol.sources} == {IPV6}
