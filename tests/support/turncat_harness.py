@@ -320,6 +320,19 @@ async def run_turncat(*args: str, env: dict[str, str] | None = None) -> tuple[in
     return rc, tc.stderr
 
 
+async def tcp_roundtrip(port: int, payload: bytes, host: str = LOOPBACK) -> bytes:
+    """Send payload on a new TCP connection to host:port and read as many bytes back."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(payload)
+        await writer.drain()
+        async with asyncio.timeout(10):
+            return await reader.readexactly(len(payload))
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
 async def stdin_roundtrip(server_uri: str, peer: str, line: bytes) -> tuple[bytes, int, str]:
     """One line through turncat in stdin mode: (the reply line, exit code, stderr)."""
     tc = await start_turncat("-", server_uri, peer, stdin=asyncio.subprocess.PIPE)

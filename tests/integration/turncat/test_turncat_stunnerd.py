@@ -31,6 +31,7 @@ from support.turncat_harness import (
     start_turncat,
     stdin_roundtrip,
     tcp_echo,
+    tcp_roundtrip,
     turncat,
     udp_client,
 )
@@ -371,18 +372,6 @@ async def test_tcp_peer_refusals_of_stunnerd_have_their_exit_codes(tmp_path: Pat
         rc, err = await run_turncat("-", uri(port, "tcp"), "tcp://127.0.0.2:80")
         assert rc == 4, err
         assert "not allowed" in err.strip().splitlines()[-1]
-
-
-async def tcp_roundtrip(port: int, payload: bytes) -> bytes:
-    reader, writer = await asyncio.open_connection(LOOPBACK, port)
-    try:
-        writer.write(payload)
-        await writer.drain()
-        async with asyncio.timeout(10):
-            return await reader.readexactly(len(payload))
-    finally:
-        writer.close()
-        await writer.wait_closed()
 
 
 @needs_ipv6

@@ -22,6 +22,7 @@ from support.turncat_harness import (
     run_turncat,
     stdin_roundtrip,
     tcp_echo,
+    tcp_roundtrip,
     turncat,
     udp_client,
 )
@@ -32,18 +33,6 @@ IPV6 = "::1"
 
 
 needs_ipv6 = pytest.mark.skipif(not ipv6_loopback_available(), reason="no IPv6 loopback (::1)")
-
-
-async def _tcp_roundtrip(port: int, payload: bytes, host: str = LOOPBACK) -> bytes:
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(payload)
-        await writer.drain()
-        async with asyncio.timeout(10):
-            return await reader.readexactly(len(payload))
-    finally:
-        writer.close()
-        await writer.wait_closed()
 
 
 @pytest.mark.parametrize("transport", ["tcp", "tls"])
@@ -61,9 +50,9 @@ async def test_each_tcp_client_gets_its_own_connection_to_a_tcp_peer(
             assert echo.connections == 1
             big = os.urandom(200_000)  # many segments: the byte stream must arrive intact
             replies = await asyncio.gather(
-                _tcp_roundtrip(local_port, b"first client"),
-                _tcp_roundtrip(local_port, b"second client"),
-                _tcp_roundtrip(local_port, big),
+                tcp_roundtrip(local_port, b"first client"),
+                tcp_roundtrip(local_port, b"second client"),
+                tcp_roundtrip(local_port, big),
             )
             assert list(replies) == [b"first client", b"second client", big]
             assert echo.connections == 4
