@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.bench_turn import (
-    PASSWORD,
     REALM,
     USER,
+    coturn_args,
     free_port,
     process,
     stunnerd_config,
@@ -187,14 +187,7 @@ def main() -> None:
         coturn_port, stunnerd_port = free_port(), free_port()
         cfg = tmp / "stunnerd.json"
         cfg.write_text(json.dumps(stunnerd_config(stunnerd_port)))
-        coturn_argv = [
-            turnserver, "-n", "--no-cli", "--no-tls", "--no-dtls", "--log-file=stdout",
-            "--simple-log", "--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1",
-            f"--listening-port={coturn_port}", "--min-port=51000", "--max-port=51999",
-            "--allow-loopback-peers", "--lt-cred-mech", f"--user={USER}:{PASSWORD}",
-            f"--realm={REALM}", "--fingerprint", "--relay-threads=1",
-            f"--db={tmp / 'turndb'}", f"--pidfile={tmp / 'turnserver.pid'}",
-        ]  # fmt: skip
+        coturn_argv = coturn_args(turnserver, coturn_port, tmp, min_port=51000)
         results: dict[str, dict[str, Tally]] = {
             name: {"coturn": Tally(), "stunnerd": Tally()} for name in SCENARIOS
         }

@@ -22,14 +22,13 @@ import time
 from pathlib import Path
 
 from bench.bench_turn import (
-    PASSWORD,
-    REALM,
-    USER,
     Run,
+    coturn_args,
     cpu_seconds,
     free_port,
     parse_uclient,
     process,
+    stunnerd_config,
     uclient,
 )
 
@@ -47,18 +46,6 @@ def wait_tcp_listening(port: int, log: Path, timeout_s: float = 15.0) -> None:
         except OSError:
             time.sleep(0.1)
     raise TimeoutError(f"server on {port} did not accept: {log.read_text()[-2000:]}")
-
-
-def stunnerd_config(port: int) -> dict[str, object]:
-    return {
-        "version": "v1",
-        "admin": {"name": "bench/stunnerd", "loglevel": "all:WARN", "healthcheck_endpoint": ""},
-        "auth": {"type": "static", "realm": REALM,
-                 "credentials": {"username": USER, "password": PASSWORD}},
-        "listeners": [{"name": "bench/tcp", "protocol": "TURN-TCP", "address": "127.0.0.1",
-                       "port": port, "routes": ["bench/loopback"]}],
-        "clusters": [{"name": "bench/loopback", "type": "STATIC", "endpoints": ["127.0.0.0/8"]}],
-    }  # fmt: skip
 
 
 def run(name: str, pid: int, port: int, args: list[str]) -> Run:
@@ -80,15 +67,8 @@ def main() -> None:
         tmp = Path(tmp_name)
         coturn_port, stunnerd_port = free_port(), free_port()
         cfg = tmp / "stunnerd.json"
-        cfg.write_text(json.dumps(stunnerd_config(stunnerd_port)))
-        coturn_argv = [
-            turnserver, "-n", "--no-cli", "--no-tls", "--no-dtls", "--log-file=stdout",
-            "--simple-log", "--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1",
-            f"--listening-port={coturn_port}", "--min-port=51000", "--max-port=51999",
-            "--allow-loopback-peers", "--lt-cred-mech", f"--user={USER}:{PASSWORD}",
-            f"--realm={REALM}", "--fingerprint", "--relay-threads=1",
-            f"--db={tmp / 'turndb'}", f"--pidfile={tmp / 'turnserver.pid'}",
-        ]  # fmt: skip
+        cfg.write_text(json.dumps(stunnerd_config(stunnerd_port, "TURN-TCP")))
+        coturn_argv = coturn_args(turnserver, coturn_port, tmp, min_port=51000)
         with (
             process(coturn_argv, tmp / "coturn.log") as coturn,
             process([stunnerd, "-c", str(cfg), "--bind", "127.0.0.1"], tmp / "sd.log") as sd,

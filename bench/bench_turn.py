@@ -186,16 +186,30 @@ def allocations(pid: int, port: int, peer_port: int) -> tuple[float, float]:
     return cpu * 1e3 / ALLOC_SESSIONS, ALLOC_SESSIONS / wall
 
 
-def stunnerd_config(port: int) -> dict[str, object]:
+def stunnerd_config(port: int, protocol: str = "TURN-UDP") -> dict[str, object]:
+    """One listener on 127.0.0.1:port with static credentials, routed to all of 127.0.0.0/8."""
+    name = "bench/" + protocol.removeprefix("TURN-").lower()
     return {
         "version": "v1",
         "admin": {"name": "bench/stunnerd", "loglevel": "all:WARN", "healthcheck_endpoint": ""},
         "auth": {"type": "static", "realm": REALM,
                  "credentials": {"username": USER, "password": PASSWORD}},
-        "listeners": [{"name": "bench/udp", "protocol": "TURN-UDP", "address": "127.0.0.1",
+        "listeners": [{"name": name, "protocol": protocol, "address": "127.0.0.1",
                        "port": port, "routes": ["bench/loopback"]}],
         "clusters": [{"name": "bench/loopback", "type": "STATIC", "endpoints": ["127.0.0.0/8"]}],
     }  # fmt: skip
+
+
+def coturn_args(turnserver: str, port: int, tmp: Path, min_port: int = 50000) -> list[str]:
+    """coturn on 127.0.0.1:port with one relay thread, the same user, relays from min_port on."""
+    return [
+        turnserver, "-n", "--no-cli", "--no-tls", "--no-dtls", "--log-file=stdout",
+        "--simple-log", "--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1",
+        f"--listening-port={port}", f"--min-port={min_port}", f"--max-port={min_port + 999}",
+        "--allow-loopback-peers", "--lt-cred-mech", f"--user={USER}:{PASSWORD}",
+        f"--realm={REALM}", "--fingerprint", "--relay-threads=1",
+        f"--db={tmp / 'turndb'}", f"--pidfile={tmp / 'turnserver.pid'}",
+    ]  # fmt: skip
 
 
 def main() -> None:
@@ -217,14 +231,7 @@ def main() -> None:
         plain_cfg = tmp / "stunnerd-plain.json"
         plain_cfg.write_text(json.dumps(stunnerd_config(plain_port)))
         plain_env = {**os.environ, "STUNNERD_UDP_GSO": "0"}
-        coturn_argv = [
-            turnserver, "-n", "--no-cli", "--no-tls", "--no-dtls", "--log-file=stdout",
-            "--simple-log", "--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1",
-            f"--listening-port={coturn_port}", "--min-port=50000", "--max-port=50999",
-            "--allow-loopback-peers", "--lt-cred-mech", f"--user={USER}:{PASSWORD}",
-            f"--realm={REALM}", "--fingerprint", "--relay-threads=1",
-            f"--db={tmp / 'turndb'}", f"--pidfile={tmp / 'turnserver.pid'}",
-        ]  # fmt: skip
+        coturn_argv = coturn_args(turnserver, coturn_port, tmp)
         with (
             process(["turnutils_peer", "-L", "127.0.0.1", "-p", str(peer_port)], tmp / "peer.log"),
             process(coturn_argv, tmp / "coturn.log") as coturn,
