@@ -227,7 +227,7 @@ def _aliases(model: type[Any]) -> set[str]:
 @pytest.mark.parametrize(
     ("kind", "path", "model", "unused_by_operator", "not_in_crd"),
     [
-        ("GatewayConfig", ("spec",), stunner.GatewayConfigSpec, {"stunMode"}, set()),
+        ("GatewayConfig", ("spec",), stunner.GatewayConfigSpec, set(), set()),
         ("Dataplane", ("spec",), stunner.DataplaneSpec, set(), set()),
         ("StaticService", ("spec",), stunner.StaticServiceSpec, set(), set()),
         ("UDPRoute", ("spec",), gateway_api.RouteSpec, set(), set()),

@@ -29,6 +29,8 @@ class GatewayConfigSpec(K8sModel):
     load_balancer_service_annotations: StrMap = Field(default_factory=dict)
     log_level: str | None = None
     user_quota: int | None = None
+    stun_mode: bool = False
+    """A STUN-only server: auth type ``none``, every TURN request refused (upstream premium)."""
 
 
 class GatewayConfig(K8sObject):

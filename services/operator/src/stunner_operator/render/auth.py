@@ -3,7 +3,9 @@
 Credentials come either inline from the GatewayConfig or, when ``authRef`` is set, exclusively
 from that Secret (no fallback to the inline fields). Upstream's type aliases apply in both places:
 ``static``/``plaintext`` and ``ephemeral``/``timewindowed``/``longterm``. Any problem is critical
-for the Gateway, and the message names the object and field to fix.
+for the Gateway, and the message names the object and field to fix. ``stunMode: true`` overrides
+all of it: auth type ``none`` without credentials, so stunnerd answers STUN Binding on every
+listener and refuses every TURN request.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def render_auth(view: View, gwconfig: GatewayConfig) -> AuthConfig:
     spec = gwconfig.spec
     gcid = f"{gwconfig.metadata.namespace}/{gwconfig.metadata.name}"
     realm = spec.realm
+    if spec.stun_mode:
+        return AuthConfig(type="none", realm=realm, credentials={})
     credentials: dict[str, str]
     if spec.auth_ref is not None:
         ref = spec.auth_ref
