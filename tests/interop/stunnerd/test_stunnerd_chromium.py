@@ -60,8 +60,8 @@ async def page_server() -> AsyncIterator[int]:
 
 
 @contextlib.asynccontextmanager
-async def chromium(binary: str, url: str, profile: Path) -> AsyncIterator[str]:
-    """Start headless Chromium on `url`; yield its DevTools browser websocket URL."""
+async def chromium(binary: str, url: str, profile: Path, *extra_args: str) -> AsyncIterator[str]:
+    """Start headless Chromium on `url` (with `extra_args`); yield its DevTools websocket URL."""
     proc = await asyncio.create_subprocess_exec(
         binary,
         "--headless",
@@ -75,6 +75,7 @@ async def chromium(binary: str, url: str, profile: Path) -> AsyncIterator[str]:
         "--allow-loopback-in-peer-connection",
         f"--user-data-dir={profile}",
         "--remote-debugging-port=0",
+        *extra_args,
         url,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
