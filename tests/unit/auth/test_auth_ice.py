@@ -140,3 +140,45 @@ def test_a_query_nothing_matches_says_which_filters_failed(query: IceQuery) -> N
         ice_config(CONFIGS, query, NOW)
     with pytest.raises(NoMatchError):
         turn_rest_answer({}, IceQuery(), NOW)
+
+
+LIFETIME_CONFIGS = {
+    "media/short": gateway(
+        "media/short",
+        [{"name": "udp", "protocol": "TURN-UDP", "public_address": "9.9.9.9", "port": 3478}],
+        {"type": "ephemeral", "credentials": {"secret": "s3cret", "lifetime": "600"}},
+    )
+}
+
+
+@pytest.mark.parametrize(
+    ("query", "expected_ttl"),
+    [
+        (IceQuery(), 600),  # no ttl asked: the GatewayConfig's authLifetime
+        (IceQuery(ttl_s=60, ttl_given=True), 60),  # a shorter ttl wins
+        (IceQuery(ttl_s=7200, ttl_given=True), 600),  # a longer one is capped
+    ],
+)
+def test_auth_lifetime_sets_the_lifetime_of_ephemeral_credentials(
+    query: IceQuery, expected_ttl: int
+) -> None:
+    answer = turn_rest_answer(LIFETIME_CONFIGS, query, NOW)
+    assert answer["ttl"] == expected_ttl
+    username = str(answer["username"])
+    assert int(username.split(":")[0]) == int(NOW) + expected_ttl
+    assert answer["password"] == ephemeral_password("s3cret", username)
+    ice = ice_config(LIFETIME_CONFIGS, query, NOW)
+    servers: Any = ice["iceServers"]
+    assert int(servers[0]["username"].split(":")[0]) == int(NOW) + expected_ttl
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "soon", ""])
+def test_a_lifetime_that_is_not_a_positive_number_is_ignored(raw: str) -> None:
+    configs = {
+        "media/x": gateway(
+            "media/x",
+            [{"name": "udp", "protocol": "TURN-UDP", "public_address": "9.9.9.9", "port": 3478}],
+            {"type": "ephemeral", "credentials": {"secret": "s3cret", "lifetime": raw}},
+        )
+    }
+    assert turn_rest_answer(configs, IceQuery(ttl_s=123), NOW)["ttl"] == 123

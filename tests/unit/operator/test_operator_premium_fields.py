@@ -41,3 +41,18 @@ def test_stun_mode_false_keeps_the_configured_auth(render: Render) -> None:
     cfg = render(gwconfig("stunMode: false"), UDP_GATEWAY).configs()["stunner/gw"]
     assert cfg.auth.type == "static"
     assert cfg.auth.credentials == {"username": "user-1", "password": "pass-1"}
+
+
+def test_auth_lifetime_travels_with_ephemeral_credentials(render: Render) -> None:
+    text = HIERARCHY.replace(
+        "spec: {authType: static, userName: user-1, password: pass-1}",
+        "spec: {authType: ephemeral, sharedSecret: s3cret, authLifetime: 600}",
+    )
+    cfg = render(text, UDP_GATEWAY).configs()["stunner/gw"]
+    assert cfg.auth.type == "ephemeral"
+    assert cfg.auth.credentials == {"secret": "s3cret", "lifetime": "600"}
+
+
+def test_auth_lifetime_is_not_rendered_for_static_auth(render: Render) -> None:
+    cfg = render(gwconfig("authLifetime: 600"), UDP_GATEWAY).configs()["stunner/gw"]
+    assert "lifetime" not in cfg.auth.credentials

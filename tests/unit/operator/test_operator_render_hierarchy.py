@@ -130,7 +130,11 @@ AUTH_CASES = [
     ("{authType: ephemeral, sharedSecret: s}", "ephemeral", {"secret": "s"}),
     ("{authType: timewindowed, sharedSecret: s}", "ephemeral", {"secret": "s"}),
     ("{authType: longterm, sharedSecret: s}", "ephemeral", {"secret": "s"}),
-    ("{authType: ephemeral, sharedSecret: s, authLifetime: 60}", "ephemeral", {"secret": "s"}),
+    (
+        "{authType: ephemeral, sharedSecret: s, authLifetime: 60}",
+        "ephemeral",
+        {"secret": "s", "lifetime": "60"},
+    ),
 ]
 
 

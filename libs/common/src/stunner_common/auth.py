@@ -27,6 +27,17 @@ __all__ = [
 ]
 
 # Go's strconv.Atoi on 64-bit: optional sign, decimal digits, within int64.
+CREDENTIAL_LIFETIME_KEY = "lifetime"
+"""An ``auth.credentials`` key of ephemeral configs: the GatewayConfig's ``authLifetime`` (seconds),
+the lifetime the auth service gives the credentials it hands out. stunnerd ignores it."""
+
+
+def credential_lifetime(credentials: dict[str, str]) -> int | None:
+    """The ``lifetime`` of ephemeral credentials in a config (None: unset or not a positive int)."""
+    raw = credentials.get(CREDENTIAL_LIFETIME_KEY, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
 _ATOI = re.compile(r"[+-]?[0-9]+")
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1

@@ -26,6 +26,7 @@ from stunner_auth.feed import ConfigFeed
 from stunner_auth.ice import IcePolicy, IceQuery, NoMatchError, ice_config, turn_rest_answer
 from stunner_auth.settings import AuthSettings
 from stunner_common.bearer import bearer_matches
+from stunner_common.cds import TokenSource
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def _query(
     policy: IcePolicy = "relay" if ice_transport_policy == "relay" else "all"
     if username is not None and not username:
         raise ApiError(400, "username must not be empty")
-    return IceQuery(namespace, gateway, listener, username, ttl_s, policy)
+    return IceQuery(namespace, gateway, listener, username, ttl_s, policy, ttl is not None)
 
 
 Filters = Annotated[IceQuery, Depends(_query)]
@@ -104,7 +105,11 @@ def create_app(settings: AuthSettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        cds_token = settings.cds_token.get_secret_value() if settings.cds_token else None
+        cds_token: str | TokenSource | None = (
+            settings.cds_token.get_secret_value() if settings.cds_token else None
+        )
+        if settings.cds_token_file:
+            cds_token = TokenSource(file=settings.cds_token_file)
         feed = ConfigFeed(settings.cds_url, token=cds_token, timeout_s=settings.cds_timeout_s)
         app.state.feed = feed
         app.state.settings = settings

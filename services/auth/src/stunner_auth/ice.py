@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from stunner_common.auth import ephemeral_credentials
+from stunner_common.auth import credential_lifetime, ephemeral_credentials
 from stunner_common.config import AuthConfig, ListenerConfig, StunnerConfig
 from stunner_common.turnuri import NODE_ADDRESS_PLACEHOLDER, listener_turn_uri
 
@@ -39,6 +39,8 @@ class IceQuery:
     username: str | None = None
     ttl_s: int = DEFAULT_TTL_S
     ice_transport_policy: IcePolicy = "all"
+    ttl_given: bool = False
+    """The client asked for `ttl_s`; otherwise it is the service's default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +101,23 @@ def _describe(query: IceQuery) -> str:
     return f"no Gateway{where} has a listener with a client-reachable address"
 
 
+def lifetime_s(auth: AuthConfig, query: IceQuery) -> int:
+    """The lifetime of `auth`'s credentials: the GatewayConfig's `authLifetime` (carried in the
+    ephemeral credentials) is the default and the ceiling; a shorter asked `ttl` wins."""
+    limit = credential_lifetime(auth.credentials) if auth.type == "ephemeral" else None
+    if limit is None:
+        return query.ttl_s
+    return min(query.ttl_s, limit) if query.ttl_given else limit
+
+
 def credentials(auth: AuthConfig, query: IceQuery, now: float) -> tuple[str, str]:
     """(username, password) for `auth`: the static pair, or TURN REST ones valid for the TTL."""
     if auth.type == "ephemeral":
         return ephemeral_credentials(
-            auth.credentials["secret"], ttl_s=query.ttl_s, now=now, user_id=query.username
+            auth.credentials["secret"],
+            ttl_s=lifetime_s(auth, query),
+            now=now,
+            user_id=query.username,
         )
     if auth.type == "static":
         return auth.credentials["username"], auth.credentials["password"]
@@ -124,12 +138,13 @@ def turn_rest_answer(
     configs: Mapping[str, StunnerConfig], query: IceQuery, now: float
 ) -> dict[str, object]:
     """The TURN REST API stanza: the first auth group's credentials and URIs."""
-    first = ice_servers(configs, query, now)[0]
+    auth, uris = select_uris(configs, query)[0]
+    username, password = credentials(auth, query, now)
     return {
-        "username": first.username,
-        "password": first.credential,
-        "ttl": query.ttl_s,
-        "uris": list(first.urls),
+        "username": username,
+        "password": password,
+        "ttl": lifetime_s(auth, query),
+        "uris": uris,
     }
 
 

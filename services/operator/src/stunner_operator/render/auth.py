@@ -5,13 +5,15 @@ from that Secret (no fallback to the inline fields). Upstream's type aliases app
 ``static``/``plaintext`` and ``ephemeral``/``timewindowed``/``longterm``. Any problem is critical
 for the Gateway, and the message names the object and field to fix. ``stunMode: true`` overrides
 all of it: auth type ``none`` without credentials, so stunnerd answers STUN Binding on every
-listener and refuses every TURN request.
+listener and refuses every TURN request. ``authLifetime`` (ephemeral auth only) travels in the
+credentials as ``lifetime``: the auth service's default and ceiling for the credentials it gives.
 """
 
 from __future__ import annotations
 
 from typing import cast
 
+from stunner_common.auth import CREDENTIAL_LIFETIME_KEY
 from stunner_common.config import AuthConfig, AuthType, ConfigError
 from stunner_common.crds import GatewayConfig, Secret
 from stunner_operator.render.store import View
@@ -98,6 +100,9 @@ def render_auth(view: View, gwconfig: GatewayConfig) -> AuthConfig:
                     f"{where}: ephemeral auth needs spec.sharedSecret (or an authRef Secret)",
                 )
             credentials = {"secret": spec.shared_secret}
+    if kind == "ephemeral" and spec.auth_lifetime is not None and spec.auth_lifetime > 0:
+        # for the auth service: the lifetime of the credentials it hands out
+        credentials[CREDENTIAL_LIFETIME_KEY] = str(spec.auth_lifetime)
     try:
         return AuthConfig(type=cast(AuthType, kind), realm=realm, credentials=credentials)
     except (ConfigError, ValueError) as err:
