@@ -9,6 +9,13 @@
         manifests, stopped when it leaves
       → a UDP echo backend on 127.0.0.1:9001
 
+Every port comes from one allocator (scripts/local_ports.py): the fixed ones above must be free
+(else the runner says which and how to move it, before starting anything); the operator's health
+(from 8081) and metrics (from 8080) ports and each stunnerd's health (from 8086) and metrics
+(from 9086) ports are the first free ones no other part of the stack holds. The operator's
+warnings and errors (a manifest it refuses, a route to a missing Gateway) are echoed here, one
+line each.
+
 Everything runs on loopback in one process group of its own. Ctrl-C, SIGTERM, SIGHUP (the
 terminal closing) or `make stop` stop all of it; children also die with this process. Each run
 logs to .run/<time>/ (.run/latest points at the newest).
@@ -22,20 +29,24 @@ import ctypes
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+from local_ports import TCP, UDP, PortAllocator, PortError
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 PIDFILE = "stack.pid"
 PR_SET_PDEATHSIG = 1
+DEFAULT_CDS_PORT = 13478
 
 
 def _die_with_parent() -> None:
@@ -103,33 +114,22 @@ class Stack:
             proc.wait()
 
 
-@dataclass
-class Ports:
-    redis: int
-    cds: int
-    auth: int
-    echo: int
-    health: int
-
-
-def port_taken(port: int, kind: int = socket.SOCK_STREAM, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        if kind == socket.SOCK_STREAM:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def port_problems(alloc: PortAllocator, wanted: list[tuple[str, int, int, str]]) -> list[str]:
+    """Reserve the stack's fixed ports; one line per port that cannot be had."""
+    problems = []
+    for what, port, kind, fix in wanted:
         try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
+            alloc.reserve(what, port, kind, fix)
+        except PortError as exc:
+            problems.append(str(exc))
+    return problems
 
 
-def check_ports(wanted: list[tuple[str, int, int]]) -> None:
-    """Exit with one line per port already in use, before anything is started."""
-    taken = [(what, port, kind) for what, port, kind in wanted if port_taken(port, kind)]
-    for what, port, kind in taken:
-        proto = "udp" if kind == socket.SOCK_DGRAM else "tcp"
-        print(f"make run: port {port}/{proto} ({what}) is already in use", file=sys.stderr)
-    if taken:
+def check_ports(problems: list[str]) -> None:
+    """Exit with one line per port problem and the way out, before anything is started."""
+    for line in problems:
+        print(f"make run: {line}", file=sys.stderr)
+    if problems:
         print(
             "Stop whatever holds it (`make stop` stops an earlier `make run`), or choose other "
             "ports (scripts/run_local.py --help).",
@@ -168,7 +168,7 @@ def turn_uris(config: dict[str, Any]) -> list[str]:
 
 
 def listener_ports(config: dict[str, Any]) -> list[tuple[str, int, int]]:
-    ports = []
+    ports: list[tuple[str, int, int]] = []
     for listener in config.get("listeners") or []:
         proto = str(listener.get("protocol", "TURN-UDP"))
         kind = socket.SOCK_DGRAM if proto in ("TURN-UDP", "TURN-DTLS") else socket.SOCK_STREAM
@@ -206,19 +206,51 @@ def start_redis(stack: Stack, rundir: Path, port: int) -> tuple[str, str]:
 
 
 class Gateways:
-    """One stunnerd per config the CDS serves; each gets the lowest free health port slot."""
+    """One stunnerd per config the CDS serves, each with a health and a metrics port of its own.
 
-    def __init__(self, stack: Stack, cds_port: int, health_base: int) -> None:
+    Both ports come from the stack's `PortAllocator`, so the third Gateway's health port never
+    lands on the auth service's and a Dataplane that turns metrics on never lands on the
+    operator's. A Gateway whose stunnerd cannot start (a listener port taken) is reported once
+    per distinct problem, with the fix, and tried again quietly until it can start.
+    """
+
+    def __init__(
+        self,
+        stack: Stack,
+        alloc: PortAllocator,
+        cds_port: int,
+        health_base: int,
+        metrics_base: int,
+    ) -> None:
         self.stack = stack
+        self.alloc = alloc
         self.cds = f"ws://127.0.0.1:{cds_port}"
         self.cds_port = cds_port
         self.health_base = health_base
-        self.slots: dict[str, int] = {}
+        self.metrics_base = metrics_base
+        self.ports: dict[str, tuple[int, int]] = {}  # gateway -> (health, metrics)
         self.configs: dict[str, dict[str, Any]] = {}
+        self.reported: dict[str, str] = {}  # gateway -> the problem last printed
+        self.metrics_on: dict[str, str] = {}  # gateway -> metrics URL shown
+
+    @property
+    def running(self) -> list[str]:
+        return sorted(self.ports)
 
     @staticmethod
     def proc_name(gw: str) -> str:
         return f"stunnerd-{gw.replace('/', '-')}"
+
+    def _problem(self, gw: str, config: dict[str, Any]) -> str | None:
+        """Why `gw`'s stunnerd cannot start now (a listener port), with the fix; else None."""
+        problems = []
+        for what, port, kind in listener_ports(config):
+            why = self.alloc.claim_check(f"{what} of {gw}", port, kind)
+            if why is not None:
+                problems.append(why)
+        if not problems:
+            return None
+        return "; ".join(problems) + " (free the port or change the listener's port in the YAML)"
 
     def sync(self) -> tuple[list[str], list[str]]:
         """Start and stop stunnerds to match the CDS; return (added, removed) ids."""
@@ -226,27 +258,36 @@ class Gateways:
             configs = list_configs(self.cds_port)
         except (OSError, ValueError):
             return [], []
-        added = sorted(set(configs) - set(self.slots))
-        removed = sorted(set(self.slots) - set(configs))
+        removed = sorted(set(self.ports) - set(configs))
         for gw in removed:
             self.stack.stop_one(self.proc_name(gw))
-            del self.slots[gw]
+            del self.ports[gw]
+            self.alloc.release(f"stunnerd {gw}")
+            self.metrics_on.pop(gw, None)
+        for gw in set(self.reported) - set(configs):
+            del self.reported[gw]  # left before it ever started
         self.configs = configs
-        for gw in added:
-            slot = min(set(range(len(self.slots) + 1)) - set(self.slots.values()))
-            health = self.health_base + slot
-            if port_taken(health):
-                print(f"  cannot start a stunnerd for {gw}: health port {health} is in use")
+        added = []
+        for gw in sorted(set(configs) - set(self.ports)):
+            problem = self._problem(gw, configs[gw])
+            if problem is not None:
+                if self.reported.get(gw) != problem:
+                    self.reported[gw] = problem
+                    print(f"  cannot start a stunnerd for {gw}: {problem}", flush=True)
                 continue
-            busy = [
-                f"{port}"
-                for _w, port, kind in listener_ports(configs[gw])
-                if port_taken(port, kind)
-            ]
-            if busy:
-                print(f"  cannot start a stunnerd for {gw}: port(s) {', '.join(busy)} in use")
+            try:
+                health = self.alloc.allocate(f"stunnerd {gw} health", self.health_base)
+                metrics = self.alloc.allocate(f"stunnerd {gw} metrics", self.metrics_base)
+            except PortError as exc:
+                self.alloc.release(f"stunnerd {gw}")
+                if self.reported.get(gw) != str(exc):
+                    self.reported[gw] = str(exc)
+                    print(f"  cannot start a stunnerd for {gw}: {exc}", flush=True)
                 continue
-            self.slots[gw] = slot
+            if gw in self.reported:
+                print(f"  {gw}: the port problem is gone", flush=True)
+                del self.reported[gw]
+            self.ports[gw] = (health, metrics)
             self.stack.start(
                 self.proc_name(gw),
                 [str(BIN / "stunnerd"), "-w", "-c", self.cds, "--id", gw],
@@ -254,20 +295,73 @@ class Gateways:
                     "STUNNER_ADDR": "127.0.0.1",
                     "STUNNERD_BIND_HOST": "127.0.0.1",
                     "STUNNERD_HEALTH_PORT": str(health),
+                    "STUNNERD_METRICS_PORT": str(metrics),
                 },
             )
+            added.append(gw)
         return added, removed
+
+    def metrics_url(self, gw: str) -> str | None:
+        """Where `gw`'s stunnerd serves metrics, or None while its config turns them off."""
+        endpoint = (self.configs.get(gw, {}).get("admin") or {}).get("metrics_endpoint")
+        if not endpoint or gw not in self.ports:
+            return None
+        path = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}").path or "/"
+        return f"http://127.0.0.1:{self.ports[gw][1]}{path}"
+
+    def metrics_changes(self) -> list[tuple[str, str | None]]:
+        """(gateway, URL or None) for every running stunnerd whose metrics were turned on/off."""
+        out = []
+        for gw in self.running:
+            url = self.metrics_url(gw)
+            if self.metrics_on.get(gw) != url:
+                if url is None:
+                    self.metrics_on.pop(gw, None)
+                else:
+                    self.metrics_on[gw] = url
+                out.append((gw, url))
+        return out
 
     def rows(self, gw: str) -> list[tuple[str, str]]:
         config = self.configs.get(gw, {})
-        health = self.health_base + self.slots[gw]
-        metrics = (config.get("admin") or {}).get(
-            "metrics_endpoint"
-        ) or "off (admin.metrics_endpoint)"
+        health = self.ports[gw][0]
+        metrics = self.metrics_url(gw)
+        if metrics is not None:
+            self.metrics_on[gw] = metrics
         rows = [(f"TURN {gw}", uri) for uri in turn_uris(config)]
         rows.append((f"stunnerd {gw} health", f"http://127.0.0.1:{health}/ready  /live  /status"))
-        rows.append((f"stunnerd {gw} metrics", metrics))
+        rows.append(
+            (f"stunnerd {gw} metrics", metrics or "off (Dataplane spec.enableMetricsEndpoint)")
+        )
         return rows
+
+
+class OperatorLog:
+    """The operator's warnings and errors, echoed to the terminal one line each."""
+
+    LINE = re.compile(r"^\S+ \S+ (WARNING|ERROR|CRITICAL) [\w.]+: (.*)$")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def poll(self) -> list[str]:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read(1 << 20)
+        except OSError:
+            return []
+        self.offset += len(chunk)
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()
+        out = []
+        for raw in lines:
+            m = self.LINE.match(raw.decode("utf-8", errors="replace"))
+            if m is not None:
+                out.append(f"operator {m[1].lower()}: {m[2]}")
+        return out
 
 
 def print_table(rows: list[tuple[str, str]]) -> None:
@@ -333,18 +427,50 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--manifests", default=str(ROOT / "examples" / "local"))
-    parser.add_argument("--cds-port", type=int, default=13478)
+    parser.add_argument("--cds-port", type=int, default=DEFAULT_CDS_PORT)
     parser.add_argument("--auth-port", type=int, default=8088)
     parser.add_argument("--redis-port", type=int, default=16379)
     parser.add_argument("--echo-port", type=int, default=9001)
-    parser.add_argument("--operator-health-port", type=int, default=8081, help="/healthz, /readyz")
-    parser.add_argument("--operator-metrics-port", type=int, default=8080, help="/metrics")
     parser.add_argument(
-        "--health-port", type=int, default=8086, help="first stunnerd's; +1 per Gateway"
+        "--operator-health-port",
+        type=int,
+        help="/healthz, /readyz, /gateways (default: the first free from 8081)",
+    )
+    parser.add_argument(
+        "--operator-metrics-port", type=int, help="/metrics (default: the first free from 8080)"
+    )
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=8086,
+        help="where stunnerd health ports start: each Gateway's stunnerd gets the next free one",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9086,
+        help="where stunnerd metrics ports start (used when a Dataplane enables metrics)",
     )
     parser.add_argument("--rundir", default=str(ROOT / ".run"), help="logs and Redis data")
     parser.add_argument("--stop", action="store_true", help="stop a running stack and exit")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    ports = ("cds_port", "auth_port", "redis_port", "echo_port", "health_port", "metrics_port")
+    for name in (*ports, "operator_health_port", "operator_metrics_port"):
+        value = getattr(args, name)
+        if value is not None and not 1 <= value <= 65535:
+            parser.error(f"--{name.replace('_', '-')} {value}: not a port (1-65535)")
+    return args
+
+
+def operator_ports(alloc: PortAllocator, args: argparse.Namespace) -> tuple[int, int]:
+    """The operator's health and metrics ports: as given, else the first free ones."""
+    out = []
+    for what, given, start in (
+        ("operator health", args.operator_health_port, 8081),
+        ("operator metrics", args.operator_metrics_port, 8080),
+    ):
+        out.append(alloc.reserve(what, given) if given else alloc.allocate(what, start))
+    return out[0], out[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,15 +484,20 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, _interrupt)
     redis_url = os.environ.get("REDIS_URL", "")
+    alloc = PortAllocator()
     wanted = [
-        ("CDS", args.cds_port, socket.SOCK_STREAM),
-        ("auth service", args.auth_port, socket.SOCK_STREAM),
-        ("UDP echo backend", args.echo_port, socket.SOCK_DGRAM),
-        ("first stunnerd health", args.health_port, socket.SOCK_STREAM),
+        ("CDS", args.cds_port, TCP, "--cds-port"),
+        ("auth service", args.auth_port, TCP, "--auth-port"),
+        ("UDP echo backend", args.echo_port, UDP, "--echo-port"),
     ]
     if not redis_url:
-        wanted.append(("Redis", args.redis_port, socket.SOCK_STREAM))
-    check_ports(wanted)
+        wanted.append(("Redis", args.redis_port, TCP, "--redis-port"))
+    problems = port_problems(alloc, [(w, p, k, f"move it with {flag}") for w, p, k, flag in wanted])
+    try:
+        health_port, metrics_port = operator_ports(alloc, args)
+    except PortError as exc:
+        problems.append(str(exc))
+    check_ports(problems)
     base.mkdir(parents=True, exist_ok=True)
     rundir = new_rundir(base)
     (base / PIDFILE).write_text(f"{os.getpid()}\n")
@@ -387,12 +518,13 @@ def main(argv: list[str] | None = None) -> int:
                 "--manifests",
                 args.manifests,
                 "--health-address",
-                f"127.0.0.1:{args.operator_health_port}",
+                f"127.0.0.1:{health_port}",
                 "--metrics-address",
-                f"127.0.0.1:{args.operator_metrics_port}",
+                f"127.0.0.1:{metrics_port}",
             ],
             {"REDIS_URL": operator_url},
         )
+        operator_log = OperatorLog(rundir / "stunner-operator.log")
         stack.start(
             "stunner-cds",
             [str(BIN / "stunner-cds"), "--host", "127.0.0.1", "--port", str(args.cds_port)],
@@ -400,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if not wait_tcp(args.cds_port):
             raise SystemExit(f"stunner-cds did not start: see {rundir / 'stunner-cds.log'}")
+        cds_addr = f"127.0.0.1:{args.cds_port}"
         stack.start(
             "stunner-auth",
             [
@@ -408,26 +541,31 @@ def main(argv: list[str] | None = None) -> int:
                 "127.0.0.1",
                 "--port",
                 str(args.auth_port),
-                "--cds-url",
-                f"http://127.0.0.1:{args.cds_port}",
+                "--cds-server-address",
+                f"http://{cds_addr}",
             ],
         )
-        gateways = Gateways(stack, args.cds_port, args.health_port)
+        gateways = Gateways(stack, alloc, args.cds_port, args.health_port, args.metrics_port)
         deadline = time.monotonic() + 20
-        while not gateways.slots and time.monotonic() < deadline:
+        while not gateways.ports and time.monotonic() < deadline:
             if failed := stack.exited():
                 raise SystemExit(f"{failed} exited: see {rundir / (failed + '.log')}")
             gateways.sync()
             time.sleep(0.2)
-        if not gateways.slots:
+        for line in operator_log.poll():
+            print(f"  {line}")
+        if not gateways.ports and not gateways.reported:
             raise SystemExit(
                 f"the operator rendered no Gateway: see {rundir / 'stunner-operator.log'}"
             )
-        rows = [row for gw in sorted(gateways.slots) for row in gateways.rows(gw)]
+        rows = [row for gw in gateways.running for row in gateways.rows(gw)]
+        gateways.metrics_changes()  # the table shows them
         rows += [
-            ("CDS", f"http://127.0.0.1:{args.cds_port}/api/v1/configs"),
-            ("CDS metrics", f"http://127.0.0.1:{args.cds_port}/metrics"),
+            ("CDS", f"http://{cds_addr}/api/v1/configs"),
+            ("CDS metrics", f"http://{cds_addr}/metrics"),
             ("auth service", f"http://127.0.0.1:{args.auth_port}/ice?service=turn"),
+            ("operator", f"http://127.0.0.1:{health_port}/gateways  /healthz  /readyz"),
+            ("operator metrics", f"http://127.0.0.1:{metrics_port}/metrics"),
             (
                 "Redis",
                 f"127.0.0.1:{args.redis_port} (users and passwords in {rundir}/redis.conf)"
@@ -437,21 +575,31 @@ def main(argv: list[str] | None = None) -> int:
             ("UDP echo backend", f"udp://127.0.0.1:{args.echo_port}"),
             ("logs", str(rundir)),
         ]
-        print(f"\nGateways: {', '.join(sorted(gateways.slots))}")
+        print(f"\nGateways: {', '.join(gateways.running) or 'none running yet'}")
         print_table(rows)
-        first = next(iter(turn_uris(gateways.configs[min(gateways.slots)])), "turn:127.0.0.1:3478")
+        uris = turn_uris(gateways.configs[gateways.running[0]]) if gateways.running else []
+        first = uris[0] if uris else "turn:127.0.0.1:3478"
         print(
             f"Try: {BIN}/turncat - '{first.replace('turn:', 'turn://user-1:pass-1@', 1)}' "
             f"udp://127.0.0.1:{args.echo_port}"
         )
+        ctl = [str(BIN / "stunnerctl")]
+        if args.cds_port != DEFAULT_CDS_PORT:
+            ctl += ["--cds", cds_addr]
+        if health_port != 8081:
+            ctl += ["--operator", f"127.0.0.1:{health_port}"]
+        print(f"     {' '.join(ctl)} status")
         while (failed := stack.exited()) is None:
             added, removed = gateways.sync()
             for gw in removed:
                 print(f"Gateway {gw} left the manifests: its stunnerd is stopped")
             for gw in added:
-                if gw in gateways.slots:
-                    print(f"Gateway {gw} appeared: a stunnerd serves it")
-                    print_table(gateways.rows(gw))
+                print(f"Gateway {gw} appeared: a stunnerd serves it")
+                print_table(gateways.rows(gw))
+            for gw, url in gateways.metrics_changes():
+                print(f"stunnerd {gw} metrics: {url or 'off'}")
+            for line in operator_log.poll():
+                print(f"  {line}")
             time.sleep(0.5)
         print(f"{failed} exited: see {rundir / (failed + '.log')}", file=sys.stderr)
         return 1

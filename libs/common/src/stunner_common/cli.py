@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Protocol, TypeVar
 
@@ -13,7 +14,12 @@ from pydantic import ValidationError
 from stunner_common.logs import configure_logging
 
 __all__ = [
+    "CDS_ADDR_ENV",
+    "DEFAULT_CDS_ADDRESS",
+    "DEPRECATED_CDS_ADDR_ENVS",
     "add_version_argument",
+    "cds_address",
+    "check_token_file",
     "distribution_version",
     "settings_from_args",
     "validation_message",
@@ -31,6 +37,52 @@ class LoggingSettings(Protocol):
 
 
 S = TypeVar("S", bound=LoggingSettings)
+
+CDS_ADDR_ENV = "CDS_SERVER_ADDR"
+"""The one environment variable for the CDS address (upstream's name), read by every tool."""
+DEPRECATED_CDS_ADDR_ENVS = ("STUNNER_CDS_ADDR", "AUTH_CDS_URL")
+"""Older names still honoured, with a warning: turncat and stunnerctl's, the auth service's."""
+DEFAULT_CDS_ADDRESS = "127.0.0.1:13478"
+"""Where `make run` and the compose stack put the CDS; every tool's default."""
+
+
+def cds_address(env: Mapping[str, str], flag: str | None = None) -> tuple[str, list[str]]:
+    """The CDS address a tool uses, and the warnings to print about how it was given.
+
+    The flag wins, then ``CDS_SERVER_ADDR``, then a deprecated name (with a warning), then
+    ``DEFAULT_CDS_ADDRESS``. A deprecated name set beside a newer source is ignored, with a
+    warning when it says something else.
+    """
+    warnings: list[str] = []
+    chosen = flag.strip() if flag and flag.strip() else None
+    source = "the flag" if chosen else ""
+    if chosen is None and env.get(CDS_ADDR_ENV, "").strip():
+        chosen, source = env[CDS_ADDR_ENV].strip(), CDS_ADDR_ENV
+    for old in DEPRECATED_CDS_ADDR_ENVS:
+        value = env.get(old, "").strip()
+        if not value:
+            continue
+        if chosen is None:
+            chosen = value
+            warnings.append(f"{old} is deprecated: set {CDS_ADDR_ENV} instead")
+        elif value != chosen:
+            warnings.append(f"{old}={value} is ignored: the CDS address comes from {source}")
+    return chosen or DEFAULT_CDS_ADDRESS, warnings
+
+
+def check_token_file(path: str | os.PathLike[str] | None) -> str | None:
+    """None when ``path`` (a CDS token file) is unset or a readable, non-empty file; else why
+    not, as one line naming the file (never its content)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(64 * 1024 + 1)
+    except OSError as exc:
+        return f"CDS token file {os.fspath(path)!r}: {exc.strerror or exc}"
+    if not data.strip():
+        return f"CDS token file {os.fspath(path)!r} is empty"
+    return None
 
 
 def distribution_version(distribution: str) -> str:

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 
 import uvicorn
 
 from stunner_auth.app import create_app
 from stunner_auth.settings import AuthSettings
-from stunner_common.cli import add_version_argument, settings_from_args
+from stunner_common.cli import (
+    CDS_ADDR_ENV,
+    DEFAULT_CDS_ADDRESS,
+    add_version_argument,
+    cds_address,
+    check_token_file,
+    settings_from_args,
+)
 from stunner_common.runtime import run as run_loop
 
 
@@ -21,7 +29,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--host", help="listen address (env AUTH_HOST, default 0.0.0.0)")
     parser.add_argument("--port", type=int, help="listen port (env AUTH_PORT, default 8088)")
-    parser.add_argument("--cds-url", help="config discovery service (env CDS_SERVER_ADDR)")
+    parser.add_argument(
+        "--cds-server-address",
+        "--cds-url",
+        dest="cds_url",
+        help=f"config discovery service, host:port or http(s)://… "
+        f"(env {CDS_ADDR_ENV}; default {DEFAULT_CDS_ADDRESS})",
+    )
+    parser.add_argument(
+        "--cds-token-file",
+        help="file holding the CDS bearer token (env CDS_TOKEN_FILE, else the token in CDS_TOKEN)",
+    )
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     parser.add_argument("--log-format", choices=("text", "json"), help="env AUTH_LOG_FORMAT")
     add_version_argument(parser, "stunner-auth")
@@ -44,11 +62,18 @@ def build_server(settings: AuthSettings) -> uvicorn.Server:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.cds_url, warnings = cds_address(os.environ, args.cds_url)
+    for warning in warnings:
+        print(f"stunner-auth: warning: {warning}", file=sys.stderr)
+    args.cds_token_file = args.cds_token_file or os.environ.get("CDS_TOKEN_FILE") or None
+    if (problem := check_token_file(args.cds_token_file)) is not None:
+        print(f"stunner-auth: {problem}", file=sys.stderr)
+        return 2
     settings = settings_from_args(
         "stunner-auth",
         AuthSettings,
         args,
-        ("host", "port", "cds_url", "log_level", "log_format"),
+        ("host", "port", "cds_url", "cds_token_file", "log_level", "log_format"),
     )
     if settings is None:
         return 2

@@ -13,7 +13,7 @@ import contextlib
 import json
 import logging
 
-from stunner_common.cds import CdsClient, CdsClientError, ConfigChange
+from stunner_common.cds import CdsClient, CdsClientError, ConfigChange, TokenSource
 from stunner_common.config import ConfigError, StunnerConfig, parse_config
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,9 @@ PROBE_INTERVAL_S = 1.0
 class ConfigFeed:
     """Owns one background task that mirrors every config the CDS serves."""
 
-    def __init__(self, cds_url: str, *, token: str | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, cds_url: str, *, token: str | TokenSource | None = None, timeout_s: float = 5.0
+    ) -> None:
         self.client = CdsClient(cds_url, token=token, timeout_s=timeout_s)
         self.configs: dict[str, StunnerConfig] = {}
         self._cds_seen = False

@@ -1,7 +1,9 @@
 """Settings of the auth service, built once in ``__main__`` and passed down.
 
 Environment: ``AUTH_*`` (``AUTH_HOST``, ``AUTH_PORT``, ``AUTH_TOKEN``, ...), the CDS address from
-``CDS_SERVER_ADDR`` (as upstream) or ``AUTH_CDS_URL``, and the CDS bearer token from ``CDS_TOKEN``.
+``CDS_SERVER_ADDR`` (upstream's name, shared with turncat and stunnerctl; ``AUTH_CDS_URL`` is a
+deprecated alias that ``__main__`` warns about), and the CDS bearer token from
+``CDS_TOKEN_FILE`` (re-read when it changes) or ``CDS_TOKEN``.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ class AuthSettings(BaseSettings):
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     cds_url: str = Field(
         "http://127.0.0.1:13478",
-        validation_alias=AliasChoices("cds_url", "AUTH_CDS_URL", "CDS_SERVER_ADDR"),
+        validation_alias=AliasChoices("cds_url", "CDS_SERVER_ADDR", "AUTH_CDS_URL"),
     )
     cds_token: SecretStr | None = Field(
         None, validation_alias=AliasChoices("cds_token", "CDS_TOKEN", "AUTH_CDS_TOKEN")
+    )
+    cds_token_file: str | None = Field(
+        None, validation_alias=AliasChoices("cds_token_file", "CDS_TOKEN_FILE")
     )
     token: SecretStr | None = Field(
         None, description="Bearer token clients must send; unauthenticated when unset."

@@ -229,6 +229,7 @@ async def _run_local(settings: OperatorSettings, root: Path) -> int:
         retry_s=settings.publish_retry_s,
         metrics=metrics,
     )
+    server.gateway_report = operator.gateway_report
     stop = _stop_on_signals()
     log.info("local mode: watching %s, publishing to %s", root, redact_url(settings.redis_url))
     try:

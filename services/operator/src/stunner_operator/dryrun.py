@@ -9,8 +9,8 @@ Service and its dataplane Deployment, exactly as they would be applied. Conditio
 
 Problems with the input are returned as one line each, starting with the file and document
 index of the object concerned: files that do not parse, objects that are invalid or skipped,
-malformed annotations, and every condition that says the input is wrong (``Accepted`` or
-``ResolvedRefs`` not True).
+malformed annotations, every condition that says the input is wrong (``Accepted`` or
+``ResolvedRefs`` not True), and every route whose parent Gateways do not exist.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import yaml
 
 from stunner_common.crds import Gateway
 from stunner_operator.manifests.loader import ManifestSet
+from stunner_operator.manifests.local import missing_parent_warning
 from stunner_operator.render.dataplane import (
     OWNED_BY_LABEL,
     OWNED_BY_VALUE,
@@ -34,7 +35,7 @@ from stunner_operator.render.dataplane import (
 from stunner_operator.render.engine import Renderer
 from stunner_operator.render.options import RenderOptions
 from stunner_operator.render.status import Condition, GatewayStatus, RouteStatus, Status
-from stunner_operator.render.store import ObjKey
+from stunner_operator.render.store import ObjKey, View
 
 CONFIG_KEY = "stunnerd.conf"
 _KIND_ORDER = {"GatewayClass": 0, "Gateway": 1, "UDPRoute": 2, "UDPRouteV1A2": 3}
@@ -133,6 +134,11 @@ def dry_run(root: Path, options: RenderOptions | None = None) -> DryRun:
             (by_origin(key), f"{where(key)}{_label(key)}: {line}")
             for line in _bad_conditions(status)
         )
+    view = View(renderer.store)
+    for key, obj in loaded.objects.items():
+        # A route whose parents all do not exist gets no status: its problem is said here.
+        if key not in statuses and (warning := missing_parent_warning(view, obj)) is not None:
+            found.append((by_origin(key), f"{where(key)}{_label(key)}: {warning}"))
     configs = renderer.configs()
     for render in renderer.gateway_renders():
         found.extend(

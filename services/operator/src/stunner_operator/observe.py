@@ -7,13 +7,19 @@ first render was published, and on a standby replica once it has read the Lease 
 be ready, or a rolling update with one replica would wait forever). Otherwise 503, with the
 reason in the JSON body. Both are served on the health address (default ``:8081``), ``/metrics``
 on the metrics address (default ``:8080``), as controller-runtime operators do.
+
+In local mode the health address also answers ``/gateways``: every Gateway's state (``ok`` or
+``degraded``, with the reasons: a rejected listener, a refused version kept at its last good one)
+and the manifest errors in force. There is no API server to hold statuses there, so this is
+where ``stunnerctl status`` reads them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -81,7 +87,8 @@ class OperatorMetrics:
         )
         self.manifest_errors = Gauge(
             "stunner_operator_manifest_errors",
-            "Documents of the manifest folder that are refused (local mode)",
+            "Manifest errors in force (local mode): documents or objects that fail to load, and "
+            "Gateways refused for a rejected listener",
             registry=r,
         )
         self.leader = Gauge(
@@ -175,6 +182,8 @@ class ObservabilityServer:
         metrics_address: tuple[str, int] | None,
     ) -> None:
         self.metrics = metrics
+        self.gateway_report: Callable[[], dict[str, Any]] | None = None
+        """What ``/gateways`` answers (local mode sets it); 404 while None."""
         self._servers: list[HttpServer] = []
         self.health: HttpServer | None = None
         self.prometheus: HttpServer | None = None
@@ -192,6 +201,8 @@ class ObservabilityServer:
             if self.metrics.ready:
                 return _json(200, {"status": "ready"})
             return _json(503, {"status": "not ready", "reason": self.metrics.why_not_ready})
+        if path == "/gateways" and self.gateway_report is not None:
+            return _json(200, self.gateway_report())
         return _json(404, {"status": 404, "message": f"no such path {path}"})
 
     def _metrics(self, path: str) -> Response:

@@ -107,6 +107,7 @@ class ManagedDataplane:
             log_override=settings.log_spec,
             refresh=dataplane.refresh,
             health_port=settings.health_port,
+            metrics_port=settings.metrics_port,
             bind_host=settings.bind_host,
             refresh_timeout_s=settings.stats_refresh_timeout_s,
             request_timeout_s=settings.admin_request_timeout_s,

@@ -89,6 +89,8 @@ class StunnerdSettings(BaseSettings):
     """Where /live answers in watch mode before the first config names an endpoint."""
     health_port: int | None = Field(None, ge=0, le=65535)
     """Serve health checks on this port whatever the config says (several on one host)."""
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    """Serve metrics on this port whatever the config says, when the config enables them."""
     dns_refresh_s: float = Field(DNS_REFRESH_S, gt=0)
     """How often STRICT_DNS cluster names are resolved again."""
     dns_timeout_s: float = Field(DNS_TIMEOUT_S, gt=0)

@@ -5,11 +5,13 @@ listener named in the URI carries the public address, port and protocol a client
 and the config's auth section says how to log in. For ephemeral auth only the shared secret is
 known, so fresh TURN REST credentials are minted for every session, as upstream turncat does.
 Kubernetes port-forward discovery of the CDS is not done here: the address comes from
-`--cds-server-address` or `STUNNER_CDS_ADDR`.
+`--cds-server-address`, else `CDS_SERVER_ADDR` (upstream's name; `STUNNER_CDS_ADDR` still works,
+with a deprecation warning), else 127.0.0.1:13478 (where `make run` and compose put it).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -59,6 +61,39 @@ def cds_failure(
     )
 
 
+async def diagnose_cds(client: CdsClient, namespace: str | None, name: str | None) -> str:
+    """Why a lookup found nothing, in user terms: "" (nothing more to say), a hint naming the
+    namespaces that do hold such a Gateway, or that the server is not a CDS at all.
+
+    One more bounded GET of the config list: a CDS answers it with ``{"items": [...]}``; the
+    auth service, a stunnerd health port or any other HTTP server does not.
+    """
+    try:
+        body = await client.get()
+        items = json.loads(body)["items"]
+        names = [str(item["admin"]["name"]) for item in items or []]
+    except (CdsUnreachableError, CdsHttpError, ValueError, KeyError, TypeError):
+        return (
+            f"{client.base_url} does not answer like a config discovery service "
+            f"(GET /api/v1/configs gives no config list): point --cds or CDS_SERVER_ADDR at the "
+            f"CDS (port 13478 unless moved)"
+        )
+    if name is not None:
+        elsewhere = sorted(n for n in names if n.partition("/")[2] == name)
+        if elsewhere:
+            spots = ", ".join(elsewhere)
+            ns = elsewhere[0].partition("/")[0]
+            return f"it serves {spots}: try {ns}/{name} or -n {ns}"
+        if names:
+            return f"the Gateways it serves: {', '.join(sorted(names))}"
+        return "it serves no Gateway at all"
+    if namespace is not None:
+        namespaces = sorted({n.partition("/")[0] for n in names})
+        if namespaces:
+            return f"its Gateways are in namespace(s) {', '.join(namespaces)}"
+    return ""
+
+
 async def fetch_config(
     target: K8sTarget,
     cds_address: str,
@@ -67,16 +102,21 @@ async def fetch_config(
 ) -> StunnerConfig:
     base = cds_base_url(cds_address)
     client = CdsClient(base, token=token, timeout_s=timeout_s)
+    what = f"gateway {target.namespace}/{target.gateway}"
     try:
         body = await client.get(target.namespace, target.gateway)
     except (CdsUnreachableError, CdsHttpError) as exc:
-        what = f"gateway {target.namespace}/{target.gateway}"
-        raise cds_failure(exc, base, what, has_token=bool(token)) from None
+        failure = cds_failure(exc, base, what, has_token=bool(token))
+        if isinstance(exc, CdsHttpError) and exc.status == 404:
+            hint = await diagnose_cds(client, target.namespace, target.gateway)
+            failure = LookupFailedError(f"{failure}; {hint}" if hint else str(failure))
+        raise failure from None
     try:
         return parse_config(body)
     except ConfigError as exc:
+        hint = await diagnose_cds(client, None, None)
         raise LookupFailedError(
-            f"the CDS sent an invalid config for {target.namespace}/{target.gateway}: {exc}"
+            hint or f"the CDS sent an invalid config for {target.namespace}/{target.gateway}: {exc}"
         ) from None
 
 
@@ -125,7 +165,7 @@ async def resolve_k8s(
     """Look the listener up in the CDS and return where to connect and how to log in."""
     if not cds_address:
         raise LookupFailedError(
-            "k8s:// needs the CDS address: pass --cds-server-address or set STUNNER_CDS_ADDR"
+            "k8s:// needs the CDS address: pass --cds-server-address or set CDS_SERVER_ADDR"
         )
     config = await fetch_config(target, cds_address, timeout_s, token)
     listener = pick_listener(config, target)

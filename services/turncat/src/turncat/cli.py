@@ -24,7 +24,14 @@ from pydantic import ValidationError
 
 from stunner_common import logs
 from stunner_common.cds import token_source
-from stunner_common.cli import add_version_argument, validation_message
+from stunner_common.cli import (
+    CDS_ADDR_ENV,
+    DEFAULT_CDS_ADDRESS,
+    add_version_argument,
+    cds_address,
+    check_token_file,
+    validation_message,
+)
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.runtime import run as run_loop
 from turncat.carrier import TlsOptions
@@ -81,8 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ca", metavar="FILE", help="CA bundle to verify the server's certificate")
     p.add_argument(
         "--cds-server-address",
-        default=os.environ.get("STUNNER_CDS_ADDR"),
-        help="CDS address (host:port or http://…) for k8s:// URIs [env STUNNER_CDS_ADDR]",
+        "--cds",
+        dest="cds_server_address",
+        default=None,
+        help=f"CDS address (host:port or http://…) for k8s:// URIs "
+        f"[env {CDS_ADDR_ENV}; {DEFAULT_CDS_ADDRESS}]",
     )
     p.add_argument(
         "--cds-token-file",
@@ -147,9 +157,15 @@ async def run(args: argparse.Namespace, settings: TurncatSettings) -> None:
 
     credentials: CredentialSource
     if isinstance(target, K8sTarget):
+        address, warnings = cds_address(os.environ, args.cds_server_address)
+        for warning in warnings:
+            print(f"turncat: warning: {warning}", file=sys.stderr)
+        token_file = args.cds_token_file or os.environ.get("CDS_TOKEN_FILE") or None
+        if (problem := check_token_file(token_file)) is not None:
+            raise BadInputError(problem)
         target, credentials = await resolve_k8s(
             target,
-            args.cds_server_address,
+            address,
             settings.cds_timeout_s,
             token_source(os.environ, args.cds_token_file),
         )

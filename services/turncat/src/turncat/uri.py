@@ -134,6 +134,15 @@ def parse_k8s(text: str, default_namespace: str = "default") -> K8sTarget:
     return K8sTarget(ns, gateway, listener)
 
 
+def _reason(exc: ConfigError, text: str) -> str:
+    """What is wrong with a TURN URI, without the field name and the URI said again."""
+    message = str(getattr(exc, "message", exc))
+    for prefix in (f"invalid TURN URI {text.strip()!r}: ", "invalid TURN URI: "):
+        if message.startswith(prefix):
+            return message[len(prefix) :]
+    return message
+
+
 def parse_server(text: str, default_namespace: str = "default") -> TurnTarget | K8sTarget:
     """Parse the TURN server: `turn://user:pass@host:port?transport=…`, `turns://…` or `k8s://…`."""
     scheme = text.partition(":")[0].lower()
@@ -151,7 +160,7 @@ def parse_server(text: str, default_namespace: str = "default") -> TurnTarget | 
     try:
         uri = parse_turn_uri(text)
     except ConfigError as exc:
-        raise BadInputError(f"invalid server URI {text!r}: {exc}") from None
+        raise BadInputError(f"invalid server URI {text!r}: {_reason(exc, text)}") from None
     transport = TRANSPORT_BY_PROTOCOL.get(uri.protocol)
     if transport is None:
         raise BadInputError(f"invalid server URI {text!r}: unsupported protocol {uri.protocol}")

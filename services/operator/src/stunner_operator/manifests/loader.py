@@ -1,10 +1,12 @@
 """Reading a folder of Kubernetes YAML into objects, keeping each document's last good version.
 
 Local mode treats every ``*.yaml``/``*.yml``/``*.json`` file under the folder as ``kubectl apply``
-would: multi-document files, any order, Secrets with ``data`` or ``stringData``. Each document
-stands alone: one that fails to parse, or holds an invalid object, is reported with its path and
-document index and keeps contributing the objects of its last good version, while the file's
-other documents load as usual. So a typo never tears down published configs.
+would: multi-document files, any order, Secrets with ``data`` or ``stringData``. Each object
+stands alone: an invalid one (a schema error such as ``port: 70000``) is reported with its path,
+document index and name, and that object keeps its last good version, wherever it was read from,
+while every other object loads as usual. A document that does not even parse as YAML cannot be
+told apart into objects: it keeps the objects of its last good version. So a typo never tears
+down published configs.
 
 Input is bounded before it is trusted: a file larger than ``max_file_bytes`` is not read, a
 document nested deeper than ``MAX_DEPTH`` or expanding (through YAML aliases) to more than
@@ -22,7 +24,14 @@ from pathlib import Path
 import yaml
 from yaml import events
 
-from stunner_common.crds import CrdError, K8sObject, UnsupportedKindError, parse_object
+from stunner_common.crds import (
+    CLUSTER_SCOPED_KINDS,
+    GATEWAY_GROUP,
+    CrdError,
+    K8sObject,
+    UnsupportedKindError,
+    parse_object,
+)
 from stunner_operator.render.store import ObjKey, key_of
 
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -45,10 +54,44 @@ class ManifestError:
     path: str
     index: int | None
     message: str
+    key: ObjKey | None = None
+    """The object the error is about, when the document says which."""
 
     def __str__(self) -> str:
         where = self.path if self.index is None else f"{self.path} document {self.index}"
         return f"{where}: {self.message}"
+
+    @property
+    def keeps(self) -> str:
+        """What stays in force instead, for the error's log line."""
+        if self.key is not None:
+            return f"keeping the last good version of {object_label(self.key)}"
+        if self.index is not None:
+            return "keeping the last good version of this document"
+        return "keeping the last good version of this file"
+
+
+def object_label(key: ObjKey) -> str:
+    """``Gateway stunner/udp-gateway``, ``GatewayClass stunner-gatewayclass``."""
+    kind = "UDPRoute (gateway.networking.k8s.io/v1alpha2)" if key[0] == "UDPRouteV1A2" else key[0]
+    return f"{kind} {key[1]}/{key[2]}" if key[1] else f"{kind} {key[2]}"
+
+
+def identify(doc: object, default_namespace: str = "default") -> ObjKey | None:
+    """The store key an invalid document would have had: from its kind, apiVersion and
+    metadata alone, so that its last good version can stand in for it."""
+    if not isinstance(doc, dict):
+        return None
+    kind, api_version, meta = doc.get("kind"), doc.get("apiVersion"), doc.get("metadata")
+    if not isinstance(kind, str) or not isinstance(api_version, str) or not isinstance(meta, dict):
+        return None
+    name, namespace = meta.get("name"), meta.get("namespace") or default_namespace
+    if not isinstance(name, str) or not name or not isinstance(namespace, str):
+        return None
+    group = api_version.rpartition("/")[0]
+    if kind == "UDPRoute" and group == GATEWAY_GROUP:
+        kind = "UDPRouteV1A2"
+    return (kind, "" if kind in CLUSTER_SCOPED_KINDS else namespace, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +101,8 @@ class FileResult:
     skipped: tuple[str, ...] = ()
     documents: dict[int, tuple[K8sObject, ...]] = field(default_factory=dict)
     """The objects of every document that parsed, by document index."""
+    invalid: dict[int, tuple[ObjKey, ...]] = field(default_factory=dict)
+    """Per document with an invalid object: the keys of its invalid objects (when known)."""
 
 
 class _Refused(Exception):
@@ -142,6 +187,7 @@ def parse_manifests(text: str, path: str = "<text>") -> FileResult:
     errors: list[ManifestError] = []
     skipped: list[str] = []
     documents: dict[int, tuple[K8sObject, ...]] = {}
+    invalid: dict[int, tuple[ObjKey, ...]] = {}
     for index, (first_line, chunk) in enumerate(split_documents(text)):
         try:
             check_shape(chunk)
@@ -165,19 +211,25 @@ def parse_manifests(text: str, path: str = "<text>") -> FileResult:
         else:
             items = [doc]
         objects: list[K8sObject] = []
-        failed = False
+        bad: list[ObjKey | None] = []
         for item in items:
             try:
                 objects.append(parse_object(item))
             except UnsupportedKindError as err:
                 skipped.append(f"{path} document {index}: {err}")
             except CrdError as err:
-                errors.append(ManifestError(path, index, str(err)))
-                failed = True
-        if not failed:
+                key = identify(item)
+                errors.append(ManifestError(path, index, str(err), key))
+                bad.append(key)
+        if not bad:
             documents[index] = tuple(objects)
+        elif all(key is not None for key in bad):
+            # The document's valid objects load; each invalid one is known by name and keeps
+            # its last good version (added by the caller, who knows it).
+            documents[index] = tuple(objects)
+            invalid[index] = tuple(k for k in bad if k is not None)
     objects_all = tuple(o for i in sorted(documents) for o in documents[i])
-    return FileResult(objects_all, tuple(errors), tuple(skipped), documents)
+    return FileResult(objects_all, tuple(errors), tuple(skipped), documents, invalid)
 
 
 def _yaml_problem(err: yaml.YAMLError, first_line: int) -> str:
@@ -221,6 +273,8 @@ class ManifestSet:
         self._errors: dict[Path, tuple[ManifestError, ...]] = {}
         self.origin: dict[ObjKey, tuple[str, int]] = {}
         """Where each loaded object comes from: (file, document index)."""
+        self._last: dict[ObjKey, K8sObject] = {}
+        """The objects of the last reload: what an object that turned invalid keeps."""
 
     @property
     def errors(self) -> list[ManifestError]:
@@ -288,6 +342,9 @@ class ManifestSet:
                 index = problem.index
                 if index is not None and index not in good and index in old:
                     good[index] = old[index]
+            for index, keys in result.invalid.items():
+                kept = tuple(self._last[k] for k in keys if k in self._last)
+                good[index] = good.get(index, ()) + kept
             self._good[path] = good
             if result.errors:
                 self._errors[path] = result.errors
@@ -313,4 +370,5 @@ class ManifestSet:
                     )
                 objects[key] = obj
                 origin[key] = path
+        self._last = objects
         return ReloadResult(objects, tuple(new_errors), tuple(sorted(changed)), tuple(skipped))

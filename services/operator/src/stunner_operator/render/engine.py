@@ -104,11 +104,16 @@ def _accepted_by(
 ) -> Condition:
     """The route's Accepted condition for one parent: attached to a listener that is served?"""
     gid = f"{gw.metadata.namespace}/{gw.metadata.name}"
-    listeners = [
-        ls.name
-        for ls in gw.spec.listeners
-        if PROTOCOLS.get(ls.protocol.upper()) is not None and ref_attaches(view, ref, route, gw, ls)
-    ]
+    admitting = [ls for ls in gw.spec.listeners if ref_attaches(view, ref, route, gw, ls)]
+    listeners = [ls.name for ls in admitting if PROTOCOLS.get(ls.protocol.upper()) is not None]
+    if not listeners and admitting:
+        # The route would attach, but to listeners the Gateway rejects: say that, not policy.
+        bad = ", ".join(f"{ls.name} (unsupported protocol {ls.protocol!r})" for ls in admitting)
+        return false(
+            "Accepted",
+            "NotAllowedByListeners",
+            f"parent {gid} rejects every listener that would take the route: {bad}",
+        )
     if not listeners:
         return false("Accepted", "NotAllowedByListeners", rejection_reason(view, ref, route, gw))
     left_out = dict(render.unprogrammed)

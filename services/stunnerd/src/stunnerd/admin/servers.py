@@ -109,6 +109,7 @@ class AdminServers:
         log_override: str | None = None,
         refresh: Callable[[], Awaitable[None]] | None = None,
         health_port: int | None = None,
+        metrics_port: int | None = None,
         bind_host: str | None = None,
         refresh_timeout_s: float = REFRESH_TIMEOUT_S,
         request_timeout_s: float = REQUEST_HEAD_TIMEOUT_S,
@@ -119,11 +120,14 @@ class AdminServers:
         self._stats = stats
         self._refresh = refresh
         self._health_port = health_port
+        self._metrics_port = metrics_port
         # Where a wildcard admin endpoint binds: the listeners' --bind host unless that is a
         # wildcard too, so that `--bind 127.0.0.1` keeps every socket on loopback.
         self._bind_host = None if bind_host in (None, "", "0.0.0.0", "::") else bind_host
         self.health_error: str | None = None
         """Why the health server is not listening where it should (None when it is)."""
+        self.metrics_error: str | None = None
+        """Why the metrics server is not listening where the config asks (None when it is)."""
         self._log_override = log_override
         self._config: StunnerConfig | None = None
         self.revision: Callable[[], int | None] = lambda: None
@@ -145,6 +149,15 @@ class AdminServers:
             host = self.health.host
             host = f"[{host}]" if ":" in host else host
             doc["admin"]["healthcheck_endpoint"] = f"http://{host}:{self.health.bound_port}"
+        if isinstance(doc.get("admin"), dict):
+            if self.metrics is not None and self._metrics_at is not None:
+                host = self.metrics.host
+                host = f"[{host}]" if ":" in host else host
+                doc["admin"]["metrics_endpoint"] = (
+                    f"http://{host}:{self.metrics.bound_port}{self._metrics_at.path}"
+                )
+            if self.metrics_error is not None:
+                doc["admin"]["metrics_error"] = self.metrics_error
         return doc
 
     def _on_bind_host(self, at: BindAddress | None) -> BindAddress | None:
@@ -167,6 +180,8 @@ class AdminServers:
         metrics_at = self._on_bind_host(
             parse_admin_endpoint(config.admin.metrics_endpoint, DEFAULT_METRICS_PORT)
         )
+        if metrics_at is not None and self._metrics_port is not None:
+            metrics_at = BindAddress(metrics_at.host, self._metrics_port, metrics_at.path)
         if health_at != self._health_at or (self.health is None and health_at is not None):
             await self._rebind_health(health_at)
         if metrics_at != self._metrics_at or (self.metrics is None and metrics_at is not None):
@@ -198,12 +213,23 @@ class AdminServers:
             await self.metrics.close()
             self.metrics = None
         self._metrics_at = at
+        self.metrics_error = None
         if at is not None:
             handler = self._refreshing(metrics_handler(self._registry, at.path), None)
             server = HttpServer(
                 "metrics", at.host, at.port, handler, request_timeout_s=self._request_timeout_s
             )
-            await server.start()
+            try:
+                await server.start()
+            except OSError as exc:
+                # TURN goes on without metrics: the config is applied, /status says why not.
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                self.metrics_error = (
+                    f"metrics server cannot listen on {at.host}:{at.port}: {reason}"
+                    " (set STUNNERD_METRICS_PORT or another admin.metrics_endpoint)"
+                )
+                log.error("%s", self.metrics_error)
+                return
             self.metrics = server
 
     def _refreshing(
