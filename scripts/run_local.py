@@ -8,6 +8,8 @@
       → one stunnerd per Gateway, watching the CDS: started when a Gateway appears in the
         manifests, stopped when it leaves
       → a UDP echo backend on 127.0.0.1:9001
+      → a WebRTC echo server (scripts/media_echo.py, aiortc) whose page calls it from a browser
+        through stunnerd, on the first free port from 8090
 
 Every port comes from one allocator (scripts/local_ports.py): the fixed ones above must be free
 (else the runner says which and how to move it, before starting anything); the operator's health
@@ -451,11 +453,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=9086,
         help="where stunnerd metrics ports start (used when a Dataplane enables metrics)",
     )
+    parser.add_argument(
+        "--media-port",
+        type=int,
+        default=8090,
+        help="the browser call's page (WebRTC echo server): the first free port from here",
+    )
     parser.add_argument("--rundir", default=str(ROOT / ".run"), help="logs and Redis data")
     parser.add_argument("--stop", action="store_true", help="stop a running stack and exit")
     args = parser.parse_args(argv)
     ports = ("cds_port", "auth_port", "redis_port", "echo_port", "health_port", "metrics_port")
-    for name in (*ports, "operator_health_port", "operator_metrics_port"):
+    for name in (*ports, "media_port", "operator_health_port", "operator_metrics_port"):
         value = getattr(args, name)
         if value is not None and not 1 <= value <= 65535:
             parser.error(f"--{name.replace('_', '-')} {value}: not a port (1-65535)")
@@ -495,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = port_problems(alloc, [(w, p, k, f"move it with {flag}") for w, p, k, flag in wanted])
     try:
         health_port, metrics_port = operator_ports(alloc, args)
+        media_port = alloc.allocate("media echo", args.media_port)
     except PortError as exc:
         problems.append(str(exc))
     check_ports(problems)
@@ -544,6 +553,20 @@ def main(argv: list[str] | None = None) -> int:
                 "--cds-server-address",
                 f"http://{cds_addr}",
             ],
+            # The browser call's page fetches /ice from the media echo's origin.
+            {"AUTH_CORS_ORIGINS": f"http://127.0.0.1:{media_port},http://localhost:{media_port}"},
+        )
+        ice = f"http://127.0.0.1:{args.auth_port}/ice?service=turn&iceTransportPolicy=relay"
+        stack.start(
+            "media-echo",
+            [
+                str(BIN / "python"),
+                "scripts/media_echo.py",
+                "--port",
+                str(media_port),
+                "--ice-url",
+                ice,
+            ],
         )
         gateways = Gateways(stack, alloc, args.cds_port, args.health_port, args.metrics_port)
         deadline = time.monotonic() + 20
@@ -573,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
                 else "REDIS_URL",
             ),
             ("UDP echo backend", f"udp://127.0.0.1:{args.echo_port}"),
+            ("browser call (WebRTC echo)", f"http://127.0.0.1:{media_port}/"),
             ("logs", str(rundir)),
         ]
         print(f"\nGateways: {', '.join(gateways.running) or 'none running yet'}")
