@@ -75,6 +75,14 @@ def turncat_echo(server_uri: str, echo_port: int, line: bytes) -> bytes:
     return result.stdout
 
 
+def fetch(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return bytes(resp.read())
+    except OSError:
+        return b""
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -150,6 +158,8 @@ def local_stack(tmp_path: Path) -> Iterator[LocalStack]:
         str(free_port()),
         "--operator-metrics-port",
         str(free_port()),
+        "--media-port",
+        str(free_port()),
         "--rundir",
         str(tmp_path / "run"),
     ]
@@ -172,6 +182,7 @@ def test_the_local_stack_relays_follows_the_manifests_and_stops_cleanly(tmp_path
             "stunnerd stunner/tcp-gateway health",
             "CDS",
             "auth service",
+            "browser call (WebRTC echo)",
             "logs",
         ):
             assert row in out, out
@@ -215,6 +226,8 @@ def test_the_local_stack_relays_follows_the_manifests_and_stops_cleanly(tmp_path
         url = f"http://127.0.0.1:{stack.auth_port}/?service=turn&gateway=udp-gateway"
         with urllib.request.urlopen(url, timeout=5) as resp:
             assert resp.read().startswith(b'{"username":"user-1","password":"pass-1"')
+        page = f"http://127.0.0.1:{arg('--media-port')}/"  # tests/interop/browser makes the call
+        wait_until(lambda: b"STUNner media echo" in fetch(page), "the call's page", stack.proc)
 
         # The Redis passwords are per run and stay out of every log.
         conf = (stack.logs / "redis.conf").read_text()
