@@ -171,7 +171,7 @@ async def calls(stack: Stack, binary: str, tmp_path: Path) -> None:
             assert echoed["answered"] == 1, echoed
             assert echoed["frames_echoed"] >= FRAMES, echoed
             during = await stack.status()
-            assert cluster_packets(during) > cluster_packets(before) + 2 * FRAMES, during
+            assert cluster_packets(during) >= cluster_packets(before) + 2 * FRAMES, during
 
             # The generated test pattern, and then the route goes away under the call.
             url = f"{page}/?source=pattern"
