@@ -239,7 +239,33 @@ async def test_cds_errors_end_with_one_line_and_their_exit_code(stack: Stack) ->
     assert rc == 0, err
     rc, _, err = await stunnerctl(stack, "config", "stunner/no-such-gateway")
     assert rc == 2
-    assert err.strip().endswith("has no config for gateway stunner/no-such-gateway")
+    assert err.strip().endswith(
+        "has no config for gateway stunner/no-such-gateway; "
+        "the Gateways it serves: stunner/tcp-gateway, stunner/udp-gateway"
+    )
+    # Namespace `default` when the Gateway lives elsewhere: the hint names where.
+    rc, _, err = await stunnerctl(stack, "config", "udp-gateway")
+    assert rc == 2
+    assert err.strip().endswith(
+        "has no config for gateway default/udp-gateway; "
+        "it serves stunner/udp-gateway: try stunner/udp-gateway or -n stunner"
+    ), err
+    assert len(err.strip().splitlines()) == 1
+    rc, _, err = await stunnerctl(stack, "-n", "default", "config")
+    assert "its Gateways are in namespace(s) stunner" in err
+    # A token file that is not there is an error, not a warning and exit 0.
+    rc, out, err = await stunnerctl(
+        stack, "config", "--cds-token-file", str(stack.tmp / "nonexistent"), token=None
+    )
+    assert (rc, out) == (2, "")
+    assert err.strip() == (
+        f"stunnerctl: CDS token file {str(stack.tmp / 'nonexistent')!r}: No such file or directory"
+    )
+    # --cds pointed at something that is not a CDS (a stunnerd health port) says so.
+    rc, out, err = await stunnerctl(stack, "config", cds=f"127.0.0.1:{stack.health_port}")
+    assert rc == 2, err
+    assert "does not answer like a config discovery service" in err, err
+    assert len(err.strip().splitlines()) == 1
     rc, _, err = await stunnerctl(stack, "config", "a/b/c")
     assert rc == 2
     assert "expected NAME or NAMESPACE/NAME" in err

@@ -155,16 +155,18 @@ async def test_k8s_uri_takes_the_cds_address_from_the_environment(
         async with published(redis, gateway_config(server, auth)), udp_echo() as echo:
             await wait_served(cds)
             local = _udp_local()
-            env = {"STUNNER_CDS_ADDR": cds}
-            async with turncat(
-                local, "k8s:///udp-gateway:udp-listener", echo.url, "-n", "stunner", env=env
-            ) as tc:
-                client = await udp_client(LOOPBACK, int(local.rsplit(":", 1)[1]))
-                try:
-                    assert await client.roundtrip(b"env") == b"env"
-                finally:
-                    client.close()
-                assert await tc.stop() == 0
+            # CDS_SERVER_ADDR, as for the auth service and stunnerctl (upstream's name); the old
+            # STUNNER_CDS_ADDR still works, with a deprecation warning.
+            for env in ({"CDS_SERVER_ADDR": cds}, {"STUNNER_CDS_ADDR": cds}):
+                async with turncat(
+                    local, "k8s:///udp-gateway:udp-listener", echo.url, "-n", "stunner", env=env
+                ) as tc:
+                    client = await udp_client(LOOPBACK, int(local.rsplit(":", 1)[1]))
+                    try:
+                        assert await client.roundtrip(b"env") == b"env"
+                    finally:
+                        client.close()
+                    assert await tc.stop() == 0
 
 
 async def test_k8s_lookup_errors_are_clear_and_exit_with_their_codes(
@@ -194,14 +196,19 @@ async def test_k8s_lookup_errors_are_clear_and_exit_with_their_codes(
                     5,
                     "cannot reach the CDS",
                 ),
-                ("k8s://stunner/udp-gateway:udp-listener", [], 2, "needs the CDS address"),
             ]
             for uri, flags, code, text in cases:
                 rc, err = await run_turncat(
-                    local, uri, echo.url, *flags, env={"STUNNER_CDS_ADDR": ""}
+                    local, uri, echo.url, *flags, env={"CDS_SERVER_ADDR": ""}
                 )
                 assert rc == code, (uri, err)
                 assert text in err.strip().splitlines()[-1], err
+            # No address at all: the default every tool shares, 127.0.0.1:13478.
+            rc, err = await run_turncat(
+                local, "k8s://stunner/udp-gateway:udp-listener", echo.url, env={}
+            )
+            assert rc != 0
+            assert "the CDS at http://127.0.0.1:13478" in err, err
 
 
 async def test_k8s_listener_without_public_address_is_reported(

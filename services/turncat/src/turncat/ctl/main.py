@@ -5,9 +5,13 @@
     stunnerctl [flags] icetest [GATEWAY | NAMESPACE/GATEWAY] [--peer udp://host:port]
 
 Without a Gateway every Gateway the CDS serves is shown (or those of `-n NAMESPACE`). The CDS
-is `--cds` (or `STUNNER_CDS_ADDR`, else 127.0.0.1:13478, where `make run` and compose put it)
+is `--cds` (or `CDS_SERVER_ADDR`, as for turncat and the auth service; `STUNNER_CDS_ADDR` still
+works, with a deprecation warning; else 127.0.0.1:13478, where `make run` and compose put it)
 and the bearer token comes from `--cds-token-file`, `CDS_TOKEN_FILE` or `CDS_TOKEN`, as for
-turncat. Each failure ends with one line on stderr and turncat's exit codes.
+turncat; a token file that cannot be read is an error. `status` also asks the operator's
+`/gateways` (`--operator`, `STUNNER_OPERATOR_ADDR`, else 127.0.0.1:8081 when the CDS is on
+loopback) and shows a Gateway the operator reports degraded (a rejected listener) with the reason.
+Each failure ends with one line on stderr and turncat's exit codes.
 """
 
 from __future__ import annotations
@@ -28,16 +32,23 @@ from pydantic import ValidationError
 from stunner_common import logs
 from stunner_common.cds import CdsClient, CdsHttpError, CdsUnreachableError, token_source
 from stunner_common.cds.client import CdsAddressError
-from stunner_common.cli import add_version_argument, validation_message
+from stunner_common.cli import (
+    CDS_ADDR_ENV,
+    add_version_argument,
+    cds_address,
+    check_token_file,
+    validation_message,
+)
 from stunner_common.config import ConfigError, StunnerConfig, parse_config
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.runtime import run as run_loop
 from turncat.carrier import TlsOptions
-from turncat.cds import cds_failure
+from turncat.cds import cds_failure, diagnose_cds
 from turncat.ctl.icetest import probe_listener, resolve_address
-from turncat.ctl.status import gather_status
+from turncat.ctl.status import fetch_operator_report, gather_status
 from turncat.ctl.summary import (
     config_summary,
+    degraded_summary,
     probe_summary,
     status_summary,
     unreachable_summary,
@@ -56,6 +67,8 @@ from turncat.uri import parse_peer
 log = logging.getLogger(__name__)
 
 DEFAULT_CDS = "127.0.0.1:13478"
+DEFAULT_OPERATOR_PORT = 8081
+OPERATOR_ENV = "STUNNER_OPERATOR_ADDR"
 DEFAULT_PEER = "udp://127.0.0.1:9001"  # make run's and compose's UDP echo backend
 
 EPILOG = """\
@@ -64,8 +77,9 @@ examples:
   stunnerctl -n stunner config udp-gateway -o yaml
   stunnerctl status                              every stunnerd's /status
   stunnerctl icetest --peer udp://127.0.0.1:9001 RTT and loss through every listener
-exit codes: 0 ok, 1 failure (a stunnerd unreachable, an icetest listener failed), 2 bad input or
-            unknown Gateway, 3 the CDS refused the token, 5 the CDS is unreachable
+exit codes: 0 ok, 1 failure (a stunnerd unreachable or a Gateway degraded, an icetest listener
+            failed), 2 bad input or unknown Gateway, 3 the CDS refused the token, 5 the CDS is
+            unreachable
 """
 
 
@@ -86,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cds-server-address",
         dest="cds",
         default=argparse.SUPPRESS,
-        help=f"CDS address, host[:port] or http(s)://… [env STUNNER_CDS_ADDR; {DEFAULT_CDS}]",
+        help=f"CDS address, host[:port] or http(s)://… [env {CDS_ADDR_ENV}; {DEFAULT_CDS}]",
     )
     common.add_argument(
         "--cds-token-file",
@@ -132,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="URL",
         help="a stunnerd health URL to ask (repeatable); replaces the discovery",
+    )
+    status.add_argument(
+        "--operator",
+        metavar="ADDR",
+        help=f"the operator's health address, for its /gateways report [env {OPERATOR_ENV}; "
+        f"127.0.0.1:{DEFAULT_OPERATOR_PORT} when the CDS is on loopback; '' turns it off]",
     )
     status.add_argument(
         "--health-port",
@@ -186,13 +206,22 @@ async def load_configs(
     try:
         body = await client.get(ns, name)
     except (CdsUnreachableError, CdsHttpError) as exc:
-        raise cds_failure(exc, base, what, has_token=has_token) from None
+        failure = cds_failure(exc, base, what, has_token=has_token)
+        if isinstance(exc, CdsHttpError) and exc.status == 404:
+            hint = await diagnose_cds(client, ns, name)
+            if hint and name is None:
+                failure = LookupFailedError(hint)  # a 404 for a list: not a CDS
+            elif hint:
+                failure = LookupFailedError(f"{failure}; {hint}")
+        raise failure from None
     try:
         doc = json.loads(body)
         items = [doc] if name else list(doc.get("items") or [])
         gateways = [Gateway(parse_config(json.dumps(item)), dict(item)) for item in items]
     except (ValueError, AttributeError, TypeError, ConfigError) as exc:
-        raise LookupFailedError(f"the CDS at {base} sent an invalid config: {exc}") from None
+        hint = await diagnose_cds(client, None, None)
+        why = hint or f"the CDS at {base} sent an invalid config: {exc}"
+        raise LookupFailedError(why) from None
     return sorted(gateways, key=lambda g: g.config.admin.name)
 
 
@@ -225,19 +254,34 @@ async def cmd_status(
         health_port=args.health_port,
         timeout_s=_option(args, "timeout", 5.0),
     )
+    operator = operator_address(args, client)
+    report = (
+        await fetch_operator_report(operator, _option(args, "timeout", 5.0)) if operator else {}
+    )
+    degraded = {
+        str(g.get("name")): [str(r) for r in g.get("reasons") or []]
+        for g in report.get("gateways") or []
+        if isinstance(g, dict) and g.get("state") == "degraded"
+    }
     if output == "summary":
         for r in results:
             if r.status is not None and r.url is not None:
-                print(status_summary(r.gateway, r.url, r.status))
+                print(status_summary(r.gateway, r.url, r.status, degraded.get(r.gateway)))
             else:
                 print(unreachable_summary(r.gateway, r.tried, r.reason))
+                if r.gateway in degraded:
+                    print(degraded_summary(degraded[r.gateway]))
     else:
-        docs = [
-            r.status
-            if r.status is not None
-            else {"gateway": r.gateway, "unreachable": r.reason, "tried": r.tried}
-            for r in results
-        ]
+        docs: list[dict[str, Any]] = []
+        for r in results:
+            doc: dict[str, Any] = (
+                dict(r.status)
+                if r.status is not None
+                else {"gateway": r.gateway, "unreachable": r.reason, "tried": r.tried}
+            )
+            if r.gateway in degraded:
+                doc["operator"] = {"state": "degraded", "reasons": degraded[r.gateway]}
+            docs.append(doc)
         print(_dump(docs, output))
     missing = [r.gateway for r in results if r.status is None]
     if missing:
@@ -247,7 +291,22 @@ async def cmd_status(
             file=sys.stderr,
         )
         return EXIT_FAILURE
+    shown = [r.gateway for r in results if r.gateway in degraded]
+    if shown:
+        print(f"stunnerctl: degraded: {', '.join(shown)} (see the reasons above)", file=sys.stderr)
+        return EXIT_FAILURE
     return EXIT_OK
+
+
+def operator_address(args: argparse.Namespace, client: CdsClient) -> str | None:
+    """Where to ask for the operator's /gateways report, or None (not asked)."""
+    given = args.operator if args.operator is not None else os.environ.get(OPERATOR_ENV)
+    if given is not None:
+        return given.strip() or None
+    host = urlsplit(client.base_url).hostname or ""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return f"127.0.0.1:{DEFAULT_OPERATOR_PORT}"
+    return None
 
 
 async def cmd_icetest(args: argparse.Namespace, configs: list[StunnerConfig], output: str) -> int:
@@ -299,7 +358,12 @@ async def cmd_icetest(args: argparse.Namespace, configs: list[StunnerConfig], ou
 
 
 async def run(args: argparse.Namespace) -> int:
-    address = _option(args, "cds", None) or os.environ.get("STUNNER_CDS_ADDR") or DEFAULT_CDS
+    address, warnings = cds_address(os.environ, _option(args, "cds", None))
+    for warning in warnings:
+        print(f"stunnerctl: warning: {warning}", file=sys.stderr)
+    token_file = _option(args, "cds_token_file", None) or os.environ.get("CDS_TOKEN_FILE") or None
+    if (problem := check_token_file(token_file)) is not None:
+        raise BadInputError(problem)
     token = token_source(os.environ, _option(args, "cds_token_file", None))
     try:
         client = CdsClient(address, token=token, timeout_s=_option(args, "timeout", 5.0))
@@ -311,8 +375,11 @@ async def run(args: argparse.Namespace) -> int:
     output = _option(args, "output", "summary")
     if not configs:
         where = f"in namespace {ns}" if ns else "at all"
+        hint = await diagnose_cds(client, ns, None) if ns else ""
         print(
-            f"stunnerctl: the CDS at {client.base_url} serves no Gateway {where}", file=sys.stderr
+            f"stunnerctl: the CDS at {client.base_url} serves no Gateway {where}"
+            + (f"; {hint}" if hint else ""),
+            file=sys.stderr,
         )
         return EXIT_OK if args.command == "config" else EXIT_FAILURE
     if args.command == "config":

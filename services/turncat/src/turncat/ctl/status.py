@@ -8,8 +8,10 @@ each is looked for in this order:
 2. The port of the config's `admin.healthcheck_endpoint` (8086 unless set; "" means disabled) on
    its host, or else on the Gateway's public address, or its listener address, or the CDS host.
    In a cluster this is the Gateway's LoadBalancer when the health-check port is exposed there.
-3. On a loopback host, also the next ports, one per Gateway the CDS serves: `make run` and the
-   compose stack give each stunnerd the next health port (8086, 8087, ...).
+3. On a loopback host, also the next ports, one per Gateway the CDS serves and a few more:
+   `make run` gives each stunnerd the next health port that no other part of the stack holds
+   and no other program uses (8086, 8087, 8089, ... past the auth service's 8088), the compose
+   stack the next one.
 
 `--health-port N` replaces the config's port in rules 2 and 3 (for a stack whose first health
 port was moved, e.g. `scripts/run_local.py --health-port`).
@@ -33,6 +35,8 @@ import httpx
 from stunner_common.config import StunnerConfig
 
 DEFAULT_HEALTH_PORT = 8086
+LOOPBACK_SLACK = 8
+"""Ports past one per Gateway tried on loopback (those `make run` skipped as taken)."""
 _UNSPECIFIED = ("", "0.0.0.0", "::", "[::]")
 
 
@@ -87,8 +91,21 @@ def health_urls(
     host = host or cds_host
     ports = [port]
     if _is_loopback(host):
-        ports += [port + i for i in range(1, max(1, gateways_served))]
+        ports += [port + i for i in range(1, max(1, gateways_served) + LOOPBACK_SLACK)]
     return [_url(host, p) for p in ports]
+
+
+async def fetch_operator_report(address: str, timeout_s: float) -> dict[str, Any]:
+    """The operator's `/gateways` report (local mode), or {} when it does not answer one."""
+    base = address if "://" in address else f"http://{address}"
+    url = base.rstrip("/") + "/gateways"
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as http:
+            reply = await http.get(url)
+        doc = json.loads(reply.content) if reply.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 async def fetch_status(http: httpx.AsyncClient, url: str) -> tuple[str, dict[str, Any] | None, str]:
@@ -155,7 +172,8 @@ async def gather_status(
         if not tried:
             reason = "its health check is disabled (admin.healthcheck_endpoint is empty)"
         else:
-            reason = "; ".join(dict.fromkeys(errors[u] for u in tried if u in errors))
+            # The first port's reason: the others are guesses (loopback slack).
+            reason = "; ".join(dict.fromkeys(errors[u] for u in tried[:1] if u in errors))
             if any(u not in errors for u in tried):
                 reason = (reason + "; " if reason else "") + "the others serve other Gateways"
         out.append(GatewayStatus(gw, tried=tried, reason=reason))

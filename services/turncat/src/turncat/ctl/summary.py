@@ -48,12 +48,20 @@ def config_summary(config: StunnerConfig) -> str:
     return "\n".join(lines)
 
 
-def status_summary(gateway: str, url: str, status: Mapping[str, Any]) -> str:
-    """One stunnerd's `/status` in a few lines: its state, allocations and listeners."""
+def status_summary(
+    gateway: str, url: str, status: Mapping[str, Any], degraded: list[str] | None = None
+) -> str:
+    """One stunnerd's `/status` in a few lines: its state, allocations and listeners; a Gateway
+    the operator reports degraded says DEGRADED and why, the stunnerd's own state beside it."""
+    state = str(status.get("status", NONE))
+    if degraded:
+        state = f"DEGRADED (stunnerd {state})"
     lines = [
-        f"Gateway: {gateway} status: {status.get('status', NONE)}, "
+        f"Gateway: {gateway} status: {state}, "
         f"allocations: {status.get('allocationCount', NONE)} ({url})"
     ]
+    if degraded:
+        lines.append(degraded_summary(degraded))
     for lst in status.get("listeners") or []:
         lines.append(
             f"  - {lst.get('name')}: {lst.get('protocol')} "
@@ -62,8 +70,15 @@ def status_summary(gateway: str, url: str, status: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def degraded_summary(reasons: Iterable[str]) -> str:
+    return "\n".join(f"  ! {reason}" for reason in reasons)
+
+
 def unreachable_summary(gateway: str, tried: Iterable[str], reason: str) -> str:
-    where = ", ".join(tried) or "no address to try"
+    urls = list(tried)
+    where = ", ".join(urls[:3]) or "no address to try"
+    if len(urls) > 3:
+        where += f" and {len(urls) - 3} more"
     return f"Gateway: {gateway} unreachable: no stunnerd answered ({where}): {reason}"
 
 
