@@ -329,7 +329,7 @@ def test_allocate_asks_for_an_even_port_when_even_port_is_present() -> None:
     client.nonce, client.realm = reply.attributes["NONCE"], reply.attributes["REALM"]
     raw = client.build(stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24, "EVEN-PORT": 0x80})
     opens = [e for e in engine.handle_client(raw, client.addr, T0) if isinstance(e, fx.OpenRelay)]
-    assert opens == [fx.OpenRelay(client.addr, 4, True, True, 0)]
+    assert opens == [fx.OpenRelay(client.addr, 4, True, True, 0, user_id="user1", lifetime_s=600)]
 
 
 def test_relay_socket_failure_answers_508() -> None:
@@ -792,7 +792,10 @@ def test_request_with_unknown_method_gets_400() -> None:
 
 def test_relay_opened_for_a_vanished_request_closes_the_relay() -> None:
     engine = make_engine()
-    assert engine.relay_opened(("1.2.3.4", 5), 1234, T0) == [fx.CloseRelay(("1.2.3.4", 5))]
+    assert engine.relay_opened(("1.2.3.4", 5), 1234, T0) == [
+        fx.CloseRelay(("1.2.3.4", 5)),
+        fx.AllocationAborted(("1.2.3.4", 5)),
+    ]
 
 
 def test_channel_numbers_up_to_0x7fff_are_accepted_for_rfc5766_clients() -> None:
@@ -807,7 +810,7 @@ def test_even_port_with_r_bit_reserves_the_next_port_for_a_token_holder() -> Non
     rtp.request(stun.Method.REFRESH, {"LIFETIME": 0})
     raw = rtp.build(stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24, "EVEN-PORT": 0x80})
     opens = [e for e in engine.handle_client(raw, rtp.addr, T0) if isinstance(e, fx.OpenRelay)]
-    assert opens == [fx.OpenRelay(rtp.addr, 4, True, True, 0)]
+    assert opens == [fx.OpenRelay(rtp.addr, 4, True, True, 0, user_id="user1", lifetime_s=600)]
     answer = sent(engine.relay_opened(rtp.addr, 50000, T0, reserved_port=50001), rtp.addr)
     token = stun.parse_message(answer[0]).attributes["RESERVATION-TOKEN"]
     assert len(token) == 8
@@ -817,7 +820,9 @@ def test_even_port_with_r_bit_reserves_the_next_port_for_a_token_holder() -> Non
         stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24, "RESERVATION-TOKEN": token}
     )
     opens = [e for e in engine.handle_client(raw, rtcp.addr, T0) if isinstance(e, fx.OpenRelay)]
-    assert opens == [fx.OpenRelay(rtcp.addr, 4, False, False, 50001)]
+    assert opens == [
+        fx.OpenRelay(rtcp.addr, 4, False, False, 50001, user_id="user1", lifetime_s=600)
+    ]
     reply = stun.parse_message(sent(engine.relay_opened(rtcp.addr, 50001, T0), rtcp.addr)[0])
     assert reply.attributes["XOR-RELAYED-ADDRESS"] == (RELAY_IP, 50001)
 

@@ -16,8 +16,10 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from stunner_common.cds import token_source
 from stunner_common.config import ConfigError, StunnerConfig
@@ -31,6 +33,9 @@ from stunnerd.origin.file import FileOrigin
 from stunnerd.reconcile.dataplane import ApplyOutcome, Dataplane
 from stunnerd.reconcile.reconciler import Reconciler
 from stunnerd.settings import StunnerdSettings
+
+if TYPE_CHECKING:
+    from stunnerd.quota import ClusterQuota
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +95,19 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
             offload=OffloadManager(),
             limits=settings.client_limits(),
             relay_addresses=settings.relay_address_list(),
+            quota=make_quota(settings),
         )
+    )
+
+
+def make_quota(settings: StunnerdSettings) -> ClusterQuota | None:
+    quota = settings.quota()
+    if quota is None:
+        return None
+    from stunnerd.quota import ClusterQuota
+
+    return ClusterQuota(
+        quota, f"{settings.namespace}/{settings.name}/{socket.gethostname()}-{os.getpid()}"
     )
 
 
@@ -119,6 +136,10 @@ class ManagedDataplane:
 
     def _extra_status(self) -> dict[str, object]:
         out: dict[str, object] = {}
+        quota_status = getattr(self.dataplane, "quota_status", None)
+        quota = quota_status() if quota_status is not None else None
+        if quota is not None:
+            out["user_quota"] = quota
         workers = self.dataplane.worker_status()
         if workers is not None:
             out["workers"] = workers

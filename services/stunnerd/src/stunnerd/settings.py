@@ -38,6 +38,7 @@ from stunnerd.net.tuning import (
     ServerTuning,
 )
 from stunnerd.origin.base import DEFAULT_ORIGIN, resolve_id
+from stunnerd.quota import QuotaSettings
 from stunnerd.turn.guard import (
     DEFAULT_CHALLENGE_BURST,
     DEFAULT_CHALLENGE_RATE_PER_S,
@@ -80,6 +81,18 @@ class StunnerdSettings(BaseSettings):
     """Comma-separated IPs (in a pod: `status.podIPs`). Each listener advertises its own address
     as its relay address and, from here, the first one of the other family: what IPv6 (or IPv4)
     REQUESTED-ADDRESS-FAMILY and dual allocations (ADDITIONAL-ADDRESS-FAMILY) get."""
+    quota_redis_url: str = ""
+    """Count `admin.user_quota` across replicas in this Redis (`redis://user:pass@host:port/0`);
+    empty: each process counts its own allocations, as upstream."""
+    quota_replicas: int = Field(1, ge=1)
+    """Replicas sharing the Gateway: without Redis each admits `user_quota // this` per user."""
+    quota_redis_timeout_s: float = Field(0.5, gt=0)
+    quota_retry_s: float = Field(5.0, gt=0)
+    """After Redis failed, how long each replica stays on its share before trying it again."""
+    quota_lease_s: float = Field(0.0, ge=0)
+    """0: a quota lease lasts as long as its allocation; else this long, renewed in background."""
+    quota_grace_s: float = Field(2.0, ge=0)
+    """Added to every lease, for the time between Redis' clock and the allocation's."""
     udp_gso: bool = True
     """Batch datagrams to one destination into one `sendmsg` with UDP_SEGMENT, where supported."""
     fastpath: bool = True
@@ -153,6 +166,18 @@ class StunnerdSettings(BaseSettings):
             except ValueError:
                 raise ValueError(f"relay address {ip!r} is not an IP address") from None
         return value
+
+    def quota(self) -> QuotaSettings | None:
+        if not self.quota_redis_url:
+            return None
+        return QuotaSettings(
+            self.quota_redis_url,
+            replicas=self.quota_replicas,
+            timeout_s=self.quota_redis_timeout_s,
+            retry_s=self.quota_retry_s,
+            lease_s=self.quota_lease_s,
+            grace_s=self.quota_grace_s,
+        )
 
     def relay_address_list(self) -> tuple[str, ...]:
         return relay_address_list(self.relay_addresses)

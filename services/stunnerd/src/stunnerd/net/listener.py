@@ -45,6 +45,7 @@ from stunnerd.net.relay import (
     new_traffic,
 )
 from stunnerd.net.tuning import ServerTuning
+from stunnerd.quota import ClusterQuota
 from stunnerd.turn import effects as fx
 from stunnerd.turn.engine import Policies, TurnEngine
 from stunnerd.turn.policies import UserUsage
@@ -146,6 +147,9 @@ class Listener:
         self.inherited_socket: socket.socket | None = None
         # The C relay of established channels (TURN-UDP only), set by the server before start.
         self.fastpath: FastPath | None = None
+        # The cluster-wide user quota, set by the server; leases of this listener's allocations.
+        self.quota: ClusterQuota | None = None
+        self._leases: dict[Address, str] = {}
 
     # -------------------------------------------------------------- subclass hooks
 
@@ -259,7 +263,10 @@ class Listener:
                 case fx.ChannelRouteRemoved():
                     self._route_removed(effect)
                 case fx.OpenRelay():
-                    self._open_relay(effect)
+                    if self.quota is not None and self.quota.enforcing:
+                        self._spawn(self._admit_then_open(effect), f"quota:{self.name}")
+                    else:
+                        self._open_relay(effect)
                 case fx.ReleasePort():
                     released = self.held_ports.pop(effect.port, None)
                     if released is not None:
@@ -288,7 +295,15 @@ class Listener:
                         else "",
                         effect.lifetime_s,
                     )
+                case fx.AllocationRefreshed():
+                    if self._leases and self.quota is not None:
+                        lease = self._leases.get(effect.client)
+                        if lease is not None:
+                            self.quota.renew(lease, effect.lifetime_s)
+                case fx.AllocationAborted():
+                    self._release_lease(effect.client)
                 case fx.AllocationDeleted():
+                    self._release_lease(effect.client)
                     log.info(
                         "listener %s: allocation for %s (user %s) deleted: %s",
                         self.name,
@@ -316,6 +331,43 @@ class Listener:
         if relay is not None:
             for peer in _wire_forms(effect.peer):
                 relay.peer_channels.pop(peer, None)
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = self.loop.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _release_lease(self, client: Address) -> None:
+        if self._leases and self.quota is not None:
+            lease = self._leases.pop(client, None)
+            if lease is not None:
+                self.quota.release(lease)
+
+    async def _admit_then_open(self, effect: fx.OpenRelay) -> None:
+        """The cluster-wide quota first (one Redis call), then the relay; 486 when refused."""
+        quota = self.quota
+        assert quota is not None
+        lease = quota.lease_id(self.name, effect.client)
+        admitted = await quota.acquire(effect.user_id, lease, effect.lifetime_s)
+        if self.closed:
+            quota.release(lease)
+            return
+        if not admitted:
+            log.info(
+                "listener %s: allocation for %s (user %s) refused: cluster-wide quota of %d",
+                self.name,
+                effect.client,
+                effect.user_id,
+                quota.limit,
+            )
+            now = self.loop.time()
+            self.apply(
+                self.engine.relay_failed(effect.client, now, 486, "Allocation Quota Reached")
+            )
+            return
+        self._release_lease(effect.client)  # a previous allocation's, should one linger
+        self._leases[effect.client] = lease
+        self._open_relay(effect)
 
     def _open_relay(self, effect: fx.OpenRelay) -> None:
         if effect.tcp:

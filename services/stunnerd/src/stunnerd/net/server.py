@@ -34,6 +34,7 @@ from stunnerd.net.tuning import ServerTuning
 from stunnerd.net.udp import UdpListener
 from stunnerd.offload.manager import OffloadManager
 from stunnerd.protected import ProtectedRanges
+from stunnerd.quota import ClusterQuota
 from stunnerd.routing import DnsCache, dns_names, policies_for
 from stunnerd.turn.engine import Policies
 from stunnerd.turn.policies import UserUsage
@@ -102,8 +103,11 @@ class TurnServer:
         socket_source: SocketSource | None = None,
         tcp_relays: bool = True,
         relay_addresses: Sequence[str] = (),
+        quota: ClusterQuota | None = None,
     ) -> None:
         self.bind_host = bind_host
+        # The cluster-wide user quota (Redis leases); None: `user_quota` counts in this process.
+        self.quota = quota
         # Relay addresses beyond the listeners' own (STUNNERD_RELAY_ADDRESSES): each listener
         # also advertises the first one of the other family (dual-stack, RFC 8656 §7.2).
         self.relay_addresses = tuple(relay_addresses)
@@ -177,11 +181,13 @@ class TurnServer:
 
     def apply_policies(self, config: StunnerConfig) -> None:
         self._config = config
+        self._configure_quota(config)
         self._swap_policies(config)
         self._ensure_dns(config)
 
     async def add_listener(self, listener: ListenerConfig, config: StunnerConfig) -> None:
         self._config = config
+        self._configure_quota(config)
         await self.remove_listener(listener.name)
         spec = self._spec(listener)
         policies = policies_for(listener, config, self.dns, self.protected(config))
@@ -234,6 +240,8 @@ class TurnServer:
         if self._fastpath is not None:
             self._fastpath.close()
             self._fastpath = None
+        if self.quota is not None:
+            await self.quota.close()
 
     # ---------------------------------------------------------------- internals
 
@@ -290,6 +298,7 @@ class TurnServer:
             )
         except Exception as exc:
             raise ListenerError(f"listener {spec.name}: {exc}") from exc
+        running.quota = self.quota
         if kind is UdpListener and self.fastpath_wanted:
             if self._fastpath is None:
                 self._fastpath = FastPath(loop)
@@ -334,6 +343,10 @@ class TurnServer:
                 # policies read the shared cache: re-evaluate the routes of live allocations
                 self._swap_policies(config)
             await asyncio.sleep(self.dns_refresh_s)
+
+    def _configure_quota(self, config: StunnerConfig) -> None:
+        if self.quota is not None:
+            self.quota.configure(config.admin.name, config.auth.realm, config.admin.user_quota)
 
     def _swap_policies(self, config: StunnerConfig) -> None:
         by_name = {lst.name: lst for lst in config.listeners}

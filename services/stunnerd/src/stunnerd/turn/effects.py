@@ -37,6 +37,8 @@ class OpenRelay:
     reserved_port: int = 0  # RESERVATION-TOKEN: use the socket held on this port
     tcp: bool = False  # RFC 6062: a listening TCP socket instead of a UDP one
     additional_family: int = 0  # a dual allocation (RFC 8656 §7.2): also a relay of this family
+    user_id: str = ""  # whose allocation it is (the cluster-wide quota leases per user)
+    lifetime_s: int = 0  # the lifetime the allocation will get
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +117,22 @@ class AllocationDeleted:
     reason: str  # "refresh", "expired", "closed", "shutdown"
 
 
+@dataclass(frozen=True, slots=True)
+class AllocationRefreshed:
+    """A Refresh extended an allocation: it now lives `lifetime_s` more seconds."""
+
+    client: Address
+    user_id: str
+    lifetime_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationAborted:
+    """A pending Allocate ended without an allocation (relay failure, quota, client gone)."""
+
+    client: Address
+
+
 Effect = (
     SendToClient
     | SendToPeer
@@ -128,6 +146,8 @@ Effect = (
     | ChannelRouteRemoved
     | AllocationCreated
     | AllocationDeleted
+    | AllocationRefreshed
+    | AllocationAborted
 )
 
 TcpRelayEffect = OpenRelay | CloseRelay | ConnectPeer | BindPeerConnection | ClosePeerConnection

@@ -15,6 +15,7 @@ from stunnerd.turn.allocation import Allocation, unmapped_address
 from stunnerd.turn.codec import FAMILY_IPV4, FAMILY_IPV6, Class, Method
 from stunnerd.turn.effects import (
     Address,
+    AllocationAborted,
     AllocationCreated,
     ChannelRouteRemoved,
     CloseRelay,
@@ -49,6 +50,7 @@ class RelayLifecycle(TcpRelayMethods):
         pending = self._pending.pop(client, None)
         if pending is None:
             out.append(CloseRelay(client))  # the client went away meanwhile
+            out.append(AllocationAborted(client))
             if reserved_port:
                 out.append(ReleasePort(reserved_port))
             return out
@@ -97,7 +99,11 @@ class RelayLifecycle(TcpRelayMethods):
         )
         return out
 
-    def relay_failed(self, client: Address, now: float) -> list[Effect]:
+    def relay_failed(
+        self, client: Address, now: float, code: int = 508, reason: str = "Insufficient Capacity"
+    ) -> list[Effect]:
+        """The edge could not give a pending Allocate its relay: answer `code` (508, or 486
+        when the cluster-wide quota refused it)."""
         out: list[Effect] = []
         pending = self._pending.pop(client, None)
         if pending is None:
@@ -105,13 +111,14 @@ class RelayLifecycle(TcpRelayMethods):
         answer = codec.error_response(
             Method.ALLOCATE,
             pending.transaction_id,
-            508,
-            "Insufficient Capacity",
+            code,
+            reason,
             key=pending.key,
             software=self.software,
         )
         self._cache.remember(client, pending.transaction_id, answer, now)
         out.append(SendToClient(client, answer))
+        out.append(AllocationAborted(client))
         return out
 
     def client_closed(self, client: Address, now: float) -> list[Effect]:

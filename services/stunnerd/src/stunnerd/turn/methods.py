@@ -30,6 +30,7 @@ from stunnerd.turn.codec import Class
 from stunnerd.turn.effects import (
     Address,
     AllocationDeleted,
+    AllocationRefreshed,
     ChannelRouteAdded,
     ChannelRouteRemoved,
     CloseRelay,
@@ -146,6 +147,8 @@ class TurnMethods:
                 reserved_port,
                 tcp,
                 families.additional,
+                req.user_id,
+                self._pending[client].lifetime_s,
             )
         )
 
@@ -167,6 +170,7 @@ class TurnMethods:
             granted = lifetime(requested)
             alloc.expires = now + granted
             self._deadlines.schedule(alloc.expires, DeadlineKind.ALLOCATION, alloc.client, None)
+            out.append(AllocationRefreshed(alloc.client, alloc.user_id, granted))
         self._succeed(req, {"LIFETIME": granted}, now, out)
 
     def _create_permission(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:

@@ -94,6 +94,10 @@ class LocalDataplane:
             return {"engine": "None", "active": False, "reason": "not available in this process"}
         return self.server.offload.status()
 
+    def quota_status(self) -> dict[str, Any] | None:
+        """The cluster-wide user quota's state; None when user_quota counts per process."""
+        return self.server.quota.status() if self.server.quota is not None else None
+
     def worker_status(self) -> None:
         return None
 
