@@ -45,6 +45,7 @@ PAGE = Path(__file__).with_name("media_echo.html")
 MAX_CALLS = 4
 MAX_OFFER_BYTES = 64 * 1024
 OFFER_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 30.0
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
@@ -57,49 +58,54 @@ def pin_host_candidates(address: str) -> None:
     aioice.ice.get_host_addresses = addresses
 
 
-@dataclass
-class Counters:
-    frames: int = 0
-
-
 class EchoTrack(MediaStreamTrack):
-    """Sends back every frame its source track receives, counting them."""
+    """Sends back every frame its source track receives, counting them in `call`."""
 
-    def __init__(self, source: MediaStreamTrack, counters: Counters) -> None:
+    def __init__(self, source: MediaStreamTrack, call: Call) -> None:
         super().__init__()
         self.kind = source.kind
         self.source = source
-        self.counters = counters
+        self.call = call
 
     async def recv(self) -> Frame | Packet[Any]:
         frame = await self.source.recv()
-        self.counters.frames += 1
+        self.call.frames += 1
         return frame
+
+
+@dataclass(eq=False)
+class Call:
+    number: int
+    pc: RTCPeerConnection
+    frames: int = 0
+    watchdog: asyncio.Task[None] | None = None
 
 
 @dataclass
 class Calls:
-    """The live peer connections, their counters, and everything counted since start."""
+    """The live calls and what was counted since start; a call that does not connect in
+    `connect_timeout_s` (the page was closed, ICE failed) or whose connection fails is hung up."""
 
     ice_url: str
-    peers: dict[RTCPeerConnection, Counters] = field(default_factory=dict)
-    total: Counters = field(default_factory=Counters)
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    live: dict[RTCPeerConnection, Call] = field(default_factory=dict)
     answered: int = 0
+    frames_done: int = 0
 
     async def answer(self, offer: RTCSessionDescription) -> RTCSessionDescription:
         # No STUN or TURN servers of its own: aiortc's default is a public STUN server.
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        counters = Counters()
-        self.peers[pc] = counters
+        self.answered += 1
+        call = self.live[pc] = Call(self.answered, pc)
 
         @pc.on("track")
         def on_track(track: MediaStreamTrack) -> None:
-            log.info("call %d: echoing a %s track", id(pc), track.kind)
-            pc.addTrack(EchoTrack(track, counters))
+            log.info("call %d: echoing a %s track", call.number, track.kind)
+            pc.addTrack(EchoTrack(track, call))
 
         @pc.on("connectionstatechange")
         async def on_state() -> None:
-            log.info("call %d: %s", id(pc), pc.connectionState)
+            log.info("call %d: %s", call.number, pc.connectionState)
             if pc.connectionState in ("failed", "closed"):
                 await self.hang_up(pc)
 
@@ -110,25 +116,33 @@ class Calls:
         except BaseException:
             await self.hang_up(pc)
             raise
-        self.answered += 1
+        call.watchdog = asyncio.create_task(self._watch(call), name=f"call-{call.number}-watchdog")
         return pc.localDescription
 
+    async def _watch(self, call: Call) -> None:
+        await asyncio.sleep(self.connect_timeout_s)
+        if call.pc.connectionState != "connected":
+            log.info("call %d: not connected after %.0f s", call.number, self.connect_timeout_s)
+            await self.hang_up(call.pc)
+
     async def hang_up(self, pc: RTCPeerConnection) -> None:
-        counters = self.peers.pop(pc, None)
-        if counters is not None:
-            self.total.frames += counters.frames
+        call = self.live.pop(pc, None)
+        if call is not None:
+            self.frames_done += call.frames
+            if call.watchdog is not None and call.watchdog is not asyncio.current_task():
+                call.watchdog.cancel()
+            log.info("call %d: hung up after %d frames", call.number, call.frames)
         await pc.close()
 
     async def close(self) -> None:
-        for pc in list(self.peers):
+        for pc in list(self.live):
             await self.hang_up(pc)
 
     def stats(self) -> dict[str, Any]:
-        live = list(self.peers.values())
         return {
-            "calls": len(live),
+            "calls": len(self.live),
             "answered": self.answered,
-            "frames_echoed": self.total.frames + sum(c.frames for c in live),
+            "frames_echoed": self.frames_done + sum(c.frames for c in self.live.values()),
         }
 
 
@@ -150,7 +164,9 @@ def create_app(calls: Calls) -> Starlette:
             return JSONResponse({"error": "expected JSON {sdp, type}"}, status_code=400)
         if description.type != "offer":
             return JSONResponse({"error": "expected an offer"}, status_code=400)
-        if len(calls.peers) >= MAX_CALLS:
+        if "\nm=" not in description.sdp:
+            return JSONResponse({"error": "the offer has no media section"}, status_code=400)
+        if len(calls.live) >= MAX_CALLS:
             return JSONResponse({"error": f"busy: {MAX_CALLS} calls"}, status_code=503)
         try:
             answer = await calls.answer(description)
@@ -188,6 +204,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--ice-address", default="127.0.0.1", help="the address of the one ICE candidate"
     )
     parser.add_argument(
+        "--connect-timeout-s",
+        type=float,
+        default=CONNECT_TIMEOUT_S,
+        help="hang up a call whose WebRTC connection is not up after this long",
+    )
+    parser.add_argument(
         "--ice-url",
         default="http://127.0.0.1:8088/ice?service=turn&iceTransportPolicy=relay",
         help="the auth service's /ice that the page fetches its RTCConfiguration from",
@@ -200,7 +222,7 @@ async def serve(args: argparse.Namespace) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     host, port = sock.getsockname()[:2]
-    calls = Calls(ice_url=args.ice_url)
+    calls = Calls(args.ice_url, args.connect_timeout_s)
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(calls), log_config=None, access_log=False, timeout_graceful_shutdown=2

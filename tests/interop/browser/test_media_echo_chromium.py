@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,9 @@ import websockets
 from interop.stunnerd.test_stunnerd_chromium import chromium
 
 from support.auth import running_auth
-from support.ports import free_port
-from support.processes import ServerProcess, wait_for_tcp, which
-from support.security_stack import ROOT, Stack, running_stack
+from support.media_echo import media_echo
+from support.processes import which
+from support.security_stack import Stack, running_stack
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(150)]
 
@@ -104,19 +103,6 @@ async def page_state_when(evaluate: Evaluate, condition: str, what: str) -> dict
     return state
 
 
-@contextlib.asynccontextmanager
-async def media_echo(tmp: Path, ice_url: str) -> AsyncIterator[str]:
-    """scripts/media_echo.py as a process on a free port; yields its page URL."""
-    port = free_port()
-    argv = [sys.executable, str(ROOT / "scripts" / "media_echo.py"), "--port", str(port)]
-    proc = ServerProcess([*argv, "--ice-url", ice_url], cwd=ROOT, log_path=tmp / "media-echo.log")
-    try:
-        await asyncio.to_thread(wait_for_tcp, "127.0.0.1", port, 30.0, proc)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.stop()
-
-
 def cluster_packets(status: dict[str, Any]) -> int:
     return sum(
         c["stats"]["rx"]["pkts"] + c["stats"]["tx"]["pkts"]
@@ -155,7 +141,10 @@ async def calls(stack: Stack, binary: str, tmp_path: Path) -> None:
     frames_back = f"s.received.frames >= {FRAMES}"
     async with running_auth(cds, cors_origins="*") as auth:
         ice_url = f"{auth.url}/ice?{urlencode({**query, 'iceTransportPolicy': 'relay'})}"
-        async with media_echo(tmp_path, ice_url) as page, httpx.AsyncClient(timeout=5.0) as http:
+        async with (
+            media_echo(tmp_path / "media-echo.log", ice_url) as page,
+            httpx.AsyncClient(timeout=5.0) as http,
+        ):
             # The fake camera: frames go out and come back, relayed by stunnerd.
             async with browser(binary, f"{page}/", tmp_path / "camera", *FAKE_MEDIA) as evaluate:
                 state = await page_state_when(evaluate, frames_back, "frames to come back")
