@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stunner_operator.render.engine import Renderer
-from support.operator import HIERARCHY, UDP_GATEWAY
+from support.operator import HIERARCHY, UDP_GATEWAY, objects_from_yaml
 
 Render = Callable[..., Renderer]
 
@@ -56,3 +56,120 @@ def test_auth_lifetime_travels_with_ephemeral_credentials(render: Render) -> Non
 def test_auth_lifetime_is_not_rendered_for_static_auth(render: Render) -> None:
     cfg = render(gwconfig("authLifetime: 600"), UDP_GATEWAY).configs()["stunner/gw"]
     assert "lifetime" not in cfg.auth.credentials
+
+
+def test_dataplane_resource_daemonset_renders_a_daemonset_with_a_surge_rollout(
+    render: Render,
+) -> None:
+    ds = workload(render(dataplane("dataplaneResource: DaemonSet, replicas: 3"), UDP_GATEWAY))
+    assert ds["apiVersion"] == "apps/v1"
+    assert ds["kind"] == "DaemonSet"
+    assert ds["metadata"]["name"] == "gw"
+    assert "replicas" not in ds["spec"]  # one pod per node
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    for expr in ds["spec"]["selector"]["matchExpressions"]:
+        assert labels[expr["key"]] in expr["values"]
+    pod = ds["spec"]["template"]["spec"]
+    assert "hostNetwork" not in pod
+    assert pod["containers"][0]["name"] == "stunner-daemon"
+
+
+def test_the_default_dataplane_resource_is_a_deployment(render: Render) -> None:
+    dep = workload(render(HIERARCHY, UDP_GATEWAY))
+    assert dep["kind"] == "Deployment"
+    assert "updateStrategy" not in dep["spec"]
+
+
+def test_host_network_renders_host_dns_policy_and_the_listener_ports(render: Render) -> None:
+    gw = UDP_GATEWAY.replace(
+        "  - {name: udp, port: 3478, protocol: TURN-UDP}",
+        "  - {name: udp, port: 3478, protocol: TURN-UDP}\n"
+        "  - {name: tcp, port: 3479, protocol: TURN-TCP}\n"
+        "  - {name: dtls, port: 3480, protocol: TURN-DTLS}",
+    )
+    r = render(dataplane("dataplaneResource: DaemonSet, hostNetwork: true"), gw)
+    ds = workload(r)
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    ports = pod["containers"][0]["ports"]
+    assert ports == [
+        {"name": "metrics-port", "containerPort": 8080},
+        {"containerPort": 3478, "hostPort": 3478, "protocol": "UDP"},
+        {"containerPort": 3479, "hostPort": 3479, "protocol": "TCP"},
+        {"containerPort": 3480, "hostPort": 3480, "protocol": "UDP"},
+    ]
+    # two pods cannot hold one host port: the old pod goes first
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    # on the host network the pod IP is the node's: listeners and relays use it
+    assert env["STUNNER_ADDR"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["STUNNER_NODENAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_host_network_ports_follow_the_targetport_annotation(render: Render) -> None:
+    gw = UDP_GATEWAY.replace(
+        "metadata: {name: gw, namespace: stunner}",
+        "metadata: {name: gw, namespace: stunner, annotations: "
+        "{stunner.l7mp.io/targetport: '{\"udp\": 13478}'}}",
+    )
+    r = render(dataplane("hostNetwork: true"), gw)
+    dep = workload(r)
+    assert dep["kind"] == "Deployment"
+    ports = dep["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert {"containerPort": 13478, "hostPort": 13478, "protocol": "UDP"} in ports
+    assert r.configs()["stunner/gw"].listeners[0].port == 13478
+
+
+def test_an_unknown_dataplane_resource_renders_a_deployment_and_says_so(render: Render) -> None:
+    r = render(dataplane("dataplaneResource: StatefulSet"), UDP_GATEWAY)
+    assert workload(r)["kind"] == "Deployment"
+    gw = r.gateway("stunner", "gw")
+    assert gw is not None
+    assert any("dataplaneResource 'StatefulSet'" in w for w in gw.warnings)
+    assert "stunner/gw" in r.configs()
+
+
+def test_switching_to_a_daemonset_deletes_the_deployment(render: Render) -> None:
+    r = render(HIERARCHY, UDP_GATEWAY)
+    assert workload(r)["kind"] == "Deployment"
+    delta = r.apply(objects_from_yaml(dataplane("dataplaneResource: DaemonSet")))
+    assert delta.deployments["stunner/gw"] is not None
+    assert delta.deployments["stunner/gw"]["kind"] == "DaemonSet"
+    assert ("Deployment", "stunner", "gw") in delta.resource_deletes
+
+
+def test_disabled_managed_dataplane_deletes_the_daemonset(render: Render) -> None:
+    gw = UDP_GATEWAY.replace(
+        "metadata: {name: gw, namespace: stunner}",
+        "metadata: {name: gw, namespace: stunner, annotations: "
+        '{stunner.l7mp.io/disable-managed-dataplane: "true"}}',
+    )
+    render_ = render(dataplane("dataplaneResource: DaemonSet"), gw).gateway("stunner", "gw")
+    assert render_ is not None
+    assert render_.deployment is None
+    assert render_.deletes == (("DaemonSet", "stunner", "gw"),)
+
+
+def test_relay_address_discovery_puts_the_node_address_placeholder_in_every_listener(
+    render: Render,
+) -> None:
+    gw = UDP_GATEWAY.replace(
+        "metadata: {name: gw, namespace: stunner}",
+        "metadata: {name: gw, namespace: stunner, annotations: "
+        '{stunner.l7mp.io/enable-relay-address-discovery: "true"}}',
+    )
+    cfg = render(dataplane("hostNetwork: true"), gw).configs()["stunner/gw"]
+    assert [ls.address for ls in cfg.listeners] == ["__node_address_placeholder"]
+    assert cfg.listeners[0].public_address == "1.2.3.4"  # the Gateway's own still wins
+
+
+def test_without_relay_address_discovery_listeners_relay_from_the_pod_address(
+    render: Render,
+) -> None:
+    cfg = render(HIERARCHY, UDP_GATEWAY).configs()["stunner/gw"]
+    assert [ls.address for ls in cfg.listeners] == ["$STUNNER_ADDR"]

@@ -86,7 +86,11 @@ def test_broken_parameters_ref_invalidates_class_and_gateways(
     }
     assert message in gateway_error(r)
     assert conditions(gw.status.listeners[0])["Accepted"] == ("Unknown", "Pending")
-    assert set(gw.deletes) == {("Service", "stunner", "gw"), ("Deployment", "stunner", "gw")}
+    assert set(gw.deletes) == {
+        ("Service", "stunner", "gw"),
+        ("Deployment", "stunner", "gw"),
+        ("DaemonSet", "stunner", "gw"),
+    }
 
 
 def test_parameters_ref_defaults_group_and_kind(render: Render) -> None:

@@ -257,7 +257,7 @@ class KubeController:
             for cid, manifest in sorted(manifests.items()):
                 if manifest is not None:
                     ns, _, name = cid.partition("/")
-                    self._queue(_Write("apply", (kind, ns, name), manifest))
+                    self._queue(_Write("apply", (manifest.get("kind", kind), ns, name), manifest))
         if delta.configs_changed or not self.synced.is_set():
             self._publish_wake.set()
 

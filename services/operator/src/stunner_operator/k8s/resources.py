@@ -57,4 +57,9 @@ WATCHED: tuple[Resource, ...] = (
 
 BY_KIND: dict[str, Resource] = {r.kind: r for r in WATCHED}
 DEPLOYMENT = Resource("Deployment", "apps", "v1", "deployments", True)
-WRITABLE: dict[str, Resource] = {"Service": BY_KIND["Service"], "Deployment": DEPLOYMENT}
+DAEMONSET = Resource("DaemonSet", "apps", "v1", "daemonsets", True)
+WRITABLE: dict[str, Resource] = {
+    "Service": BY_KIND["Service"],
+    "Deployment": DEPLOYMENT,
+    "DaemonSet": DAEMONSET,
+}

@@ -1,4 +1,4 @@
-"""The per-Gateway LoadBalancer Service and stunnerd Deployment, as plain Kubernetes manifests.
+"""The per-Gateway LoadBalancer Service and stunnerd Deployment (or DaemonSet), as manifests.
 
 The renderer only computes what these objects should look like (reference §10 and §13): the
 cluster controller applies them, merging with fields owned by others. Every
@@ -38,6 +38,11 @@ NODEPORT = "stunner.l7mp.io/nodeport"
 TARGETPORT = "stunner.l7mp.io/targetport"
 DISABLE_HEALTH_CHECK_EXPOSE = "stunner.l7mp.io/disable-health-check-expose"
 DISABLE_SESSION_AFFINITY = "stunner.l7mp.io/disable-session-affinity"
+RELAY_ADDRESS_DISCOVERY = "stunner.l7mp.io/enable-relay-address-discovery"
+NODE_ADDRESS_PLACEHOLDER = "__node_address_placeholder"
+"""A listener address the CDS replaces with the stunnerd pod's Node's external address."""
+
+WORKLOAD_KINDS = ("Deployment", "DaemonSet")
 
 SERVICE_TYPES = ("ClusterIP", "NodePort", "ExternalName", "LoadBalancer")
 HEALTH_CHECK_PORT_NAME = "gateway-health-check"
@@ -110,7 +115,43 @@ _BOOLEAN_ANNOTATIONS = (
     DISABLE_MANAGED_DATAPLANE,
     DISABLE_HEALTH_CHECK_EXPOSE,
     DISABLE_SESSION_AFFINITY,
+    RELAY_ADDRESS_DISCOVERY,
 )
+
+
+def workload_kind(dataplane: Dataplane) -> str:
+    """``Deployment`` or ``DaemonSet`` (``dataplaneResource``); anything else: Deployment."""
+    kind = dataplane.spec.dataplane_resource or "Deployment"
+    return kind if kind in WORKLOAD_KINDS else "Deployment"
+
+
+def dataplane_problems(dataplane: Dataplane) -> list[str]:
+    kind = dataplane.spec.dataplane_resource
+    if kind and kind not in WORKLOAD_KINDS:
+        return [
+            f"Dataplane {dataplane.metadata.name}: dataplaneResource {kind!r} is not "
+            "Deployment or DaemonSet; rendering a Deployment"
+        ]
+    return []
+
+
+def container_ports(gw: Gateway, annotations: dict[str, str]) -> list[dict[str, Any]]:
+    """The listeners' ports, for a pod on the host network (where they are the host's ports).
+
+    The ``targetport`` annotation moves a listener, as it does in the config. Unnamed: listener
+    names rarely fit a port name's 15 characters.
+    """
+    targetports = port_map(annotations, TARGETPORT)
+    seen: set[tuple[int, str]] = set()
+    out: list[dict[str, Any]] = []
+    for ls in gw.spec.listeners:
+        proto = "UDP" if ls.protocol.upper().removeprefix("TURN-") in ("UDP", "DTLS") else "TCP"
+        port = targetports.get(ls.name, ls.port)
+        if (port, proto) in seen or not 1 <= port <= 65535:
+            continue
+        seen.add((port, proto))
+        out.append({"containerPort": port, "hostPort": port, "protocol": proto})
+    return out
 
 
 def annotation_problems(annotations: dict[str, str], listener_names: list[str]) -> list[str]:
@@ -323,6 +364,7 @@ def render_deployment(
     """
     ns, name = gw.metadata.namespace, gw.metadata.name
     dp = dataplane.spec
+    kind = workload_kind(dataplane)
     image = dp.image or options.default_image
     labels = {k: v for k, v in gw.metadata.labels.items() if k not in options.label_filter}
     labels.update(
@@ -365,6 +407,8 @@ def render_deployment(
     if dp.resources is not None:  # GATEWAY.md: "Default: none"
         container["resources"] = dp.resources
     container["ports"] = [{"name": "metrics-port", "containerPort": METRICS_PORT}]
+    if dp.host_network:
+        container["ports"] += container_ports(gw, annotations)
     if not dp.disable_health_check:
         for probe, path in (("livenessProbe", "/live"), ("readinessProbe", "/ready")):
             container[probe] = {
@@ -384,7 +428,10 @@ def render_deployment(
         else DEFAULT_TERMINATION_GRACE_S,
     }
     if dp.host_network:
+        # The pod IP is the node's: listeners and relays use the node's address. Cluster DNS
+        # (the CDS Service name) needs ClusterFirstWithHostNet on the host network.
         pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     for key, value in (
         ("affinity", dp.affinity),
         ("tolerations", dp.tolerations),
@@ -401,7 +448,7 @@ def render_deployment(
     }
     deployment: dict[str, Any] = {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "kind": kind,
         "metadata": {
             "name": name,
             "namespace": ns,
@@ -424,6 +471,16 @@ def render_deployment(
             },
         },
     }
-    if dp.replicas is not None:
+    if kind == "DaemonSet":
+        # A new pod starts before the old one stops (maxSurge, DaemonSets since Kubernetes
+        # 1.25), so a node keeps a ready stunnerd through a rollout. On the host network two
+        # pods cannot hold one host port: the old pod goes first there.
+        rolling = (
+            {"maxSurge": 0, "maxUnavailable": 1}
+            if dp.host_network
+            else {"maxSurge": 1, "maxUnavailable": 0}
+        )
+        deployment["spec"]["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": rolling}
+    elif dp.replicas is not None:
         deployment["spec"]["replicas"] = dp.replicas
     return deployment

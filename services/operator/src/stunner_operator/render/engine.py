@@ -257,6 +257,9 @@ class Renderer:
             new_dep = new.deployment if new is not None else None
             if old_dep != new_dep:
                 deployments[cid] = new_dep
+            if old_dep is not None and new_dep is not None and old_dep["kind"] != new_dep["kind"]:
+                # dataplaneResource changed: the Deployment gives way to a DaemonSet, or back
+                resource_deletes.add((old_dep["kind"], key[1], key[2]))
             if new is not None:
                 resource_deletes.update(new.deletes)
             for render in (old, new):

@@ -27,15 +27,19 @@ from stunner_operator.render.clusters import ClusterRender, route_id
 from stunner_operator.render.dataplane import (
     DISABLE_MANAGED_DATAPLANE,
     MIXED_PROTOCOL,
+    NODE_ADDRESS_PLACEHOLDER,
+    RELAY_ADDRESS_DISCOVERY,
     TARGETPORT,
     ExposedListener,
     annotation_problems,
+    dataplane_problems,
     exposed_listeners,
     is_true,
     merged_annotations,
     port_map,
     render_deployment,
     render_service,
+    workload_kind,
 )
 from stunner_operator.render.families import address_family, hinted_ips
 from stunner_operator.render.hierarchy import Hierarchy, class_status, resolve_hierarchy
@@ -154,7 +158,7 @@ def _invalidated(
         status,
         None,
         None,
-        (("Service", ns, name), ("Deployment", ns, name)),
+        (("Service", ns, name), ("Deployment", ns, name), ("DaemonSet", ns, name)),
         error,
         frozenset(view.deps),
         refs,
@@ -184,7 +188,10 @@ def render_gateway(
 
     annotations = merged_annotations(gw, gwconfig)
     targetports = port_map(annotations, TARGETPORT)
-    warnings = tuple(annotation_problems(annotations, [ls.name for ls in gw.spec.listeners]))
+    warnings = tuple(
+        annotation_problems(annotations, [ls.name for ls in gw.spec.listeners])
+        + dataplane_problems(dataplane)
+    )
 
     # Listeners in spec order: protocol, then port conflicts per transport family, then TLS.
     # A listener takes two ports of its family: its Service port (spec.port) and the port
@@ -267,6 +274,12 @@ def render_gateway(
                 )
             st.tls_error = f"listener {st.spec.name}: unusable TLS certificate or key ({err})"
             st.attached = 0
+    if is_true(annotations.get(RELAY_ADDRESS_DISCOVERY)):
+        # The CDS gives each stunnerd its Node's external address here (by STUNNER_NODENAME),
+        # so relay candidates carry the node's public IP (host networking, no LoadBalancer).
+        listener_cfgs = [
+            cfg.model_copy(update={"address": NODE_ADDRESS_PLACEHOLDER}) for cfg in listener_cfgs
+        ]
     clusters: list[ClusterConfig] = []
     for rid in sorted({r for cfg in listener_cfgs for r in cfg.routes}):
         cluster = cluster_for(view, attached[rid]).cluster
@@ -289,8 +302,8 @@ def render_gateway(
     deletes: tuple[ObjKey, ...] = ()
     deployment: dict[str, Any] | None = render_deployment(gw, dataplane, annotations, options)
     if is_true(annotations.get(DISABLE_MANAGED_DATAPLANE)):
+        deletes = ((workload_kind(dataplane), ns, name),)
         deployment = None
-        deletes = (("Deployment", ns, name),)
     return GatewayRender(
         key,
         config,
