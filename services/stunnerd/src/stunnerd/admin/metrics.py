@@ -49,7 +49,15 @@ class StunnerCollector(Collector):
         l_bytes = CounterMetricFamily(
             "stunner_listener_bytes", "Bytes on listener sockets.", labels=["name", "direction"]
         )
+        refusals = CounterMetricFamily(
+            "stunner_listener_refusals",
+            "Error answers to TURN requests, by listener and error code (401 wrong credentials, "
+            "403 peer admitted by no route, 486 quota, ...).",
+            labels=["name", "code"],
+        )
         for lst in snap.listeners:
+            for code, count in lst.refusals:
+                refusals.add_metric([lst.name, str(code)], count)
             per_listener.add_metric([lst.name], lst.allocations)
             conns.add_metric([lst.name], lst.connections)
             conns_total.add_metric([lst.name], lst.connections_total)
@@ -77,7 +85,7 @@ class StunnerCollector(Collector):
             c_pkts.add_metric([cl.name, "tx"], t.tx_packets)
             c_bytes.add_metric([cl.name, "rx"], t.rx_bytes)
             c_bytes.add_metric([cl.name, "tx"], t.tx_bytes)
-        yield from (per_listener, conns, conns_total)
+        yield from (per_listener, conns, conns_total, refusals)
         if snap.traffic_measured:
             yield from (l_pkts, l_bytes, c_pkts, c_bytes)
 

@@ -34,6 +34,17 @@ class ListenerStats:
     connections: int = 0
     connections_total: int = 0
     traffic: TrafficStats = field(default_factory=TrafficStats)
+    refusals: tuple[tuple[int, int], ...] = ()
+    """(code, count) of the error answers the listener gave, by code, ascending."""
+
+
+def _sum_refusals(
+    a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]
+) -> tuple[tuple[int, int], ...]:
+    total: dict[int, int] = dict(a)
+    for code, n in b:
+        total[code] = total.get(code, 0) + n
+    return tuple(sorted(total.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +81,14 @@ class StatsSnapshot:
 
         return {
             "listeners": [
-                [x.name, x.allocations, x.connections, x.connections_total, traffic(x.traffic)]
+                [
+                    x.name,
+                    x.allocations,
+                    x.connections,
+                    x.connections_total,
+                    traffic(x.traffic),
+                    [list(r) for r in x.refusals],
+                ]
                 for x in self.listeners
             ],
             "clusters": [[c.name, traffic(c.traffic)] for c in self.clusters],
@@ -81,8 +99,15 @@ class StatsSnapshot:
     def from_dict(data: Mapping[str, Any]) -> StatsSnapshot:
         return StatsSnapshot(
             listeners=tuple(
-                ListenerStats(str(n), int(a), int(c), int(ct), TrafficStats(*map(int, t)))
-                for n, a, c, ct, t in data.get("listeners", ())
+                ListenerStats(
+                    str(x[0]),
+                    int(x[1]),
+                    int(x[2]),
+                    int(x[3]),
+                    TrafficStats(*map(int, x[4])),
+                    tuple((int(code), int(n)) for code, n in (x[5] if len(x) > 5 else ())),
+                )
+                for x in data.get("listeners", ())
             ),
             clusters=tuple(
                 ClusterStats(str(n), TrafficStats(*map(int, t)))
@@ -107,6 +132,7 @@ def merge_snapshots(snapshots: Iterable[StatsSnapshot]) -> StatsSnapshot:
                 prev.connections + lst.connections,
                 prev.connections_total + lst.connections_total,
                 prev.traffic + lst.traffic,
+                _sum_refusals(prev.refusals, lst.refusals),
             )
         for c in snap.clusters:
             prevc = clusters.get(c.name, ClusterStats(c.name))

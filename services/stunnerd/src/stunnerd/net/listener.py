@@ -91,6 +91,9 @@ class Listener:
     stream = False
     relay_class: type[DatagramRelayProtocol] = DatagramRelayProtocol
 
+    allocations_are_connections = False
+    """TURN-UDP has no connections of its own: there a client holding an allocation is one."""
+
     def __init__(
         self,
         spec: ListenerSpec,
@@ -124,6 +127,7 @@ class Listener:
             tcp_relays=tcp_relays and self.stream,
             max_tcp_connections=tuning.max_tcp_connections_per_allocation,
         )
+        self.engine.refusals.listener = self.name
         self.batcher = batcher if batcher is not None else SendBatcher(loop, enabled=False)
         self.traffic: Traffic = traffic if traffic is not None else new_traffic()
         self.cluster_traffic: dict[str, Traffic] = (
@@ -283,6 +287,9 @@ class Listener:
                 case fx.ConnectPeer() | fx.BindPeerConnection() | fx.ClosePeerConnection():
                     self.tcp_relay_effect(effect)
                 case fx.AllocationCreated():
+                    if self.allocations_are_connections:
+                        self.connections += 1
+                        self.connections_total += 1
                     log.info(
                         "listener %s: allocation for %s (user %s) relay %s:%d%s lifetime %ds",
                         self.name,
@@ -303,6 +310,8 @@ class Listener:
                 case fx.AllocationAborted():
                     self._release_lease(effect.client)
                 case fx.AllocationDeleted():
+                    if self.allocations_are_connections:
+                        self.connections = max(0, self.connections - 1)
                     self._release_lease(effect.client)
                     log.info(
                         "listener %s: allocation for %s (user %s) deleted: %s",

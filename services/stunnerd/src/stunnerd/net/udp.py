@@ -147,6 +147,7 @@ class UdpListenerProtocol(ClosingDatagramProtocol):
 
 class UdpListener(Listener):
     stream = False
+    allocations_are_connections = True
     relay_class = UdpRelayProtocol
 
     def __init__(self, *args: Any, offload: OffloadManager | None = None, **kwargs: Any) -> None:
@@ -164,7 +165,6 @@ class UdpListener(Listener):
 
     async def start(self) -> None:
         inherited, self.inherited_socket = self.inherited_socket, None
-        self.connections = self.connections_total = 1
         if self.fastpath is not None:
             # The C relay reads the socket and drops junk; what it does not route comes to
             # the engine.

@@ -38,6 +38,11 @@ class Refusal:
     reason: str
     challenge: bool
     """Answer with REALM and a fresh NONCE (401, 438) rather than a plain error."""
+    user: str = ""
+    """The USERNAME the request carried, when it got that far."""
+    detail: str = ""
+    """Why, for the log: set when credentials were given and are wrong (not for the usual first
+    request without credentials, or a stale nonce)."""
 
 
 UNAUTHORIZED = Refusal(401, "Unauthorized", challenge=True)
@@ -83,8 +88,12 @@ class Gatekeeper:
         except UnicodeDecodeError:
             return Refusal(400, "USERNAME is not UTF-8", challenge=False)
         credential = auth.lookup(username, unix_now)
-        if credential is None or not precheck.integrity_ok(data, at, credential.key):
-            return UNAUTHORIZED
+        if credential is None:
+            why = "no such user, or its TURN REST credentials expired"
+            return Refusal(401, "Unauthorized", challenge=True, user=username, detail=why)
+        if not precheck.integrity_ok(data, at, credential.key):
+            why = "wrong password (MESSAGE-INTEGRITY does not verify)"
+            return Refusal(401, "Unauthorized", challenge=True, user=username, detail=why)
         return credential
 
     def challenge(

@@ -57,6 +57,7 @@ from stunnerd.turn.policies import (
     UserQuota,
     UserUsage,
 )
+from stunnerd.turn.refusals import RefusalLog
 from stunnerd.turn.reservations import Reservations
 from stunnerd.turn.retransmit import RetransmitCache
 from stunnerd.turn.tcp_connections import MAX_CONNECTIONS_PER_ALLOCATION, PeerConnections
@@ -137,6 +138,7 @@ class TurnEngine(RelayLifecycle):
         self._indications = 0  # transaction ids of Data indications
         self.stats_dropped = 0
         self.stats_challenges_suppressed = 0  # 401/438 not sent: the source was over budget
+        self.refusals = RefusalLog()  # the edge names it after its listener
 
     # ------------------------------------------------------------------ public API
 
@@ -253,6 +255,16 @@ class TurnEngine(RelayLifecycle):
         auth = self.policies.authenticator
         checked = self._gatekeeper.check(data, head, now, now + self.clock_offset_s, auth)
         if isinstance(checked, Refusal):
+            if checked.detail or not checked.challenge:
+                self.refusals.refused(
+                    now,
+                    client,
+                    method_name(head.method),
+                    checked.code,
+                    checked.reason,
+                    checked.user,
+                    checked.detail,
+                )
             if checked.challenge:
                 answer = self._gatekeeper.challenge(head, checked, client, now, auth, self.software)
                 if answer is None:
@@ -280,6 +292,54 @@ class TurnEngine(RelayLifecycle):
         }
         handler = handlers[head.method]
         handler(request, now, out)
+
+    def _fail(
+        self, req: AuthenticatedRequest, code: int, reason: str, now: float, out: list[Effect]
+    ) -> None:
+        """Every error answer to an authenticated request: logged (rate-limited) and counted."""
+        detail = self._forbidden_detail(req) if code == 403 else ""
+        self.refusals.refused(
+            now,
+            req.client,
+            method_name(req.message.message_method),
+            code,
+            reason,
+            req.username or req.user_id,
+            detail,
+        )
+        super()._fail(req, code, reason, now, out)
+
+    def _forbidden_detail(self, req: AuthenticatedRequest) -> str:
+        """Which peer a 403 was about and which routes were considered (for the log)."""
+        peers = self.policies.peers
+        refused = [p for p in req.peers if not peers.admits(unmapped(p[0]), p[1])]
+        shown = refused or list(req.peers)
+        where = ", ".join(
+            f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+            for ip, port in ((unmapped(p[0]), p[1]) for p in shown)
+        )
+        clusters = getattr(peers, "clusters", None)
+        if clusters is None:
+            routes = type(peers).__name__
+        elif not clusters:
+            routes = "none: the listener has no route"
+        else:
+            routes = "; ".join(
+                f"{c.name} ({c.protocol}: "
+                f"{', '.join([*map(str, c.endpoints), *c.dns_names]) or 'no endpoints'})"
+                for c in clusters
+            )
+        guard = getattr(getattr(peers, "protected", None), "guard_of", None)
+        ranges = sorted(
+            {str(net) for ip, _ in shown if guard is not None and (net := guard(unmapped(ip)))}
+        )
+        protected = (
+            f"; the peer is in protected range {', '.join(ranges)}: a route must name it exactly"
+            if ranges
+            else ""
+        )
+        peer = where or "none"
+        return f"peer {peer} is admitted by no route (routes considered: {routes}){protected}"
 
     def _indication(self, data: bytes, client: Address, now: float, out: list[Effect]) -> None:
         """A Send indication from a client with an allocation (RFC 8656 §10.2)."""
@@ -379,6 +439,16 @@ class TurnEngine(RelayLifecycle):
             self.stats_dropped += 1
             return
         out.append(SendToPeer(client, channel.peer, parsed[1]))
+
+
+def method_name(method: int) -> str:
+    """``ALLOCATE``, ``CREATE_PERMISSION``, ``CONNECT``, ... for a STUN method number."""
+    for enum in (Method, TcpMethod):
+        try:
+            return str(enum(method).name)
+        except ValueError:
+            continue
+    return f"method 0x{method:03x}"
 
 
 def _transaction_id(engine: TurnEngine) -> bytes:

@@ -75,6 +75,7 @@ class LocalDataplane:
                     connections=lst.connections,
                     connections_total=lst.connections_total,
                     traffic=TrafficStats(*server.listener_traffic.get(name, (0, 0, 0, 0))),
+                    refusals=tuple(sorted(lst.engine.refusals.counts.items())),
                 )
                 for name, lst in sorted(server.listeners.items())
             ),

@@ -1,0 +1,111 @@
+"""Why a client was refused, in the log at INFO, rate-limited per source; counted by code.
+
+A wrong password (401 after a credentialed request) or a peer no route admits (403) is the most
+common support question ("permission denied ... no route to endpoint"), so each refusal is logged
+with who (the user), from where (the client address), which request, which code and, for 403,
+which peer and which routes were considered: enough to answer "why was I refused" from the log
+alone. A source (client IP) gets its first refusal logged in full; later ones within the
+interval are only counted, and the count is logged (with the codes) when the interval is over
+and the source is refused again, or when any later refusal sweeps the ended intervals. So a
+client retrying in a loop, or a scanner, costs one line per interval, not one per request.
+
+Only the request path calls this (a refusal is an answer to a STUN request); ChannelData never
+does. `counts` (code -> refusals) feeds the `stunner_listener_refusals` metric.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from stunnerd.turn.effects import Address
+
+log = logging.getLogger("stunnerd.refusals")
+
+INTERVAL_S = 60.0
+MAX_SOURCES = 4096
+"""Sources tracked at once; past it the oldest windows are summarised and dropped."""
+
+
+@dataclass(slots=True)
+class _Window:
+    ends: float
+    suppressed: Counter[int] = field(default_factory=Counter)
+
+
+def _where(client: Address) -> str:
+    host, port = client[0], client[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class RefusalLog:
+    """One listener's refusals: counted by code, logged per source at most once per interval."""
+
+    __slots__ = ("_next_sweep", "_sources", "counts", "interval_s", "listener", "max_sources")
+
+    def __init__(
+        self, listener: str = "", interval_s: float = INTERVAL_S, max_sources: int = MAX_SOURCES
+    ) -> None:
+        self.listener = listener
+        self.interval_s = interval_s
+        self.max_sources = max_sources
+        self.counts: Counter[int] = Counter()
+        self._sources: dict[str, _Window] = {}
+        self._next_sweep = 0.0
+
+    def refused(
+        self,
+        now: float,
+        client: Address,
+        method: str,
+        code: int,
+        reason: str,
+        user: str = "",
+        detail: str = "",
+    ) -> None:
+        self.counts[code] += 1
+        ip = client[0]
+        window = self._sources.get(ip)
+        if window is not None and now < window.ends:
+            window.suppressed[code] += 1
+            return
+        if window is not None:
+            self._summary(ip, self._sources.pop(ip))
+        if now >= self._next_sweep:
+            self._sweep(now)
+        if len(self._sources) >= self.max_sources:
+            oldest = min(self._sources, key=lambda k: self._sources[k].ends)
+            self._summary(oldest, self._sources.pop(oldest))
+        self._sources[ip] = _Window(now + self.interval_s)
+        who = f" (user {user!r})" if user else ""
+        more = f": {detail}" if detail else ""
+        log.info(
+            "listener %s: refused %s from %s%s: %d %s%s",
+            self.listener,
+            method,
+            _where(client),
+            who,
+            code,
+            reason,
+            more,
+        )
+
+    def _sweep(self, now: float) -> None:
+        self._next_sweep = now + self.interval_s
+        for ip in [ip for ip, w in self._sources.items() if now >= w.ends]:
+            self._summary(ip, self._sources.pop(ip))
+
+    def _summary(self, ip: str, window: _Window) -> None:
+        total = sum(window.suppressed.values())
+        if not total:
+            return
+        codes = ", ".join(f"{n}x {code}" for code, n in sorted(window.suppressed.items()))
+        log.info(
+            "listener %s: refused %d more request(s) from %s in %.0f s (%s)",
+            self.listener,
+            total,
+            ip,
+            self.interval_s,
+            codes,
+        )
