@@ -228,7 +228,9 @@ async def serve(args: argparse.Namespace) -> None:
             create_app(calls), log_config=None, access_log=False, timeout_graceful_shutdown=2
         )
     )
-    log.info("media echo: open http://%s:%d/ (ICE candidate %s)", host, port, args.ice_address)
+    log.info(
+        "page and signalling on http://%s:%d/ (ICE candidate %s)", host, port, args.ice_address
+    )
     await server.serve(sockets=[sock])
 
 
