@@ -16,9 +16,11 @@ where ``stunnerctl status`` reads them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -101,6 +103,32 @@ class OperatorMetrics:
             registry=r,
         )
         self.ready_gauge = Gauge("stunner_operator_ready", "1 when /readyz answers 200", registry=r)
+        # Control loops (render, publish, write; upstream's renderer/updater/operator threads).
+        self.loop_events = Counter(
+            "stunner_operator_loop_events",
+            "Events (batches of work) a control loop handled",
+            ["loop"],
+            registry=r,
+        )
+        self.loop_seconds = Histogram(
+            "stunner_operator_loop_duration_seconds",
+            "Time a control loop took to handle one event",
+            ["loop"],
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=r,
+        )
+        self.active_loops = Gauge(
+            "stunner_operator_active_loops",
+            "Control loops handling an event right now; one that stays up is a hung loop",
+            ["loop"],
+            registry=r,
+        )
+        self.loop_last_active = Gauge(
+            "stunner_operator_loop_last_active_timestamp_seconds",
+            "When a control loop last finished handling an event (Unix time)",
+            ["loop"],
+            registry=r,
+        )
         self._published = False
         self._standby = False
         self._why = "starting: the first render is not published yet"
@@ -144,6 +172,23 @@ class OperatorMetrics:
 
     def mark_not_leading(self) -> None:
         self.leader.set(0)
+
+    # -- control loops --------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def loop(self, name: str) -> Iterator[None]:
+        """One event handled by control loop `name`: counted, timed, and shown as active (a
+        loop that hangs inside leaves `stunner_operator_active_loops{loop=name}` raised)."""
+        active = self.active_loops.labels(loop=name)
+        active.inc()
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            active.dec()
+            self.loop_events.labels(loop=name).inc()
+            self.loop_seconds.labels(loop=name).observe(time.perf_counter() - started)
+            self.loop_last_active.labels(loop=name).set_to_current_time()
 
     # -- rendering ------------------------------------------------------------------------
 

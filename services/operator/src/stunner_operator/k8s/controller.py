@@ -224,20 +224,21 @@ class KubeController:
             changes = {k: o for k, o in changes.items() if store.get_key(k) != o}
             if not changes and self.synced.is_set():
                 continue
-            started = time.perf_counter()
-            try:
-                delta = self.renderer.apply(
-                    [o for o in changes.values() if o is not None],
-                    [k for k, o in changes.items() if o is None],
-                )
-                self.metrics.observe_render(
-                    time.perf_counter() - started, store, len(self.renderer.configs())
-                )
-            except Exception:
-                log.exception("render failed; nothing is written for this batch")
-                continue
-            self._handle(delta)
-            self.synced.set()
+            with self.metrics.loop("render"):
+                started = time.perf_counter()
+                try:
+                    delta = self.renderer.apply(
+                        [o for o in changes.values() if o is not None],
+                        [k for k, o in changes.items() if o is None],
+                    )
+                    self.metrics.observe_render(
+                        time.perf_counter() - started, store, len(self.renderer.configs())
+                    )
+                except Exception:
+                    log.exception("render failed; nothing is written for this batch")
+                    continue
+                self._handle(delta)
+                self.synced.set()
 
     def _handle(self, delta: RenderDelta) -> None:
         for key in sorted(delta.statuses):
@@ -304,7 +305,8 @@ class KubeController:
             self._publish_wake.clear()
             configs = self.renderer.configs()
             try:
-                result = await self._sink.publish(configs)
+                with self.metrics.loop("publish"):
+                    result = await self._sink.publish(configs)
             except PublishError as err:
                 self.metrics.mark_publish_failed(str(err))
                 log.warning("publishing to Redis failed, retrying in %.1fs: %s", self._retry_s, err)
@@ -321,15 +323,16 @@ class KubeController:
             await self._write_wake.wait()
             self._write_wake.clear()
             failed: list[tuple[tuple[str, ObjKey], _Write]] = []
-            while self._writes:
-                slot = next(iter(self._writes))
-                write = self._writes.pop(slot)
-                try:
-                    await self._perform(write)
-                except KubeApiError as err:
-                    self.metrics.write_errors.inc()
-                    log.warning("writing %s failed: %s", _label(write.key), err)
-                    failed.append((slot, write))
+            with self.metrics.loop("write"):
+                while self._writes:
+                    slot = next(iter(self._writes))
+                    write = self._writes.pop(slot)
+                    try:
+                        await self._perform(write)
+                    except KubeApiError as err:
+                        self.metrics.write_errors.inc()
+                        log.warning("writing %s failed: %s", _label(write.key), err)
+                        failed.append((slot, write))
             if failed:
                 await asyncio.sleep(self._retry_s)
                 for slot, write in failed:

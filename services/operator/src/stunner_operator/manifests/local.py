@@ -278,7 +278,8 @@ class LocalOperator:
         # A failed render must not stop the operator: the published configs stay as they were
         # and the next change in the folder gets a fresh try.
         try:
-            self.sync()
+            with self.metrics.loop("render"):
+                self.sync()
         except Exception:
             log.exception("rendering %s failed; the published configs are unchanged", self.root)
 
@@ -287,7 +288,8 @@ class LocalOperator:
             return None
         configs = self.renderer.configs()
         try:
-            result = await self._sink.publish(configs)
+            with self.metrics.loop("publish"):
+                result = await self._sink.publish(configs)
         except PublishError as err:
             self.metrics.mark_publish_failed(str(err))
             raise
