@@ -96,6 +96,7 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
             limits=settings.client_limits(),
             relay_addresses=settings.relay_address_list(),
             quota=make_quota(settings),
+            node_address=settings.node_address,
         )
     )
 

@@ -81,6 +81,9 @@ class StunnerdSettings(BaseSettings):
     """Comma-separated IPs (in a pod: `status.podIPs`). Each listener advertises its own address
     as its relay address and, from here, the first one of the other family: what IPv6 (or IPv4)
     REQUESTED-ADDRESS-FAMILY and dual allocations (ADDITIONAL-ADDRESS-FAMILY) get."""
+    node_address: str = ""
+    """The node's external address, for listeners whose address is the node-address placeholder
+    (relay address discovery; normally the CDS fills it in). Empty: `STUNNER_ADDR` is used."""
     quota_redis_url: str = ""
     """Count `admin.user_quota` across replicas in this Redis (`redis://user:pass@host:port/0`);
     empty: each process counts its own allocations, as upstream."""
@@ -167,6 +170,16 @@ class StunnerdSettings(BaseSettings):
                 raise ValueError(f"relay address {ip!r} is not an IP address") from None
         return value
 
+    @field_validator("node_address", mode="after")
+    @classmethod
+    def _node_address(cls, value: str) -> str:
+        if value:
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                raise ValueError(f"node address {value!r} is not an IP address") from None
+        return value
+
     def quota(self) -> QuotaSettings | None:
         if not self.quota_redis_url:
             return None
@@ -199,6 +212,14 @@ class StunnerdSettings(BaseSettings):
                 preauth_window_s=self.preauth_window_s,
             ),
         )
+
+
+def _ip_or_empty(text: str) -> str:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return ""
+    return text
 
 
 def relay_address_list(text: str) -> tuple[str, ...]:
@@ -244,6 +265,7 @@ def load_settings(
         namespace=namespace,
         name=name,
         node=env.get("STUNNER_NODENAME") or None,
+        node_address=values.get("node_address") or _ip_or_empty(env.get("STUNNER_ADDR", "")),
         force_ready=force_ready or values.get("force_ready", False),
     )
     flags = {

@@ -23,6 +23,7 @@ from typing import Any
 
 import stunnerd.fastpath
 from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
+from stunner_common.turnuri import NODE_ADDRESS_PLACEHOLDER
 from stunnerd.fastpath import FastPath
 from stunnerd.net.batch import SendBatcher, gso_supported
 from stunnerd.net.binding import SocketKey, listener_bind_host, socket_kind
@@ -54,12 +55,21 @@ class ListenerError(Exception):
     """A listener could not be built or started (bad certificate, port in use, ...)."""
 
 
-def relay_address(listener: ListenerConfig) -> str:
+def relay_address(listener: ListenerConfig, node_address: str = "") -> str:
     """The IP advertised in XOR-RELAYED-ADDRESS: the listener address (upstream §5.2).
 
     A wildcard address cannot be advertised; loopback is used and a warning says why clients
-    elsewhere will not reach the relay (set `address`, normally `$STUNNER_ADDR`).
+    elsewhere will not reach the relay (set `address`, normally `$STUNNER_ADDR`). The node-address
+    placeholder (relay address discovery, where the CDS did not fill it in) is the node's
+    address, `node_address`; without one the listener is refused.
     """
+    if listener.address == NODE_ADDRESS_PLACEHOLDER:
+        if not node_address:
+            raise ValueError(
+                f"listener {listener.name}: address {NODE_ADDRESS_PLACEHOLDER} (relay address "
+                "discovery) needs the node's address: set STUNNERD_NODE_ADDRESS or STUNNER_ADDR"
+            )
+        return node_address
     if listener.address in WILDCARDS:
         log.warning(
             "listener %s: address %r is a wildcard; advertising relay address 127.0.0.1, "
@@ -104,8 +114,11 @@ class TurnServer:
         tcp_relays: bool = True,
         relay_addresses: Sequence[str] = (),
         quota: ClusterQuota | None = None,
+        node_address: str = "",
     ) -> None:
         self.bind_host = bind_host
+        # This node's address, for listeners with the node-address placeholder.
+        self.node_address = node_address
         # The cluster-wide user quota (Redis leases); None: `user_quota` counts in this process.
         self.quota = quota
         # Relay addresses beyond the listeners' own (STUNNERD_RELAY_ADDRESSES): each listener
@@ -158,6 +171,8 @@ class TurnServer:
         own = set(self._host_addresses)
         own.add(self.bind_host)
         own.update(lst.address for lst in config.listeners)
+        if self.node_address:
+            own.add(self.node_address)
         own.update(self.relay_addresses)
         return ProtectedRanges.build(own)
 
@@ -252,8 +267,14 @@ class TurnServer:
                 tls = load_tls_pair(listener.cert, listener.key)
             except Exception as exc:
                 raise ListenerError(f"listener {listener.name}: {exc}") from exc
-        bind_host = listener_bind_host(self.bind_host, listener.address)
-        relay_ip = relay_address(listener)
+        try:
+            relay_ip = relay_address(listener, self.node_address)
+        except ValueError as exc:
+            raise ListenerError(str(exc)) from None
+        placeholder = listener.address == NODE_ADDRESS_PLACEHOLDER
+        bind_host = listener_bind_host(
+            self.bind_host, relay_ip if placeholder else listener.address
+        )
         return ListenerSpec(
             name=listener.name,
             protocol=listener.protocol,
