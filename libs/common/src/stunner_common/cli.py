@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
@@ -21,6 +23,7 @@ __all__ = [
     "cds_address",
     "check_token_file",
     "distribution_version",
+    "listen_problem",
     "settings_from_args",
     "validation_message",
 ]
@@ -68,6 +71,33 @@ def cds_address(env: Mapping[str, str], flag: str | None = None) -> tuple[str, l
         elif value != chosen:
             warnings.append(f"{old}={value} is ignored: the CDS address comes from {source}")
     return chosen or DEFAULT_CDS_ADDRESS, warnings
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why a server cannot listen on ``host:port`` (the port taken, an address not on this
+    host), as one line with the way out; None when it can (port 0 always can).
+
+    Servers check this before they start, so that the answer is this and not whatever fails next
+    (their Redis or CDS client starts with the app and would report its own errors first).
+    """
+    if port == 0:
+        return None
+    host = host or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return (
+                    f"port {port} on {host} is already in use (`make stop` stops an earlier "
+                    "`make run`); choose another with --port"
+                )
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        except (OverflowError, UnicodeError) as exc:
+            return f"cannot listen on {host}:{port}: {exc}"
+    return None
 
 
 def check_token_file(path: str | os.PathLike[str] | None) -> str | None:

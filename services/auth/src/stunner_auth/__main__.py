@@ -11,12 +11,14 @@ import uvicorn
 
 from stunner_auth.app import create_app
 from stunner_auth.settings import AuthSettings
+from stunner_common.cds import CdsAddressError, cds_base_url
 from stunner_common.cli import (
     CDS_ADDR_ENV,
     DEFAULT_CDS_ADDRESS,
     add_version_argument,
     cds_address,
     check_token_file,
+    listen_problem,
     settings_from_args,
 )
 from stunner_common.runtime import run as run_loop
@@ -65,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     args.cds_url, warnings = cds_address(os.environ, args.cds_url)
     for warning in warnings:
         print(f"stunner-auth: warning: {warning}", file=sys.stderr)
+    try:
+        for address in args.cds_url.split(","):
+            cds_base_url(address)
+    except CdsAddressError as exc:
+        print(f"stunner-auth: {exc}", file=sys.stderr)
+        return 2
     args.cds_token_file = args.cds_token_file or os.environ.get("CDS_TOKEN_FILE") or None
     if (problem := check_token_file(args.cds_token_file)) is not None:
         print(f"stunner-auth: {problem}", file=sys.stderr)
@@ -77,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if settings is None:
         return 2
+    if (problem := listen_problem(settings.host, settings.port)) is not None:
+        print(f"stunner-auth: {problem}", file=sys.stderr)
+        return 1
     server = build_server(settings)
     with contextlib.suppress(KeyboardInterrupt):
         run_loop(server.serve())

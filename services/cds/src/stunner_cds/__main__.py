@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import ssl
 import sys
 
 from stunner_cds.server import build_server
 from stunner_cds.settings import CdsSettings
-from stunner_common.cli import add_version_argument, settings_from_args
+from stunner_common.cli import add_version_argument, listen_problem, settings_from_args
 from stunner_common.logs import LOG_FORMATS
 from stunner_common.runtime import run as run_loop
 
@@ -30,6 +32,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def tls_problem(settings: CdsSettings) -> str | None:
+    """Why the TLS certificate and key cannot be used (one line), or None."""
+    cert, key = settings.tls_cert_file, settings.tls_key_file
+    if cert is None or key is None:
+        return None
+    for flag, path in (("--tls-cert-file", cert), ("--tls-key-file", key)):
+        if not os.access(path, os.R_OK) or not path.is_file():
+            why = "no such file" if not path.exists() else "not a readable file"
+            return f"{flag} {str(path)!r}: {why}"
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except ssl.SSLError:
+        return (
+            f"--tls-cert-file {str(cert)!r} with --tls-key-file {str(key)!r}: not a PEM "
+            "certificate chain and its private key"
+        )
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        return f"--tls-cert-file {str(cert)!r} with --tls-key-file {str(key)!r}: {reason}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = settings_from_args(
@@ -48,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     if settings is None:
         return 2
+    if (problem := tls_problem(settings)) is not None:
+        print(f"stunner-cds: {problem}", file=sys.stderr)
+        return 2
+    if (problem := listen_problem(settings.host, settings.port)) is not None:
+        print(f"stunner-cds: {problem}", file=sys.stderr)
+        return 1
     server = build_server(settings)
     # uvloop when installed: fanning out to many watchers is mostly socket writes.
     with contextlib.suppress(KeyboardInterrupt):

@@ -16,11 +16,14 @@ from collections.abc import Mapping, Sequence
 from pydantic import ValidationError
 
 from stunner_common.cli import add_version_argument, validation_message
-from stunner_common.loglevel import apply_log_spec
+from stunner_common.config import ConfigError
+from stunner_common.config.errors import ConfigValidationError
+from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.logs import LOG_FORMATS, configure_logging
 from stunner_common.runtime import run as run_loop
+from stunner_common.turnuri import default_config_from_uri
 from stunnerd.app import EXIT_CONFIG, run
-from stunnerd.origin.base import ConfigOriginError
+from stunnerd.origin.base import ConfigOriginError, parse_origin
 from stunnerd.settings import DEFAULT_GRACE_PERIOD_S, load_settings
 
 
@@ -76,6 +79,13 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     args = build_parser().parse_args(argv)
     configure_logging(args.log_format)
     log_spec = args.log or ("all:DEBUG" if args.verbose else None)
+    if log_spec and not parse_log_spec(log_spec):
+        print(
+            f"stunnerd: invalid log spec {log_spec!r}: expected scope:LEVEL[,scope:LEVEL...], "
+            "e.g. all:INFO",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
     if log_spec:
         apply_log_spec(log_spec)
     if args.udp_thread_num < 0:
@@ -96,7 +106,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             bind_host=args.bind,
             cds_token_file=args.cds_token_file,
         )
-    except (ConfigOriginError, ValueError) as exc:
+        # A malformed origin or TURN URI is a usage error, said before anything starts.
+        parse_origin(settings.origin)
+        if settings.turn_uri is not None:
+            default_config_from_uri(settings.turn_uri)
+    except (ConfigOriginError, ConfigError, ValueError) as exc:
         print(f"stunnerd: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG
     return run_loop(run(settings, env))
@@ -105,4 +119,6 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 def _one_line(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return validation_message(exc)
+    if isinstance(exc, ConfigValidationError):
+        return exc.message  # "invalid TURN URI '…': …", without the field name before it
     return str(exc)

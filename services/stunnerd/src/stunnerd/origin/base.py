@@ -72,7 +72,10 @@ def parse_origin(text: str) -> OriginSpec:
             )
         return OriginSpec(specs[0].kind, ",".join(s.location for s in specs), tls=specs[0].tls)
     if "://" in text:
-        parts = urlsplit(text)
+        try:
+            parts = urlsplit(text)
+        except ValueError as exc:
+            raise ConfigOriginError(f"invalid config origin {text!r}: {exc}") from None
         scheme = parts.scheme.lower()
         if scheme not in ("http", "https", "ws", "wss"):
             raise ConfigOriginError(f"invalid config origin {text!r}: unknown scheme {scheme!r}")

@@ -309,17 +309,22 @@ def operator_address(args: argparse.Namespace, client: CdsClient) -> str | None:
     return None
 
 
-async def cmd_icetest(args: argparse.Namespace, configs: list[StunnerConfig], output: str) -> int:
+def check_icetest_args(args: argparse.Namespace) -> None:
+    """The icetest flags, checked before the CDS is asked anything."""
     if args.count < 1 or args.interval_ms < 0 or args.wait_ms < 0 or not 0 <= args.max_loss <= 1:
         raise BadInputError(
             "--count must be at least 1, --interval-ms and --wait-ms not negative, "
             "--max-loss between 0 and 1"
         )
-    peer_addr = parse_peer(args.peer)
-    if peer_addr.transport != "udp":
+    if parse_peer(args.peer).transport != "udp":
         raise BadInputError(
             f"the icetest peer must be a UDP echo (udp://host:port), not {args.peer}"
         )
+
+
+async def cmd_icetest(args: argparse.Namespace, configs: list[StunnerConfig], output: str) -> int:
+    check_icetest_args(args)
+    peer_addr = parse_peer(args.peer)
     try:
         settings = TurncatSettings()
     except ValidationError as exc:
@@ -358,6 +363,8 @@ async def cmd_icetest(args: argparse.Namespace, configs: list[StunnerConfig], ou
 
 
 async def run(args: argparse.Namespace) -> int:
+    if args.command == "icetest":
+        check_icetest_args(args)
     address, warnings = cds_address(os.environ, _option(args, "cds", None))
     for warning in warnings:
         print(f"stunnerctl: warning: {warning}", file=sys.stderr)

@@ -103,7 +103,7 @@ async def fetch_operator_report(address: str, timeout_s: float) -> dict[str, Any
         async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as http:
             reply = await http.get(url)
         doc = json.loads(reply.content) if reply.status_code == 200 else {}
-    except (httpx.HTTPError, ValueError):
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
 
