@@ -1,0 +1,59 @@
+"""Fixtures of the upstream interop tests: the built upstream binaries, a gateway on free ports,
+an independent UDP echo peer."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from support.ports import LOOPBACK, free_port
+from support.processes import ServerProcess, which
+from support.upstream import Gateway, upstream_bin
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Path:
+    """The folder with upstream stunnerd, turncat and stunnerctl v1.2.1."""
+    return upstream_bin()
+
+
+@pytest.fixture
+def gateway() -> Gateway:
+    return Gateway.on_free_ports()
+
+
+@pytest.fixture
+def echo_peer(tmp_path: Path) -> Iterator[int]:
+    """coturn's turnutils_peer: an independent UDP echo server on loopback."""
+    binary = which("turnutils_peer")
+    if binary is None:
+        pytest.skip("turnutils_peer (coturn) is not installed")
+    for _ in range(20):
+        port = free_port(socket.SOCK_DGRAM)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.bind((LOOPBACK, port + 1))  # the peer binds port+1 too
+        except OSError:
+            continue
+        break
+    proc = ServerProcess([binary, "-L", LOOPBACK, "-p", str(port)], log_path=tmp_path / "peer.log")
+    try:
+        deadline = time.monotonic() + 10
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.settimeout(0.1)
+            while True:
+                assert proc.alive(), proc.output()
+                assert time.monotonic() < deadline, proc.output()
+                probe.sendto(b"probe", (LOOPBACK, port))
+                try:
+                    if probe.recv(64) == b"probe":
+                        break
+                except OSError:
+                    continue
+        yield port
+    finally:
+        proc.stop()
