@@ -25,7 +25,13 @@ from stunner_common.config import StunnerConfig
 from stunner_common.crds import CrdError, K8sObject, UnsupportedKindError, parse_object
 from stunner_common.store import PublishResult
 from stunner_operator.k8s.api import GoneError, KubeApi, KubeApiError, NotFoundError
-from stunner_operator.k8s.resources import BY_KIND, WATCHED, WRITABLE, Resource
+from stunner_operator.k8s.resources import (
+    BY_KIND,
+    WATCHED,
+    WRITABLE,
+    Resource,
+    missing_crd_message,
+)
 from stunner_operator.observe import OperatorMetrics
 from stunner_operator.publish import PublishError
 from stunner_operator.render.engine import RenderDelta, Renderer
@@ -106,6 +112,9 @@ class KubeController:
         self._resources = resources
         self._events: asyncio.Queue[_Event] = asyncio.Queue()
         self._known: dict[str, set[ObjKey]] = {r.kind: set() for r in resources}
+        self._served: dict[str, Resource] = {}
+        self._missing: set[str] = set()
+        """The version of each kind the cluster serves (where a fallback was needed)."""
         self._listed: set[str] = set()
         self.synced = asyncio.Event()
         """Set once every resource was listed and the first render ran."""
@@ -150,17 +159,28 @@ class KubeController:
             try:
                 items, version = await self._api.list(res)
             except NotFoundError:
+                if res.fallback is not None:
+                    log.info(
+                        "%s is not served by this cluster; watching %s instead",
+                        res.list_path(),
+                        res.fallback.list_path(),
+                    )
+                    res = res.fallback
+                    continue
                 if res.optional:
                     log.info("%s is not served by this cluster; not watching it", res.list_path())
                     self._mark_listed(res.kind)
                     return
-                log.warning("listing %s failed: not found; retrying", res.list_path())
+                if res.kind not in self._missing:
+                    self._missing.add(res.kind)
+                    log.error("%s; retrying until it is installed", missing_crd_message(res))
                 await asyncio.sleep(self._retry_s)
                 continue
             except KubeApiError as err:
                 log.warning("listing %s failed: %s; retrying", res.list_path(), err)
                 await asyncio.sleep(self._retry_s)
                 continue
+            self._served[res.kind] = res
             objs = [o for raw in items if (o := self._parse(res, raw)) is not None]
             keys = {key_of(o) for o in objs}
             gone = tuple(sorted(self._known[res.kind] - keys))
@@ -344,7 +364,9 @@ class KubeController:
         if write.action == "status":
             assert write.body is not None
             with contextlib.suppress(NotFoundError):  # the object was deleted meanwhile
-                await self._api.patch_status(BY_KIND[kind], ns, name, write.body)
+                await self._api.patch_status(
+                    self._served.get(kind, BY_KIND[kind]), ns, name, write.body
+                )
         elif write.action == "apply":
             assert write.body is not None
             await self._api.apply(WRITABLE[kind], write.body)

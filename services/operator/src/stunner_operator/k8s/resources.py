@@ -18,6 +18,7 @@ class Resource:
     plural: str
     namespaced: bool
     optional: bool = False  # skipped (with a log line) when the cluster does not serve it
+    fallback: Resource | None = None  # an older version to watch when this one is not served
 
     @property
     def api_version(self) -> str:
@@ -44,7 +45,19 @@ WATCHED: tuple[Resource, ...] = (
     Resource("GatewayClass", "gateway.networking.k8s.io", "v1", "gatewayclasses", False),
     Resource("Gateway", "gateway.networking.k8s.io", "v1", "gateways", True),
     Resource("UDPRoute", "stunner.l7mp.io", "v1", "udproutes", True),
-    Resource("UDPRouteV1A2", "gateway.networking.k8s.io", "v1alpha2", "udproutes", True, True),
+    # Gateway API's own UDPRoute: v1 since its v1.6 release (where v1alpha2 is no longer served
+    # by the standard channel), v1alpha2 before. One store kind for both: their specs agree.
+    Resource(
+        "UDPRouteV1A2",
+        "gateway.networking.k8s.io",
+        "v1",
+        "udproutes",
+        True,
+        True,
+        fallback=Resource(
+            "UDPRouteV1A2", "gateway.networking.k8s.io", "v1alpha2", "udproutes", True, True
+        ),
+    ),
     Resource("GatewayConfig", "stunner.l7mp.io", "v1", "gatewayconfigs", True),
     Resource("StaticService", "stunner.l7mp.io", "v1", "staticservices", True),
     Resource("Dataplane", "stunner.l7mp.io", "v1", "dataplanes", False),
@@ -63,3 +76,22 @@ WRITABLE: dict[str, Resource] = {
     "Deployment": DEPLOYMENT,
     "DaemonSet": DAEMONSET,
 }
+
+
+GATEWAY_API_INSTALL = (
+    "install the Gateway API project's release (standard channel and the experimental UDPRoute:"
+    " kubectl apply --server-side -f https://github.com/kubernetes-sigs/gateway-api/releases/"
+    "download/v1.6.3/experimental-install.yaml)"
+)
+
+
+def missing_crd_message(res: Resource) -> str:
+    """What to tell the user when the cluster does not serve a resource the operator needs."""
+    crd = f"{res.plural}.{res.group}" if res.group else res.plural
+    if res.group == "gateway.networking.k8s.io":
+        hint = GATEWAY_API_INSTALL
+    elif res.group == "stunner.l7mp.io":
+        hint = "install the chart's CRDs (kubectl apply --server-side -f charts/stunner/crds/)"
+    else:
+        hint = "this Kubernetes version is too old for the operator"
+    return f"the cluster does not serve {res.api_version} {res.plural} (CRD {crd}): {hint}"
