@@ -6,7 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+from stunner_operator.__main__ import _options
 from stunner_operator.render.engine import Renderer
+from stunner_operator.render.options import DEFAULT_LABEL_FILTER, RenderOptions
+from stunner_operator.settings import OperatorSettings
 from support.operator import HIERARCHY, UDP_GATEWAY, objects_from_yaml
 
 Render = Callable[..., Renderer]
@@ -173,3 +178,57 @@ def test_without_relay_address_discovery_listeners_relay_from_the_pod_address(
 ) -> None:
     cfg = render(HIERARCHY, UDP_GATEWAY).configs()["stunner/gw"]
     assert [ls.address for ls in cfg.listeners] == ["$STUNNER_ADDR"]
+
+
+def test_the_quota_redis_secret_reaches_the_pods_with_the_replica_count(render: Render) -> None:
+    options = RenderOptions(quota_redis_secret="stunner-quota-redis")
+    dep = workload(render(dataplane("replicas: 3"), UDP_GATEWAY, options=options))
+    env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["STUNNERD_QUOTA_REDIS_URL"]["valueFrom"] == {
+        "secretKeyRef": {"name": "stunner-quota-redis", "key": "url"}
+    }
+    assert env["STUNNERD_QUOTA_REPLICAS"]["value"] == "3"
+    ds = workload(render(dataplane("dataplaneResource: DaemonSet"), UDP_GATEWAY, options=options))
+    names = [e["name"] for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]]
+    assert "STUNNERD_QUOTA_REDIS_URL" in names
+    assert "STUNNERD_QUOTA_REPLICAS" not in names  # one pod per node: no fixed count
+
+
+def test_without_a_quota_redis_secret_the_pods_count_alone(render: Render) -> None:
+    dep = workload(render(HIERARCHY, UDP_GATEWAY))
+    names = [e["name"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]]
+    assert not [n for n in names if n.startswith("STUNNERD_QUOTA")]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (None, DEFAULT_LABEL_FILTER),
+        ("", ()),
+        ("team, argocd.argoproj.io/instance", ("team", "argocd.argoproj.io/instance")),
+    ],
+)
+def test_the_upstream_label_filter_variable_sets_the_filter(
+    monkeypatch: pytest.MonkeyPatch, env: str | None, expected: tuple[str, ...]
+) -> None:
+    monkeypatch.delenv("STUNNER_GATEWAY_OPERATOR_LABEL_FILTER", raising=False)
+    if env is not None:
+        monkeypatch.setenv("STUNNER_GATEWAY_OPERATOR_LABEL_FILTER", env)
+    assert _options(OperatorSettings()).label_filter == expected
+
+
+def test_a_filtered_label_stays_off_the_deployment(render: Render) -> None:
+    gw = UDP_GATEWAY.replace(
+        "metadata: {name: gw, namespace: stunner}",
+        "metadata: {name: gw, namespace: stunner, labels: {team: a, keep: b}}",
+    )
+    dep = workload(render(HIERARCHY, gw, options=RenderOptions(label_filter=("team",))))
+    assert "team" not in dep["metadata"]["labels"]
+    assert dep["metadata"]["labels"]["keep"] == "b"
+
+
+def test_the_upstream_controller_name_variable_sets_the_controller_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STUNNER_GATEWAY_OPERATOR_CONTROLLER_NAME", "example.com/other")
+    assert _options(OperatorSettings()).controller_name == "example.com/other"

@@ -35,7 +35,7 @@ from stunner_common.runtime import run as run_loop
 from stunner_operator.manifests.local import LocalOperator
 from stunner_operator.observe import ObservabilityServer, OperatorMetrics, parse_address
 from stunner_operator.publish import PublishError, RedisConfigSink
-from stunner_operator.render.options import RenderOptions
+from stunner_operator.render.options import RenderOptions, parse_label_filter
 from stunner_operator.settings import OperatorSettings
 
 log = logging.getLogger("stunner_operator")  # not __name__: "__main__" under python -m
@@ -93,6 +93,9 @@ def _options(settings: OperatorSettings) -> RenderOptions:
         cds_token_secret=settings.cds_token_secret,
         cds_token_key=settings.cds_token_secret_key,
         endpoint_discovery=settings.endpoint_discovery,
+        label_filter=parse_label_filter(settings.label_filter),
+        quota_redis_secret=settings.quota_redis_secret,
+        quota_redis_key=settings.quota_redis_secret_key,
     )
 
 

@@ -24,7 +24,26 @@ class OperatorSettings(BaseSettings):
         "redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("redis_url", "REDIS_URL", "OPERATOR_REDIS_URL"),
     )
-    controller_name: str = CONTROLLER_NAME
+    controller_name: str = Field(
+        CONTROLLER_NAME,
+        validation_alias=AliasChoices(
+            "controller_name",
+            "OPERATOR_CONTROLLER_NAME",
+            "STUNNER_GATEWAY_OPERATOR_CONTROLLER_NAME",
+        ),
+    )
+    label_filter: str | None = Field(
+        None,
+        validation_alias=AliasChoices(
+            "label_filter", "OPERATOR_LABEL_FILTER", "STUNNER_GATEWAY_OPERATOR_LABEL_FILTER"
+        ),
+    )
+    """Comma-separated Gateway label keys not copied onto the dataplane (upstream's variable);
+    unset: upstream's default list, empty: none."""
+    quota_redis_secret: str = ""
+    """A Secret the stunnerd pods read ``STUNNERD_QUOTA_REDIS_URL`` from (key
+    ``quota_redis_secret_key``): ``userQuota`` then holds across replicas."""
+    quota_redis_secret_key: str = "url"
     cds_address: str = DEFAULT_CDS_ADDRESS
     cds_token_secret: str = ""
     """A Secret the stunnerd pods read ``CDS_TOKEN`` from (key ``cds_token_secret_key``), in

@@ -354,6 +354,27 @@ def cds_token_env(dataplane: Dataplane, options: RenderOptions) -> list[dict[str
     return [{"name": "CDS_TOKEN", "valueFrom": {"secretKeyRef": ref}}]
 
 
+def quota_env(dataplane: Dataplane, kind: str, options: RenderOptions) -> list[dict[str, Any]]:
+    """Where the pods count ``userQuota`` across replicas, and how many share it.
+
+    The replica count of a Deployment sets each pod's share while Redis is unreachable; a
+    DaemonSet's pod count follows the nodes, so its pods fall back to the whole quota each.
+    """
+    if not options.quota_redis_secret or any(
+        e.get("name") == "STUNNERD_QUOTA_REDIS_URL" for e in dataplane.spec.env
+    ):
+        return []
+    ref = {"name": options.quota_redis_secret, "key": options.quota_redis_key}
+    env: list[dict[str, Any]] = [
+        {"name": "STUNNERD_QUOTA_REDIS_URL", "valueFrom": {"secretKeyRef": ref}}
+    ]
+    if kind == "Deployment" and dataplane.spec.replicas is not None:
+        env.append(
+            {"name": "STUNNERD_QUOTA_REPLICAS", "value": str(max(1, dataplane.spec.replicas))}
+        )
+    return env
+
+
 def render_deployment(
     gw: Gateway, dataplane: Dataplane, annotations: dict[str, str], options: RenderOptions
 ) -> dict[str, Any]:
@@ -385,6 +406,7 @@ def render_deployment(
         {"name": "STUNNER_NODENAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "STUNNER_CONFIG_ORIGIN", "value": cds_server_uri(options.cds_address)},
         *cds_token_env(dataplane, options),
+        *quota_env(dataplane, kind, options),
         *(dual_stack_env() if ip_families(gw, annotations).dual_stack else ()),
         *(dict(e) for e in dp.env),
     ]

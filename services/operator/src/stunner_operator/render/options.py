@@ -34,7 +34,20 @@ class RenderOptions:
     cds_token_key: str = "token"
     label_filter: tuple[str, ...] = DEFAULT_LABEL_FILTER
     """Gateway labels that are not copied onto the Deployment."""
+    quota_redis_secret: str = ""
+    """A Secret (in each Gateway's namespace) whose ``quota_redis_key`` is the Redis URL the
+    stunnerd pods count ``userQuota`` in across replicas (``STUNNERD_QUOTA_REDIS_URL``); empty:
+    each pod counts its own allocations."""
+    quota_redis_key: str = "url"
     default_image: str = "l7mp/stunnerd:latest"
+
+
+def parse_label_filter(text: str | None) -> tuple[str, ...]:
+    """Upstream's ``STUNNER_GATEWAY_OPERATOR_LABEL_FILTER``: comma-separated label keys; unset
+    keeps the default list, empty filters nothing."""
+    if text is None:
+        return DEFAULT_LABEL_FILTER
+    return tuple(key.strip() for key in text.split(",") if key.strip())
 
 
 def cds_server_uri(address: str) -> str:
