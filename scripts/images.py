@@ -8,6 +8,10 @@ exists (`make base-image` builds it with mmdebstrap), else the Dockerfiles' defa
 Python slim image). pip inside the build uses the host's package index: the host's `pip config`
 (index-url, extra-index-url, find-links, cert) is handed to the build, and local index folders
 are mounted read-only into it (podman; docker can only use network indexes).
+
+A multi-stage build leaves its builder stages behind as untagged images, and a rebuild leaves
+the image its tag pointed at before: every untagged image that was not there before `make
+images` started is removed when it ends (those older than the run are left alone).
 """
 
 from __future__ import annotations
@@ -105,9 +109,42 @@ def base_image(eng: str) -> str | None:
     return LOCAL_BASE if found.returncode == 0 else None
 
 
+def dangling(eng: str, env: dict[str, str]) -> set[str]:
+    """The ids of the untagged ("dangling") images now."""
+    out = subprocess.run(
+        [eng, "images", "-q", "--no-trunc", "--filter", "dangling=true"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    ).stdout
+    return {line.strip() for line in out.splitlines() if line.strip()}
+
+
+def remove_intermediates(eng: str, env: dict[str, str], before: set[str]) -> list[str]:
+    """Remove the untagged images this run left (not those that were there before it)."""
+    left = sorted(dangling(eng, env) - before)
+    removed = []
+    for image in left:
+        result = subprocess.run([eng, "rmi", image], capture_output=True, env=env, check=False)
+        if result.returncode == 0:
+            removed.append(image)
+    if removed:
+        print(f"removed {len(removed)} untagged intermediate image(s)")
+    return removed
+
+
 def build(names: list[str], tag: str | None = None) -> list[str]:
     eng = engine()
     env = engine_env(eng)
+    before = dangling(eng, env)
+    try:
+        return _build(eng, env, names, tag)
+    finally:
+        remove_intermediates(eng, env, before)
+
+
+def _build(eng: str, env: dict[str, str], names: list[str], tag: str | None) -> list[str]:
     settings = host_pip_config()
     mounts = local_paths(settings)
     base = base_image(eng)
