@@ -232,3 +232,33 @@ def test_the_upstream_controller_name_variable_sets_the_controller_name(
 ) -> None:
     monkeypatch.setenv("STUNNER_GATEWAY_OPERATOR_CONTROLLER_NAME", "example.com/other")
     assert _options(OperatorSettings()).controller_name == "example.com/other"
+
+
+def test_dataplane_pod_fields_are_passed_through_as_upstream(render: Render) -> None:
+    fields = (
+        "command: [stunnerd], imagePullPolicy: Never, imagePullSecrets: [{name: regcred}],"
+        " resources: {limits: {cpu: 2}}, containerSecurityContext: {runAsNonRoot: true},"
+        " securityContext: {runAsUser: 1000}, tolerations: [{key: k, operator: Exists}],"
+        " affinity: {nodeAffinity: {}},"
+        " topologySpreadConstraints:"
+        " [{maxSkew: 1, topologyKey: zone, whenUnsatisfiable: DoNotSchedule}]"
+    )
+    dep = workload(render(dataplane(fields), UDP_GATEWAY))
+    pod = dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["stunnerd"]
+    assert container["imagePullPolicy"] == "Never"
+    assert container["resources"] == {"limits": {"cpu": 2}}
+    assert container["securityContext"] == {"runAsNonRoot": True}
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["securityContext"] == {"runAsUser": 1000}
+    assert pod["tolerations"] == [{"key": "k", "operator": "Exists"}]
+    assert pod["affinity"] == {"nodeAffinity": {}}
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "zone"
+
+
+def test_user_quota_and_log_level_reach_the_admin_config(render: Render) -> None:
+    cfg = render(gwconfig("userQuota: 12, logLevel: 'all:DEBUG'"), UDP_GATEWAY).configs()
+    admin = cfg["stunner/gw"].admin
+    assert admin.user_quota == 12
+    assert admin.loglevel == "all:DEBUG"
