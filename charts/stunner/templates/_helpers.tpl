@@ -30,11 +30,17 @@ app.kubernetes.io/component: {{ .component }}
 {{/* An image reference: pass (dict "ctx" $ "repository" "stunner-cds" "tag" ""). */}}
 {{- define "stunner.image" -}}
 {{- $registry := .ctx.Values.image.registry | default "" | trimSuffix "/" -}}
+{{- if not $registry -}}
+{{- fail "image.registry is empty: a bare image name is looked up on a public registry, where these images do not exist. Build them with `make images` and either load them into the nodes and set image.registry=localhost, or push them and set image.registry to your registry" -}}
+{{- end -}}
 {{- $tag := .tag | default .ctx.Values.image.tag | default .ctx.Chart.AppVersion -}}
-{{- if $registry -}}
 {{ printf "%s/%s:%s" $registry .repository $tag }}
-{{- else -}}
-{{ printf "%s:%s" .repository $tag }}
+{{- end -}}
+
+{{/* The chart no longer ships Gateway API CRDs: say how to get the official ones. */}}
+{{- define "stunner.checkValues" -}}
+{{- if .Values.gatewayAPI.installCRDs -}}
+{{- fail "gatewayAPI.installCRDs: this chart does not install the Gateway API CRDs. Install the Gateway API project's release (standard channel and the experimental UDPRoute, see the chart's README) and leave gatewayAPI.installCRDs false" -}}
 {{- end -}}
 {{- end -}}
 

@@ -61,7 +61,6 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "auth": {"tokenSecret": {"name": "auth-token"}, "corsOrigins": "https://app.example"},
     },
     "everything-off": {
-        "gatewayAPI": {"installCRDs": False},
         "auth": {"enabled": False},
         "networkPolicy": {"enabled": False},
     },
@@ -185,9 +184,6 @@ def test_default_render_has_every_component(default: Rendered) -> None:
         ("Service", "stunner-auth"),
         ("NetworkPolicy", "stunner-redis"),
         ("NetworkPolicy", "stunner-cds"),
-        ("CustomResourceDefinition", "gatewayclasses.gateway.networking.k8s.io"),
-        ("CustomResourceDefinition", "gateways.gateway.networking.k8s.io"),
-        ("CustomResourceDefinition", "udproutes.gateway.networking.k8s.io"),
     }
     assert "stunner-config-discovery" in default.notes
 
@@ -461,17 +457,25 @@ def test_images_follow_registry_and_tag_values() -> None:
         "stunner-operator": "ghcr.io/example/stunner-operator:1.2.3",
         "stunner-cds": "ghcr.io/example/stunner-cds:1.2.3",
     }
-    assert rendered.get("Dataplane", "default")["spec"]["image"] == "ghcr.io/example/stunnerd:1.2.3"
+    dataplane_image = rendered.get("Dataplane", "default")["spec"]["image"]
+    assert dataplane_image == "ghcr.io/example/stunner-stunnerd:1.2.3"
     operator = _container(rendered.get("Deployment", "stunner-operator"))
     assert operator["args"][-1] == "--print"
     assert container_env(operator)["X"] == "1"
 
 
-def test_default_images_are_tagged_with_the_app_version(default: Rendered) -> None:
+def test_default_images_are_the_names_make_images_gives(default: Rendered) -> None:
     with helm_python.Chart.load(CHART_DIR) as chart:
         app_version = chart.metadata["appVersion"]
+    sys.path.insert(0, str(CHART_DIR.parents[1] / "scripts"))
+    try:
+        from images import image_name  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
     image = _container(default.get("Deployment", "stunner-cds"))["image"]
-    assert image == f"stunner-cds:{app_version}"
+    assert image == image_name("cds", app_version) == f"localhost/stunner-cds:{app_version}"
+    dataplane = default.get("Dataplane", "default")["spec"]["image"]
+    assert dataplane == image_name("stunnerd", app_version)
 
 
 # --------------------------------------------------------------------------------------------
@@ -493,7 +497,7 @@ def test_default_dataplane_is_read_by_the_operator_model_without_unknown_fields(
 ) -> None:
     dataplane = Dataplane.model_validate(default.get("Dataplane", "default"))
     assert dataplane.spec.model_extra == {}
-    assert dataplane.spec.image.startswith("stunnerd:")
+    assert dataplane.spec.image.startswith("localhost/stunner-stunnerd:")
 
 
 def test_stunnerd_deployment_from_the_default_dataplane_is_valid_and_finds_the_cds(
