@@ -129,6 +129,8 @@ class TurnSession:
         self.lifetime_s = DEFAULT_LIFETIME_S
         self.dropped = 0
         """Frames that were not for us: other channels, other peers, malformed."""
+        self._last_tx = 0.0  # loop time of the last datagram sent to the peer
+        self._last_rx = 0.0  # loop time of the last datagram from the peer (or of the open)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -268,12 +270,14 @@ class TurnSession:
         """Relay one datagram to the peer as ChannelData (dropped if the session is not open)."""
         if not self._open:
             return
+        self._last_tx = asyncio.get_running_loop().time()
         self._send_frame(channel_data(self._channel, payload, stream=self._pad))
 
     def frame_received(self, frame: bytes) -> None:
         if is_channel_data(frame):
             parsed = parse_channel_data(frame)
             if self._open and parsed is not None and parsed[0] == self._channel:
+                self._last_rx = asyncio.get_running_loop().time()
                 self._on_data(parsed[1])
             else:
                 self.dropped += 1
@@ -295,6 +299,7 @@ class TurnSession:
                 and data is not None
                 and msg.attributes.get("XOR-PEER-ADDRESS") == (self._peer)
             ):
+                self._last_rx = asyncio.get_running_loop().time()
                 self._on_data(data)
                 return
         self.dropped += 1
@@ -387,9 +392,14 @@ class TurnSession:
                 self._auth = LongTermAuth.derive(self._creds[0], self._creds[1], realm, nonce)
                 continue
             if code == 403 and about_peer:
+                again = (
+                    ": no route admits it any more (was its UDPRoute deleted or changed?)"
+                    if self._open
+                    else ""
+                )
                 raise PeerForbiddenError(
                     f"peer {self._peer[0]}:{self._peer[1]} is not allowed by the TURN server "
-                    f"({method.name}: 403 {reason})",
+                    f"({method.name}: 403 {reason}){again}",
                     code,
                 )
             if code in (440, 442):
@@ -447,9 +457,22 @@ class TurnSession:
         alloc_every = s.allocation_refresh_s or max(self.lifetime_s / 2, 1.0)
         next_alloc = loop.time() + alloc_every
         next_peer = loop.time() + s.permission_refresh_s
+        self._last_rx = loop.time()
+        next_probe = loop.time() + s.silence_probe_s
         while True:
-            await asyncio.sleep(max(0.0, min(next_alloc, next_peer) - loop.time()))
+            await asyncio.sleep(max(0.0, min(next_alloc, next_peer, next_probe) - loop.time()))
             now = loop.time()
+            if now >= next_probe:
+                next_probe = now + s.silence_probe_s
+                if self._last_tx > self._last_rx and now - self._last_rx >= s.silence_probe_s:
+                    # Sending and hearing nothing back: ask the server now rather than at the
+                    # next refresh, so a route deleted meanwhile (403) is reported within
+                    # seconds, not minutes.
+                    log.debug(
+                        "%s: nothing from the peer for a while: checking the permission", self.name
+                    )
+                    await self._install_peer()
+                    self._last_rx = now  # one probe per silence
             if now >= next_alloc:
                 attrs: dict[str, Any] = {}
                 if s.allocation_lifetime_s:

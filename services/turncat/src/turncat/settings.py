@@ -26,6 +26,9 @@ class TurncatSettings(BaseSettings):
     """Refresh the allocation this often; by default at half the granted lifetime."""
     permission_refresh_s: float = Field(default=240.0, gt=0)
     """Re-send CreatePermission and ChannelBind this often (permissions last 300 s)."""
+    silence_probe_s: float = Field(default=5.0, gt=0)
+    """A client that sent datagrams and heard nothing back for this long gets its permission
+    and channel re-sent at once: a route deleted meanwhile (403) is reported then."""
     client_idle_timeout_s: float = Field(default=300.0, gt=0)
     """Deallocate a UDP local client that has sent nothing for this long."""
     stdin_linger_s: float = Field(default=1.0, ge=0)
