@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 
@@ -41,6 +41,18 @@ class K8sModel(BaseModel):
         extra="allow",
         frozen=True,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        # The API server writes an empty list or map as null (an EndpointSlice without ready
+        # endpoints has "endpoints": null): a known field given null takes its default.
+        if isinstance(data, dict) and None in data.values():
+            known = {name for name in cls.model_fields} | {
+                f.alias for f in cls.model_fields.values() if f.alias
+            }
+            return {k: v for k, v in data.items() if v is not None or k not in known}
+        return data
 
 
 class OwnerReference(K8sModel):
