@@ -262,3 +262,24 @@ def test_user_quota_and_log_level_reach_the_admin_config(render: Render) -> None
     admin = cfg["stunner/gw"].admin
     assert admin.user_quota == 12
     assert admin.loglevel == "all:DEBUG"
+
+
+def test_a_v1alpha1_static_service_with_ports_renders_its_prefixes(render: Render) -> None:
+    ssvc = """
+apiVersion: stunner.l7mp.io/v1alpha1
+kind: StaticService
+metadata: {name: media, namespace: stunner}
+spec:
+  prefixes: [10.11.0.0/16]
+  ports: [{port: 5000, protocol: UDP}]
+---
+apiVersion: stunner.l7mp.io/v1
+kind: UDPRoute
+metadata: {name: r, namespace: stunner}
+spec:
+  parentRefs: [{name: gw}]
+  rules: [{backendRefs: [{group: stunner.l7mp.io, kind: StaticService, name: media}]}]
+"""
+    cfg = render(HIERARCHY, UDP_GATEWAY, ssvc).configs()["stunner/gw"]
+    (cluster,) = cfg.clusters
+    assert cluster.endpoints == ("10.11.0.0/16",)  # ports accepted and ignored, as upstream
