@@ -138,13 +138,16 @@ def test_a_forbidden_peer_names_the_peer_and_the_routes_considered(
     client = Client(engine)
     assert client.request(stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24}) is None
     peer = ("198.51.100.9", 9001)
+    # Logged although a 401 from the same source came just before: the limit is per code too.
+    engine.refusals.refused(T0, client.addr, "ALLOCATE", 401, "Unauthorized")
+    caplog.clear()
     assert client.request(stun.Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": peer}) == 403
     assert _lines(caplog) == [
         "listener stunner/gw/udp: refused CREATE_PERMISSION from 203.0.113.7:40000 "
         "(user 'user-1'): 403 Forbidden (peer not admitted by any route): peer 198.51.100.9:9001 "
         "is admitted by no route (routes considered: stunner/echo (UDP: 10.0.0.1))"
     ]
-    assert engine.refusals.counts == {403: 1}
+    assert engine.refusals.counts == {401: 1, 403: 1}
 
 
 def test_refusals_reach_the_metrics_by_code_summed_over_workers() -> None:

@@ -4,10 +4,11 @@ A wrong password (401 after a credentialed request) or a peer no route admits (4
 common support question ("permission denied ... no route to endpoint"), so each refusal is logged
 with who (the user), from where (the client address), which request, which code and, for 403,
 which peer and which routes were considered: enough to answer "why was I refused" from the log
-alone. A source (client IP) gets its first refusal logged in full; later ones within the
-interval are only counted, and the count is logged (with the codes) when the interval is over
-and the source is refused again, or when any later refusal sweeps the ended intervals. So a
-client retrying in a loop, or a scanner, costs one line per interval, not one per request.
+alone. A source (client IP) gets its first refusal of each code logged in full (so a 403 right
+after a 401 from the same host is still seen); later ones within the interval are only counted,
+and the count is logged when the interval is over and the source is refused again, or when any
+later refusal sweeps the ended intervals. So a client retrying in a loop, or a scanner, costs
+one line per code and interval, not one per request.
 
 Only the request path calls this (a refusal is an answer to a STUN request); ChannelData never
 does. `counts` (code -> refusals) feeds the `stunner_listener_refusals` metric.
@@ -51,7 +52,7 @@ class RefusalLog:
         self.interval_s = interval_s
         self.max_sources = max_sources
         self.counts: Counter[int] = Counter()
-        self._sources: dict[str, _Window] = {}
+        self._sources: dict[tuple[str, int], _Window] = {}
         self._next_sweep = 0.0
 
     def refused(
@@ -66,18 +67,19 @@ class RefusalLog:
     ) -> None:
         self.counts[code] += 1
         ip = client[0]
-        window = self._sources.get(ip)
+        key = (ip, code)
+        window = self._sources.get(key)
         if window is not None and now < window.ends:
             window.suppressed[code] += 1
             return
         if window is not None:
-            self._summary(ip, self._sources.pop(ip))
+            self._summary(ip, self._sources.pop(key))
         if now >= self._next_sweep:
             self._sweep(now)
         if len(self._sources) >= self.max_sources:
             oldest = min(self._sources, key=lambda k: self._sources[k].ends)
-            self._summary(oldest, self._sources.pop(oldest))
-        self._sources[ip] = _Window(now + self.interval_s)
+            self._summary(oldest[0], self._sources.pop(oldest))
+        self._sources[key] = _Window(now + self.interval_s)
         who = f" (user {user!r})" if user else ""
         more = f": {detail}" if detail else ""
         log.info(
@@ -93,8 +95,8 @@ class RefusalLog:
 
     def _sweep(self, now: float) -> None:
         self._next_sweep = now + self.interval_s
-        for ip in [ip for ip, w in self._sources.items() if now >= w.ends]:
-            self._summary(ip, self._sources.pop(ip))
+        for key in [key for key, w in self._sources.items() if now >= w.ends]:
+            self._summary(key[0], self._sources.pop(key))
 
     def _summary(self, ip: str, window: _Window) -> None:
         total = sum(window.suppressed.values())
