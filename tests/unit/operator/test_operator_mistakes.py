@@ -88,6 +88,13 @@ def test_a_rejected_listener_keeps_the_gateways_last_good_version(
     assert _listeners(op) == good
     assert op.metrics.manifest_errors._value.get() == 2  # the schema error and the refusal
 
+    # Back to exactly the good version: the refusal is over, although nothing changes.
+    gw.write_text(UDP_GATEWAY)
+    op.sync()
+    assert op.metrics.manifest_errors._value.get() == 0
+    assert op.gateway_report()["gateways"][0]["state"] == "ok"
+    assert _listeners(op) == good
+
     # Fixed: the new version is in force, nothing is reported any more.
     caplog.clear()
     gw.write_text(UDP_GATEWAY.replace("3478", "3480"))

@@ -152,10 +152,15 @@ class LocalOperator:
         for err in result.new_errors:
             log.error("%s (%s)", err, err.keeps)
         desired = dict(result.objects)
-        for key, refused in self._refused.items():
+        for key, refused in list(self._refused.items()):
             # A Gateway version refused before stays refused while the folder still says it.
             if desired.get(key) == refused and key in self._good:
                 desired[key] = self._good[key]
+            elif key in desired and desired[key] == self._good.get(key):
+                # Back to exactly the version in force: nothing to render, the refusal is over.
+                del self._refused[key]
+                self.problems.pop(key, None)
+                log.info("%s: fixed; its new version is in force", object_label(key))
         upserts = [obj for key, obj in desired.items() if self._applied.get(key) != obj]
         deletes = [key for key in self._applied if key not in desired]
         started = time.perf_counter()
