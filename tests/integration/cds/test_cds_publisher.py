@@ -11,6 +11,8 @@ import redis.asyncio as aioredis
 from stunner_common.config import parse_config
 from stunner_common.redis_keys import CONFIGS_HASH, EVENTS_STREAM, REV_COUNTER
 from stunner_common.store import (
+    EPOCH_FIELD,
+    META_HASH,
     REVS_HASH,
     ConfigPublisher,
     ConfigReader,
@@ -37,7 +39,12 @@ async def test_upsert_writes_hash_stream_and_counter_together(
     assert await store.hget(CONFIGS_HASH, "ns/gw") == canonical.encode()
     assert await store.get(REV_COUNTER) == b"1"
     assert await store.hget(REVS_HASH, "ns/gw") == b"1"
-    assert await stream(store) == [{"op": "upsert", "id": "ns/gw", "rev": "1", "config": canonical}]
+    epoch = result.epoch
+    assert len(epoch) == 16
+    assert await store.hget(META_HASH, EPOCH_FIELD) == epoch.encode()
+    assert await stream(store) == [
+        {"op": "upsert", "id": "ns/gw", "rev": "1", "config": canonical, "epoch": epoch}
+    ]
 
 
 async def test_identical_upsert_is_a_no_op(
@@ -62,7 +69,13 @@ async def test_delete_removes_the_config_and_records_the_revision(
     assert not (await publisher.delete("ns/never")).changed
     assert await store.hexists(CONFIGS_HASH, "ns/gw") is False
     assert await store.hget(REVS_HASH, "ns/gw") == b"2"
-    assert (await stream(store))[-1] == {"op": "delete", "id": "ns/gw", "rev": "2", "config": ""}
+    assert (await stream(store))[-1] == {
+        "op": "delete",
+        "id": "ns/gw",
+        "rev": "2",
+        "config": "",
+        "epoch": (await publisher.delete("ns/gw")).epoch,
+    }
 
 
 async def test_replace_all_upserts_changed_and_deletes_missing_configs(
@@ -120,3 +133,40 @@ async def test_reader_snapshot_and_events_line_up(
     assert batch.last_id == events[-1].event_id
     assert [(e.op, e.id, e.rev) for e in events] == [("upsert", "ns/b", 2), ("delete", "ns/a", 3)]
     assert await reader.events_after(snapshot.last_event_id) == [(events[0].event_id, 2)]
+
+
+async def test_the_epoch_stays_while_the_store_keeps_its_history_and_changes_when_it_is_lost(
+    store: aioredis.Redis, publisher: ConfigPublisher
+) -> None:
+    reader = ConfigReader(store)
+    assert (await reader.position()).epoch == ""
+    first = await publisher.upsert("ns/a", config("ns/a"))
+    assert (await publisher.upsert("ns/b", config("ns/b"))).epoch == first.epoch
+    assert not (await publisher.upsert("ns/b", config("ns/b"))).changed
+    assert (await reader.load_snapshot()).epoch == first.epoch
+    # Another publisher (an operator restart) writes into the same history.
+    assert (await ConfigPublisher(store).upsert("ns/c", config("ns/c"))).epoch == first.epoch
+    await store.flushall()
+    again = await publisher.upsert("ns/a", config("ns/a"))
+    assert again.changes == {"ns/a": 1}
+    assert again.epoch not in ("", first.epoch)
+    position = await reader.position()
+    assert (position.epoch, position.rev) == (again.epoch, 1)
+    events = (await reader.read_events("0-0")).events
+    assert [(e.rev, e.epoch) for e in events] == [(1, again.epoch)]
+
+
+async def test_a_store_rolled_back_under_the_publisher_gets_a_new_epoch(
+    store: aioredis.Redis, publisher: ConfigPublisher
+) -> None:
+    for realm in ("one", "two", "three"):
+        result = await publisher.upsert("ns/a", config("ns/a", realm=realm))
+    assert result.rev == 3
+    # An older copy of the store comes back: same epoch, a lower counter.
+    await store.set(REV_COUNTER, 1)
+    rolled = await publisher.upsert("ns/a", config("ns/a", realm="four"))
+    assert rolled.changes == {"ns/a": 2}
+    assert rolled.epoch != result.epoch
+    # A publisher that never saw the higher revisions cannot tell, and keeps the epoch.
+    other = ConfigPublisher(store)
+    assert (await other.upsert("ns/b", config("ns/b"))).epoch == rolled.epoch

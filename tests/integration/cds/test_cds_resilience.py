@@ -295,3 +295,93 @@ async def test_malformed_stream_entries_are_stepped_over(
 
 async def _past(hub: Hub, event_id: str) -> bool:
     return hub.mirror.last_event_id == event_id
+
+
+def _wipe(redis: RedisServer) -> None:
+    """Stop Redis hard and forget what it stored: it comes back empty."""
+    redis.stop(kill=True)
+    for leftover in redis.workdir.glob("appendonly*"):
+        if leftover.is_dir():
+            shutil.rmtree(leftover)
+        else:
+            leftover.unlink()
+    redis.start()
+
+
+async def test_a_v2_client_back_after_an_empty_redis_gets_the_new_history_whatever_its_numbers(
+    no_leaked_tasks: None, redis: RedisServer, store: aioredis.Redis, publisher: ConfigPublisher
+) -> None:
+    for i in range(5):
+        await publisher.upsert("ns/a", realm_config("ns/a", f"old-{i}"))
+    async with running_cds(redis.url, reconnect_min_s=0.02, reconnect_max_s=0.2) as cds:
+        url = f"{cds.ws_url}/api/v1/configs/ns/a?watch=true"
+        async with connect(url, subprotocols=[CDS_V2_SUBPROTOCOL]) as ws:  # type: ignore[list-item]
+            assert ws.response is not None
+            old_epoch = ws.response.headers["x-stunner-epoch"]
+            held = parse_envelope(await recv_text(ws))
+            assert (held.rev, held.epoch) == (5, old_epoch)
+            await asyncio.to_thread(_wipe, redis)
+            # The watcher is told to start over: its revisions mean nothing any more.
+            with pytest.raises(ConnectionClosed) as closed:
+                await recv_text(ws, timeout_s=10)
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.code == 1012
+            assert "config store reset" in closed.value.rcvd.reason
+        revoked = await retrying(lambda: publisher.upsert("ns/a", realm_config("ns/a", "new")))
+        assert revoked.changes == {"ns/a": 1}
+        assert revoked.epoch != old_epoch
+        for i in range(6):  # the new numbering passes the revision the client holds
+            last = await publisher.upsert("ns/other", realm_config("ns/other", f"r{i}"))
+        await wait_rev(cds, last.rev)
+        # The client comes back with what it holds: revision 5 of the old history.
+        async with connect(
+            f"{url}&since=5&epoch={old_epoch}",
+            subprotocols=[CDS_V2_SUBPROTOCOL],  # type: ignore[list-item]
+        ) as ws:
+            assert ws.response is not None
+            assert ws.response.headers["x-stunner-resync"] == "full"
+            assert ws.response.headers["x-stunner-epoch"] == revoked.epoch
+            snapshot = parse_envelope(await recv_text(ws))
+            assert snapshot.type == "snapshot"
+            assert (snapshot.rev, snapshot.epoch) == (1, revoked.epoch)
+            assert snapshot.config["auth"]["realm"] == "new"
+        # A resume in the new history is honoured.
+        async with connect(
+            f"{url}&since=1&epoch={revoked.epoch}",
+            subprotocols=[CDS_V2_SUBPROTOCOL],  # type: ignore[list-item]
+        ) as ws:
+            assert ws.response is not None
+            assert ws.response.headers["x-stunner-resync"] == "delta"
+
+
+async def test_a_store_flushed_under_a_live_cds_is_noticed_without_a_reconnect(
+    no_leaked_tasks: None, redis: RedisServer, store: aioredis.Redis, publisher: ConfigPublisher
+) -> None:
+    for i in range(4):
+        await publisher.upsert("ns/a", realm_config("ns/a", f"old-{i}"))
+    async with running_cds(redis.url) as cds:
+        url = f"{cds.ws_url}/api/v1/configs/ns?watch=true"
+        async with (
+            connect(url) as v1,
+            connect(url, subprotocols=[CDS_V2_SUBPROTOCOL]) as v2,  # type: ignore[list-item]
+            collecting(v1) as v1_frames,
+            collecting(v2) as v2_frames,
+        ):
+            await take(v1_frames, 1)
+            await take(v2_frames, 1)
+            await store.flushall()
+            await publisher.upsert("ns/a", realm_config("ns/a", "after-flush"))
+            got = json.loads((await take(v1_frames, 1))[0])
+            assert got["auth"]["realm"] == "after-flush"
+            await eventually(lambda: _closed(v2), what="the v2 watcher closed for a resync")
+            assert v2_frames.empty()
+        assert (await http_get(cds, "/healthz")).json()["epoch"] == (
+            await publisher.upsert("ns/a", realm_config("ns/a", "after-flush"))
+        ).epoch
+        metrics = (await http_get(cds, "/metrics")).text
+        assert "stunner_cds_store_resets_total 1.0" in metrics
+        assert 'stunner_cds_watchers_dropped_total{reason="store_reset"} 1.0' in metrics
+
+
+async def _closed(ws: ClientConnection) -> bool:
+    return ws.close_code is not None

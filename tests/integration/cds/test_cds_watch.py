@@ -161,11 +161,14 @@ async def test_v2_sends_snapshot_patch_and_delete_envelopes(
         assert ws.subprotocol == CDS_V2_SUBPROTOCOL
         assert ws.response is not None
         assert ws.response.headers["x-stunner-resync"] == "full"
+        epoch = ws.response.headers["x-stunner-epoch"]
+        assert len(epoch) == 16
         snapshot = await recv_json(ws)
         assert snapshot == {
             "type": "snapshot",
             "id": "ns/gw",
             "rev": 1,
+            "epoch": epoch,
             "config": canonical("ns/gw", "one"),
         }
         await upsert(publisher, "ns/gw", "two")
@@ -174,10 +177,11 @@ async def test_v2_sends_snapshot_patch_and_delete_envelopes(
             "type": "patch",
             "id": "ns/gw",
             "rev": 2,
+            "epoch": epoch,
             "patch": [{"op": "replace", "path": "/auth/realm", "value": "two"}],
         }
         await publisher.delete("ns/gw")
-        assert await recv_json(ws) == {"type": "delete", "id": "ns/gw", "rev": 3}
+        assert await recv_json(ws) == {"type": "delete", "id": "ns/gw", "rev": 3, "epoch": epoch}
 
 
 async def test_v2_resume_with_since_gets_only_later_changes(
@@ -190,16 +194,17 @@ async def test_v2_resume_with_since_gets_only_later_changes(
     await publisher.delete("ns/c")
     last = await upsert(publisher, "ns/d", "new")
     await wait_rev(cds, last)
+    epoch = (await http_get(cds, "/healthz")).json()["epoch"]
     async with connect(
-        f"{cds.ws_url}/api/v1/configs/ns?watch=true&since={since}",
+        f"{cds.ws_url}/api/v1/configs/ns?watch=true&since={since}&epoch={epoch}",
         subprotocols=[CDS_V2_SUBPROTOCOL],  # type: ignore[list-item]
     ) as ws:
         assert ws.response is not None
         assert ws.response.headers["x-stunner-resync"] == "delta"
         got = [await recv_json(ws) for _ in range(3)]
         assert [(e["type"], e["id"]) for e in got] == [
-            ("delete", "ns/c"),
             ("snapshot", "ns/b"),
+            ("delete", "ns/c"),
             ("snapshot", "ns/d"),
         ]
         await upsert(publisher, "ns/a", "live")

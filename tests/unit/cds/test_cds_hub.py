@@ -15,8 +15,11 @@ from stunner_common.store import Snapshot, StoreEvent
 def hub_with(configs: dict[str, dict[str, object]], *, max_queue: int = 16) -> Hub:
     mirror = ConfigMirror()
     texts = {i: json.dumps(c) for i, c in configs.items()}
-    mirror.load(Snapshot(texts, dict.fromkeys(texts, 1), 1, "1-0"))
+    mirror.load(Snapshot(texts, dict.fromkeys(texts, 1), 1, "1-0", EPOCH))
     return Hub(mirror, max_queue=max_queue)
+
+
+EPOCH = "e-one"
 
 
 def cfg(config_id: str, realm: str = "r") -> dict[str, object]:
@@ -26,7 +29,7 @@ def cfg(config_id: str, realm: str = "r") -> dict[str, object]:
 def change(hub: Hub, config_id: str, text: str | None) -> None:
     rev = hub.mirror.rev + 1
     op = "delete" if text is None else "upsert"
-    event = StoreEvent(f"{rev}-1", op, config_id, rev, text or "")  # type: ignore[arg-type]
+    event = StoreEvent(f"{rev}-1", op, config_id, rev, text or "", EPOCH)  # type: ignore[arg-type]
     c = hub.mirror.apply(event)
     hub.publish([c] if c else [])
 
@@ -76,16 +79,41 @@ def test_v2_resume_sends_only_what_changed_after_since() -> None:
     hub = hub_with({"a/x": cfg("a/x"), "a/y": cfg("a/y")})
     change(hub, "a/x", json.dumps(cfg("a/x", "new")))
     change(hub, "a/y", None)
-    watcher, delta = hub.subscribe(Topic("a"), Mode.V2, since=1)
+    watcher, delta = hub.subscribe(Topic("a"), Mode.V2, since=1, epoch=EPOCH)
     assert delta
     frames = [json.loads(f) for f in watcher.frames]
-    assert [(f["type"], f["id"], f["rev"]) for f in frames] == [
-        ("delete", "a/y", 3),
-        ("snapshot", "a/x", 2),
+    assert [(f["type"], f["id"], f["rev"], f["epoch"]) for f in frames] == [
+        ("snapshot", "a/x", 2, EPOCH),
+        ("delete", "a/y", 3, EPOCH),
     ]
-    nothing, delta = hub.subscribe(Topic("a"), Mode.V2, since=3)
+    nothing, delta = hub.subscribe(Topic("a"), Mode.V2, since=3, epoch=EPOCH)
     assert delta
     assert not nothing.frames
+
+
+@pytest.mark.parametrize("epoch", [None, "", "e-other"])
+def test_v2_resume_in_another_epoch_gets_a_full_snapshot(epoch: str | None) -> None:
+    hub = hub_with({"a/x": cfg("a/x"), "a/y": cfg("a/y")})
+    change(hub, "a/x", json.dumps(cfg("a/x", "new")))
+    watcher, delta = hub.subscribe(Topic("a"), Mode.V2, since=1, epoch=epoch)
+    assert not delta
+    frames = [json.loads(f) for f in watcher.frames]
+    # In revision order, so that a client cut off half-way resumes without a gap.
+    assert [(f["type"], f["id"], f["rev"], f["epoch"]) for f in frames] == [
+        ("snapshot", "a/y", 1, EPOCH),
+        ("snapshot", "a/x", 2, EPOCH),
+    ]
+
+
+def test_a_store_reset_closes_v2_watchers_and_keeps_v1_ones() -> None:
+    hub = hub_with({"a/x": cfg("a/x")})
+    v1, _ = hub.subscribe(Topic(), Mode.V1)
+    v2, _ = hub.subscribe(Topic("a"), Mode.V2)
+    assert hub.reset("config store reset") == 1
+    assert v2.closed_reason == "config store reset"
+    assert v2.close_code == 1012
+    assert v1.closed_reason is None
+    assert hub.watcher_count() == 1
 
 
 def test_v2_resume_from_a_revision_the_hub_never_had_gets_a_full_snapshot() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stunner_cds.store.mirror import Change, ConfigMirror, StreamGapError
-from stunner_common.store import Snapshot, StoreEvent
+from stunner_cds.store.mirror import Change, ConfigMirror, StoreResetError, StreamGapError
+from stunner_common.store import Position, Snapshot, StoreEvent
 
 
 def snap(configs: dict[str, str], rev: int, revs: dict[str, int] | None = None) -> Snapshot:
@@ -92,3 +92,62 @@ def test_changed_since_lists_changes_and_deletes_after_a_revision() -> None:
     assert deleted == [("a/y", 4)]
     changed, deleted = mirror.changed_since(1)
     assert deleted == [("a/gone", 2), ("a/y", 4)]
+
+
+def test_an_entry_of_another_epoch_is_a_store_reset() -> None:
+    mirror = ConfigMirror()
+    mirror.load(Snapshot({"a/x": '{"v":1}'}, {"a/x": 4}, 4, "4-0", "e1"))
+    with pytest.raises(StoreResetError, match="epoch 'e2'"):
+        mirror.apply(StoreEvent("105-0", "upsert", "a/x", 5, '{"v":2}', "e2"))
+    assert (mirror.rev, mirror.epoch) == (4, "e1")
+
+
+@pytest.mark.parametrize(
+    ("epoch", "rev", "reset"),
+    [("e1", 4, False), ("e1", 9, False), ("e1", 2, True), ("e2", 9, True), ("", 0, True)],
+)
+def test_a_reload_is_a_reset_when_the_epoch_changed_or_revisions_went_back(
+    epoch: str, rev: int, reset: bool
+) -> None:
+    mirror = ConfigMirror()
+    mirror.load(Snapshot({"a/x": '{"v":1}'}, {"a/x": 4}, 4, "4-0", "e1"))
+    assert mirror.is_reset(Snapshot({}, {}, rev, f"{rev}-0", epoch)) is reset
+
+
+def test_a_store_never_written_gave_out_no_revision_to_confuse() -> None:
+    mirror = ConfigMirror()
+    mirror.load(Snapshot({}, {}, 0, "0-0", ""))
+    assert not mirror.is_reset(Snapshot({"a/x": '{"v":1}'}, {"a/x": 1}, 1, "1-0", "e1"))
+
+
+def test_a_reload_reports_its_changes_in_revision_order_deletes_at_their_revision() -> None:
+    mirror = ConfigMirror()
+    mirror.load(snap({"a/x": '{"v":1}', "a/y": '{"v":1}', "a/z": '{"v":1}'}, 3))
+    changes = mirror.load(
+        Snapshot(
+            {"a/x": '{"v":2}', "a/y": '{"v":2}'},
+            {"a/x": 9, "a/y": 5, "a/z": 7},
+            9,
+            "9-0",
+        )
+    )
+    assert [(c.id, c.rev) for c in changes] == [("a/y", 5), ("a/z", 7), ("a/x", 9)]
+
+
+@pytest.mark.parametrize(
+    ("at", "following", "reason"),
+    [
+        (Position("e1", 4), None, None),
+        (Position("e1", 6), 5, None),
+        (Position("e1", 6), 6, "store at revision 6, mirror at 4"),
+        (Position("e1", 2), None, "store at revision 2, mirror at 4"),
+        (Position("e2", 4), None, "store epoch 'e2', mirror at epoch 'e1'"),
+    ],
+)
+def test_a_reconnect_resumes_the_tail_only_in_the_same_history(
+    at: Position, following: int | None, reason: str | None
+) -> None:
+    mirror = ConfigMirror()
+    assert mirror.resync_reason(at, following) == "initial load"
+    mirror.load(Snapshot({"a/x": '{"v":1}'}, {"a/x": 4}, 4, "4-0", "e1"))
+    assert mirror.resync_reason(at, following) == reason

@@ -160,3 +160,46 @@ def test_a_reset_reports_what_was_held_as_resync_deletes() -> None:
     state.apply(SnapshotEnvelope(type="snapshot", id="a/b", rev=4, config={"x": 1}))
     assert state.reset() == [ConfigChange("a/b", 4, None, resync=True)]
     assert (state.configs, state.rev) == ({}, 0)
+
+
+def test_a_resume_names_the_revision_and_the_epoch_it_counts_in() -> None:
+    state = DeltaState()
+    assert state.resume_params() is None  # nothing held: ask for a snapshot
+    assert state.begin(delta=False, epoch="e1") == []
+    state.apply(SnapshotEnvelope(type="snapshot", id="a/b", rev=4, config={}, epoch="e1"))
+    assert state.resume_params() == {"since": "4", "epoch": "e1"}
+    assert state.begin(delta=True, epoch="e1") == []
+
+
+def test_a_resume_in_another_epoch_is_a_protocol_error() -> None:
+    state = DeltaState()
+    state.begin(delta=False, epoch="e1")
+    state.apply(SnapshotEnvelope(type="snapshot", id="a/b", rev=4, config={}, epoch="e1"))
+    with pytest.raises(CdsProtocolError, match="resumed in store epoch 'e2'"):
+        state.begin(delta=True, epoch="e2")
+
+
+def test_an_envelope_of_another_epoch_is_refused_while_anything_is_held() -> None:
+    state = DeltaState()
+    state.begin(delta=False, epoch="e1")
+    state.apply(SnapshotEnvelope(type="snapshot", id="a/b", rev=9, config={}, epoch="e1"))
+    with pytest.raises(CdsProtocolError, match="epoch 'e2'"):
+        state.apply(SnapshotEnvelope(type="snapshot", id="a/b", rev=1, config={}, epoch="e2"))
+    assert state.rev == 9
+
+
+def test_a_full_snapshot_forgets_the_old_epochs_revision() -> None:
+    state = DeltaState()
+    state.begin(delta=False, epoch="e1")
+    state.apply(SnapshotEnvelope(type="snapshot", id="a/b", rev=9, config={"v": 1}, epoch="e1"))
+    assert state.begin(delta=False, epoch="e2") == [ConfigChange("a/b", 9, None, resync=True)]
+    state.apply(SnapshotEnvelope(type="snapshot", id="a/b", rev=2, config={"v": 2}, epoch="e2"))
+    assert (state.rev, state.epoch) == (2, "e2")
+    assert state.resume_params() == {"since": "2", "epoch": "e2"}
+
+
+def test_a_client_that_holds_nothing_follows_the_first_epoch_it_hears_of() -> None:
+    state = DeltaState()
+    state.begin(delta=False, epoch="")  # a store nobody has written yet
+    state.apply(SnapshotEnvelope(type="snapshot", id="a/b", rev=1, config={}, epoch="e1"))
+    assert (state.rev, state.epoch) == (1, "e1")

@@ -33,7 +33,8 @@ The STUNner config discovery service: serves the stunnerd configs the operator r
 Redis, as plain JSON and as WebSocket watches (`?watch=true`) on the same paths. Without a
 subprotocol a watch speaks upstream STUNner's v1 format (one text frame per full config, the zero
 config on delete); with the subprotocol `stunner.cds.v2` it sends JSON envelopes with RFC 6902
-patches and accepts `since=REV` to resume. Errors are `{"code": N, "message": "..."}`.
+patches, each carrying the store epoch its revision counts in, and accepts `since=REV&epoch=E` to
+resume. Errors are `{"code": N, "message": "..."}`.
 """
 
 
@@ -58,6 +59,7 @@ def create_app(settings: CdsSettings) -> FastAPI:
             max_backoff_s=settings.reconnect_max_s,
             on_event=observed,
             on_reload=metrics.reloads.inc,
+            on_reset=metrics.resets.inc,
         )
         ctx = CdsContext(settings, hub, feed, metrics)
         app.state.cds = ctx

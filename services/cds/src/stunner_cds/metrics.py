@@ -40,4 +40,9 @@ class CdsMetrics:
         self.reloads = Counter(
             "stunner_cds_snapshot_reloads", "Snapshot loads from Redis.", registry=self.registry
         )
+        self.resets = Counter(
+            "stunner_cds_store_resets",
+            "Reloads that crossed a lost store history (another epoch, or fewer revisions).",
+            registry=self.registry,
+        )
         self.configs = Gauge("stunner_cds_configs", "Configs held.", registry=self.registry)

@@ -24,6 +24,8 @@ from stunner_common.cds.client import (
 from stunner_common.cds.token import TokenSource, token_source
 from stunner_common.cds.wire import (
     CDS_V2_SUBPROTOCOL,
+    EPOCH_HEADER,
+    EPOCH_PARAM,
     RESYNC_HEADER,
     REV_HEADER,
     ConfigListBody,
@@ -47,6 +49,8 @@ from stunner_common.cds.wire import (
 __all__ = [
     "CDS_V2_SUBPROTOCOL",
     "DEFAULT_CDS_PORT",
+    "EPOCH_HEADER",
+    "EPOCH_PARAM",
     "RESYNC_HEADER",
     "REV_HEADER",
     "CdsAddressError",

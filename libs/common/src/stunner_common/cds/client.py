@@ -2,8 +2,8 @@
 
 ``DeltaState`` (in ``delta.py``, re-exported here) is the sans-IO half of the ``stunner.cds.v2``
 delta protocol. ``CdsClient`` is the I/O half:
-``get`` fetches once; ``watch`` offers the v2 subprotocol, resumes with ``?since=REV`` after a
-disconnect (capped backoff with jitter), falls back to upstream's full-config frames when the
+``get`` fetches once; ``watch`` offers the v2 subprotocol, resumes with ``?since=REV&epoch=E`` after
+a disconnect (capped backoff with jitter), falls back to upstream's full-config frames when the
 server does not speak v2, and yields one item per change, so a caller never sees a duplicate or
 misses a delete. Every request carries ``Authorization: Bearer <token>`` when a token is given.
 """
@@ -31,7 +31,12 @@ from stunner_common.cds.delta import (
     DeltaState,
 )
 from stunner_common.cds.token import TokenSource
-from stunner_common.cds.wire import CDS_V2_SUBPROTOCOL, RESYNC_HEADER, parse_envelope
+from stunner_common.cds.wire import (
+    CDS_V2_SUBPROTOCOL,
+    EPOCH_HEADER,
+    RESYNC_HEADER,
+    parse_envelope,
+)
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -276,10 +281,10 @@ class CdsClient:
         attempt = 0
         fresh = False
         while True:
-            since = None if fresh or not state.configs else state.rev
+            resume = None if fresh else state.resume_params()
             fresh = False
             try:
-                async for item in self._session(namespace, name, params, state, since, offer_v2):
+                async for item in self._session(namespace, name, params, state, resume, offer_v2):
                     if isinstance(item, ConfigChange) and one is not None and item.id != one:
                         log.debug("ignoring a CDS change for %s", item.id)
                         continue
@@ -327,15 +332,15 @@ class CdsClient:
         name: str | None,
         params: Mapping[str, str] | None,
         state: DeltaState,
-        since: int | None,
+        resume: Mapping[str, str] | None,
         offer_v2: bool,
     ) -> AsyncIterator[WatchItem]:
         from websockets.asyncio.client import connect
         from websockets.typing import Origin, Subprotocol
 
         query = dict(params or {})
-        if since is not None:
-            query["since"] = str(since)
+        if resume is not None and offer_v2:
+            query.update(resume)
         query["watch"] = "true"
         url = self.url(namespace, name, query, websocket=True)
         self.attempts += 1
@@ -357,8 +362,13 @@ class CdsClient:
             self.connected.set()
             v2 = ws.subprotocol == CDS_V2_SUBPROTOCOL
             log.info("CDS watch %s connected (%s)", url, "delta" if v2 else "full-config")
-            if v2 and (ws.response is None or ws.response.headers.get(RESYNC_HEADER) != "delta"):
-                for gone in state.reset():  # a full snapshot follows
+            if v2:
+                headers = ws.response.headers if ws.response is not None else {}
+                # A full snapshot follows (resync deletes first), or the server resumes our
+                # state; a resume in another store epoch raises CdsProtocolError (resync).
+                for gone in state.begin(
+                    delta=headers.get(RESYNC_HEADER) == "delta", epoch=headers.get(EPOCH_HEADER)
+                ):
                     yield gone
             async for frame in ws:
                 if not isinstance(frame, str):

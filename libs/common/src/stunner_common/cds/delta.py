@@ -1,8 +1,14 @@
 """The sans-IO half of the CDS client: the client's errors and the ``stunner.cds.v2`` delta state.
 
-``DeltaState`` takes envelopes and keeps the configs and the revision a watcher holds, returning one
-``ConfigChange`` per real change. It does no I/O, so it is tested (and fuzzed) without a server;
-``client.py`` holds the HTTP and WebSocket half and re-exports these names.
+``DeltaState`` takes envelopes and keeps the configs, the revision and the store epoch a watcher
+holds, returning one ``ConfigChange`` per real change. It does no I/O, so it is tested (and
+fuzzed) without a server; ``client.py`` holds the HTTP and WebSocket half and re-exports these
+names.
+
+A revision is only ever compared within its epoch: a resume names both (``resume_params``), a
+handshake that resumes in another epoch than the one held, or an envelope of another epoch while
+anything is held, is a ``CdsProtocolError`` (the caller then starts over from a full snapshot), and
+a full snapshot forgets the old epoch's revision before it adopts the new one.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from typing import Any
 
 import jsonpatch
 
-from stunner_common.cds.wire import DeleteEnvelope, PatchEnvelope, SnapshotEnvelope
+from stunner_common.cds.wire import EPOCH_PARAM, DeleteEnvelope, PatchEnvelope, SnapshotEnvelope
 
 
 class CdsClientError(Exception):
@@ -62,23 +68,58 @@ class ConfigFrame:
 
 
 class DeltaState:
-    """The configs a v2 watcher holds, updated envelope by envelope."""
+    """The configs a v2 watcher holds, updated envelope by envelope.
+
+    ``rev`` is the highest revision seen in ``epoch`` (None: a server that sends no epochs).
+    """
 
     def __init__(self) -> None:
         self.configs: dict[str, dict[str, Any]] = {}
         self.rev = 0
+        self.epoch: str | None = None
 
-    def reset(self) -> list[ConfigChange]:
-        """Forget everything (the server is about to send a full snapshot)."""
+    def resume_params(self) -> dict[str, str] | None:
+        """The query that resumes this state (``since``, ``epoch``); None: ask for a snapshot."""
+        if not self.configs:
+            return None
+        params = {"since": str(self.rev)}
+        if self.epoch is not None:
+            params[EPOCH_PARAM] = self.epoch
+        return params
+
+    def begin(self, *, delta: bool, epoch: str | None) -> list[ConfigChange]:
+        """A watch is open: the server resumes our state (``delta``) or sends a full snapshot.
+
+        Returns the resync deletes of a full snapshot; raises ``CdsProtocolError`` when the
+        server resumes in another epoch than the one held.
+        """
+        if not delta:
+            return self.reset(epoch)
+        if epoch != self.epoch:
+            raise CdsProtocolError(
+                f"the CDS resumed in store epoch {epoch!r}, this client holds {self.epoch!r}"
+            )
+        return []
+
+    def reset(self, epoch: str | None = None) -> list[ConfigChange]:
+        """Forget everything (the server is about to send a full snapshot of ``epoch``)."""
         gone = [ConfigChange(i, self.rev, None, resync=True) for i in sorted(self.configs)]
         self.configs.clear()
         self.rev = 0
+        self.epoch = epoch
         return gone
 
     def apply(
         self, envelope: SnapshotEnvelope | PatchEnvelope | DeleteEnvelope
     ) -> ConfigChange | None:
         """Apply one envelope; return the change, or None when it changed nothing."""
+        if envelope.epoch != self.epoch:
+            if self.configs or self.rev:
+                raise CdsProtocolError(
+                    f"{envelope.type} for {envelope.id!r} in store epoch {envelope.epoch!r}, "
+                    f"this client holds {self.epoch!r}"
+                )
+            self.epoch = envelope.epoch  # nothing held yet: no revision to confuse
         self.rev = max(self.rev, envelope.rev)
         if isinstance(envelope, SnapshotEnvelope):
             if self.configs.get(envelope.id) == envelope.config:

@@ -5,6 +5,11 @@ reproduces Go's ``encoding/json`` output for a ``StunnerConfig``: struct fields 
 order, ``omitempty`` fields dropped when empty, and the exact bytes of the "zero config" that
 signals a delete. The v2 envelopes are our own delta protocol; their pydantic models live here so
 that the CDS (writer) and every client (reader) share one definition.
+
+Every v2 revision travels with the store's *epoch* (the id of the store's history, see
+``stunner_common.store``): in each envelope, in the handshake answer (``x-stunner-epoch``) and in a
+resume request (``?since=REV&epoch=E``), because revision N of one history says nothing about N of
+another.
 """
 
 from __future__ import annotations
@@ -23,6 +28,12 @@ REV_HEADER = "x-stunner-rev"
 
 RESYNC_HEADER = "x-stunner-resync"
 """Handshake response header: ``delta`` when ``since`` was honoured, else ``full``."""
+
+EPOCH_HEADER = "x-stunner-epoch"
+"""Handshake response header: the epoch of the revisions this watch will carry."""
+
+EPOCH_PARAM = "epoch"
+"""Query parameter of a v2 resume: the epoch ``since`` counts in (absent: a full snapshot)."""
 
 ZERO_CONFIG_REALM = "stunner.l7mp.io"
 ZERO_CONFIG_USERNAME = "dummy-username"
@@ -157,16 +168,27 @@ def encode_error(code: int, message: str) -> str:
     return _DUMPS({"code": code, "message": message}) + "\n"
 
 
-def encode_snapshot(config_id: str, rev: int, config: Mapping[str, Any]) -> str:
-    return _DUMPS({"type": "snapshot", "id": config_id, "rev": rev, "config": config})
+def _envelope(kind: str, config_id: str, rev: int, epoch: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": kind, "id": config_id, "rev": rev}
+    if epoch is not None:
+        out["epoch"] = epoch
+    return out
 
 
-def encode_patch(config_id: str, rev: int, patch: list[dict[str, Any]]) -> str:
-    return _DUMPS({"type": "patch", "id": config_id, "rev": rev, "patch": patch})
+def encode_snapshot(
+    config_id: str, rev: int, config: Mapping[str, Any], epoch: str | None = None
+) -> str:
+    return _DUMPS({**_envelope("snapshot", config_id, rev, epoch), "config": config})
 
 
-def encode_delete(config_id: str, rev: int) -> str:
-    return _DUMPS({"type": "delete", "id": config_id, "rev": rev})
+def encode_patch(
+    config_id: str, rev: int, patch: list[dict[str, Any]], epoch: str | None = None
+) -> str:
+    return _DUMPS({**_envelope("patch", config_id, rev, epoch), "patch": patch})
+
+
+def encode_delete(config_id: str, rev: int, epoch: str | None = None) -> str:
+    return _DUMPS(_envelope("delete", config_id, rev, epoch))
 
 
 # --- pydantic models: OpenAPI documentation and client-side parsing -----------------------------
@@ -194,6 +216,7 @@ class SnapshotEnvelope(BaseModel):
     id: str
     rev: int
     config: dict[str, Any]
+    epoch: str | None = Field(None, description="The store epoch ``rev`` counts in.")
 
 
 class PatchEnvelope(BaseModel):
@@ -204,6 +227,7 @@ class PatchEnvelope(BaseModel):
     id: str
     rev: int
     patch: list[dict[str, Any]]
+    epoch: str | None = Field(None, description="The store epoch ``rev`` counts in.")
 
 
 class DeleteEnvelope(BaseModel):
@@ -213,6 +237,7 @@ class DeleteEnvelope(BaseModel):
     type: Literal["delete"]
     id: str
     rev: int
+    epoch: str | None = Field(None, description="The store epoch ``rev`` counts in.")
 
 
 Envelope = Annotated[SnapshotEnvelope | PatchEnvelope | DeleteEnvelope, Field(discriminator="type")]

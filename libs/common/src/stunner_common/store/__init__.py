@@ -2,11 +2,14 @@
 
 Layout (SPEC §4, names in ``stunner_common.redis_keys``): the hash of canonical configs, the
 change stream and the revision counter, plus ``stunner:revs`` (id -> revision of its last change,
-kept after a delete) so that a reader can answer "what changed since revision N".
+kept after a delete) so that a reader can answer "what changed since revision N", and
+``stunner:meta`` (field ``epoch``: which history of the store those revisions count in).
 """
 
 from stunner_common.store.publisher import (
     DEFAULT_STREAM_MAXLEN,
+    EPOCH_FIELD,
+    META_HASH,
     REVS_HASH,
     CanonicalConfig,
     ConfigPublisher,
@@ -14,11 +17,13 @@ from stunner_common.store.publisher import (
     PublishResult,
     StoreError,
     canonical_text,
+    new_epoch,
     split_config_id,
 )
 from stunner_common.store.reader import (
     ConfigReader,
     EventBatch,
+    Position,
     Snapshot,
     StoreEvent,
     stream_id_ms,
@@ -26,17 +31,21 @@ from stunner_common.store.reader import (
 
 __all__ = [
     "DEFAULT_STREAM_MAXLEN",
+    "EPOCH_FIELD",
+    "META_HASH",
     "REVS_HASH",
     "CanonicalConfig",
     "ConfigPublisher",
     "ConfigReader",
     "EventBatch",
     "InvalidConfigIdError",
+    "Position",
     "PublishResult",
     "Snapshot",
     "StoreError",
     "StoreEvent",
     "canonical_text",
+    "new_epoch",
     "split_config_id",
     "stream_id_ms",
 ]

@@ -4,11 +4,19 @@ Every change is a Lua script that compares the canonical JSON already stored, an
 differs increments ``stunner:rev``, writes the hash, records the revision in ``stunner:revs`` and
 appends the stream entry — all in one atomic step, so a reader never sees a hash write without its
 event or two changes with one revision. ``replace_all`` applies a whole desired set in one script.
+
+Revisions only mean something within one history of the store, so every script also makes sure
+the store has an *epoch* (``stunner:meta`` field ``epoch``, a random id): a store that lost its
+data (a Redis that came back empty, a flush) has no epoch, and the next write gives it a new one.
+A store rolled back under a publisher (an older snapshot restored: the counter is below what this
+publisher wrote last, in the same epoch) gets a new epoch too. Every stream entry carries the
+epoch it was written in, so readers never confuse revision N of one history with N of another.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -20,16 +28,34 @@ from stunner_common.redis_keys import CONFIGS_HASH, EVENTS_STREAM, REV_COUNTER
 REVS_HASH = "stunner:revs"
 """Hash: field ``ns/name`` -> revision of its last change (upsert or delete)."""
 
+META_HASH = "stunner:meta"
+"""Hash: field ``epoch`` -> the id of the store's current history (see the module docstring)."""
+
+EPOCH_FIELD = "epoch"
+
 DEFAULT_STREAM_MAXLEN = 10_000
 """Approximate length the change stream is trimmed to (``XADD MAXLEN ~``)."""
 
-# KEYS: configs, revs, stream, counter. ``apply(args)`` takes maxlen, then id/json pairs (json ""
-# means delete) and returns a flat list of id, rev for every id that actually changed.
+# KEYS: configs, revs, stream, counter, meta. ARGV starts with four header args: maxlen, a fresh
+# epoch, and the epoch and revision this publisher saw last. ``epoch(argv)`` returns the store's
+# epoch, setting the fresh one when there is none or when the counter went back below what this
+# publisher saw in the same epoch. ``apply(args, epoch)`` takes the header args, then id/json
+# pairs (json "" means delete) and returns a flat list: the epoch, then id, rev for every id that
+# actually changed.
 _APPLY_FUNCTION = """
-local function apply(args)
-  local out = {}
+local function epoch(argv)
+  local current = redis.call('HGET', KEYS[5], 'epoch')
+  local counter = tonumber(redis.call('GET', KEYS[4]) or '0')
+  if (not current) or (current == argv[3] and counter < tonumber(argv[4])) then
+    current = argv[2]
+    redis.call('HSET', KEYS[5], 'epoch', current)
+  end
+  return current
+end
+local function apply(args, ep)
+  local out = {ep}
   local maxlen = args[1]
-  for i = 2, #args, 2 do
+  for i = 5, #args, 2 do
     local id = args[i]
     local cfg = args[i + 1]
     local cur = redis.call('HGET', KEYS[1], id)
@@ -48,7 +74,7 @@ local function apply(args)
       end
       redis.call('HSET', KEYS[2], id, rev)
       redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*',
-                 'op', op, 'id', id, 'rev', rev, 'config', cfg)
+                 'op', op, 'id', id, 'rev', rev, 'config', cfg, 'epoch', ep)
       out[#out + 1] = id
       out[#out + 1] = rev
     end
@@ -57,17 +83,18 @@ local function apply(args)
 end
 """
 
-_APPLY_SCRIPT = _APPLY_FUNCTION + "return apply(ARGV)\n"
+_APPLY_SCRIPT = _APPLY_FUNCTION + "return apply(ARGV, epoch(ARGV))\n"
 
-# ARGV: maxlen, id/json pairs of the desired set: every stored id not in it is deleted first.
+# ARGV: the header args, id/json pairs of the desired set: every stored id not in it is deleted
+# first.
 _REPLACE_SCRIPT = (
     _APPLY_FUNCTION
     + """
 local desired = {}
-for i = 2, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   desired[ARGV[i]] = true
 end
-local args = {ARGV[1]}
+local args = {ARGV[1], ARGV[2], ARGV[3], ARGV[4]}
 local ids = redis.call('HKEYS', KEYS[1])
 table.sort(ids)
 for _, id in ipairs(ids) do
@@ -76,10 +103,10 @@ for _, id in ipairs(ids) do
     args[#args + 1] = ''
   end
 end
-for i = 2, #ARGV do
+for i = 5, #ARGV do
   args[#args + 1] = ARGV[i]
 end
-return apply(args)
+return apply(args, epoch(ARGV))
 """
 )
 
@@ -101,9 +128,13 @@ class CanonicalConfig(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
-    """What a write changed: ``changes`` maps each changed id to its new revision."""
+    """What a write changed: ``changes`` maps each changed id to its new revision.
+
+    ``epoch`` is the store's epoch the revisions belong to.
+    """
 
     changes: Mapping[str, int]
+    epoch: str = ""
 
     @property
     def changed(self) -> bool:
@@ -150,7 +181,10 @@ class ConfigPublisher:
         self._maxlen = stream_maxlen
         self._apply = redis.register_script(_APPLY_SCRIPT)
         self._replace = redis.register_script(_REPLACE_SCRIPT)
-        self._keys = [CONFIGS_HASH, REVS_HASH, EVENTS_STREAM, REV_COUNTER]
+        self._keys = [CONFIGS_HASH, REVS_HASH, EVENTS_STREAM, REV_COUNTER, META_HASH]
+        # The newest (epoch, revision) this publisher wrote: a store found below it was rolled
+        # back, and the script gives it a new epoch.
+        self._known: tuple[str, int] = ("", 0)
 
     async def upsert(
         self, config_id: str, config: CanonicalConfig | str | Mapping[str, object]
@@ -175,9 +209,25 @@ class ConfigPublisher:
         return await self._run(self._replace, args)
 
     async def _run(self, script: object, args: list[str]) -> PublishResult:
-        raw = await script(keys=self._keys, args=[str(self._maxlen), *args])  # type: ignore[operator]
+        known_epoch, known_rev = self._known
+        header = [str(self._maxlen), new_epoch(), known_epoch, str(known_rev)]
+        raw = await script(keys=self._keys, args=[*header, *args])  # type: ignore[operator]
+        epoch = _text(raw[0])
         changes: dict[str, int] = {}
-        for i in range(0, len(raw), 2):
-            key = raw[i]
-            changes[key.decode() if isinstance(key, bytes) else str(key)] = int(raw[i + 1])
-        return PublishResult(changes)
+        for i in range(1, len(raw), 2):
+            changes[_text(raw[i])] = int(raw[i + 1])
+        result = PublishResult(changes, epoch)
+        if epoch != known_epoch:
+            self._known = (epoch, result.rev or 0)
+        elif result.rev is not None:
+            self._known = (epoch, max(known_rev, result.rev))
+        return result
+
+
+def new_epoch() -> str:
+    """A fresh epoch id: 64 random bits in hex."""
+    return secrets.token_hex(8)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,9 +1,10 @@
 """Reading the config store: one consistent snapshot, then the change stream after it.
 
-``load_snapshot`` reads the hash, the per-id revisions, the counter and the newest stream id in
-one MULTI/EXEC, so the stream can be tailed from exactly the point the snapshot reflects. Stream
-entries are parsed into ``StoreEvent`` values; the caller checks that their revisions are
-contiguous to detect entries lost to trimming or to a Redis that came back empty.
+``load_snapshot`` reads the hash, the per-id revisions, the counter, the epoch and the newest
+stream id in one MULTI/EXEC, so the stream can be tailed from exactly the point the snapshot
+reflects. Stream entries are parsed into ``StoreEvent`` values; the caller checks that they belong
+to the epoch it holds and that their revisions are contiguous, to detect entries lost to trimming
+or to a Redis that came back empty.
 """
 
 from __future__ import annotations
@@ -14,30 +15,43 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 
 from stunner_common.redis_keys import CONFIGS_HASH, EVENTS_STREAM, REV_COUNTER
-from stunner_common.store.publisher import REVS_HASH
+from stunner_common.store.publisher import EPOCH_FIELD, META_HASH, REVS_HASH
 
 STREAM_START = "0-0"
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """The whole store at revision ``rev``; the stream continues after ``last_event_id``."""
+    """The whole store at revision ``rev`` of ``epoch``; the stream continues after
+    ``last_event_id``. ``epoch`` is "" for a store no publisher has written since it was
+    emptied (or one written before epochs existed)."""
 
     configs: dict[str, str]
     revs: dict[str, int]
     rev: int
     last_event_id: str
+    epoch: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where the store is: its epoch and revision counter."""
+
+    epoch: str
+    rev: int
 
 
 @dataclass(frozen=True, slots=True)
 class StoreEvent:
-    """One change-stream entry. ``config`` is the canonical JSON, empty for a delete."""
+    """One change-stream entry. ``config`` is the canonical JSON, empty for a delete; ``epoch``
+    is the epoch it was written in ("" for entries written before epochs existed)."""
 
     event_id: str
     op: Literal["upsert", "delete"]
     id: str
     rev: int
     config: str
+    epoch: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +82,11 @@ def parse_event(event_id: Any, fields: dict[Any, Any]) -> StoreEvent | None:
     config_id = data.get("id", "")
     if not config_id:
         return None
+    epoch = data.get("epoch", "")
     if op == "upsert":
-        return StoreEvent(_text(event_id), "upsert", config_id, rev, data.get("config", ""))
+        return StoreEvent(_text(event_id), "upsert", config_id, rev, data.get("config", ""), epoch)
     if op == "delete":
-        return StoreEvent(_text(event_id), "delete", config_id, rev, "")
+        return StoreEvent(_text(event_id), "delete", config_id, rev, "", epoch)
     return None
 
 
@@ -87,7 +102,8 @@ class ConfigReader:
             pipe.hgetall(REVS_HASH)
             pipe.get(REV_COUNTER)
             pipe.xrevrange(EVENTS_STREAM, count=1)
-            configs_raw, revs_raw, rev_raw, last = await pipe.execute()
+            pipe.hget(META_HASH, EPOCH_FIELD)
+            configs_raw, revs_raw, rev_raw, last, epoch_raw = await pipe.execute()
         configs = {_text(k): _text(v) for k, v in configs_raw.items()}
         revs: dict[str, int] = {}
         for k, v in revs_raw.items():
@@ -96,10 +112,23 @@ class ConfigReader:
             except ValueError:
                 continue
         last_id = _text(last[0][0]) if last else STREAM_START
-        return Snapshot(configs, revs, int(rev_raw or 0), last_id)
+        epoch = _text(epoch_raw) if epoch_raw is not None else ""
+        return Snapshot(configs, revs, int(rev_raw or 0), last_id, epoch)
 
     async def current_rev(self) -> int:
         return int(await self._redis.get(REV_COUNTER) or 0)
+
+    async def current_epoch(self) -> str:
+        raw = await self._redis.hget(META_HASH, EPOCH_FIELD)
+        return _text(raw) if raw is not None else ""
+
+    async def position(self) -> Position:
+        """The epoch and the revision counter, read together (one MULTI/EXEC)."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hget(META_HASH, EPOCH_FIELD)
+            pipe.get(REV_COUNTER)
+            epoch_raw, rev_raw = await pipe.execute()
+        return Position(_text(epoch_raw) if epoch_raw is not None else "", int(rev_raw or 0))
 
     async def read_events(
         self, after_id: str, *, block_ms: int | None = None, count: int = 1000

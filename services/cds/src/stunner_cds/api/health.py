@@ -18,6 +18,7 @@ router = APIRouter(tags=["health"])
 class Health(BaseModel):
     status: str
     rev: int
+    epoch: str
     configs: int
     watchers: int
 
@@ -26,6 +27,7 @@ def _health(ctx: Context, status: str) -> dict[str, Any]:
     return Health(
         status=status,
         rev=ctx.hub.mirror.rev,
+        epoch=ctx.hub.mirror.epoch,
         configs=len(ctx.hub.mirror.entries),
         watchers=ctx.hub.watcher_count(),
     ).model_dump()

@@ -6,7 +6,8 @@ true or bad ``since`` 400, not yet synchronised 503 — each as a JSON body. Onc
 task drains the watcher's queue (one watchdog task bounds every send) and a reader task discards
 what the client sends, noticing the close; keepalive pings (every ``ping_interval_s``, dropping a
 client silent for ``ping_interval_s + ping_timeout_s``) are uvicorn's. A watcher the hub dropped
-as too slow is closed with code 1013 and the reason.
+as too slow is closed with code 1013 and the reason; a v2 watcher whose revisions a store reset
+made meaningless is closed with 1012 (it comes back for a full snapshot of the new epoch).
 """
 
 from __future__ import annotations
@@ -22,14 +23,18 @@ from starlette.websockets import WebSocketDisconnect
 
 from stunner_cds.api.common import ApiError, CdsContext, check_token, context_of, parse_go_bool
 from stunner_cds.store.hub import Mode, Topic, Watcher
-from stunner_common.cds import CDS_V2_SUBPROTOCOL, RESYNC_HEADER, REV_HEADER, encode_error
+from stunner_common.cds import (
+    CDS_V2_SUBPROTOCOL,
+    EPOCH_HEADER,
+    EPOCH_PARAM,
+    RESYNC_HEADER,
+    REV_HEADER,
+    encode_error,
+)
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/api/v1")
-
-CLOSE_TRY_AGAIN_LATER = 1013
-CLOSE_GOING_AWAY = 1001
 
 
 def _check_origin(ws: WebSocket) -> None:
@@ -82,12 +87,14 @@ async def _serve(ws: WebSocket, topic: Topic) -> None:
         await _deny(ws, error)
         return
     node = ws.query_params.get("node") or None
-    watcher, delta = ctx.hub.subscribe(topic, mode, since=since, node=node)
+    epoch = ws.query_params.get(EPOCH_PARAM)
+    watcher, delta = ctx.hub.subscribe(topic, mode, since=since, epoch=epoch, node=node)
     ctx.metrics.watchers.labels(mode.value).inc()
     try:
         headers = [(REV_HEADER.encode(), str(ctx.hub.mirror.rev).encode())]
         if mode is Mode.V2:
             headers.append((RESYNC_HEADER.encode(), b"delta" if delta else b"full"))
+            headers.append((EPOCH_HEADER.encode(), ctx.hub.mirror.epoch.encode()))
         await ws.accept(
             subprotocol=CDS_V2_SUBPROTOCOL if mode is Mode.V2 else None, headers=headers
         )
@@ -126,12 +133,10 @@ async def _write(ws: WebSocket, ctx: CdsContext, watcher: Watcher) -> None:
         while True:
             batch = await watcher.next_batch()
             if watcher.closed_reason is not None:
-                reason = watcher.closed_reason
-                code = CLOSE_GOING_AWAY if reason.startswith("server") else CLOSE_TRY_AGAIN_LATER
-                if code == CLOSE_TRY_AGAIN_LATER:
-                    ctx.metrics.watchers_dropped.labels("slow").inc()
+                if watcher.close_kind:
+                    ctx.metrics.watchers_dropped.labels(watcher.close_kind).inc()
                 async with asyncio.timeout(ctx.settings.send_timeout_s):
-                    await ws.close(code=code, reason=reason[:120])
+                    await ws.close(code=watcher.close_code, reason=watcher.closed_reason[:120])
                 return
             watcher.sending_since = clock()
             for frame in batch:

@@ -1,10 +1,14 @@
 """Keeps the hub's mirror in step with Redis: snapshot first, then the change stream.
 
 The feed loads a consistent snapshot, tails ``stunner:events`` from the last stream id it holds,
-and on any Redis error reconnects with backoff and jitter. On reconnect it checks that the stream
-still continues at ``rev + 1`` after that id; when it does not (trimmed past us, or Redis came back
-with less than we had) it reloads the snapshot and publishes only what differs, so watchers see
-every change exactly once. ``ready`` is what ``/readyz`` reports.
+and on any Redis error reconnects with backoff and jitter. On reconnect it checks that the store is
+still in the epoch it holds and that the stream continues at ``rev + 1`` after that id; when it
+does not (trimmed past us, or Redis came back with less than we had) it reloads the snapshot and
+publishes only what differs, so watchers see every change exactly once. While tailing, an entry of
+another epoch, or an idle read that finds the epoch changed (a store flushed under a live
+connection), reloads as well. A reload that crosses a lost history (another epoch, or fewer
+revisions than held) closes every v2 watcher first (``Hub.reset``): their revisions would mean
+nothing in the new history. ``ready`` is what ``/readyz`` reports.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from stunner_cds.store.hub import Hub
-from stunner_cds.store.mirror import Change, StreamGapError
+from stunner_cds.store.mirror import StreamGapError
 from stunner_common.backoff import Backoff
 from stunner_common.store import ConfigReader, StoreEvent, stream_id_ms
 
@@ -52,6 +56,7 @@ class RedisFeed:
         max_backoff_s: float = 2.0,
         on_event: Callable[[StoreEvent], None] | None = None,
         on_reload: Callable[[], None] | None = None,
+        on_reset: Callable[[], None] | None = None,
     ) -> None:
         self._reader = ConfigReader(redis)
         self.hub = hub
@@ -60,6 +65,7 @@ class RedisFeed:
         self._backoff = Backoff(initial_s=min_backoff_s, cap_s=max_backoff_s)
         self._on_event = on_event
         self._on_reload = on_reload
+        self._on_reset = on_reset
         self.ready = False
         self.synced = asyncio.Event()
         self._stopping = False
@@ -111,33 +117,43 @@ class RedisFeed:
 
     async def _resync(self) -> None:
         mirror = self.hub.mirror
-        if not mirror.loaded:
-            await self._reload("initial load")
-            return
+        following: int | None = None
         async with asyncio.timeout(self._timeout_s):
-            current = await self._reader.current_rev()
-            if current == mirror.rev:
-                return
-            if current > mirror.rev:
-                following = await self._reader.events_after(mirror.last_event_id)
-                if following and following[0][1] == mirror.rev + 1:
-                    return
-        await self._reload(f"store at revision {current}, mirror at {mirror.rev}")
+            at = await self._reader.position()
+            if mirror.loaded and at.epoch == mirror.epoch and at.rev > mirror.rev:
+                after = await self._reader.events_after(mirror.last_event_id)
+                following = after[0][1] if after else None
+        why = mirror.resync_reason(at, following)
+        if why is not None:
+            await self._reload(why)
 
     async def _reload(self, why: str) -> None:
         async with asyncio.timeout(self._timeout_s):
             snapshot = await self._reader.load_snapshot()
-        changes = self.hub.mirror.load(snapshot)
+        mirror = self.hub.mirror
+        held = (mirror.epoch, mirror.rev)
+        reset = mirror.is_reset(snapshot)
+        closed = self.hub.reload(snapshot)
+        if reset:
+            log.warning(
+                "the config store lost its history (epoch %r at revision %d, held epoch %r at "
+                "revision %d): closed %d v2 watchers for a full resync",
+                snapshot.epoch,
+                snapshot.rev,
+                *held,
+                closed,
+            )
+            if self._on_reset:
+                self._on_reset()
         log.info(
-            "loaded %d configs at revision %d (%s); %d changed",
+            "loaded %d configs at revision %d of epoch %r (%s)",
             len(snapshot.configs),
             snapshot.rev,
+            snapshot.epoch,
             why,
-            len(changes),
         )
         if self._on_reload:
             self._on_reload()
-        self.hub.publish(changes)
 
     async def _tail(self) -> None:
         mirror = self.hub.mirror
@@ -146,21 +162,23 @@ class RedisFeed:
                 batch = await self._reader.read_events(
                     mirror.last_event_id, block_ms=self._block_ms
                 )
-            changes: list[Change] = []
-            try:
+            if batch.last_id is None:
+                # Idle: make sure the store is still the one we follow (a flush or a reset
+                # under a live connection leaves the stream tail silent, or behind us).
+                async with asyncio.timeout(self._timeout_s):
+                    epoch = await self._reader.current_epoch()
+                if epoch != mirror.epoch:
+                    await self._reload(f"store epoch {epoch!r}, mirror at epoch {mirror.epoch!r}")
+                continue
+            if self._on_event:
                 for event in batch.events:
-                    change = mirror.apply(event)
-                    if self._on_event:
-                        self._on_event(event)
-                    if change is not None:
-                        changes.append(change)
+                    self._on_event(event)
+            try:
+                self.hub.apply(batch.events)
             except StreamGapError as exc:
-                self.hub.publish(changes)
                 await self._reload(str(exc))
                 continue
-            if batch.last_id is not None:
-                mirror.skip_to(batch.last_id)  # past malformed entries, if any
-            self.hub.publish(changes)
+            mirror.skip_to(batch.last_id)  # past malformed entries, if any
 
 
 def _log_unexpected_exit(task: asyncio.Task[None]) -> None:

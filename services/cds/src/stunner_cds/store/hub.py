@@ -6,6 +6,12 @@ mode and the same string is queued for every matching watcher; a watcher whose q
 unsubscribed on the spot and told why, so one slow reader never delays the rest (upstream blocks
 every writer on a full 256-slot channel). Subscribing takes the snapshot and registers the watcher
 in one synchronous step on the event loop, so no change falls between the two.
+
+A v2 resume (``since``) is honoured only in the epoch the client names; a snapshot's frames are
+queued in revision order, so a client cut off half-way resumes from the last one it got without
+missing any. When the store's history is lost (``reset``), every v2 watcher is closed: its
+revisions mean nothing any more, and it comes back for a full snapshot of the new epoch. v1
+watchers, which never see revisions, just get what changed.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from stunner_common.cds import (
     encode_v1_config,
     encode_v1_delete,
 )
+from stunner_common.store import Snapshot, StoreEvent
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +45,11 @@ NODE_ADDRESS_FROM_ENV = '"$STUNNER_ADDR"'
 class Mode(enum.Enum):
     V1 = "v1"
     V2 = "v2"
+
+
+CLOSE_GOING_AWAY = 1001
+CLOSE_SERVICE_RESTART = 1012
+CLOSE_TRY_AGAIN_LATER = 1013
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +88,9 @@ class Watcher:
         self.max_queue = max_queue
         self.frames: deque[str] = deque()
         self.closed_reason: str | None = None
+        self.close_code = CLOSE_TRY_AGAIN_LATER
+        self.close_kind = "slow"
+        """Why the server closed it, as a metrics label (None: no drop worth counting)."""
         self.sending_since: float | None = None
         self.writer: asyncio.Task[None] | None = None
         self._wakeup = asyncio.Event()
@@ -89,9 +104,14 @@ class Watcher:
         self._wakeup.set()
         return True
 
-    def close(self, reason: str) -> None:
+    def close(
+        self, reason: str, *, code: int = CLOSE_TRY_AGAIN_LATER, kind: str | None = "slow"
+    ) -> None:
+        """Close with a WebSocket ``code``; ``kind`` labels the drop in metrics (None: none)."""
         if self.closed_reason is None:
             self.closed_reason = reason
+            self.close_code = code
+            self.close_kind = kind or ""
         self._wakeup.set()
 
     async def next_batch(self) -> list[str]:
@@ -107,10 +127,11 @@ class Watcher:
 class _Encoded:
     """A change with its v1 frame and v2 envelope encoded lazily, once each."""
 
-    __slots__ = ("_v1", "_v2", "change")
+    __slots__ = ("_v1", "_v2", "change", "epoch")
 
-    def __init__(self, change: Change) -> None:
+    def __init__(self, change: Change, epoch: str) -> None:
         self.change = change
+        self.epoch = epoch
         self._v1: str | None = None
         self._v2: str | None = None
 
@@ -121,14 +142,15 @@ class _Encoded:
                 self._v1 = encode_v1_delete(c.id) if c.new is None else encode_v1_config(c.new)
             return self._v1
         if self._v2 is None:
+            epoch = self.epoch
             if c.new is None:
-                self._v2 = encode_delete(c.id, c.rev)
+                self._v2 = encode_delete(c.id, c.rev, epoch)
             elif c.old is None:
-                self._v2 = encode_snapshot(c.id, c.rev, c.new)
+                self._v2 = encode_snapshot(c.id, c.rev, c.new, epoch)
             else:
                 ops: list[dict[str, Any]] = jsonpatch.make_patch(c.old, c.new).patch
-                self._v2 = encode_patch(c.id, c.rev, ops)
-                snapshot = encode_snapshot(c.id, c.rev, c.new)
+                self._v2 = encode_patch(c.id, c.rev, ops, epoch)
+                snapshot = encode_snapshot(c.id, c.rev, c.new, epoch)
                 if len(snapshot) <= len(self._v2):
                     self._v2 = snapshot
         return self._v2
@@ -152,35 +174,47 @@ class Hub:
         mode: Mode,
         *,
         since: int | None = None,
+        epoch: str | None = None,
         node: str | None = None,
         max_queue: int | None = None,
     ) -> tuple[Watcher, bool]:
         """Register a watcher with its initial frames queued; also return True for a delta resync.
 
-        A v2 ``since`` is honoured when it is not ahead of the mirror (then only what changed
-        after it is queued); otherwise the watcher gets the full snapshot. The initial frames do
-        not count against ``max_queue``: the bound grows by their number, so that a snapshot of
-        many configs never gets a new watcher dropped as slow.
+        A v2 ``since`` is honoured when it counts in the mirror's epoch and is not ahead of the
+        mirror (then only what changed after it is queued); otherwise the watcher gets the full
+        snapshot, in revision order. The initial frames do not count against ``max_queue``: the
+        bound grows by their number, so that a snapshot of many configs never gets a new watcher
+        dropped as slow.
         """
         watcher = Watcher(topic, mode, max_queue or self.max_queue, node)
         mirror = self.mirror
-        delta = mode is Mode.V2 and since is not None and 0 <= since <= mirror.rev
+        delta = (
+            mode is Mode.V2
+            and since is not None
+            and epoch == mirror.epoch
+            and 0 <= since <= mirror.rev
+        )
         if delta:
             assert since is not None
             changed, deleted = mirror.changed_since(since)
-            for config_id, rev in deleted:
-                if topic.matches(config_id):
-                    watcher.frames.append(encode_delete(config_id, rev))
-            for config_id, entry in changed:
-                if topic.matches(config_id):
-                    watcher.frames.append(encode_snapshot(config_id, entry.rev, entry.config))
+            updates = [
+                (rev, encode_delete(config_id, rev, mirror.epoch))
+                for config_id, rev in deleted
+                if topic.matches(config_id)
+            ]
+            updates += [
+                (entry.rev, encode_snapshot(config_id, entry.rev, entry.config, mirror.epoch))
+                for config_id, entry in changed
+                if topic.matches(config_id)
+            ]
+            watcher.frames.extend(frame for _, frame in sorted(updates, key=lambda u: u[0]))
+        elif mode is Mode.V1:
+            for _, entry in self.matching(topic):
+                frame = encode_v1_config(entry.config)
+                watcher.frames.append(patch_for_node(frame, watcher.node))
         else:
-            for config_id, entry in self.matching(topic):
-                frame = (
-                    encode_v1_config(entry.config)
-                    if mode is Mode.V1
-                    else encode_snapshot(config_id, entry.rev, entry.config)
-                )
+            for config_id, entry in sorted(self.matching(topic), key=lambda m: m[1].rev):
+                frame = encode_snapshot(config_id, entry.rev, entry.config, mirror.epoch)
                 watcher.frames.append(patch_for_node(frame, watcher.node))
         watcher.max_queue += len(watcher.frames)
         if topic.namespace is None:
@@ -225,8 +259,21 @@ class Hub:
 
     def close_all(self, reason: str) -> None:
         for watcher in list(self.watchers()):
-            watcher.close(reason)
+            watcher.close(reason, code=CLOSE_GOING_AWAY, kind=None)
             self.unsubscribe(watcher)
+
+    def reset(self, reason: str) -> int:
+        """The store lost its history: close every v2 watcher (it resyncs from a snapshot).
+
+        Returns how many were closed. v1 watchers stay: they never hold a revision.
+        """
+        closed = 0
+        for watcher in list(self.watchers()):
+            if watcher.mode is Mode.V2:
+                watcher.close(reason, code=CLOSE_SERVICE_RESTART, kind="store_reset")
+                self.unsubscribe(watcher)
+                closed += 1
+        return closed
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -239,7 +286,7 @@ class Hub:
         """Queue each change for every matching watcher; return the number of frames queued."""
         queued = 0
         for change in changes:
-            encoded = _Encoded(change)
+            encoded = _Encoded(change, self.mirror.epoch)
             namespace = change.id.partition("/")[0]
             targets = [
                 *self._all,
@@ -252,6 +299,30 @@ class Hub:
                 elif watcher.closed_reason is None:
                     self._drop(watcher)
         return queued
+
+    def reload(self, snapshot: Snapshot) -> int:
+        """Load ``snapshot`` into the mirror and publish what differs; return how many v2
+        watchers a store reset closed (see ``ConfigMirror.is_reset``)."""
+        closed = 0
+        if self.mirror.is_reset(snapshot):
+            closed = self.reset(f"config store reset (epoch {snapshot.epoch or 'none'}): resync")
+        self.publish(self.mirror.load(snapshot))
+        return closed
+
+    def apply(self, events: Iterable[StoreEvent]) -> None:
+        """Apply stream entries in order and publish their changes.
+
+        Raises ``StreamGapError`` (``StoreResetError`` for another epoch) at the first entry
+        that does not follow, after publishing what came before it: reload then.
+        """
+        changes: list[Change] = []
+        try:
+            for event in events:
+                change = self.mirror.apply(event)
+                if change is not None:
+                    changes.append(change)
+        finally:
+            self.publish(changes)
 
     def _drop(self, watcher: Watcher) -> None:
         log.warning(

@@ -2,9 +2,11 @@
 
 It holds every config with the revision of its last change, plus tombstones for deleted ids, and
 turns a loaded snapshot or a stream entry into the list of ``Change`` values watchers must hear
-about. Revisions are contiguous (each change increments ``stunner:rev`` once and appends one
-stream entry in the same script), so an entry whose revision is not ``rev + 1`` means the stream
-lost entries (trimmed, or Redis came back empty) and the caller must reload the snapshot; an
+about. Revisions count within the store's epoch (``stunner_common.store``): an entry of another
+epoch means the store lost its history (Redis came back empty, or was rolled back) and the caller
+must reload the snapshot. Within an epoch revisions are contiguous (each change increments
+``stunner:rev`` once and appends one stream entry in the same script), so an entry whose revision
+is not ``rev + 1`` means the stream lost entries (trimmed) and the snapshot is reloaded too; an
 entry at or below ``rev`` is a replay and is ignored. No I/O here: tests drive it with values.
 """
 
@@ -15,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from stunner_common.store import Snapshot, StoreEvent
+from stunner_common.store import Position, Snapshot, StoreEvent
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,10 @@ class StreamGapError(Exception):
     """A stream entry skipped revisions: entries were lost and the snapshot must be reloaded."""
 
 
+class StoreResetError(StreamGapError):
+    """A stream entry of another epoch: the store's history was lost (reload, resync all)."""
+
+
 def parse_config_text(config_id: str, text: str) -> dict[str, Any] | None:
     try:
         data = json.loads(text)
@@ -54,17 +60,47 @@ def parse_config_text(config_id: str, text: str) -> dict[str, Any] | None:
 
 
 class ConfigMirror:
-    """Configs by id at revision ``rev``; ``last_event_id`` is where the stream tail resumes."""
+    """Configs by id at revision ``rev`` of ``epoch``; ``last_event_id`` is where the stream tail
+    resumes."""
 
     def __init__(self) -> None:
         self.entries: dict[str, Entry] = {}
         self.tombstones: dict[str, int] = {}
         self.rev = 0
+        self.epoch = ""
         self.last_event_id = "0-0"
         self.loaded = False
 
+    def is_reset(self, snapshot: Snapshot) -> bool:
+        """Whether loading ``snapshot`` crosses a lost history: another epoch, or a revision
+        below ours (a store rolled back within its epoch). Revisions held by clients then mean
+        nothing here and every v2 watcher must start over. A mirror at revision 0 (a store
+        never written) gave out no revision, so nothing can be confused."""
+        return (
+            self.loaded
+            and self.rev > 0
+            and (snapshot.epoch != self.epoch or snapshot.rev < self.rev)
+        )
+
+    def resync_reason(self, at: Position, following_rev: int | None) -> str | None:
+        """Why the snapshot must be reloaded after a reconnect to a store ``at`` (None: the
+        stream tail can resume). ``following_rev`` is the revision of the stream entry after
+        ``last_event_id`` (None: there is none, or it was not read)."""
+        if not self.loaded:
+            return "initial load"
+        if at.epoch != self.epoch:
+            return f"store epoch {at.epoch!r}, mirror at epoch {self.epoch!r}"
+        if at.rev == self.rev or (at.rev > self.rev and following_rev == self.rev + 1):
+            return None
+        return f"store at revision {at.rev}, mirror at {self.rev}"
+
     def load(self, snapshot: Snapshot) -> list[Change]:
-        """Replace the state with ``snapshot``; return what differs from the state before."""
+        """Replace the state with ``snapshot``; return what differs from the state before.
+
+        The changes come in revision order (a delete at the revision the store recorded for
+        it), so a client that got only the first of them and resumes from the last revision it
+        saw misses none of the rest.
+        """
         entries: dict[str, Entry] = {}
         for config_id, text in snapshot.configs.items():
             old = self.entries.get(config_id)
@@ -80,7 +116,8 @@ class ConfigMirror:
             after = entries.get(config_id)
             if after is None:
                 assert before is not None
-                changes.append(Change(config_id, snapshot.rev, before.config, None))
+                gone_at = snapshot.revs.get(config_id, snapshot.rev)
+                changes.append(Change(config_id, gone_at, before.config, None))
             elif before is None or before.text != after.text:
                 changes.append(
                     Change(config_id, after.rev, before.config if before else None, after.config)
@@ -96,12 +133,19 @@ class ConfigMirror:
         self.entries = entries
         self.tombstones = tombstones
         self.rev = snapshot.rev
+        self.epoch = snapshot.epoch
         self.last_event_id = snapshot.last_event_id
         self.loaded = True
+        changes.sort(key=lambda c: c.rev)
         return changes
 
     def apply(self, event: StoreEvent) -> Change | None:
         """Apply one stream entry; None if watchers need not hear of it."""
+        if event.epoch != self.epoch:
+            raise StoreResetError(
+                f"stream entry of store epoch {event.epoch!r} at revision {event.rev}, "
+                f"mirror at epoch {self.epoch!r} revision {self.rev}"
+            )
         if event.rev <= self.rev:
             self.last_event_id = max(self.last_event_id, event.event_id, key=_stream_key)
             return None
