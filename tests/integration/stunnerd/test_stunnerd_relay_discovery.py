@@ -1,21 +1,29 @@
 """Relay address discovery: the operator renders the node-address placeholder for a Gateway with
 `stunner.l7mp.io/enable-relay-address-discovery`, and stunnerd relays from the node's address.
 
-Here no CDS fills the placeholder in, so stunnerd takes the node's address from its settings
-(`STUNNERD_NODE_ADDRESS`, else `STUNNER_ADDR`) and puts it in XOR-RELAYED-ADDRESS.
+The operator publishes each Node's ExternalIP; the CDS gives a stunnerd that names its node
+(`STUNNER_NODENAME`) that address in place of the placeholder. Without a CDS filling it in,
+stunnerd takes the node's address from its settings (`STUNNERD_NODE_ADDRESS`, else
+`STUNNER_ADDR`). Either way it is the XOR-RELAYED-ADDRESS clients get.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from aioice.turn import create_turn_endpoint
 
+from stunner_operator.publish import RedisConfigSink
+from stunner_operator.render.dataplane import node_addresses
 from stunner_operator.render.engine import Renderer
+from support.cds_server import CdsServer
 from support.operator import HIERARCHY, UDP_GATEWAY, objects_from_yaml
 from support.ports import free_port, free_udp_tcp_port
+from support.redis_server import RedisServer
 from support.stunnerd_process import PASSWORD, USER, ManagedStunnerd, TurnReceiver, base_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -79,3 +87,81 @@ def test_without_a_node_address_the_config_is_refused_and_says_why(tmp_path: Pat
         assert "needs the node's address: set STUNNERD_NODE_ADDRESS" in proc.log()
     finally:
         proc.stop()
+
+
+NODES = """
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+status:
+  addresses:
+  - {type: InternalIP, address: 10.0.0.11}
+  - {type: ExternalIP, address: 203.0.113.10}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-b}
+status:
+  addresses: [{type: InternalIP, address: 10.0.0.12}]
+"""
+
+
+async def cds_listener_address(cds: CdsServer, node: str) -> str:
+    async with httpx.AsyncClient(timeout=5) as client:
+        reply = await client.get(f"{cds.url}/api/v1/configs/stunner/gw", params={"node": node})
+    reply.raise_for_status()
+    return str(reply.json()["listeners"][0]["address"])
+
+
+async def test_the_cds_gives_each_node_its_external_ip_and_stunnerd_relays_from_it(
+    tmp_path: Path, redis: RedisServer, cds: CdsServer
+) -> None:
+    gw = UDP_GATEWAY.replace(
+        "metadata: {name: gw, namespace: stunner}",
+        "metadata: {name: gw, namespace: stunner, annotations: "
+        '{stunner.l7mp.io/enable-relay-address-discovery: "true"}}',
+    )
+    renderer = Renderer()
+    renderer.apply(objects_from_yaml(HIERARCHY + "---\n" + gw + "---\n" + NODES))
+    port = free_udp_tcp_port()
+    config = renderer.configs()["stunner/gw"]
+    listener = config.listeners[0].model_copy(update={"port": port})
+    config = config.model_copy(update={"listeners": (listener,)})
+    sink = RedisConfigSink(redis.url, timeout_s=5)
+    try:
+        await sink.publish({"stunner/gw": config})
+        assert await sink.publish_node_addresses(node_addresses(renderer.store.nodes()))
+    finally:
+        await sink.aclose()
+
+    seen = ""
+    for _ in range(200):  # the CDS reads the node addresses again every 2 s
+        seen = await cds_listener_address(cds, "node-a")
+        if seen == "203.0.113.10":
+            break
+        await asyncio.sleep(0.05)
+    assert seen == "203.0.113.10"
+    assert await cds_listener_address(cds, "node-b") == "$STUNNER_ADDR"  # no ExternalIP
+
+    proc = ManagedStunnerd(
+        tmp_path,
+        None,
+        "-w",
+        "--id",
+        "stunner/gw",
+        origin=cds.url,
+        health=free_port(),
+        env={"STUNNER_NODENAME": "node-a", "STUNNER_ADDR": "127.0.0.1"},
+    )
+    try:
+        status = await proc.ready()
+        assert status["listeners"][0]["address"] == "203.0.113.10"
+        transport, _ = await create_turn_endpoint(
+            TurnReceiver, server_addr=("127.0.0.1", port), username="user-1", password="pass-1"
+        )
+        try:
+            assert transport.get_extra_info("sockname")[0] == "203.0.113.10"
+        finally:
+            transport.close()
+    finally:
+        await proc.close()

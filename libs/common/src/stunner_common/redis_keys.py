@@ -13,3 +13,8 @@ EVENTS_STREAM = "stunner:events"
 
 REV_COUNTER = "stunner:rev"
 """String counter: the global revision, incremented once by every change."""
+
+NODE_ADDRESSES_HASH = "stunner:nodes"
+"""Hash: Node name -> the address its stunnerd pods relay from when a listener asks for relay
+address discovery (the Node's ExternalIP). The operator writes it; the CDS reads it to fill in
+the node-address placeholder for a client that names its node."""

@@ -24,6 +24,7 @@ from stunner_cds.metrics import CdsMetrics
 from stunner_cds.settings import CdsSettings
 from stunner_cds.store.feed import RedisFeed, event_lag_s, redis_client
 from stunner_cds.store.hub import Hub
+from stunner_cds.store.nodes import follow as follow_node_addresses
 from stunner_common.store import StoreEvent
 
 log = logging.getLogger(__name__)
@@ -65,11 +66,17 @@ def create_app(settings: CdsSettings) -> FastAPI:
         app.state.cds = ctx
         feed.start()
         watchdog = asyncio.create_task(send_watchdog(ctx), name="cds-send-watchdog")
+        nodes = asyncio.create_task(
+            follow_node_addresses(redis, settings.redis_timeout_s), name="cds-node-addresses"
+        )
         try:
             yield
         finally:
             hub.close_all("server shutting down")
             watchdog.cancel()
+            nodes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await nodes
             await feed.stop(settings.shutdown_timeout_s)
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog

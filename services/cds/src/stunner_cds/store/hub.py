@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 from collections import deque
 from collections.abc import Iterable
@@ -27,6 +28,7 @@ from typing import Any
 import jsonpatch
 
 from stunner_cds.store.mirror import Change, ConfigMirror, Entry
+from stunner_cds.store.nodes import node_address
 from stunner_common.cds import (
     encode_delete,
     encode_patch,
@@ -72,9 +74,12 @@ class Topic:
 
 
 def patch_for_node(frame: str, node: str | None) -> str:
-    """Upstream's node patcher without node data: the placeholder becomes ``$STUNNER_ADDR``."""
+    """Upstream's node patcher: the placeholder becomes the Node's external address (published
+    by the operator), or ``$STUNNER_ADDR`` when the Node has none."""
     if node and NODE_ADDRESS_PLACEHOLDER in frame:
-        return frame.replace(NODE_ADDRESS_PLACEHOLDER, NODE_ADDRESS_FROM_ENV)
+        address = node_address(node)
+        value = json.dumps(address) if address else NODE_ADDRESS_FROM_ENV
+        return frame.replace(NODE_ADDRESS_PLACEHOLDER, value)
     return frame
 
 

@@ -34,6 +34,7 @@ from stunner_operator.k8s.resources import (
 )
 from stunner_operator.observe import OperatorMetrics
 from stunner_operator.publish import PublishError
+from stunner_operator.render.dataplane import node_addresses
 from stunner_operator.render.engine import RenderDelta, Renderer
 from stunner_operator.render.options import RenderOptions
 from stunner_operator.render.status import Status
@@ -50,6 +51,8 @@ class ConfigSink(Protocol):
     async def publish(self, configs: Mapping[str, StunnerConfig]) -> PublishResult: ...
 
     async def store_lost(self) -> bool: ...
+
+    async def publish_node_addresses(self, addresses: Mapping[str, str]) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +324,7 @@ class KubeController:
                 if self.synced.is_set() and await self._sink.store_lost():
                     log.warning("Redis lost the published configs: publishing them all again")
                 else:
+                    await self._publish_node_addresses()
                     continue
             self._publish_wake.clear()
             configs = self.renderer.configs()
@@ -337,6 +341,16 @@ class KubeController:
             for cid, rev in sorted(result.changes.items()):
                 verb = "published" if cid in configs else "deleted"
                 log.info("%s config %s (revision %d)", verb, cid, rev)
+            await self._publish_node_addresses()
+
+    async def _publish_node_addresses(self) -> None:
+        """Relay address discovery: the Nodes' external addresses, for the CDS (if changed)."""
+        if not self.synced.is_set():
+            return
+        try:
+            await self._sink.publish_node_addresses(node_addresses(self.renderer.store.nodes()))
+        except PublishError as err:
+            log.warning("publishing the node addresses to Redis failed: %s", err)
 
     async def _write_loop(self) -> None:
         while True:

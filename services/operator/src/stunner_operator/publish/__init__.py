@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from stunner_common.config import StunnerConfig
-from stunner_common.redis_keys import CONFIGS_HASH
+from stunner_common.redis_keys import CONFIGS_HASH, NODE_ADDRESSES_HASH
 from stunner_common.store import ConfigPublisher, PublishResult, StoreError
 
 
@@ -33,6 +34,7 @@ class RedisConfigSink:
         self._publisher = ConfigPublisher(self._redis)
         self._timeout_s = timeout_s
         self._published: frozenset[str] = frozenset()
+        self._node_addresses: dict[str, str] | None = None
 
     async def publish(self, configs: Mapping[str, StunnerConfig]) -> PublishResult:
         try:
@@ -42,6 +44,28 @@ class RedisConfigSink:
             raise PublishError(f"{type(err).__name__}: {err}") from err
         self._published = frozenset(configs)
         return result
+
+    async def publish_node_addresses(self, addresses: Mapping[str, str]) -> bool:
+        """Write the Node -> external address map for relay address discovery (the CDS reads
+        it), unless it is what this sink wrote last. True when it wrote."""
+        if dict(addresses) == self._node_addresses:
+            return False
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                stored = await self._redis.hkeys(NODE_ADDRESSES_HASH)
+                held = {k.decode() if isinstance(k, bytes) else str(k) for k in stored}
+                async with self._redis.pipeline(transaction=True) as pipe:
+                    gone = sorted(held - set(addresses))
+                    if gone:
+                        pipe.hdel(NODE_ADDRESSES_HASH, *gone)
+                    if addresses:
+                        fields: dict[Any, Any] = dict(addresses)
+                        pipe.hset(NODE_ADDRESSES_HASH, mapping=fields)
+                    await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as err:
+            raise PublishError(f"{type(err).__name__}: {err}") from err
+        self._node_addresses = dict(addresses)
+        return True
 
     async def store_lost(self) -> bool:
         """True when Redis no longer holds every config this sink published last.

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from stunner_common.crds import Dataplane, Gateway, GatewayConfig, Listener, Service
+from stunner_common.crds import Dataplane, Gateway, GatewayConfig, Listener, Node, Service
 from stunner_operator.render.families import (
     address_family,
     dual_stack_env,
@@ -117,6 +117,22 @@ _BOOLEAN_ANNOTATIONS = (
     DISABLE_SESSION_AFFINITY,
     RELAY_ADDRESS_DISCOVERY,
 )
+
+
+def node_addresses(nodes: list[Node]) -> dict[str, str]:
+    """Each Node's external address for relay address discovery: its first ExternalIP.
+
+    Nodes without one are left out (the CDS then falls back to the pod's own address).
+    """
+    out: dict[str, str] = {}
+    for node in nodes:
+        ip = next(
+            (a.address for a in node.status.addresses if a.type == "ExternalIP" and a.address),
+            None,
+        )
+        if ip is not None:
+            out[node.metadata.name] = ip
+    return out
 
 
 def workload_kind(dataplane: Dataplane) -> str:

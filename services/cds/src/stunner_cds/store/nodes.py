@@ -1,0 +1,54 @@
+"""The Node addresses the CDS fills the node-address placeholder with (relay address discovery).
+
+The operator writes each Node's external address to the Redis hash `NODE_ADDRESSES_HASH`; a
+client that names its node (`?node=<STUNNER_NODENAME>`) gets its listeners' placeholder address
+replaced with that Node's address, as upstream's CDS does. This module keeps a copy of the hash,
+read again every `refresh_s` by one task (never per request); a Node with no address, or no copy
+yet, leaves the placeholder to `$STUNNER_ADDR` (the pod's address) as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from stunner_common.redis_keys import NODE_ADDRESSES_HASH
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 2.0
+
+_addresses: dict[str, str] = {}
+
+
+def node_address(node: str | None) -> str | None:
+    """The external address of `node` as last read from Redis, or None."""
+    return _addresses.get(node) if node else None
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def refresh(redis: aioredis.Redis, timeout_s: float) -> None:
+    async with asyncio.timeout(timeout_s):
+        raw = await redis.hgetall(NODE_ADDRESSES_HASH)
+    fresh = {_text(k): _text(v) for k, v in raw.items()}
+    if fresh != _addresses:
+        _addresses.clear()
+        _addresses.update(fresh)
+        log.info("node addresses for relay address discovery: %d node(s)", len(fresh))
+
+
+async def follow(redis: aioredis.Redis, timeout_s: float, refresh_s: float = REFRESH_S) -> None:
+    """Keep the copy of the node addresses fresh until cancelled (the previous copy is kept
+    while Redis is unreachable)."""
+    while True:
+        try:
+            await refresh(redis, timeout_s)
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.debug("node addresses: cannot read Redis: %s", exc)
+        await asyncio.sleep(refresh_s)
