@@ -24,6 +24,12 @@ done in softirq on the way out of a process's send call is charged to that proce
 every server's relay work is subtracted with the generator's and the peer's CPU. The reference
 row `ip forward` (no TURN, the server namespace routing the generator's datagrams to the peer)
 shows what the same accounting charges for the cheapest in-kernel path there is.
+
+Our stunnerd runs in three modes: "user space" (its C fast path relaying bound channels, the
+default), "python" (STUNNERD_FASTPATH=0, every packet through the Python engine) and "offloaded"
+(TC). Upstream STUNner's stunnerd (Go, v1.2.1, user space; bench/upstream_peer.py) races them
+in the same run with `--udp-thread-num` 1 and one thread per core; each of our modes gets
+`RATIO cpu_per_packet ours/upstream` against each.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import upstream_peer
 from bench.bench_turn import PASSWORD, REALM, USER, cpu_seconds, tree_pids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +67,7 @@ SETUP_TIMEOUT_S = 120.0
 RUN_TIMEOUT_S = 300.0
 PEER_MAX_S = 3600
 SERVERS = ("coturn", "user space", "offloaded")
+OUR_MODES = ("user space", "python", "offloaded")
 FORWARD = "ip forward"
 SOURCE = Path(__file__).with_name("udp_load.c")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -272,10 +280,28 @@ def main() -> None:
             for name, engine, port, health in (
                 ("user space", "None", STUNNERD_PORT, 8086),
                 ("offloaded", "TC", STUNNERD_PORT + 1, 8087),
+                ("python", "None", STUNNERD_PORT + 2, 8088),
             ):
-                path = tmp / f"stunnerd-{engine}.json"
+                path = tmp / f"stunnerd-{name.replace(' ', '-')}.json"
                 path.write_text(json.dumps(stunnerd_config(engine, port, health)))
-                proc = start(topo.server, [stunnerd, "-c", str(path)], f"{engine}.log")
+                argv = [stunnerd, "-c", str(path)]
+                if name == "python":
+                    argv = ["env", "STUNNERD_FASTPATH=0", *argv]
+                proc = start(topo.server, argv, f"{name.replace(' ', '-')}.log")
+                wait_port(topo, port)
+                servers[name] = (proc.pid, port)
+            upstream, why = upstream_peer.upstream_stunnerd()
+            if upstream is None:
+                print(f"upstream stunnerd: {why}; raced without it")
+            for i, threads in enumerate(upstream_peer.thread_counts() if upstream else []):
+                assert upstream is not None
+                port, health = STUNNERD_PORT + 10 + i, 8090 + i
+                path = tmp / f"upstream-{threads}.json"
+                path.write_text(json.dumps(stunnerd_config("None", port, health)))
+                name = upstream_peer.label(threads)
+                proc = start(
+                    topo.server, upstream_peer.argv(upstream, path, threads), f"{name}.log"
+                )
                 wait_port(topo, port)
                 servers[name] = (proc.pid, port)
             servers[FORWARD] = (None, 0)
@@ -341,7 +367,11 @@ def report(runs: dict[tuple[str, str], list[Run]]) -> None:
         prefix = "" if load == "media" else "flood "
         base = [r.us_per_packet for r in runs[("coturn", load)]]
         base_srv = [r.server_us_per_packet for r in runs[("coturn", load)]]
-        names = [("offloaded", "offloaded"), ("user space", "userspace"), (FORWARD, "ipforward")]
+        names = [("offloaded", "offloaded"), ("user space", "userspace"), ("python", "python")]
+        names += [
+            (n, n.replace(" ", "")) for n, _ in runs if n.startswith("upstream") and _ == load
+        ]
+        names.append((FORWARD, "ipforward"))
         for name, label in names:
             if (name, load) not in runs:
                 continue
@@ -352,7 +382,21 @@ def report(runs: dict[tuple[str, str], list[Run]]) -> None:
             if name == FORWARD:
                 line = "reference: " + line.removeprefix("RATIO ")
             print(f"{line}  (server+softirq: {_span(srv)})")
-        for name in (*SERVERS, FORWARD):
+        upstreams = sorted({n for n, _ in runs if n.startswith("upstream")})
+        for ours in OUR_MODES:
+            for theirs in upstreams:
+                if (ours, load) not in runs or (theirs, load) not in runs:
+                    continue
+                ratios = [
+                    a.us_per_packet / b.us_per_packet
+                    for a, b in zip(runs[(ours, load)], runs[(theirs, load)], strict=False)
+                ]
+                print(
+                    f"RATIO {prefix}cpu_per_packet ours/upstream = {_span(ratios)}  "
+                    f"(ours: {ours}; upstream: stunnerd v1.2.1 --udp-thread-num "
+                    f"{theirs.removeprefix('upstream x')})"
+                )
+        for name in (*SERVERS, "python", *upstreams, FORWARD):
             if (name, load) not in runs:
                 continue
             series = runs[(name, load)]

@@ -7,6 +7,9 @@ figure of merit is server CPU per relayed packet (utime+stime of the server's pr
 Runs alternate coturn / stunnerd so drift hits both. A second scenario measures allocations: many
 short sessions (`-m 100 -n 1`), reported as server CPU per allocation and allocations per second;
 a paced media-like load and a Send/Data indication flood complete the picture.
+Upstream STUNner's stunnerd (Go, v1.2.1, user space; bench/upstream_peer.py) runs beside them,
+with `--udp-thread-num` 1 and one thread per core, and each of our modes gets a
+`RATIO cpu_per_packet ours/upstream` line per load.
 Everything binds 127.0.0.1; every run is bounded in messages and in time.
 """
 
@@ -24,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,6 +215,43 @@ def coturn_args(turnserver: str, port: int, tmp: Path, min_port: int = 50000) ->
     ]  # fmt: skip
 
 
+@contextmanager
+def start_upstreams(tmp: Path) -> Iterator[dict[str, tuple[int, int]]]:
+    """Upstream stunnerd (Go) with 1 and with one UDP thread per core: ``{label: (pid, port)}``."""
+    from bench import upstream_peer
+
+    binary, why = upstream_peer.upstream_stunnerd()
+    if binary is None:
+        print(f"upstream stunnerd: {why}; raced without it")
+        yield {}
+        return
+    out: dict[str, tuple[int, int]] = {}
+    with ExitStack() as stack:
+        for threads in upstream_peer.thread_counts():
+            port = free_port()
+            path = tmp / f"upstream-{threads}.json"
+            path.write_text(json.dumps(stunnerd_config(port)))
+            log = tmp / f"upstream-{threads}.log"
+            proc = stack.enter_context(process(upstream_peer.argv(binary, path, threads), log))
+            wait_udp_listening(port, proc, log)
+            out[upstream_peer.label(threads)] = (proc.pid, port)
+        yield out
+
+
+def ours_vs_upstream(load: str, per_packet: dict[str, float]) -> None:
+    """``RATIO <load> cpu_per_packet ours/upstream`` for each of our modes against each upstream."""
+    prefix = f"{load} " if load else ""
+    for ours, mode in (("stunnerd", "user space"), ("no-gso", "user space, no UDP GSO")):
+        for name, theirs in per_packet.items():
+            if not name.startswith("upstream") or ours not in per_packet:
+                continue
+            threads = name.removeprefix("upstream x")
+            print(
+                f"RATIO {prefix}cpu_per_packet ours/upstream = {per_packet[ours] / theirs:.2f}  "
+                f"(ours: {mode}; upstream: stunnerd v1.2.1 --udp-thread-num {threads})"
+            )
+
+
 def main() -> None:
     turnserver = shutil.which("turnserver") or "/usr/bin/turnserver"
     for tool in ("turnutils_uclient", "turnutils_peer"):
@@ -233,6 +273,7 @@ def main() -> None:
         plain_env = {**os.environ, "STUNNERD_UDP_GSO": "0"}
         coturn_argv = coturn_args(turnserver, coturn_port, tmp)
         with (
+            ExitStack() as stack,
             process(["turnutils_peer", "-L", "127.0.0.1", "-p", str(peer_port)], tmp / "peer.log"),
             process(coturn_argv, tmp / "coturn.log") as coturn,
             process([stunnerd, "-c", str(cfg), "--bind", "127.0.0.1"], tmp / "sd.log") as sd,
@@ -250,6 +291,8 @@ def main() -> None:
                 "stunnerd": (sd.pid, stunnerd_port),
                 "no-gso": (plain.pid, plain_port),
             }
+            upstreams = stack.enter_context(start_upstreams(tmp))
+            servers.update(upstreams)
             # Many one-message sessions first: uclient leaves its allocations behind, and a new
             # session whose random local port meets one of an earlier run's is refused (437/400),
             # so this scenario runs while the servers hold the fewest leftovers.
@@ -299,6 +342,7 @@ def main() -> None:
     print(f"RATIO cpu_per_packet stunnerd/coturn = {med['stunnerd'] / med['coturn']:.2f}")
     print(f"RATIO cpu_per_packet stunnerd(no GSO)/coturn = {med['no-gso'] / med['coturn']:.2f}")
     print(f"RATIO round_trips_per_s stunnerd/coturn = {rate['stunnerd'] / rate['coturn']:.2f}")
+    ours_vs_upstream("", med)
     per_s = PACED_SESSIONS * 1000 // PACED_INTERVAL_MS
     print(
         f"paced media-like load: uclient -m {PACED_SESSIONS} -c -z {PACED_INTERVAL_MS} -l 100 "
@@ -315,6 +359,7 @@ def main() -> None:
     plain_ratio = paced["no-gso"] / paced["coturn"]
     print(f"RATIO paced cpu_per_packet stunnerd/coturn = {paced_ratio:.2f}")
     print(f"RATIO paced cpu_per_packet stunnerd(no GSO)/coturn = {plain_ratio:.2f}")
+    ours_vs_upstream("paced", paced)
     print(
         f"Send/Data indications: uclient -s -m {SESSIONS} -c -z 0 -l 100 -n {INDICATION_MESSAGES}"
     )
@@ -325,6 +370,7 @@ def main() -> None:
         )
     ind_ratio = indications["stunnerd"].us_per_packet / indications["coturn"].us_per_packet
     print(f"RATIO indications cpu_per_packet stunnerd/coturn = {ind_ratio:.2f}")
+    ours_vs_upstream("indications", {n: r.us_per_packet for n, r in indications.items()})
     print(
         f"allocations: uclient -m {ALLOC_SESSIONS} -c -n 1 (allocate, bind, 1 echo each); "
         "uclient paces its sessions, so allocations/s mostly measures uclient and the CPU "
@@ -337,6 +383,12 @@ def main() -> None:
     print(
         f"RATIO allocations_per_s stunnerd/coturn = {alloc['stunnerd'][1] / alloc['coturn'][1]:.2f}"
     )
+    for name, (alloc_ms, _rate) in alloc.items():
+        if name.startswith("upstream"):
+            print(
+                f"RATIO cpu_per_allocation ours/upstream = {alloc['stunnerd'][0] / alloc_ms:.2f}  "
+                f"(upstream: stunnerd v1.2.1 --udp-thread-num {name.removeprefix('upstream x')})"
+            )
 
 
 if __name__ == "__main__":
