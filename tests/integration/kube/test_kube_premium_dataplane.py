@@ -1,7 +1,8 @@
 """Upstream's premium dataplane through a real API server: a DaemonSet on the host network, and
 relay address discovery from real Node objects.
 
-The operator (as the chart's ServiceAccount) writes the DaemonSet; the API server must accept it
+Marked slow: it builds (once per machine) and starts a control plane of its own. The operator
+(as the chart's ServiceAccount) writes the DaemonSet; the API server must accept it
 with its rolling update, host networking, DNS policy and host ports. Two Nodes carry their
 addresses in their status, as a kubelet would write them; the operator publishes the one with
 an ExternalIP, the CDS fills it in for a stunnerd that names that node, and stunnerd gives it
@@ -23,6 +24,8 @@ from support.kube import KubeClient
 from support.kube_stack import CONTROLLER_NAME, KubeStack
 from support.ports import free_port, free_udp_tcp_port
 from support.stunnerd_process import ManagedStunnerd, TurnReceiver
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 NS = "premium"
 EXTERNAL_IP = "203.0.113.21"
@@ -73,20 +76,21 @@ NODES = {
 
 
 @pytest.fixture(scope="module")
-def premium(stack: KubeStack) -> Iterator[KubeStack]:
-    client = stack.admin
-    for name, addresses in NODES.items():
-        client.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-        client.patch_status("v1", "Node", name, None, {"addresses": addresses})
-    docs = [d for d in yaml.safe_load_all(OBJECTS) if d]
-    for doc in docs:
-        client.apply(doc)
-    yield stack
-    for doc in reversed(docs):
-        meta = doc["metadata"]
-        client.delete(doc["apiVersion"], doc["kind"], meta["name"], meta.get("namespace"))
-    for name in NODES:
-        client.delete("v1", "Node", name)
+def premium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeStack]:
+    """A test cluster of its own (chart, Redis, CDS, operator), with the Nodes and objects."""
+    stack = KubeStack(tmp_path_factory.mktemp("kube-premium"))
+    try:
+        stack.start()
+        client = stack.admin
+        for name, addresses in NODES.items():
+            client.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+            client.patch_status("v1", "Node", name, None, {"addresses": addresses})
+        for doc in yaml.safe_load_all(OBJECTS):
+            if doc:
+                client.apply(doc)
+        yield stack
+    finally:
+        stack.stop()
 
 
 def cds_config(stack: KubeStack, node: str) -> dict[str, Any] | None:
