@@ -79,7 +79,7 @@ class Replicas:
             "STUNNERD_QUOTA_LEASE_S": "2",
             "STUNNERD_QUOTA_GRACE_S": "0.5",
             "STUNNERD_QUOTA_RETRY_S": "0.5",
-            "STUNNERD_QUOTA_REDIS_TIMEOUT_S": "1",
+            "STUNNERD_QUOTA_REDIS_TIMEOUT_S": "3",
         }
         for i in range(REPLICAS):
             port = free_udp_tcp_port()
