@@ -1,5 +1,8 @@
 """`make run`'s stack end to end: Redis with ACL users, operator on examples/local, CDS, auth
-service, one stunnerd per Gateway, UDP echo.
+service, one stunnerd per Gateway, UDP echo. And a new user's first day with it (issue 27): three
+Gateways added, metrics turned on, a listener broken, a route to a Gateway that does not exist, a
+client refused, a route deleted under a running turncat: each gets a working stunnerd or a clear
+line in the terminal, and nothing that ran is torn down by a mistake.
 
 The example manifests are copied with free ports so the test never collides with a running stack.
 turncat sends a line through each Gateway to the echo backend; a Gateway added to the folder gets
@@ -10,6 +13,7 @@ runs), SIGHUP (the terminal closing) and the runner's death each leave no child 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -126,8 +130,29 @@ class LocalStack:
         return log.exists() and "ready on port" in log.read_text(errors="replace")
 
 
+def free_tcp_range(count: int) -> int:
+    """The first of `count` consecutive TCP ports that were all free a moment ago."""
+    for _ in range(200):
+        first = free_port()
+        if first + count > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free TCP ports")
+
+
 @contextlib.contextmanager
-def local_stack(tmp_path: Path) -> Iterator[LocalStack]:
+def local_stack(tmp_path: Path, **ports: int) -> Iterator[LocalStack]:
     manifests = tmp_path / "manifests"
     shutil.copytree(ROOT / "examples" / "local", manifests)
     udp_port, tcp_port = free_udp_tcp_port(), free_udp_tcp_port()
@@ -138,28 +163,26 @@ def local_stack(tmp_path: Path) -> Iterator[LocalStack]:
     gateways.write_text(
         text.replace("port: 3478", f"port: {udp_port}").replace("port: 3479", f"port: {tcp_port}")
     )
-    echo_port, auth_port = free_port(socket.SOCK_DGRAM), free_port()
+    echo_port, auth_port = free_port(socket.SOCK_DGRAM), ports.pop("auth_port", free_port())
+    flags = {
+        "--cds-port": free_port(),
+        "--redis-port": free_port(),
+        "--echo-port": echo_port,
+        "--health-port": free_port(),
+        "--operator-health-port": free_port(),
+        "--operator-metrics-port": free_port(),
+        "--media-port": free_port(),
+        "--metrics-port": free_port(),
+    }
+    flags.update({f"--{name.replace('_', '-')}": port for name, port in ports.items()})
     argv = [
         str(BIN / "python"),
         str(ROOT / "scripts" / "run_local.py"),
         "--manifests",
         str(manifests),
-        "--cds-port",
-        str(free_port()),
         "--auth-port",
         str(auth_port),
-        "--redis-port",
-        str(free_port()),
-        "--echo-port",
-        str(echo_port),
-        "--health-port",
-        str(free_port()),
-        "--operator-health-port",
-        str(free_port()),
-        "--operator-metrics-port",
-        str(free_port()),
-        "--media-port",
-        str(free_port()),
+        *(arg for flag, port in flags.items() for arg in (flag, str(port))),
         "--rundir",
         str(tmp_path / "run"),
     ]
@@ -304,3 +327,326 @@ def test_a_port_in_use_is_named_and_nothing_starts(tmp_path: Path) -> None:
     assert f"port {port}/tcp (CDS) is already in use" in result.stderr
     assert "Starting" not in result.stdout
     assert not (tmp_path / "run").exists()
+
+
+BUSY_GATEWAY = """apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata:
+  name: {name}
+  namespace: stunner
+spec:
+  gatewayClassName: stunner-gatewayclass
+  addresses:
+    - type: IPAddress
+      value: 127.0.0.1
+  listeners:
+    - name: udp
+      port: {port}
+      protocol: TURN-UDP
+---
+apiVersion: stunner.l7mp.io/v1
+kind: UDPRoute
+metadata:
+  name: {name}-echo
+  namespace: stunner
+spec:
+  parentRefs:
+    - name: {name}
+  rules:
+    - backendRefs:
+        - group: stunner.l7mp.io
+          kind: StaticService
+          name: local-echo
+"""
+LOST_ROUTE = """apiVersion: stunner.l7mp.io/v1
+kind: UDPRoute
+metadata:
+  name: lost
+  namespace: stunner
+spec:
+  parentRefs:
+    - name: no-such-gateway
+  rules:
+    - backendRefs:
+        - group: stunner.l7mp.io
+          kind: StaticService
+          name: local-echo
+"""
+
+
+def http_get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+def test_a_users_first_day_ports_grow_mistakes_are_loud_and_refusals_are_logged(
+    tmp_path: Path,
+) -> None:
+    # The issue's collisions, staged: the auth service sits where the third stunnerd's health
+    # port would be (8086 + 2 next to 8088), the operator's metrics where the first stunnerd's
+    # metrics would be (8080 for both).
+    health = free_tcp_range(12)
+    metrics = free_tcp_range(12)
+    with local_stack(
+        tmp_path,
+        health_port=health,
+        auth_port=health + 2,
+        metrics_port=metrics,
+        operator_metrics_port=metrics,
+    ) as stack:
+        arg = dict(zip(stack.argv[:-1], stack.argv[1:], strict=True))
+        cds = f"127.0.0.1:{arg['--cds-port']}"
+        operator = f"127.0.0.1:{arg['--operator-health-port']}"
+        ctl = [str(BIN / "stunnerctl"), "--cds", cds]
+        wait_until(
+            lambda: stack.ready("udp-gateway") and stack.ready("tcp-gateway"),
+            "stunnerds",
+            stack.proc,
+        )
+        udp = f"turn://user-1:pass-1@127.0.0.1:{stack.udp_port}?transport=udp"
+
+        # A long-running turncat on udp-gateway: its allocation must live through every mistake.
+        local = free_port(socket.SOCK_DGRAM)
+        tc_err = (tmp_path / "turncat.err").open("wb")
+        long_running = subprocess.Popen(
+            [
+                str(BIN / "turncat"),
+                f"udp://127.0.0.1:{local}",
+                udp,
+                f"udp://127.0.0.1:{stack.echo_port}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=tc_err,
+            env={**os.environ, "TURNCAT_SILENCE_PROBE_S": "1"},
+        )
+        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        client.settimeout(1)
+
+        def echoes(data: bytes) -> bool:
+            for _ in range(5):
+                client.sendto(data, ("127.0.0.1", local))
+                try:
+                    if client.recv(2048) == data:
+                        return True
+                except TimeoutError:
+                    continue
+            return False
+
+        try:
+            wait_until(lambda: echoes(b"first"), "the long-running turncat", stack.proc, 30)
+
+            # 1. Three Gateways more: each gets a working stunnerd, none on a taken port.
+            extra = {f"extra-{i}": free_udp_tcp_port() for i in (1, 2, 3)}
+            for name, port in extra.items():
+                (stack.manifests / f"{name}.yaml").write_text(
+                    BUSY_GATEWAY.format(name=name, port=port)
+                )
+            for name in extra:
+                wait_until(lambda n=name: stack.ready(n), f"a stunnerd for {name}", stack.proc)
+            for name, port in extra.items():
+                uri = f"turn://user-1:pass-1@127.0.0.1:{port}?transport=udp"
+                assert turncat_echo(uri, stack.echo_port, name.encode()) == name.encode()
+            out = stack.proc.output()
+            assert "cannot start" not in out, out
+            health_ports = [
+                int(p) for p in re.findall(r"health +http://127.0.0.1:(\d+)/ready", out)
+            ]
+            assert len(health_ports) == 5, out
+            assert len(set(health_ports)) == 5
+            assert health + 2 not in health_ports, "the auth service's port"
+            status = subprocess.run(
+                [*ctl, "status", "--health-port", str(health), "--operator", operator],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert status.returncode == 0, status.stdout + status.stderr
+            assert status.stdout.count("status: READY") == 5, status.stdout
+
+            # A Gateway whose listener port another program holds: said once, with the fix,
+            # then started as soon as the port is free.
+            holder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            holder.bind(("127.0.0.1", 0))
+            busy = holder.getsockname()[1]
+            (stack.manifests / "busy.yaml").write_text(BUSY_GATEWAY.format(name="busy", port=busy))
+            wait_until(
+                lambda: "cannot start a stunnerd for stunner/busy" in stack.proc.output(),
+                "the port problem",
+                stack.proc,
+            )
+            time.sleep(3)  # several sync rounds
+            lines = [ln for ln in stack.proc.output().splitlines() if "stunner/busy" in ln]
+            assert len(lines) == 1, lines
+            assert f"port {busy}/udp" in lines[0]
+            assert (
+                "in use by another program (free the port or change the listener's port" in lines[0]
+            )
+            holder.close()
+            wait_until(lambda: stack.ready("busy"), "the busy Gateway once free", stack.proc)
+
+            # 2. Metrics on in the Dataplane: every stunnerd serves them on a port of its own,
+            # and the operator's metrics stay where they were.
+            dataplane = stack.manifests / "dataplane.yaml"
+            dataplane.write_text(
+                dataplane.read_text().rstrip("\n") + "\n  enableMetricsEndpoint: true\n"
+            )
+            wait_until(
+                lambda: (
+                    len(re.findall(r"^stunnerd \S+ metrics: http", stack.proc.output(), re.M)) == 6
+                ),
+                "six metrics endpoints",
+                stack.proc,
+            )
+            urls = re.findall(r"^stunnerd \S+ metrics: (http\S+)", stack.proc.output(), re.M)
+            assert f"http://127.0.0.1:{metrics}/metrics" not in urls
+            for url in urls:
+                assert "stunner_allocations_active" in http_get(url), url
+            assert "stunner_operator_renders" in http_get(f"http://127.0.0.1:{metrics}/metrics")
+
+            # 3. A broken listener: the error in the terminal with the real cause; the Gateway
+            # keeps its last good version and the live allocation; counted; degraded in status.
+            gateways = stack.manifests / "gateways.yaml"
+            good = gateways.read_text()
+            gateways.write_text(good.replace("protocol: TURN-UDP", "protocol: TURN-FOO"))
+            wait_until(
+                lambda: (
+                    "operator error: Gateway stunner/udp-gateway: listener udp-listener: "
+                    "unsupported protocol 'TURN-FOO'" in stack.proc.output()
+                ),
+                "the operator's error in the terminal",
+                stack.proc,
+            )
+            assert "allowedRoutes" not in stack.proc.output()
+            assert echoes(b"still here"), "the live allocation survives the mistake"
+            config = subprocess.run(
+                [*ctl, "config", "stunner/udp-gateway"], capture_output=True, text=True, timeout=30
+            )
+            assert "Protocol: TURN-UDP" in config.stdout, config.stdout + config.stderr
+            metrics_text = http_get(f"http://127.0.0.1:{metrics}/metrics")
+            assert "stunner_operator_manifest_errors 1.0" in metrics_text
+            status = subprocess.run(
+                [
+                    *ctl,
+                    "status",
+                    "stunner/udp-gateway",
+                    "--health-port",
+                    str(health),
+                    "--operator",
+                    operator,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert status.returncode == 1, status.stdout + status.stderr
+            assert "Gateway: stunner/udp-gateway status: DEGRADED (stunnerd READY)" in status.stdout
+            assert "! listener udp-listener: unsupported protocol 'TURN-FOO'" in status.stdout
+            # A schema error next keeps the last GOOD version, of that object.
+            gateways.write_text(
+                good.replace("protocol: TURN-UDP", "protocol: TURN-FOO").replace(
+                    f"port: {stack.udp_port}", "port: 70000"
+                )
+            )
+            wait_until(
+                lambda: (
+                    "(keeping the last good version of Gateway stunner/udp-gateway)"
+                    in stack.proc.output()
+                ),
+                "the schema error",
+                stack.proc,
+            )
+            assert echoes(b"and still")
+            gateways.write_text(good)
+
+            # 4. A route to a Gateway that does not exist: a warning, and a --dry-run line.
+            (stack.manifests / "lost.yaml").write_text(LOST_ROUTE)
+            wait_until(
+                lambda: (
+                    "operator warning: UDPRoute stunner/lost: parent Gateway "
+                    "stunner/no-such-gateway does not exist" in stack.proc.output()
+                ),
+                "the missing parent warning",
+                stack.proc,
+            )
+            dry = subprocess.run(
+                [str(BIN / "stunner-operator"), "--manifests", str(stack.manifests), "--dry-run"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert (
+                "UDPRoute stunner/lost: parent Gateway stunner/no-such-gateway does not exist"
+                in dry.stderr + dry.stdout
+            )
+
+            # 5. Refused clients: a wrong password and a peer no route admits, each logged once
+            # with who, where and why, and counted by code.
+            tcp = f"turn://user-1:wrong@127.0.0.1:{stack.tcp_port}?transport=tcp"
+            bad = subprocess.run(
+                [str(BIN / "turncat"), "-", tcp, f"udp://127.0.0.1:{stack.echo_port}"],
+                input=b"x",
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+            assert bad.returncode == 3, bad.stderr
+            tcp = f"turn://user-1:pass-1@127.0.0.1:{stack.tcp_port}?transport=tcp"
+            forbidden = subprocess.run(
+                [str(BIN / "turncat"), "-", tcp, f"udp://127.0.0.2:{stack.echo_port}"],
+                input=b"x",
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+            assert forbidden.returncode == 4, forbidden.stderr
+            log = stack.logs / "stunnerd-stunner-tcp-gateway.log"
+            wait_until(
+                lambda: log.read_text().count("stunnerd.refusals") >= 2,
+                "refusal lines",
+                stack.proc,
+                10,
+            )
+            text = log.read_text()
+            assert "refused ALLOCATE from 127.0.0.1:" in text
+            assert "(user 'user-1'): 401 Unauthorized: wrong password" in text
+            assert (
+                f"403 Forbidden (peer not admitted by any route): peer 127.0.0.2:{stack.echo_port} "
+                "is admitted by no route (routes considered: stunner/echo (UDP: 127.0.0.1))"
+            ) in text
+            counted = "".join(http_get(u) for u in urls)
+            for code in (401, 403):
+                series = f'{{code="{code}",name="stunner/tcp-gateway/tcp-listener"}} 1.0'
+                assert f"stunner_listener_refusals_total{series}" in counted, counted
+
+            # 6. /status counts the clients there are: the long-running one; a client that came
+            # and left is not counted any more.
+            def udp_listener() -> dict[str, object]:
+                for port in health_ports:
+                    doc = json.loads(http_get(f"http://127.0.0.1:{port}/status"))
+                    if doc["admin"]["name"] == "stunner/udp-gateway":
+                        return dict(doc["listeners"][0])
+                raise AssertionError("no /status for stunner/udp-gateway")
+
+            assert udp_listener()["connections"] == 1
+            assert turncat_echo(udp, stack.echo_port, b"come and go") == b"come and go"
+            wait_until(
+                lambda: udp_listener()["connections"] == 1, "the client gone", stack.proc, 15
+            )
+            assert udp_listener()["allocations"] == 1
+
+            # ... and a deleted route under the long-running turncat is reported, not silent.
+            (stack.manifests / "route.yaml").unlink()
+            deadline = time.monotonic() + 30
+            while b"no route admits it any more" not in (tmp_path / "turncat.err").read_bytes():
+                assert time.monotonic() < deadline, (tmp_path / "turncat.err").read_text()
+                client.sendto(b"anyone?", ("127.0.0.1", local))
+                time.sleep(0.5)
+        finally:
+            client.close()
+            long_running.terminate()
+            long_running.wait(10)
+            tc_err.close()
