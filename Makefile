@@ -7,7 +7,7 @@ PACKAGES := libs/common services/stunnerd services/cds services/operator service
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup bpf test unit lint format run stop bench fuzz soak clean images base-image compose-up compose-down test-compose lock
+.PHONY: setup bpf test unit lint format run stop bench conformance fuzz soak clean images base-image compose-up compose-down test-compose lock
 
 setup: $(STAMP) bpf
 
@@ -99,6 +99,12 @@ lock:
 
 bench: setup
 	$(BIN)/python -m bench
+
+# Upstream's operator and ours on the same manifests (tests/conformance; a real kube-apiserver
+# each, Go peers built once into ~/.cache/stunner-test-go): one line per case and a summary;
+# fails on a difference docs/upstream-differences.md does not explain.
+conformance: setup
+	$(BIN)/python tests/conformance/run.py $(CONFORMANCE_ARGS)
 
 # The long runs, only when asked: a million fuzz inputs per target; a ten-minute soak.
 fuzz: setup
