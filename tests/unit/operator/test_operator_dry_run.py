@@ -167,3 +167,39 @@ def test_an_unreadable_folder_exits_2(tmp_path: Path) -> None:
     finally:
         folder.chmod(0o755)
     assert code == 2
+
+
+def test_dry_run_warns_about_a_key_that_does_not_match_its_certificate(tmp_path: Path) -> None:
+    from stunner_common.config import self_signed_pair
+    from stunner_operator.dryrun import dry_run
+    from support.operator import HIERARCHY
+
+    cert, _ = self_signed_pair("one.example")
+    _, other_key = self_signed_pair("two.example")
+    (tmp_path / "all.yaml").write_text(
+        HIERARCHY
+        + f"""---
+apiVersion: v1
+kind: Secret
+metadata: {{name: tls, namespace: stunner}}
+type: kubernetes.io/tls
+data: {{tls.crt: {cert}, tls.key: {other_key}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: gw, namespace: stunner}}
+spec:
+  gatewayClassName: stunner
+  listeners:
+  - {{name: udp, port: 3478, protocol: TURN-UDP}}
+  - {{name: tls, port: 443, protocol: TURN-TLS, tls: {{certificateRefs: [{{name: tls}}]}}}}
+"""
+    )
+    result = dry_run(tmp_path)
+    warnings = [p for p in result.problems if "InvalidCertificateRef" in p]
+    assert len(warnings) == 1
+    assert "listener tls: ResolvedRefs=False" in warnings[0]
+    assert "private key does not match the certificate" in warnings[0]
+    (config_map,) = [d for d in result.documents if d["kind"] == "ConfigMap"]
+    rendered = json.loads(config_map["data"]["stunnerd.conf"])
+    assert [ls["name"] for ls in rendered["listeners"]] == ["stunner/gw/udp"]

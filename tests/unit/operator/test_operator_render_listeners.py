@@ -410,3 +410,50 @@ def test_service_without_the_related_gateway_annotation_is_not_the_public_servic
     )
     r = render(HIERARCHY, gateway(UDP), svc)
     assert public(r) == [("", 0)]
+
+
+def _secret(cert_pem: str, key_pem: str) -> str:
+    cert = cert_pem.replace("\n", "\\n")
+    key = key_pem.replace("\n", "\\n")
+    return f"""
+apiVersion: v1
+kind: Secret
+metadata: {{name: tls, namespace: stunner}}
+type: kubernetes.io/tls
+stringData: {{tls.crt: "{cert}", tls.key: "{key}"}}
+"""
+
+
+OTHER_KEY_PEM = base64.b64decode(self_signed_pair("other.example")[1]).decode()
+GARBAGE_CERT_PEM = (
+    "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("cert_pem", "key_pem", "message"),
+    [
+        (CERT_PEM, OTHER_KEY_PEM, "private key does not match the certificate"),
+        (GARBAGE_CERT_PEM, KEY_PEM, "cannot load cert/key pair"),
+    ],
+    ids=["mismatched-key", "garbage-between-markers"],
+)
+def test_a_secret_stunnerd_could_not_load_leaves_the_listener_out(
+    render: Render, cert_pem: str, key_pem: str, message: str
+) -> None:
+    listeners = (
+        "[{name: udp, port: 3478, protocol: TURN-UDP},"
+        " {name: tls, port: 443, protocol: TURN-TLS, tls: {certificateRefs: [{name: tls}]}}]"
+    )
+    r = render(HIERARCHY, _secret(cert_pem, key_pem), gateway(listeners))
+    assert [ls.name for ls in r.configs()["stunner/gw"].listeners] == ["stunner/gw/udp"]
+    st = listener_status(r, "tls")
+    assert st["ResolvedRefs"] == ("False", "InvalidCertificateRef")
+    assert st["Programmed"][0] == "False"
+    gw = r.gateway("stunner", "gw")
+    assert gw is not None
+    assert gw.status is not None
+    tls_status = next(ls for ls in gw.status.listeners if ls.name == "tls")
+    resolved = next(c for c in tls_status.conditions if c.type == "ResolvedRefs")
+    assert resolved.message.startswith("Secret stunner/tls: ")
+    assert message in resolved.message

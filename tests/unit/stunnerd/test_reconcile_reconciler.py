@@ -1,4 +1,4 @@
-"""The reconciler's order of operations and its rollback, against an in-memory dataplane.
+"""The reconciler's order of operations and per-listener apply, against an in-memory dataplane.
 
 The target here records what it is asked to do and keeps a table of running listeners, so the
 tests can assert exactly which listeners were touched and what runs after a failure. The same
@@ -10,6 +10,7 @@ that puts it and the admin endpoints together is driven here through `TableDatap
 from __future__ import annotations
 
 import copy
+import errno
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from stunner_common.config import (
     zero_config,
 )
 from stunnerd.admin.stats import StatsSnapshot
-from stunnerd.reconcile.dataplane import ApplyOutcome
+from stunnerd.reconcile.dataplane import ApplyOutcome, ListenerState
 from stunnerd.reconcile.listeners import ListenerReconciler, ReconcileError
 from stunnerd.reconcile.plan import Plan
 from stunnerd.reconcile.reconciler import Reconciler
@@ -47,7 +48,7 @@ class TableTarget:
 
     async def add_listener(self, listener: ListenerConfig, config: StunnerConfig) -> None:
         if listener.name in self.fail_add:
-            raise OSError(f"address in use: {listener.port}")
+            raise OSError(errno.EADDRINUSE, f"address in use: {listener.port}")
         self.ops.append(f"add {listener.name}")
         self.running[listener.name] = listener
 
@@ -80,7 +81,12 @@ class TableDataplane:
             result = await self.listeners.apply(config)
         except ReconcileError as exc:
             return ApplyOutcome(applied=False, error=str(exc))
-        return ApplyOutcome(applied=result.applied, ignored=result.ignored)
+        return ApplyOutcome(
+            applied=result.applied,
+            ignored=result.ignored,
+            started=tuple((name, 0) for name in result.started),
+            listeners=result.listeners,
+        )
 
     def stats(self) -> StatsSnapshot:
         return StatsSnapshot()
@@ -105,8 +111,9 @@ class RecordingAdmin:
     def __init__(self) -> None:
         self.applied: list[tuple[str, Plan]] = []
 
-    async def apply_admin(self, config: StunnerConfig, plan: Plan) -> None:
+    async def apply_admin(self, config: StunnerConfig, plan: Plan) -> dict[str, str]:
         self.applied.append((config.admin.loglevel, plan))
+        return {}
 
 
 def config(**listener_ports: int) -> StunnerConfig:
@@ -175,30 +182,116 @@ async def test_a_port_change_removes_then_restarts_only_that_listener() -> None:
     assert target.running["b"].port == 4000
 
 
-async def test_a_failed_start_rolls_back_to_the_previous_listeners_and_reports_the_error() -> None:
+async def test_a_listener_that_cannot_bind_is_left_out_and_the_rest_applies() -> None:
     target = TableTarget()
     rec = ListenerReconciler(target)
-    before = config(a=3478, b=3479)
-    await rec.apply(before)
+    await rec.apply(config(a=3478, b=3479))
     target.fail_add = {"c"}
-    with pytest.raises(ReconcileError, match="address in use"):
-        await rec.apply(config(a=3478, b=4000, c=5000))
-    assert rec.running == before
-    assert {name: lst.port for name, lst in target.running.items()} == {"a": 3478, "b": 3479}
-    assert target.policies == before
-    assert rec.failed_count == 1
+    wanted = config(a=3478, b=4000, c=5000)
+    result = await rec.apply(wanted)
+    assert rec.running == wanted
+    assert {name: lst.port for name, lst in target.running.items()} == {"a": 3478, "b": 4000}
+    assert target.policies == wanted
+    assert result.started == ("b",)
+    states = {s.name: s for s in result.listeners}
+    assert states["a"] == ListenerState("a", "serving")
+    assert states["b"] == ListenerState("b", "serving")
+    assert (states["c"].state, states["c"].cause, states["c"].attempts) == (
+        "retrying",
+        "port_in_use",
+        1,
+    )
+    assert "address in use" in states["c"].reason
 
 
-async def test_a_bad_certificate_aborts_before_any_side_effect() -> None:
+async def test_a_retrying_listener_is_tried_again_at_every_apply_until_it_serves() -> None:
+    target = TableTarget()
+    rec = ListenerReconciler(target)
+    target.fail_add = {"b"}
+    wanted = config(a=3478, b=3479)
+    await rec.apply(wanted)
+    again = await rec.apply(wanted)  # the same config: a retry
+    assert {s.name: (s.state, s.attempts) for s in again.listeners} == {
+        "a": ("serving", 0),
+        "b": ("retrying", 2),
+    }
+    assert rec.applied_count == 1, "a retry is not another config"
+    target.fail_add = set()
+    target.ops.clear()
+    freed = await rec.apply(wanted)
+    assert freed.started == ("b",)
+    assert target.ops == ["policies", "add b"]
+    assert all(s.state == "serving" for s in freed.listeners)
+
+
+async def test_a_bad_certificate_rejects_that_listener_only_until_its_config_changes() -> None:
     target = TableTarget()
     rec = ListenerReconciler(target)
     await rec.apply(config(a=3478))
     target.ops.clear()
     target.fail_check = {"b"}
-    with pytest.raises(ReconcileError, match="cannot load cert/key pair"):
-        await rec.apply(config(a=3478, b=3479))
-    assert target.ops == []
-    assert sorted(target.running) == ["a"]
+    result = await rec.apply(config(a=3478, b=3479, c=3480))
+    assert sorted(target.running) == ["a", "c"]
+    states = {s.name: s for s in result.listeners}
+    assert (states["b"].state, states["b"].cause) == ("rejected", "bad_certificate")
+    assert "cannot load cert/key pair" in states["b"].reason
+    target.ops.clear()
+    await rec.apply(config(a=3478, b=3479, c=3480))
+    assert target.ops == [], "the same rejected listener is not tried again"
+    target.fail_check = set()
+    fixed = await rec.apply(config(a=3478, b=3490, c=3480))
+    assert "add b" in target.ops
+    assert all(s.state == "serving" for s in fixed.listeners)
+
+
+async def test_a_failure_of_the_whole_config_rolls_back_and_is_an_error() -> None:
+    class PolicyFails(TableTarget):
+        def apply_policies(self, config: StunnerConfig) -> None:
+            if config.auth.realm == "bad":
+                raise ValueError("no policy for that")
+            super().apply_policies(config)
+
+    target = PolicyFails()
+    rec = ListenerReconciler(target)
+    before = config(a=3478)
+    await rec.apply(before)
+    with pytest.raises(ReconcileError, match="no policy"):
+        await rec.apply(edited(before, auth__realm="bad"))
+    assert rec.running == before
+    assert target.policies == before
+    assert rec.failed_count == 1
+
+
+async def test_the_reconciler_counts_failures_by_cause_and_retries_what_may_pass() -> None:
+    target = TableTarget()
+    rec = Reconciler(TableDataplane(target), RecordingAdmin())
+    target.fail_add = {"b"}
+    await rec.apply(config(a=3478, b=3479), revision=3, epoch="e1")
+    assert (rec.revision, rec.epoch, rec.serving) == (3, "e1", 1)
+    assert rec.retry_attempt() == 0
+    retried = await rec.retry()
+    assert retried is not None
+    assert rec.retry_attempt() == 1
+    assert rec.failures == {"port_in_use": 2}
+    target.fail_add = set()
+    freed = await rec.retry()
+    assert freed is not None
+    assert freed.started == (("b", 0),)
+    assert (rec.serving, rec.retry_attempt()) == (2, None)
+    assert await rec.retry() is None
+    assert rec.counts() == {"applied": 1, "rejected": 0, "ignored": 0}
+
+
+async def test_a_config_refused_whole_keeps_its_reason() -> None:
+    rec = Reconciler(TableDataplane(TableTarget()), RecordingAdmin())
+    rec.reject("invalid config from CDS: listeners[0].port: bad", revision=9, epoch="e2")
+    assert rec.counts()["rejected"] == 1
+    assert rec.last_rejection is not None
+    assert (rec.last_rejection.reason, rec.last_rejection.revision) == (
+        "invalid config from CDS: listeners[0].port: bad",
+        9,
+    )
+    assert rec.failures == {"invalid_config": 1}
 
 
 async def test_a_loglevel_change_reaches_the_admin_surface_without_touching_listeners() -> None:

@@ -2,10 +2,11 @@
 
 `run(settings)` is the whole life of a `stunnerd` process. It builds the dataplane (this process,
 or `--udp-thread-num` worker processes), loads or watches the config origin, applies each config
-through the `Reconciler` (dataplane, then admin endpoints), keeps `/ready` false until the first
-real config is in force, and on SIGTERM turns `/ready` to 503, refuses new allocations and exits
-once the last allocation ends or the grace period runs out (SIGINT does the same with a shorter
-grace period; a second signal exits at once). A config that fails to apply is logged and the
+through the `Reconciler` (dataplane, then admin endpoints), keeps `/ready` true exactly while at
+least one listener serves, retries the listeners that could not come up with capped backoff, and
+on SIGTERM turns `/ready` to 503, refuses new allocations and exits once the last allocation ends
+or the grace period runs out (SIGINT does the same with a shorter grace period; a second signal
+exits at once). A config refused whole is logged and counted with its reason in `/status`, and the
 previous one keeps serving; a one-shot load that fails exits with status 1. The command line and
 the environment are read once, in `stunnerd.cli`, into the `StunnerdSettings` passed in here.
 """
@@ -21,6 +22,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from stunner_common.backoff import Backoff
 from stunner_common.cds import token_source
 from stunner_common.config import ConfigError, StunnerConfig
 from stunner_common.turnuri import default_config_from_uri
@@ -132,8 +134,28 @@ class ManagedDataplane:
         )
         self.reconciler = Reconciler(dataplane, self.admin)
         self.admin.revision = lambda: self.reconciler.revision
+        self.admin.epoch = lambda: self.reconciler.epoch
         self.admin.config_counts = self.reconciler.counts
+        self.admin.listener_states = lambda: self.reconciler.listeners
+        self.admin.apply_failures = lambda: self.reconciler.failures
+        self.admin.last_rejection = self._last_rejection
         self.admin.extra_status = self._extra_status
+        self._retry_backoff = Backoff(
+            initial_s=settings.listener_retry_min_s, cap_s=settings.listener_retry_max_s
+        )
+        self._retry_timer: asyncio.TimerHandle | None = None
+        self._retry_task: asyncio.Task[None] | None = None
+
+    def _last_rejection(self) -> dict[str, object] | None:
+        last = self.reconciler.last_rejection
+        if last is None:
+            return None
+        return {
+            "reason": last.reason,
+            "revision": last.revision,
+            "epoch": last.epoch,
+            "at": last.at,
+        }
 
     def _extra_status(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -157,26 +179,67 @@ class ManagedDataplane:
             }
         return out
 
-    async def apply(self, config: StunnerConfig, revision: int | None = None) -> ApplyOutcome:
-        outcome = await self.reconciler.apply(config, revision=revision)
-        if outcome.error is not None or outcome.ignored:
-            return outcome
-        for name, port in outcome.started:
-            # A stable line on stdout that scripts and tests wait for.
-            print(f"stunnerd: listener {name} ready on port {port}", flush=True)
-        if not self.lifecycle.draining:
-            self.lifecycle.ready = True
+    async def apply(
+        self, config: StunnerConfig, revision: int | None = None, epoch: str | None = None
+    ) -> ApplyOutcome:
+        outcome = await self.reconciler.apply(config, revision=revision, epoch=epoch)
+        self._applied(outcome)
         return outcome
+
+    def _applied(self, outcome: ApplyOutcome) -> None:
+        """After an apply or a retry: announce what came up, readiness, the next retry."""
+        if outcome.error is None and not outcome.ignored:
+            for name, port in outcome.started:
+                # A stable line on stdout that scripts and tests wait for.
+                print(f"stunnerd: listener {name} ready on port {port}", flush=True)
+        if not self.lifecycle.draining:
+            self.lifecycle.ready = self.reconciler.serving > 0
+        self._schedule_retry()
+
+    def _schedule_retry(self) -> None:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
+        attempt = self.reconciler.retry_attempt()
+        if attempt is None or self.lifecycle.draining:
+            return
+        delay_s = self._retry_backoff.delay_s(attempt)
+        self._retry_timer = asyncio.get_running_loop().call_later(delay_s, self._start_retry)
+
+    def _start_retry(self) -> None:
+        self._retry_timer = None
+        if self._retry_task is None or self._retry_task.done():
+            self._retry_task = asyncio.create_task(self._retry(), name="stunnerd-listener-retry")
+            self._retry_task.add_done_callback(_log_failed)
+
+    async def _retry(self) -> None:
+        if self.lifecycle.draining:
+            return
+        outcome = await self.reconciler.retry()
+        if outcome is not None:
+            self._applied(outcome)
+
+    async def stop_retrying(self) -> None:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
+        if self._retry_task is not None and not self._retry_task.done():
+            self._retry_task.cancel()
+            await asyncio.gather(self._retry_task, return_exceptions=True)
+
+    def rejected(self, reason: str, revision: int | None, epoch: str | None) -> None:
+        """The origin refused a config as a whole (invalid): counted, reason in /status."""
+        self.reconciler.reject(reason, revision=revision, epoch=epoch)
 
     async def follow(self, origin: ConfigOrigin) -> None:
         async for event in origin.watch():
             if self.lifecycle.draining:
                 return
             try:
-                await self.apply(event.config, event.revision)
-            except Exception:
+                await self.apply(event.config, event.revision, event.epoch)
+            except Exception as exc:
                 # Never let one bad apply end the watch: the running config stays in force.
-                self.reconciler.rejected_count += 1
+                self.reconciler.reject(f"applying the config failed unexpectedly: {exc!r}")
                 log.exception("applying a config failed unexpectedly")
 
 
@@ -230,6 +293,7 @@ async def run(settings: StunnerdSettings, env: Mapping[str, str] | None = None) 
                     print(f"stunnerd: {app.admin.health_error}", file=sys.stderr)
                     return EXIT_CONFIG
             if settings.watch or spec.kind in ("ws", "file"):
+                origin.on_rejected = app.rejected
                 follow = asyncio.create_task(app.follow(origin), name="stunnerd-config-watch")
                 follow.add_done_callback(_log_unexpected_exit)
         first = await signals.get()
@@ -237,6 +301,7 @@ async def run(settings: StunnerdSettings, env: Mapping[str, str] | None = None) 
         if follow is not None:
             follow.cancel()
             await asyncio.gather(follow, return_exceptions=True)
+        await app.stop_retrying()
         abort = asyncio.Event()
         second = asyncio.create_task(_second_signal(signals, abort), name="stunnerd-abort")
         grace = settings.grace_period_s
@@ -261,6 +326,7 @@ async def run(settings: StunnerdSettings, env: Mapping[str, str] | None = None) 
         if follow is not None and not follow.done():
             follow.cancel()
             await asyncio.gather(follow, return_exceptions=True)
+        await app.stop_retrying()
         await app.admin.close()
         await dataplane.close()
 
@@ -269,6 +335,11 @@ async def _second_signal(signals: asyncio.Queue[int], abort: asyncio.Event) -> N
     sig = await signals.get()
     log.warning("%s received again: exiting now", signal.Signals(sig).name)
     abort.set()
+
+
+def _log_failed(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s failed: %r", task.get_name(), task.exception())
 
 
 def _log_unexpected_exit(task: asyncio.Task[None]) -> None:

@@ -73,6 +73,10 @@ class StunnerdSettings(BaseSettings):
     grace_period_s: float = Field(DEFAULT_GRACE_PERIOD_S, ge=0)
     sigint_grace_period_s: float = Field(DEFAULT_SIGINT_GRACE_PERIOD_S, ge=0)
     force_ready: bool = False
+    listener_retry_min_s: float = Field(0.5, gt=0)
+    """A listener left out for a reason that may pass (port in use, bind error) is tried again
+    after this long, doubling up to `listener_retry_max_s` (jittered)."""
+    listener_retry_max_s: float = Field(30.0, gt=0)
     cds_token_file: str | None = None
     """Read the CDS bearer token from this file (re-read when it changes); else `CDS_TOKEN`."""
     bind_host: str = "0.0.0.0"

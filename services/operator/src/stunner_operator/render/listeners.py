@@ -10,10 +10,11 @@ keeps only the Gateway-level flow.
 from __future__ import annotations
 
 import base64
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from stunner_common.config import ListenerConfig
+from stunner_common.config import ConfigError, ListenerConfig, load_tls_pair
 from stunner_common.crds import Gateway, Listener, Secret, Service
 from stunner_operator.render.status import Condition, ListenerStatus, false, true
 from stunner_operator.render.store import View
@@ -69,8 +70,25 @@ def _tls_material(view: View, gw: Gateway, ls: Listener) -> tuple[tuple[str, str
         if not cert or not key:
             problem = f"Secret {ns}/{ref.name} needs the keys tls.crt and tls.key"
             continue
-        return (base64.b64encode(cert).decode(), base64.b64encode(key).decode()), ""
+        pair = (base64.b64encode(cert).decode(), base64.b64encode(key).decode())
+        unusable = _tls_problem(*pair)
+        if unusable:
+            problem = f"Secret {ns}/{ref.name}: {unusable}"
+            continue
+        return pair, ""
     return None, problem
+
+
+@functools.lru_cache(maxsize=256)
+def _tls_problem(cert_b64: str, key_b64: str) -> str:
+    """Why stunnerd could not load this pair ("" when it can): PEM that does not parse, a key
+    that does not match the certificate. Checked here so that the listener is left out with
+    ResolvedRefs=False instead of being rejected by every stunnerd of the Gateway."""
+    try:
+        load_tls_pair(cert_b64, key_b64)
+    except ConfigError as exc:
+        return str(getattr(exc, "message", exc))
+    return ""
 
 
 def _public_service(view: View, gw: Gateway) -> Service | None:

@@ -1,9 +1,11 @@
 """Liveness, readiness and the status document, as upstream's health-check server serves them.
 
-Readiness follows upstream's lifecycle: not ready until the first real config is applied, never
-back to not-ready on a later failed reconcile, and 503 for good once draining starts (unless
-`--force-ready-status`). `/status` fills `allocationCount` and `status`, which upstream left
-empty, and never carries credentials or TLS keys.
+Readiness tells whether this stunnerd serves anything: ready while at least one listener of the
+config in force is serving, not ready before the first config, while every listener is left out
+(a Gateway with no listener included), and for good once draining starts (unless
+`--force-ready-status`). A config rejected whole changes nothing: the one in force keeps serving.
+`/status` fills `allocationCount` and `status`, which upstream left empty, and never carries
+credentials or TLS keys.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ NOT_READY_BODY = b'{"status":503,"message":"stunnerd not ready"}'
 
 @dataclass(slots=True)
 class Lifecycle:
-    """The process-wide readiness state the health server reports."""
+    """The process-wide readiness state the health server reports (`ready`: a listener serves)."""
 
     ready: bool = False
     draining: bool = False

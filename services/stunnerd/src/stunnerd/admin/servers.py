@@ -2,8 +2,11 @@
 
 This is the admin half of a reconcile: it owns both servers, applies the log level from the
 config (unless the command line pinned one), and builds the `/status` document. The status names
-listeners, allocations and the config revision, and deliberately leaves out credentials, secrets
-and TLS material.
+every listener with its state (serving, retrying or rejected, with the reason), allocations, the
+config revision and store epoch in force and the last rejection, and deliberately leaves out
+credentials, secrets and TLS material. A health or metrics endpoint that cannot be bound is
+reported in `admin.health_error` / `admin.metrics_error` and changes nothing else: the document
+keeps every field.
 """
 
 from __future__ import annotations
@@ -11,8 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from stunner_common.config import StunnerConfig
 from stunner_common.loglevel import apply_log_spec
@@ -26,6 +32,7 @@ from stunnerd.admin.health import Lifecycle, health_handler
 from stunnerd.admin.http import REQUEST_HEAD_TIMEOUT_S, HttpServer, Response
 from stunnerd.admin.metrics import metrics_handler, metrics_registry
 from stunnerd.admin.stats import StatsSnapshot, TrafficStats
+from stunnerd.reconcile.dataplane import ListenerState
 from stunnerd.reconcile.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -42,12 +49,27 @@ def _traffic(t: TrafficStats, measured: bool) -> dict[str, dict[str, int]] | Non
     }
 
 
+def _listener_state(state: ListenerState | None) -> dict[str, Any]:
+    if state is None:
+        return {"state": "pending"}
+    out: dict[str, Any] = {"state": state.state}
+    if state.state != "serving":
+        out["reason"] = state.reason
+    if state.state == "retrying":
+        out["attempts"] = state.attempts
+    return out
+
+
 def status_document(
     config: StunnerConfig | None,
     stats: StatsSnapshot,
     lifecycle: Lifecycle,
     revision: int | None,
     configs: Mapping[str, int] | None = None,
+    *,
+    epoch: str | None = None,
+    listener_states: Mapping[str, ListenerState] | None = None,
+    last_rejection: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `/status` body: upstream's shape, secrets redacted, counts and state filled in."""
     doc: dict[str, Any] = {
@@ -55,10 +77,13 @@ def status_document(
         "allocationCount": stats.allocations,
         "status": lifecycle.status_word,
         "revision": revision,
+        "epoch": epoch,
         "configs": dict(configs or {}),
+        "lastRejection": dict(last_rejection) if last_rejection else None,
     }
     if config is None:
         return doc
+    states = listener_states or {}
     admin = config.admin
     doc["admin"] = {
         "name": admin.name,
@@ -81,6 +106,7 @@ def status_document(
             "allocations": stats.listener(lst.name).allocations,
             "connections": stats.listener(lst.name).connections,
             "stats": _traffic(stats.listener(lst.name).traffic, stats.traffic_measured),
+            **_listener_state(states.get(lst.name)),
         }
         for lst in config.listeners
     ]
@@ -96,6 +122,40 @@ def status_document(
         for c in config.clusters
     ]
     return doc
+
+
+class ApplyFailureCollector(Collector):
+    """`stunner_config_apply_failures_total{reason}` and `stunner_listeners{state}`."""
+
+    def __init__(
+        self,
+        failures: Callable[[], Mapping[str, int]],
+        states: Callable[[], Mapping[str, ListenerState]],
+    ) -> None:
+        self._failures = failures
+        self._states = states
+
+    def collect(self) -> Iterator[Metric]:
+        failures = CounterMetricFamily(
+            "stunner_config_apply_failures",
+            "Config apply failures by reason: a listener that did not come up (port_in_use, "
+            "bind_error, bad_certificate, listener_error; each try), a config refused whole "
+            "(invalid_config, dataplane_error), an admin endpoint not bound (health_bind, "
+            "metrics_bind).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self._failures().items()):
+            failures.add_metric([reason], count)
+        listeners = GaugeMetricFamily(
+            "stunner_listeners", "Configured listeners by state.", labels=["state"]
+        )
+        counts = {"serving": 0, "retrying": 0, "rejected": 0}
+        for state in self._states().values():
+            counts[state.state] = counts.get(state.state, 0) + 1
+        for name, count in counts.items():
+            listeners.add_metric([name], count)
+        yield failures
+        yield listeners
 
 
 class AdminServers:
@@ -131,17 +191,31 @@ class AdminServers:
         self._log_override = log_override
         self._config: StunnerConfig | None = None
         self.revision: Callable[[], int | None] = lambda: None
+        self.epoch: Callable[[], str | None] = lambda: None
         self.config_counts: Callable[[], Mapping[str, int]] = dict
+        self.listener_states: Callable[[], Mapping[str, ListenerState]] = dict
+        self.apply_failures: Callable[[], Mapping[str, int]] = dict
+        self.last_rejection: Callable[[], Mapping[str, Any] | None] = lambda: None
         self.extra_status: Callable[[], Mapping[str, Any]] = dict
         self.health: HttpServer | None = None
         self.metrics: HttpServer | None = None
         self._health_at: BindAddress | None = None
         self._metrics_at: BindAddress | None = None
         self._registry = metrics_registry(stats)
+        self._registry.register(
+            ApplyFailureCollector(lambda: self.apply_failures(), lambda: self.listener_states())
+        )
 
     def status(self) -> dict[str, Any]:
         doc = status_document(
-            self._config, self._stats(), self.lifecycle, self.revision(), self.config_counts()
+            self._config,
+            self._stats(),
+            self.lifecycle,
+            self.revision(),
+            self.config_counts(),
+            epoch=self.epoch(),
+            listener_states=self.listener_states(),
+            last_rejection=self.last_rejection(),
         )
         doc.update(self.extra_status())
         if self.health is not None and isinstance(doc.get("admin"), dict):
@@ -158,6 +232,8 @@ class AdminServers:
                 )
             if self.metrics_error is not None:
                 doc["admin"]["metrics_error"] = self.metrics_error
+            if self.health_error is not None:
+                doc["admin"]["health_error"] = self.health_error
         return doc
 
     def _on_bind_host(self, at: BindAddress | None) -> BindAddress | None:
@@ -175,7 +251,12 @@ class AdminServers:
         """Bring the health server up before any config (watch mode bootstrap)."""
         await self._rebind_health(self._health_bind(endpoint))
 
-    async def apply_admin(self, config: StunnerConfig, plan: Plan) -> None:
+    async def apply_admin(self, config: StunnerConfig, plan: Plan) -> Mapping[str, str]:
+        """Bring both servers and the log level to `config`; return {cause: reason} of the
+        endpoints that could not be bound (everything else applies all the same)."""
+        self._config = config
+        apply_log_spec(self._log_override or config.admin.loglevel)
+        failed: dict[str, str] = {}
         health_at = self._health_bind(config.admin.healthcheck_endpoint)
         metrics_at = self._on_bind_host(
             parse_admin_endpoint(config.admin.metrics_endpoint, DEFAULT_METRICS_PORT)
@@ -183,11 +264,15 @@ class AdminServers:
         if metrics_at is not None and self._metrics_port is not None:
             metrics_at = BindAddress(metrics_at.host, self._metrics_port, metrics_at.path)
         if health_at != self._health_at or (self.health is None and health_at is not None):
-            await self._rebind_health(health_at)
+            try:
+                await self._rebind_health(health_at)
+            except OSError as exc:
+                failed["health_bind"] = str(exc)
         if metrics_at != self._metrics_at or (self.metrics is None and metrics_at is not None):
             await self._rebind_metrics(metrics_at)
-        apply_log_spec(self._log_override or config.admin.loglevel)
-        self._config = config
+            if self.metrics_error is not None:
+                failed["metrics_bind"] = self.metrics_error
+        return failed
 
     async def _rebind_health(self, at: BindAddress | None) -> None:
         if self.health is not None:

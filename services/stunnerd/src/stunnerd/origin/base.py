@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import socket
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import urlsplit
@@ -27,15 +27,28 @@ class ConfigOriginError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ConfigEvent:
-    """One validated config from an origin; `revision` is the CDS revision when known."""
+    """One validated config from an origin; `revision` is the CDS revision when known, in the
+    store epoch `epoch`."""
 
     config: StunnerConfig
     origin: str
     revision: int | None = None
+    epoch: str | None = None
+
+
+Rejected = Callable[[str, int | None, str | None], None]
+"""Told of a config an origin refused as a whole: (reason, revision, epoch)."""
+
+
+def ignore_rejection(reason: str, revision: int | None, epoch: str | None) -> None:
+    return None
 
 
 class ConfigOrigin(Protocol):
-    """A source of configs. `load` reads once; `watch` follows changes until cancelled."""
+    """A source of configs. `load` reads once; `watch` follows changes until cancelled; every
+    config it skips as invalid is reported to `on_rejected`."""
+
+    on_rejected: Rejected
 
     async def load(self) -> ConfigEvent: ...
 

@@ -35,7 +35,7 @@ from stunner_common.cds import (
     TokenSource,
 )
 from stunner_common.config import ConfigError, is_zero_config, parse_config, zero_config
-from stunnerd.origin.base import ConfigEvent, ConfigOriginError
+from stunnerd.origin.base import ConfigEvent, ConfigOriginError, Rejected, ignore_rejection
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class CdsOrigin:
         self._suppress_delete = suppress_delete
         # Delta-protocol state: the raw config as the server holds it, kept across reconnects.
         self._state = DeltaState()
+        self.on_rejected: Rejected = ignore_rejection
 
     @property
     def ident(self) -> str:
@@ -173,15 +174,17 @@ class CdsOrigin:
     def _accept(
         self, raw: bytes | str | dict[str, Any], revision: int | None
     ) -> ConfigEvent | None:
+        epoch = self._state.epoch if revision is not None else None
         try:
             config = parse_config(raw, env=self._env)
         except ConfigError as exc:
             log.warning("ignoring invalid config from CDS: %s", exc)
+            self.on_rejected(f"invalid config from CDS: {exc}", revision, epoch)
             return None
         if self._suppress_delete and is_zero_config(config):
             log.info("ignoring delete configuration update")
             return None
-        return ConfigEvent(config, self._netloc, revision)
+        return ConfigEvent(config, self._netloc, revision, epoch)
 
     def _handle_full(self, frame: str) -> ConfigEvent | None:
         if not frame.strip():

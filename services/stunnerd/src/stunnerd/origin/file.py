@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from stunner_common.config import ConfigError, is_zero_config, parse_config
-from stunnerd.origin.base import ConfigEvent, ConfigOriginError
+from stunnerd.origin.base import ConfigEvent, ConfigOriginError, Rejected, ignore_rejection
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ class FileOrigin:
         self._suppress_delete = suppress_delete
         self.skipped = 0
         """File versions seen but not emitted (empty, unreadable, invalid or a delete)."""
+        self.on_rejected: Rejected = ignore_rejection
 
     @property
     def name(self) -> str:
@@ -103,6 +104,7 @@ class FileOrigin:
         except ConfigError as exc:
             log.warning("ignoring invalid config file %s: %s", self.path, exc)
             self.skipped += 1
+            self.on_rejected(f"invalid config file {self.path}: {exc}", None, None)
             return None
         except Exception:
             log.exception("ignoring config file %s: parsing failed unexpectedly", self.path)

@@ -64,6 +64,7 @@ async def handle(
             error=outcome.error,
             duration_s=outcome.duration_s,
             started=[list(item) for item in outcome.started],
+            listeners=[state.to_json() for state in outcome.listeners],
         )
     elif op == "stats":
         reply["offload"] = dataplane.offload_status()  # folds the kernel's counts in first

@@ -52,15 +52,17 @@ class LocalDataplane:
             self.server.offload.configure(
                 config.admin.offload_engine, config.admin.offload_interfaces
             )
-        names = (*result.plan.restart_listeners, *result.plan.add_listeners)
         return ApplyOutcome(
             applied=result.applied,
             ignored=result.ignored,
             restarted=result.restarted,
             duration_s=result.duration_s,
             started=tuple(
-                (name, self.server.port_of(name)) for name in names if name in self.server.listeners
+                (name, self.server.port_of(name))
+                for name in result.started
+                if name in self.server.listeners
             ),
+            listeners=result.listeners,
         )
 
     def stats(self) -> StatsSnapshot:
