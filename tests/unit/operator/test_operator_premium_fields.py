@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from stunner_common.crds import Node
 from stunner_operator.__main__ import _options
+from stunner_operator.render.dataplane import node_addresses
 from stunner_operator.render.engine import Renderer
 from stunner_operator.render.options import DEFAULT_LABEL_FILTER, RenderOptions
 from stunner_operator.settings import OperatorSettings
@@ -283,3 +285,31 @@ spec:
     cfg = render(HIERARCHY, UDP_GATEWAY, ssvc).configs()["stunner/gw"]
     (cluster,) = cfg.clusters
     assert cluster.endpoints == ("10.11.0.0/16",)  # ports accepted and ignored, as upstream
+
+
+def test_node_addresses_prefer_the_external_ip_then_the_external_dns_name() -> None:
+    nodes = objects_from_yaml(
+        """
+apiVersion: v1
+kind: Node
+metadata: {name: a}
+status:
+  addresses:
+  - {type: ExternalDNS, address: a.example.com}
+  - {type: ExternalIP, address: 203.0.113.1}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: b}
+status: {addresses: [{type: ExternalDNS, address: b.example.com}]}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: c}
+status: {addresses: [{type: InternalIP, address: 10.0.0.3}]}
+"""
+    )
+    assert node_addresses([n for n in nodes if isinstance(n, Node)]) == {
+        "a": "203.0.113.1",
+        "b": "b.example.com",
+    }

@@ -3,14 +3,17 @@
 The operator writes each Node's external address to the Redis hash `NODE_ADDRESSES_HASH`; a
 client that names its node (`?node=<STUNNER_NODENAME>`) gets its listeners' placeholder address
 replaced with that Node's address, as upstream's CDS does. This module keeps a copy of the hash,
-read again every `refresh_s` by one task (never per request); a Node with no address, or no copy
-yet, leaves the placeholder to `$STUNNER_ADDR` (the pod's address) as before.
+read again every `refresh_s` by one task (never per request), which also resolves the names of
+Nodes that have only an ExternalDNS. A Node with no address (or a name that does not resolve),
+or no copy yet, leaves the placeholder to `$STUNNER_ADDR` (the pod's address) as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import socket
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -33,10 +36,32 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+async def _resolve(name: str, timeout_s: float) -> str | None:
+    """A Node's ExternalDNS name to its first address (upstream's CDS does the same)."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout_s):
+            infos = await loop.getaddrinfo(name, None, type=socket.SOCK_DGRAM)
+    except (OSError, TimeoutError) as exc:
+        log.debug("node address %s does not resolve: %s", name, exc)
+        return None
+    return str(infos[0][4][0]) if infos else None
+
+
 async def refresh(redis: aioredis.Redis, timeout_s: float) -> None:
     async with asyncio.timeout(timeout_s):
         raw = await redis.hgetall(NODE_ADDRESSES_HASH)
-    fresh = {_text(k): _text(v) for k, v in raw.items()}
+    fresh: dict[str, str] = {}
+    for key, value in raw.items():
+        address = _text(value)
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            resolved = await _resolve(address, timeout_s)
+            if resolved is None:
+                continue
+            address = resolved
+        fresh[_text(key)] = address
     if fresh != _addresses:
         _addresses.clear()
         _addresses.update(fresh)

@@ -120,18 +120,21 @@ _BOOLEAN_ANNOTATIONS = (
 
 
 def node_addresses(nodes: list[Node]) -> dict[str, str]:
-    """Each Node's external address for relay address discovery: its first ExternalIP.
+    """Each Node's external address for relay address discovery: its first ExternalIP, else
+    its first ExternalDNS name (the CDS resolves names).
 
-    Nodes without one are left out (the CDS then falls back to the pod's own address).
+    Nodes with neither are left out (the CDS then falls back to the pod's own address).
     """
     out: dict[str, str] = {}
     for node in nodes:
-        ip = next(
-            (a.address for a in node.status.addresses if a.type == "ExternalIP" and a.address),
-            None,
-        )
-        if ip is not None:
-            out[node.metadata.name] = ip
+        for wanted in ("ExternalIP", "ExternalDNS"):
+            found = next(
+                (a.address for a in node.status.addresses if a.type == wanted and a.address),
+                None,
+            )
+            if found is not None:
+                out[node.metadata.name] = found
+                break
     return out
 
 
