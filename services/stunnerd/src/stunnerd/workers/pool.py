@@ -32,12 +32,14 @@ from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, mer
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.offload.manager import OffloadManager
-from stunnerd.reconcile.dataplane import ApplyOutcome
+from stunnerd.reconcile.dataplane import ApplyOutcome, ListenerState
+from stunnerd.reconcile.listeners import failure_cause
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 from stunnerd.workers.sockets import (
     FdChannel,
     SocketGroups,
     config_keys,
+    listener_key,
     new_nonce_key,
     send_offload,
     send_sockets,
@@ -235,6 +237,8 @@ class WorkerPool:
         self.offload = OffloadManager()
         self.retired_offload = [0, 0]  # packets, bytes the kernel relayed for dead workers
         self.running: StunnerConfig | None = None
+        self.unbound: dict[str, ListenerState] = {}
+        """Listeners of `running` whose socket group could not be bound (left out, retrying)."""
         self._lock = asyncio.Lock()
         self._watchdog: asyncio.Task[None] | None = None
         self._closing = False
@@ -273,8 +277,9 @@ class WorkerPool:
         await asyncio.sleep(self.timeouts.restart_delay_s)
         await worker.start()
         async with self._lock:
-            if self.running is not None:
-                await self._apply_one(worker, self.running)
+            running = self._bound(self.running)
+            if running is not None:
+                await self._apply_one(worker, running)
             if self.draining:
                 await worker.request({"op": "drain"}, self.timeouts.request_s)
 
@@ -304,36 +309,75 @@ class WorkerPool:
         async with self._lock:
             if self.draining:
                 return ApplyOutcome(applied=False, ignored=True)
-            try:
-                self.sockets.bind(config_keys(config, self.bind_host))
-            except OSError as exc:
-                self.sockets.retain(config_keys(self.running, self.bind_host))
-                return ApplyOutcome(applied=False, error=str(exc))
+            # Listener by listener: one whose socket group cannot be bound is left out of what
+            # the workers get (and retried at the next apply); the others apply.
+            unbound: dict[str, ListenerState] = {}
+            for lst in config.listeners:
+                key = listener_key(lst, self.bind_host)
+                try:
+                    self.sockets.bind((key,))
+                except OSError as exc:
+                    cause, _ = failure_cause(exc)
+                    before = self.unbound.get(lst.name)
+                    attempts = before.attempts + 1 if before is not None else 1
+                    unbound[lst.name] = ListenerState(
+                        lst.name, "retrying", f"listener {lst.name}: {exc}", cause, attempts
+                    )
+            self.unbound = unbound
             self._configure_offload(config)
             try:
                 return await self._apply_all(config)
             finally:
-                self.sockets.retain(config_keys(self.running, self.bind_host))
+                self.sockets.retain(config_keys(self._bound(self.running), self.bind_host))
 
-    async def _apply_all(self, config: StunnerConfig) -> ApplyOutcome:
+    def _bound(self, config: StunnerConfig | None) -> StunnerConfig | None:
+        """`config` without the listeners whose sockets could not be bound."""
+        if config is None or not self.unbound:
+            return config
+        kept = tuple(lst for lst in config.listeners if lst.name not in self.unbound)
+        return config.model_copy(update={"listeners": kept})
+
+    async def _apply_all(self, desired: StunnerConfig) -> ApplyOutcome:
+        config = self._bound(desired)
+        assert config is not None
         replies = await asyncio.gather(*(self._apply_one(w, config) for w in self.workers))
         errors = [f"worker {i}: {r['error']}" for i, r in enumerate(replies) if r.get("error")]
         if errors:
             self._configure_offload(self.running)
-            if self.running is not None:
+            previous = self._bound(self.running)
+            if previous is not None:
                 took = [w for w, r in zip(self.workers, replies, strict=True) if not r.get("error")]
-                await asyncio.gather(*(self._apply_one(w, self.running) for w in took))
+                await asyncio.gather(*(self._apply_one(w, previous) for w in took))
             return ApplyOutcome(applied=False, error="; ".join(errors))
         if all(r.get("ignored") for r in replies):
             return ApplyOutcome(applied=False, ignored=True)
-        self.running = config
+        self.running = desired
         first = replies[0]
         return ApplyOutcome(
             applied=True,
             restarted=tuple(first.get("restarted") or ()),
             duration_s=max(float(r.get("duration_s") or 0.0) for r in replies),
             started=tuple((str(n), int(p)) for n, p in first.get("started") or ()),
+            listeners=self._merge_states(desired, replies),
         )
+
+    def _merge_states(
+        self, config: StunnerConfig, replies: list[dict[str, Any]]
+    ) -> tuple[ListenerState, ...]:
+        """A listener serves when every worker serves it; else the first worker's failure."""
+        by_worker = [
+            {s.name: s for s in map(ListenerState.from_json, r.get("listeners") or ())}
+            for r in replies
+        ]
+        out: list[ListenerState] = []
+        for lst in sorted(config.listeners, key=lambda item: item.name):
+            if lst.name in self.unbound:
+                out.append(self.unbound[lst.name])
+                continue
+            states = [w.get(lst.name, ListenerState(lst.name, "rejected")) for w in by_worker]
+            failed = [s for s in states if s.state != "serving"]
+            out.append(failed[0] if failed else states[0])
+        return tuple(out)
 
     def _configure_offload(self, config: StunnerConfig | None) -> None:
         if config is None:
