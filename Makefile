@@ -7,7 +7,7 @@ PACKAGES := libs/common services/stunnerd services/cds services/operator service
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup bpf test unit lint format run stop bench conformance fuzz soak clean images base-image compose-up compose-down test-compose lock
+.PHONY: setup bpf test unit lint format run stop bench conformance fuzz soak clean images base-image compose-up compose-down test-compose lock test-kube kube-up kube-down
 
 setup: $(STAMP) bpf
 
@@ -45,9 +45,23 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# The default suite: everything but tests marked slow.
+# The default suite: everything but tests marked slow, and the real-cluster tier (test-kube).
 test: setup lint
-	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not slow and not kube" $(PYTEST_ARGS)
+
+# The real-cluster tier: kube-apiserver, kube-controller-manager and etcd built from the published
+# Kubernetes modules (tests/kube; once per machine, into ~/.cache/stunner-test-go), the chart
+# installed, the operator running as its ServiceAccount. Needs Go.
+test-kube: setup
+	$(BIN)/pytest -m "kube and not slow" $(PYTEST_ARGS)
+
+# The same cluster left running for a user: prints KUBECONFIG=..., CDS ... and CDS_TOKEN=...
+KUBE_STATE := .run/kube
+kube-up: setup
+	cd tests && ../$(BIN)/python -m support.kube_stack up --state ../$(KUBE_STATE)
+
+kube-down:
+	cd tests && ../$(BIN)/python -m support.kube_stack down --state ../$(KUBE_STATE)
 
 unit: setup
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

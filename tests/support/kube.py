@@ -268,7 +268,7 @@ class KubeClient:
 
             def established(n: str = name) -> bool:
                 crd = self.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", n)
-                conds = (crd or {}).get("status", {}).get("conditions", [])
+                conds = ((crd or {}).get("status") or {}).get("conditions") or []
                 return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
 
             self.wait_for(f"CRD {name} established", established, timeout_s=timeout_s)

@@ -227,9 +227,17 @@ def _aliases(model: type[Any]) -> set[str]:
 @pytest.mark.parametrize(
     ("kind", "path", "model", "unused_by_operator", "not_in_crd"),
     [
-        ("GatewayConfig", ("spec",), stunner.GatewayConfigSpec, set(), set()),
-        ("Dataplane", ("spec",), stunner.DataplaneSpec, set(), set()),
-        ("StaticService", ("spec",), stunner.StaticServiceSpec, set(), set()),
+        # v1alpha1 fields the v1 schemas keep, so a v1alpha1 object survives storage as v1
+        # (the versions share one schema-less conversion), but v1 objects do not use:
+        (
+            "GatewayConfig",
+            ("spec",),
+            stunner.GatewayConfigSpec,
+            {"stunnerConfig", "metricsEndpoint", "healthCheckEndpoint", "minPort", "maxPort"},
+            set(),
+        ),
+        ("Dataplane", ("spec",), stunner.DataplaneSpec, {"healthCheckPort"}, set()),
+        ("StaticService", ("spec",), stunner.StaticServiceSpec, {"ports"}, set()),
         ("UDPRoute", ("spec",), gateway_api.RouteSpec, set(), set()),
         ("UDPRoute", ("spec", "parentRefs", "[]"), gateway_api.ParentReference, set(), set()),
         ("UDPRoute", ("spec", "rules", "[]"), gateway_api.RouteRule, {"name"}, set()),
