@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from aioice.stun import TransactionFailed
 from aioice.turn import TurnTransport, create_turn_endpoint
 
+from stunnerd.quota import ClusterQuota, QuotaSettings
 from support.ports import free_port, free_udp_tcp_port
 from support.redis_server import RedisServer
 from support.stunnerd_process import PASSWORD, USER, ManagedStunnerd, TurnReceiver, base_config
@@ -185,3 +186,25 @@ async def test_a_lease_lasts_as_long_as_its_allocation_and_ends_with_it(
     finally:
         await client.aclose()
         await proc.close()
+
+
+async def test_without_redis_each_replica_admits_its_share_per_user() -> None:
+    closed = free_port()  # nothing listens: every connection is refused at once
+    quota = ClusterQuota(QuotaSettings(f"redis://127.0.0.1:{closed}/0", replicas=2, retry_s=60))
+    quota.configure("ns/gw", "realm", 4)
+    try:
+        assert quota.share == 2
+        assert await quota.acquire("u1", "l1", 600)
+        assert await quota.acquire("u1", "l2", 600)
+        assert not await quota.acquire("u1", "l3", 600)  # past the share of 4 // 2
+        assert await quota.acquire("u2", "l4", 600)  # per user
+        status = quota.status()
+        assert status["mode"] == "local-share"
+        assert status["share"] == 2
+        assert status["refused"] == 1
+        assert "redis unreachable" in status["reason"]
+        quota.release("l1")
+        assert await quota.acquire("u1", "l5", 600)  # a released slot is free again
+        assert quota.held("u1") == 2
+    finally:
+        await quota.close()

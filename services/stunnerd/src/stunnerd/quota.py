@@ -107,6 +107,7 @@ class ClusterQuota:
         self.scope = ""
         self.realm = ""
         self._live: dict[str, _Lease] = {}  # this process's leases
+        self._held: dict[str, int] = {}  # leases per user, for the local share
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._renewer: asyncio.Task[None] | None = None
@@ -121,6 +122,7 @@ class ClusterQuota:
         """The running config's Gateway id, realm and `admin.user_quota` (0: no quota)."""
         if (scope, realm) != (self.scope, self.realm):
             self._live.clear()  # leases of another Gateway's config: not ours to count
+            self._held.clear()
         self.scope, self.realm, self.limit = scope, realm, max(0, limit)
 
     @property
@@ -145,7 +147,21 @@ class ClusterQuota:
         return math.ceil((length + self.settings.grace_s) * 1000)
 
     def held(self, user_id: str) -> int:
-        return sum(1 for lease in self._live.values() if lease.user_id == user_id)
+        return self._held.get(user_id, 0)
+
+    def _hold(self, lease: str, user_id: str, lifetime_s: float) -> None:
+        self._live[lease] = _Lease(user_id, lifetime_s)
+        self._held[user_id] = self._held.get(user_id, 0) + 1
+
+    def _unhold(self, lease: str) -> _Lease | None:
+        held = self._live.pop(lease, None)
+        if held is not None:
+            left = self._held.get(held.user_id, 0) - 1
+            if left > 0:
+                self._held[held.user_id] = left
+            else:
+                self._held.pop(held.user_id, None)
+        return held
 
     # ------------------------------------------------------------------ Redis state
 
@@ -181,7 +197,7 @@ class ClusterQuota:
     async def acquire(self, user_id: str, lease: str, lifetime_s: float) -> bool:
         """May `user_id` have one more allocation? On yes, `lease` is held until released."""
         if not self.enforcing:
-            self._live[lease] = _Lease(user_id, lifetime_s)
+            self._hold(lease, user_id, lifetime_s)
             return True
         if self._redis_usable() and self._resync:
             await self._renew_all()  # Redis was away: count our own leases there first
@@ -200,13 +216,13 @@ class ClusterQuota:
                 if not int(granted):
                     self.refused += 1
                     return False
-                self._live[lease] = _Lease(user_id, lifetime_s)
+                self._hold(lease, user_id, lifetime_s)
                 self._ensure_renewer()
                 return True
         if self.held(user_id) >= self.share:
             self.refused += 1
             return False
-        self._live[lease] = _Lease(user_id, lifetime_s)
+        self._hold(lease, user_id, lifetime_s)
         return True
 
     def renew(self, lease: str, lifetime_s: float) -> None:
@@ -220,7 +236,7 @@ class ClusterQuota:
 
     def release(self, lease: str) -> None:
         """The allocation is gone (or never came to be): free its slot (in the background)."""
-        held = self._live.pop(lease, None)
+        held = self._unhold(lease)
         if held is not None and self.enforcing and self._redis_usable():
             self._spawn(self._release_one(lease, held.user_id), "quota-release")
 
