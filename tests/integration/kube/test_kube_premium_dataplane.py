@@ -1,8 +1,7 @@
 """Upstream's premium dataplane through a real API server: a DaemonSet on the host network, and
 relay address discovery from real Node objects.
 
-Marked slow: it builds (once per machine) and starts a control plane of its own. The operator
-(as the chart's ServiceAccount) writes the DaemonSet; the API server must accept it
+The operator (as the chart's ServiceAccount) writes the DaemonSet; the API server must accept it
 with its rolling update, host networking, DNS policy and host ports. Two Nodes carry their
 addresses in their status, as a kubelet would write them; the operator publishes the one with
 an ExternalIP, the CDS fills it in for a stunnerd that names that node, and stunnerd gives it
@@ -12,7 +11,6 @@ to its clients in XOR-RELAYED-ADDRESS.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -24,8 +22,6 @@ from support.kube import KubeClient
 from support.kube_stack import CONTROLLER_NAME, KubeStack
 from support.ports import free_port, free_udp_tcp_port
 from support.stunnerd_process import ManagedStunnerd, TurnReceiver
-
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 NS = "premium"
 EXTERNAL_IP = "203.0.113.21"
@@ -76,21 +72,16 @@ NODES = {
 
 
 @pytest.fixture(scope="module")
-def premium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeStack]:
-    """A test cluster of its own (chart, Redis, CDS, operator), with the Nodes and objects."""
-    stack = KubeStack(tmp_path_factory.mktemp("kube-premium"))
-    try:
-        stack.start()
-        client = stack.admin
-        for name, addresses in NODES.items():
-            client.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-            client.patch_status("v1", "Node", name, None, {"addresses": addresses})
-        for doc in yaml.safe_load_all(OBJECTS):
-            if doc:
-                client.apply(doc)
-        yield stack
-    finally:
-        stack.stop()
+def premium(stack: KubeStack) -> KubeStack:
+    """The folder's test cluster (chart, Redis, CDS, operator), with the Nodes and objects."""
+    client = stack.admin
+    for name, addresses in NODES.items():
+        client.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        client.patch_status("v1", "Node", name, None, {"addresses": addresses})
+    for doc in yaml.safe_load_all(OBJECTS):
+        if doc:
+            client.apply(doc)
+    return stack
 
 
 def cds_config(stack: KubeStack, node: str) -> dict[str, Any] | None:
