@@ -1,0 +1,215 @@
+"""A Gateway's whole life on a real cluster: Deployment and Service, pods, relaying, deletion.
+
+The operator (as the chart's ServiceAccount) provisions a stunnerd Deployment and a
+LoadBalancer Service for the Gateway; the ReplicaSet controller makes the pod, support.kubelet
+runs the stunnerd its template describes; turncat finds the Gateway through the CDS
+(``k8s://``) and relays to a UDP echo backend a StaticService admits. Deleting the UDPRoute
+stops the relaying; deleting the Gateway removes its Deployment and Service through the real
+garbage collector (ownerReferences) and its config from the CDS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from support.echo import udp_echo
+from support.kube_stack import NAMESPACE, KubeStack
+from support.kubelet import PodRunner, pod_runner
+from support.ports import LOOPBACK, free_port, free_udp_tcp_port
+from support.turncat_harness import turncat, udp_client
+
+GATEWAY = "udp-gateway"
+LISTENER = "udp-listener"
+LB_ANNOTATION = ("service.beta.kubernetes.io/aws-load-balancer-type", "nlb")
+
+
+def _objects(port: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": "stunner.l7mp.io/v1",
+            "kind": "GatewayConfig",
+            "metadata": {"name": "stunner-gatewayconfig", "namespace": NAMESPACE},
+            "spec": {
+                "realm": "stunner.l7mp.io",
+                "authType": "static",
+                "userName": "user-1",
+                "password": "pass-1",
+                "loadBalancerServiceAnnotations": {LB_ANNOTATION[0]: LB_ANNOTATION[1]},
+            },
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GatewayClass",
+            "metadata": {"name": "stunner-gatewayclass"},
+            "spec": {
+                "controllerName": "stunner.l7mp.io/gateway-operator",
+                "parametersRef": {
+                    "group": "stunner.l7mp.io",
+                    "kind": "GatewayConfig",
+                    "name": "stunner-gatewayconfig",
+                    "namespace": NAMESPACE,
+                },
+            },
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {
+                "name": GATEWAY,
+                "namespace": NAMESPACE,
+                "annotations": {"stunner.l7mp.io/service-type": "LoadBalancer"},
+            },
+            "spec": {
+                "gatewayClassName": "stunner-gatewayclass",
+                "listeners": [{"name": LISTENER, "port": port, "protocol": "TURN-UDP"}],
+            },
+        },
+        {
+            "apiVersion": "stunner.l7mp.io/v1",
+            "kind": "StaticService",
+            "metadata": {"name": "echo", "namespace": NAMESPACE},
+            "spec": {"prefixes": [f"{LOOPBACK}/32"]},
+        },
+    ]
+
+
+def _route() -> dict[str, Any]:
+    return {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "UDPRoute",
+        "metadata": {"name": "echo-route", "namespace": NAMESPACE},
+        "spec": {
+            "parentRefs": [{"name": GATEWAY}],
+            "rules": [
+                {
+                    "backendRefs": [
+                        {"group": "stunner.l7mp.io", "kind": "StaticService", "name": "echo"}
+                    ]
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def pods(stack: KubeStack) -> Iterator[PodRunner]:
+    with pod_runner(stack.admin, stack.workdir) as runner:
+        yield runner
+
+
+@pytest.fixture
+async def echo() -> AsyncIterator[tuple[str, int]]:
+    async with udp_echo() as server:
+        yield server.addr
+
+
+async def _relays(local_port: int) -> bool:
+    client = await udp_client(LOOPBACK, local_port)
+    try:
+        await client.roundtrip(b"ping through the cluster", timeout_s=1.0, retries=2)
+    except TimeoutError:
+        return False
+    finally:
+        client.close()
+    return True
+
+
+async def test_a_gateway_gets_its_deployment_service_pod_and_relays_until_its_route_goes(
+    stack: KubeStack, pods: PodRunner, echo: tuple[str, int]
+) -> None:
+    client = stack.admin
+    port = free_udp_tcp_port()
+    client.apply_all([*_objects(port), _route()])
+
+    deployment = client.wait_for(
+        "the Gateway's Deployment",
+        lambda: client.get("apps/v1", "Deployment", GATEWAY, NAMESPACE),
+    )
+    service = client.wait_for(
+        "the Gateway's Service", lambda: client.get("v1", "Service", GATEWAY, NAMESPACE)
+    )
+    owner = deployment["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("Gateway", GATEWAY)
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["metadata"]["annotations"][LB_ANNOTATION[0]] == LB_ANNOTATION[1]
+    assert [(p["name"], p["protocol"], p["port"]) for p in service["spec"]["ports"]] == [
+        (LISTENER, "UDP", port)
+    ]
+    expressions = deployment["spec"]["selector"]["matchExpressions"]
+    assert service["spec"]["selector"] == {e["key"]: e["values"][0] for e in expressions}
+
+    # The ReplicaSet controller makes the pod; the kubelet stand-in runs it.
+    running = await asyncio.to_thread(
+        client.wait_for,
+        "the stunnerd pod running",
+        lambda: pods.pod_for_gateway(NAMESPACE, GATEWAY),
+        timeout_s=60.0,
+    )
+    assert not pods.errors
+    # A cloud provider's controller gives the Service its load-balancer address.
+    client.patch_status(
+        "v1", "Service", GATEWAY, NAMESPACE, {"loadBalancer": {"ingress": [{"ip": running.ip}]}}
+    )
+
+    def advertised() -> bool:
+        config = stack.cds_configs().get(f"{NAMESPACE}/{GATEWAY}")
+        listeners = (config or {}).get("listeners") or [{}]
+        return bool(listeners[0].get("public_address") == running.ip)
+
+    await asyncio.to_thread(client.wait_for, "the LB address in the config", advertised)
+
+    local = free_port(socket.SOCK_DGRAM)
+    env = {"CDS_TOKEN": stack.cds_token}
+    async with turncat(
+        "--cds-server-address",
+        f"{LOOPBACK}:{stack.cds_port}",
+        f"udp://{LOOPBACK}:{local}",
+        f"k8s://{NAMESPACE}/{GATEWAY}:{LISTENER}",
+        f"udp://{echo[0]}:{echo[1]}",
+        env=env,
+    ):
+        for _ in range(30):
+            if await _relays(local):
+                break
+        else:
+            pytest.fail(f"no echo through the cluster's stunnerd:\n{running.proc.output()[-2000:]}")
+
+        client.delete("stunner.l7mp.io/v1", "UDPRoute", "echo-route", NAMESPACE)
+        for _ in range(30):
+            if not await _relays(local):
+                break
+        else:
+            pytest.fail("the stunnerd kept relaying after its UDPRoute was deleted")
+
+
+def test_deleting_the_gateway_removes_its_objects_through_the_garbage_collector(
+    stack: KubeStack, pods: PodRunner
+) -> None:
+    client = stack.admin
+    client.apply_all(_objects(free_udp_tcp_port()))
+    client.wait_for(
+        "the Gateway's Deployment", lambda: client.get("apps/v1", "Deployment", GATEWAY, NAMESPACE)
+    )
+    client.wait_for("the config", lambda: f"{NAMESPACE}/{GATEWAY}" in stack.cds_configs())
+
+    client.delete("gateway.networking.k8s.io/v1", "Gateway", GATEWAY, NAMESPACE)
+
+    client.wait_for(
+        "the Deployment and Service gone",
+        lambda: (
+            client.get("apps/v1", "Deployment", GATEWAY, NAMESPACE) is None
+            and client.get("v1", "Service", GATEWAY, NAMESPACE) is None
+        ),
+        timeout_s=60.0,
+    )
+    client.wait_for("the config gone", lambda: f"{NAMESPACE}/{GATEWAY}" not in stack.cds_configs())
+    client.wait_for(
+        "the pod gone",
+        lambda: not client.list("v1", "Pod", NAMESPACE, label_selector="app=stunner"),
+        timeout_s=60.0,
+    )
