@@ -78,6 +78,8 @@ def compose_env(tmp_path: Path) -> Iterator[dict[str, str]]:
         STUNNER_UDP_HEALTH_PORT=str(free_port()),
         STUNNER_TCP_HEALTH_PORT=str(free_port()),
         STUNNER_OPERATOR_HEALTH_PORT=str(free_port()),
+        STUNNER_UDP_METRICS_PORT=str(free_port()),
+        STUNNER_TCP_METRICS_PORT=str(free_port()),
         STUNNER_OPERATOR_METRICS_PORT=str(free_port()),
         STUNNER_ECHO_PORT=str(free_port(socket.SOCK_DGRAM)),
         STUNNER_TEST_UDP=str(udp),

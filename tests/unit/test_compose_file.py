@@ -35,3 +35,13 @@ def test_no_service_binds_the_wildcard_address() -> None:
     assert services["auth"]["environment"]["AUTH_HOST"] == "127.0.0.1"
     for name in ("stunnerd-udp-gateway", "stunnerd-tcp-gateway"):
         assert services[name]["environment"]["STUNNERD_BIND_HOST"] == "127.0.0.1"
+
+
+def test_each_stunnerd_has_a_metrics_port_of_its_own() -> None:
+    services = _compose()
+    ports = {
+        services[name]["environment"]["STUNNERD_METRICS_PORT"]
+        for name in ("stunnerd-udp-gateway", "stunnerd-tcp-gateway")
+    }
+    assert len(ports) == 2
+    assert not any("8080" in port for port in ports), "the operator's metrics port"
