@@ -91,7 +91,10 @@ def test_status_is_looked_for_on_the_public_address_or_the_next_loopback_ports()
         "http://203.0.113.7:9000/status"
     ]
     own = config(static, healthcheck_endpoint="http://[::1]:8100")
-    assert health_urls(own, "cds", 2)[:2] == ["http://[::1]:8100/status", "http://[::1]:8101/status"]
+    assert health_urls(own, "cds", 2)[:2] == [
+        "http://[::1]:8100/status",
+        "http://[::1]:8101/status",
+    ]
     assert health_urls(config(static, healthcheck_endpoint=""), "127.0.0.1", 2) == []
 
 
