@@ -208,3 +208,28 @@ async def test_without_redis_each_replica_admits_its_share_per_user() -> None:
         assert quota.held("u1") == 2
     finally:
         await quota.close()
+
+
+async def test_worker_processes_share_the_quota_through_redis(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    port = free_udp_tcp_port()
+    config = replica_config(port, free_port())
+    config["admin"]["user_quota"] = 2
+    env = {"STUNNERD_QUOTA_REDIS_URL": redis.url, "STUNNERD_QUOTA_REDIS_TIMEOUT_S": "3"}
+    proc = ManagedStunnerd(tmp_path, config, "--udp-thread-num", "2", env=env)
+    transports: list[TurnTransport] = []
+    client = aioredis.Redis.from_url(redis.url)
+    try:
+        await proc.ready()
+        # five clients, each from its own port: the kernel spreads them over both workers
+        results = [await allocate(port) for _ in range(5)]
+        transports = [r for r in results if not isinstance(r, int)]
+        assert len(transports) == 2, results
+        assert sorted(r for r in results if isinstance(r, int)) == [486, 486, 486]
+        assert await client.zcard(KEY) == 2
+    finally:
+        for transport in transports:
+            transport.close()
+        await client.aclose()
+        await proc.close()

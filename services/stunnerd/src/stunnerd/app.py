@@ -79,6 +79,8 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
             tuning=settings.server_tuning(),
             limits=settings.client_limits(),
             relay_addresses=settings.relay_address_list(),
+            quota=settings.quota(),
+            node_address=settings.node_address,
             timeouts=WorkerTimeouts(
                 request_s=settings.worker_request_timeout_s,
                 stats_s=settings.worker_stats_timeout_s,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import math
 import os
@@ -82,6 +83,23 @@ class QuotaSettings:
     lease_s: float = 0.0
     """0: a lease lasts as long as its allocation; otherwise this long, renewed in background."""
     grace_s: float = 2.0
+
+    def to_worker_json(self) -> str:
+        """Everything but the URL (it may hold a password): a worker reads that from the
+        `STUNNERD_QUOTA_REDIS_URL` it inherits."""
+        return json.dumps(
+            {
+                "replicas": self.replicas,
+                "timeout_s": self.timeout_s,
+                "retry_s": self.retry_s,
+                "lease_s": self.lease_s,
+                "grace_s": self.grace_s,
+            }
+        )
+
+    @classmethod
+    def from_worker_json(cls, text: str, redis_url: str) -> QuotaSettings:
+        return cls(redis_url, **json.loads(text))
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ from stunnerd.net.tuning import ServerTuning
 from stunnerd.offload.datapath import Datapath, SharedMaps
 from stunnerd.offload.libbpf import OffloadError
 from stunnerd.offload.manager import OffloadManager
+from stunnerd.quota import ClusterQuota, QuotaSettings
 from stunnerd.workers.local import LocalDataplane
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 from stunnerd.workers.sockets import FdChannel, InheritedSockets
@@ -101,6 +103,8 @@ async def serve(
     limits: ClientLimits,
     fd_channel: int | None = None,
     relay_addresses: tuple[str, ...] = (),
+    quota: ClusterQuota | None = None,
+    node_address: str = "",
 ) -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
@@ -115,6 +119,8 @@ async def serve(
             limits=limits,
             tcp_relays=False,  # see the stunnerd README: TCP relays and worker processes
             relay_addresses=relay_addresses,
+            quota=quota,
+            node_address=node_address,
         )
     else:
         inherited = InheritedSockets(FdChannel.from_fd(fd_channel))
@@ -127,6 +133,8 @@ async def serve(
             socket_source=inherited.take,
             tcp_relays=False,
             relay_addresses=relay_addresses,
+            quota=quota,
+            node_address=node_address,
             offload=OffloadManager(shared_maps(inherited)),
         )
     dataplane = LocalDataplane(server)
@@ -161,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--fd-channel", type=int, default=None, help="Unix socket carrying listener sockets"
     )
+    parser.add_argument("--quota", default=None, help="QuotaSettings as JSON, without the URL")
+    parser.add_argument("--node-address", default="", help="the node's address (placeholder)")
     return parser
 
 
@@ -175,8 +185,26 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     relay_addresses = tuple(ip for ip in args.relay_addresses.split(",") if ip)
+    quota = None
+    if args.quota:
+        # The URL may hold a password: it comes from the environment the supervisor passed on,
+        # never from the command line.
+        settings = QuotaSettings.from_worker_json(
+            args.quota, os.environ.get("STUNNERD_QUOTA_REDIS_URL", "")
+        )
+        quota = ClusterQuota(settings, f"{socket.gethostname()}-{os.getpid()}")
     return run_loop(
-        serve(args.index, args.bind, args.log, tuning, limits, args.fd_channel, relay_addresses)
+        serve(
+            args.index,
+            args.bind,
+            args.log,
+            tuning,
+            limits,
+            args.fd_channel,
+            relay_addresses,
+            quota,
+            args.node_address,
+        )
     )
 
 

@@ -32,6 +32,7 @@ from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, mer
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.offload.manager import OffloadManager
+from stunnerd.quota import QuotaSettings
 from stunnerd.reconcile.dataplane import ApplyOutcome, ListenerState
 from stunnerd.reconcile.listeners import failure_cause
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
@@ -79,6 +80,8 @@ class Worker:
         limits: ClientLimits | None = None,
         nonce_key: bytes | None = None,
         relay_addresses: tuple[str, ...] = (),
+        quota: QuotaSettings | None = None,
+        node_address: str = "",
     ) -> None:
         self.index = index
         self.nonce_key = nonce_key
@@ -98,6 +101,8 @@ class Worker:
             tuning.to_json(),
             *(["--limits", limits.to_json()] if limits is not None else []),
             *(["--relay-addresses", ",".join(relay_addresses)] if relay_addresses else []),
+            *(["--quota", quota.to_worker_json()] if quota is not None else []),
+            *(["--node-address", node_address] if node_address else []),
         ]
         self._stop_timeout_s = stop_timeout_s
         self.proc: asyncio.subprocess.Process | None = None
@@ -210,6 +215,8 @@ class WorkerPool:
         timeouts: WorkerTimeouts = WorkerTimeouts(),
         limits: ClientLimits | None = None,
         relay_addresses: tuple[str, ...] = (),
+        quota: QuotaSettings | None = None,
+        node_address: str = "",
     ) -> None:
         if count < 1:
             raise ValueError("a worker pool needs at least one worker")
@@ -228,6 +235,8 @@ class WorkerPool:
                 limits=limits,
                 nonce_key=self.nonce_key,
                 relay_addresses=relay_addresses,
+                quota=quota,
+                node_address=node_address,
             )
             for i in range(count)
         ]
