@@ -1,0 +1,65 @@
+"""Every deliberate difference from upstream's operator that ``make conformance`` may show.
+
+Each entry names the flattened snapshot paths it covers (a regex), optionally the values it
+accepts, and the section of docs/upstream-differences.md that gives the reason; a difference no
+entry accepts makes ``make conformance`` fail. ``tests/conformance/test_documented.py`` pins that
+each entry is explained in the document and accepts the difference it was written for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+def _any(_upstream: Any, _ours: Any) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Documented:
+    id: str
+    path: str
+    """A regex searched in the flattened path, e.g. ``^configs\\..*\\.admin\\.loglevel$``."""
+    summary: str
+    accepts: Callable[[Any, Any], bool] = _any
+
+
+def _only_cds_token_added(upstream: Any, ours: Any) -> bool:
+    return (
+        isinstance(upstream, list)
+        and isinstance(ours, list)
+        and (sorted(ours) == sorted([*upstream, "CDS_TOKEN"]))
+    )
+
+
+def _programmed_added(upstream: Any, ours: Any) -> bool:
+    return upstream == "<absent>" and isinstance(ours, list) and len(ours) == 2
+
+
+def _no_endpoints_resolved(upstream: Any, ours: Any) -> bool:
+    return upstream == ["False", "BackendNotFound"] and ours == ["True", "ResolvedRefs"]
+
+
+DOCUMENTED: tuple[Documented, ...] = (
+    Documented(
+        "dataplane-env-cds-token",
+        r"^deployments\.[^.]+\.containers\[name=[^\]]+\]\.env$",
+        "our stunnerd pods get CDS_TOKEN (the CDS bearer token) besides upstream's variables",
+        _only_cds_token_added,
+    ),
+    Documented(
+        "listener-programmed",
+        r"^statuses\.Gateway [^.]+\.listeners\..+\.conditions\.Programmed$",
+        "every listener status of ours carries the Programmed condition Gateway API v1 requires",
+        _programmed_added,
+    ),
+    Documented(
+        "route-resolvedrefs-no-endpoints",
+        r"UDPRoute .+\.parents\..+\.ResolvedRefs$",
+        "a backend Service that exists but has no endpoints is resolved (ours), not "
+        "BackendNotFound (upstream)",
+        _no_endpoints_resolved,
+    ),
+)
