@@ -137,7 +137,8 @@ def validation_message(exc: ValidationError) -> str:
     """A pydantic error as one line, ``field: problem; ...``, without pydantic's documentation
     links or the rejected input (which may be a secret)."""
     return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
+        f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: "
+        f"{str(err['msg']).removeprefix('Value error, ')}"
         for err in exc.errors()
     )
 
