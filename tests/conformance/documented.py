@@ -39,7 +39,7 @@ def _programmed_added(upstream: Any, ours: Any) -> bool:
 
 
 def _no_endpoints_resolved(upstream: Any, ours: Any) -> bool:
-    return upstream == ["False", "BackendNotFound"] and ours == ["True", "ResolvedRefs"]
+    return bool(upstream == ["False", "BackendNotFound"] and ours == ["True", "ResolvedRefs"])
 
 
 DOCUMENTED: tuple[Documented, ...] = (
