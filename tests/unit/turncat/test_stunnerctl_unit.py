@@ -56,6 +56,10 @@ def test_summary_of_ephemeral_auth_and_a_listener_without_public_address() -> No
         "    Endpoints: [10.0.0.1, 10.0.0.2]",  # normalised by the config model
     ]
     assert "Authentication type: none" in config_summary(config({"type": "none"}))
+    empty = config({"type": "none"}).model_copy(update={"listeners": []})
+    assert config_summary(empty).splitlines()[-1] == (
+        "  <none>: every listener was left out (`stunnerctl status` says why)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,8 @@ def config_summary(config: StunnerConfig) -> str:
     else:
         lines.append("Authentication type: none")
     lines.append("Listeners:")
+    if not config.listeners:
+        lines.append("  <none>: every listener was left out (`stunnerctl status` says why)")
     clusters = {c.name: c for c in config.clusters}
     for lst in config.listeners:
         endpoints = [
