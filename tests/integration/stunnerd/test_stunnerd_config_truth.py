@@ -432,3 +432,23 @@ async def test_a_metrics_port_that_cannot_be_bound_leaves_status_complete(
             await alloc.close()
         finally:
             await stunnerd.close()
+
+
+async def test_only_a_config_invalid_as_a_whole_is_rejected_with_its_reason(
+    tmp_path: Path, echo: UdpEcho
+) -> None:
+    ports = listener_ports("a")
+    stunnerd = ManagedStunnerd(tmp_path, base_config(health_port(), ports))
+    try:
+        await stunnerd.ready()
+        bad = copy.deepcopy(stunnerd.config)
+        bad["listeners"][0]["port"] = 70000
+        status = await stunnerd.write(bad, expect="rejected")
+        assert status["configs"]["rejected"] == 1
+        assert "70000" in status["lastRejection"]["reason"]
+        assert listener(status, "a")["state"] == "serving"
+        alloc = await EchoAllocation.open(ports["a"], echo.addr)
+        assert await alloc.echoes(), "the config in force keeps serving"
+        await alloc.close()
+    finally:
+        await stunnerd.close()

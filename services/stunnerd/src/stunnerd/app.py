@@ -217,7 +217,12 @@ class ManagedDataplane:
     async def _retry(self) -> None:
         if self.lifecycle.draining:
             return
-        outcome = await self.reconciler.retry()
+        try:
+            outcome = await self.reconciler.retry()
+        except Exception:
+            log.exception("retrying the listeners left out failed unexpectedly")
+            self._schedule_retry()
+            return
         if outcome is not None:
             self._applied(outcome)
 
@@ -243,6 +248,35 @@ class ManagedDataplane:
                 # Never let one bad apply end the watch: the running config stays in force.
                 self.reconciler.reject(f"applying the config failed unexpectedly: {exc!r}")
                 log.exception("applying a config failed unexpectedly")
+
+
+async def dry_run(settings: StunnerdSettings, env: Mapping[str, str] | None = None) -> int:
+    """`--dry-run` (upstream's flag): load the config once and check it as an apply would,
+    listeners included (addresses, TLS material), without binding a socket."""
+    from stunnerd.net.server import ListenerError, TurnServer
+
+    env = os.environ if env is None else env
+    try:
+        if settings.turn_uri is not None:
+            config = default_config_from_uri(settings.turn_uri)
+        else:
+            config = (await make_origin(settings, env).load()).config
+        server = TurnServer(
+            bind_host=settings.bind_host,
+            relay_addresses=settings.relay_address_list(),
+            node_address=settings.node_address,
+        )
+        for listener in config.listeners:
+            server.check_listener(listener)
+    except (ConfigOriginError, ConfigError, ListenerError, ValueError) as exc:
+        print(f"stunnerd: dry run: config not valid: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(
+        f"stunnerd: dry run: config {config.admin.name} is valid: "
+        f"{len(config.listeners)} listener(s), {len(config.clusters)} cluster(s)",
+        flush=True,
+    )
+    return EXIT_OK
 
 
 async def run(settings: StunnerdSettings, env: Mapping[str, str] | None = None) -> int:
