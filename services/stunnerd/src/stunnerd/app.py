@@ -250,6 +250,35 @@ class ManagedDataplane:
                 log.exception("applying a config failed unexpectedly")
 
 
+async def dry_run(settings: StunnerdSettings, env: Mapping[str, str] | None = None) -> int:
+    """`--dry-run` (upstream's flag): load the config once and check it as an apply would,
+    listeners included (addresses, TLS material), without binding a socket."""
+    from stunnerd.net.server import ListenerError, TurnServer
+
+    env = os.environ if env is None else env
+    try:
+        if settings.turn_uri is not None:
+            config = default_config_from_uri(settings.turn_uri)
+        else:
+            config = (await make_origin(settings, env).load()).config
+        server = TurnServer(
+            bind_host=settings.bind_host,
+            relay_addresses=settings.relay_address_list(),
+            node_address=settings.node_address,
+        )
+        for listener in config.listeners:
+            server.check_listener(listener)
+    except (ConfigOriginError, ConfigError, ListenerError, ValueError) as exc:
+        print(f"stunnerd: dry run: config not valid: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(
+        f"stunnerd: dry run: config {config.admin.name} is valid: "
+        f"{len(config.listeners)} listener(s), {len(config.clusters)} cluster(s)",
+        flush=True,
+    )
+    return EXIT_OK
+
+
 async def run(settings: StunnerdSettings, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     loop = asyncio.get_running_loop()

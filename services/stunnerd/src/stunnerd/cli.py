@@ -22,7 +22,7 @@ from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.logs import LOG_FORMATS, configure_logging
 from stunner_common.runtime import run as run_loop
 from stunner_common.turnuri import default_config_from_uri
-from stunnerd.app import EXIT_CONFIG, run
+from stunnerd.app import EXIT_CONFIG, dry_run, run
 from stunnerd.origin.base import ConfigOriginError, parse_origin
 from stunnerd.settings import DEFAULT_GRACE_PERIOD_S, load_settings
 
@@ -70,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="file holding the CDS bearer token, re-read when it changes "
         "(default $CDS_TOKEN_FILE, else the token in $CDS_TOKEN)",
     )
+    parser.add_argument(
+        "-d",
+        "--dry-run",
+        action="store_true",
+        help="load the config once, check it (listeners included), say whether it is valid and "
+        "exit, binding nothing",
+    )
     add_version_argument(parser, "stunnerd")
     return parser
 
@@ -113,6 +120,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except (ConfigOriginError, ConfigError, ValueError) as exc:
         print(f"stunnerd: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.dry_run:
+        return run_loop(dry_run(settings, env))
     return run_loop(run(settings, env))
 
 
