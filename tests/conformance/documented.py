@@ -42,7 +42,36 @@ def _no_endpoints_resolved(upstream: Any, ours: Any) -> bool:
     return bool(upstream == ["False", "BackendNotFound"] and ours == ["True", "ResolvedRefs"])
 
 
+def _host_ports_added(upstream: Any, ours: Any) -> bool:
+    if not (isinstance(upstream, list) and isinstance(ours, list)):
+        return False
+    extra = [p for p in ours if p not in upstream]
+    return set(upstream) <= set(ours) and all(str(p).startswith(":") for p in extra)
+
+
+_UPSTREAM_DATAPLANE_DEFAULTS: tuple[Any, ...] = ("<absent>", 3600, "20M", "250m")
+_SEED_DATAPLANE_DEFAULTS: tuple[Any, ...] = ("<absent>", 30, {})
+
+
+def _dataplane_defaults(upstream: Any, ours: Any) -> bool:
+    return upstream in _UPSTREAM_DATAPLANE_DEFAULTS and ours in _SEED_DATAPLANE_DEFAULTS
+
+
 DOCUMENTED: tuple[Documented, ...] = (
+    Documented(
+        "dataplane-defaults",
+        r"^deployments\.[^.]+\.(terminationGracePeriodSeconds|containers\[name=[^\]]+\]"
+        r"\.resources(\..+)?)$",
+        "a Dataplane without resources or terminationGracePeriodSeconds: GATEWAY.md's defaults "
+        "(none, 30 s), not upstream's code (cpu 250m, memory 20M, 3600 s)",
+        _dataplane_defaults,
+    ),
+    Documented(
+        "hostnetwork-listener-ports",
+        r"^deployments\.[^.]+\.containers\[name=[^\]]+\]\.ports$",
+        "with hostNetwork our stunnerd container declares each listener port as a host port",
+        _host_ports_added,
+    ),
     Documented(
         "dataplane-env-cds-token",
         r"^deployments\.[^.]+\.containers\[name=[^\]]+\]\.env$",
