@@ -452,3 +452,83 @@ async def test_only_a_config_invalid_as_a_whole_is_rejected_with_its_reason(
         await alloc.close()
     finally:
         await stunnerd.close()
+
+
+async def test_the_whole_stack_revokes_a_peer_after_an_empty_redis_while_stunnerd_was_away(
+    tmp_path: Path,
+) -> None:
+    """The issue's reproduction, end to end: the operator (local mode) re-publishes into the
+    empty Redis, the StaticService moves from 127.0.0.1/32 to 127.0.0.3/32, and enough other
+    edits follow for the new numbering to pass the revision the paused stunnerd holds."""
+    from support.security_stack import running_stack
+
+    async with running_stack(tmp_path, token=False, debug=False) as stack:
+        route = stack.manifests / "route.yaml"
+        original_route = route.read_text()
+        for i in range(3):  # a few edits: the stunnerd's revision climbs
+            stack.add_prefix(f"10.9.{i}.0/24")
+            await stack.wait_status(
+                lambda s, i=i: f"10.9.{i}.0/24" in stack.endpoints_of(s), f"edit {i}"
+            )
+        held = await stack.status()
+        client = aioredis.from_url(stack.redis.url)
+        try:
+            async with udp_echo("127.0.0.1") as old_peer, udp_echo("127.0.0.3") as new_peer:
+                user, password = stack.secrets.user, stack.secrets.password
+                before = await EchoAllocation.open(stack.udp_port, old_peer.addr, user, password)
+                assert await before.echoes()
+                stunnerd = stack.procs["stunnerd"]
+                os.kill(stunnerd.pid, signal.SIGSTOP)
+                try:
+                    stack.kill("cds0")
+                    stack.kill("redis")
+                    stack.wipe_redis()
+                    await asyncio.to_thread(stack.restart, "redis")
+                    route.write_text(original_route.replace("127.0.0.1/32", "127.0.0.3/32"))
+                    gateways = stack.manifests / "gateways.yaml"
+                    text = gateways.read_text()
+                    port = stack.tcp_port
+                    # The operator re-publishes; then only the TCP Gateway changes, until the
+                    # counter passes the revision the paused stunnerd holds.
+                    while int(await _counter(client)) <= held["revision"] + 1:
+                        new_port = free_udp_tcp_port()
+                        text = text.replace(f"port: {port}", f"port: {new_port}")
+                        port = new_port
+                        gateways.write_text(text)
+                        await _counter_moves(client)
+                    await asyncio.to_thread(stack.restart, "cds0")
+                finally:
+                    os.kill(stunnerd.pid, signal.SIGCONT)
+                took = await stack.wait_status(
+                    lambda s: stack.endpoints_of(s) == ["127.0.0.3"], "the revocation"
+                )
+                assert took < 5.0, f"the revocation took {took:.1f} s"
+                status = await stack.status()
+                assert status["epoch"] != held["epoch"]
+                assert status["revision"] <= held["revision"], "the new numbering was reused"
+                assert not await before.echoes(wait_s=1.5), "the revoked peer is still relayed"
+                before.abandon()
+                after = await EchoAllocation.open(stack.udp_port, new_peer.addr, user, password)
+                assert await after.echoes()
+                await after.close()
+        finally:
+            await client.aclose()
+
+
+async def _counter(client: aioredis.Redis) -> int:
+    for _ in range(100):
+        try:
+            return int(await client.get("stunner:rev") or 0)
+        except (OSError, aioredis.ConnectionError):
+            await asyncio.sleep(0.1)
+    raise AssertionError("Redis did not come back")
+
+
+async def _counter_moves(client: aioredis.Redis, timeout_s: float = 15.0) -> None:
+    start = await _counter(client)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await _counter(client) > start:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the operator did not publish the edit")
