@@ -5,7 +5,9 @@ built from the published Kubernetes modules (tests/kube, see support.gobin) and 
 127.0.0.1 on free ports. The API server runs with RBAC, service-account token signing, the
 default admission plugins, an audit log and a short etcd compaction interval and request
 timeout, so that authorization refusals, schema rejections, garbage collection and ``410 Gone``
-all really happen. No kubelet, scheduler or container runtime: pods never run by themselves
+all really happen (``watch_cache=False`` sends watches to etcd, so a watch resumed from a
+compacted resource version gets 410 as soon as the compaction has passed it). No kubelet,
+scheduler or container runtime: pods never run by themselves
 (support.kubelet plays the kubelet's part for the pods a test needs).
 
 ``KubeClient`` is a small synchronous REST client (httpx) that any test can use as the admin
@@ -324,11 +326,13 @@ class KubeCluster:
         compaction_interval_s: int = 5,
         min_request_timeout_s: int = 30,
         controllers: str = "*",
+        watch_cache: bool = True,
     ) -> None:
         self.workdir = workdir
         self.compaction_interval_s = compaction_interval_s
         self.min_request_timeout_s = min_request_timeout_s
         self.controllers = controllers
+        self.watch_cache = watch_cache
         self.pki: ClusterPki | None = None
         self.etcd: ServerProcess | None = None
         self.apiserver: ServerProcess | None = None
@@ -338,6 +342,8 @@ class KubeCluster:
         self.admin_kubeconfig = workdir / "admin.kubeconfig"
         self.audit_log = workdir / "audit.log"
         self._admin: KubeClient | None = None
+        self.apiserver_ready_at: list[float] = []
+        """When each API server start became ready (time.time())."""
 
     @property
     def server(self) -> str:
@@ -428,6 +434,7 @@ class KubeCluster:
                 f"--audit-policy-file={policy}",
                 f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json",
+                f"--watch-cache={str(self.watch_cache).lower()}",
                 "--profiling=false",
                 "--v=1",
             ],
@@ -446,6 +453,7 @@ class KubeCluster:
                     raise RuntimeError(f"kube-apiserver exited:\n{self.apiserver.output()[-3000:]}")
                 with contextlib.suppress(httpx.HTTPError, KubeError):
                     if probe.request("GET", "/readyz") == "ok":
+                        self.apiserver_ready_at.append(time.time())
                         break
                 if time.monotonic() > deadline:
                     raise TimeoutError(

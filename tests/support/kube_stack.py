@@ -83,9 +83,17 @@ def _is_test_hook(obj: Mapping[str, Any]) -> bool:
 
 
 class KubeStack:
-    def __init__(self, workdir: Path, *, chart_values: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        chart_values: Mapping[str, Any] | None = None,
+        operator_env: Mapping[str, str] | None = None,
+        **cluster_options: Any,
+    ) -> None:
         self.workdir = workdir
-        self.cluster = KubeCluster(workdir / "cluster")
+        self.cluster = KubeCluster(workdir / "cluster", **cluster_options)
+        self.operator_env = dict(operator_env or {})
         self.chart_values = dict(chart_values or {})
         self.redis = RedisServer(workdir / "redis")
         self.cds_port = 0
@@ -151,6 +159,7 @@ class KubeStack:
             "OPERATOR_CONTROLLER_NAME": CONTROLLER_NAME,
             "OPERATOR_LEASE_DURATION_S": "4",
             "OPERATOR_LEASE_RENEW_S": "1",
+            **self.operator_env,
         }
         if self.cds_token:
             env["OPERATOR_CDS_TOKEN_SECRET"] = CDS_TOKEN_SECRET

@@ -192,6 +192,7 @@ async def _run_kubernetes(settings: OperatorSettings) -> int:
             options=_options(settings),
             throttle_s=settings.throttle_s,
             retry_s=settings.publish_retry_s,
+            watch_timeout_s=settings.watch_timeout_s,
             metrics=metrics,
         )
         await controller.run(lost)

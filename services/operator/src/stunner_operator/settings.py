@@ -71,6 +71,9 @@ class OperatorSettings(BaseSettings):
     metrics_address: str = ":8080"
     """HOST:PORT of /metrics; empty turns it off."""
     watch_debounce_ms: int = Field(50, ge=1)
+    watch_timeout_s: int = Field(300, ge=1)
+    """How long one watch request of the Kubernetes API lasts before it is renewed from the last
+    resource version seen (a resource version the server has compacted away means a new list)."""
     log_level: str = "INFO"
     log_format: str = Field("text", pattern="^(text|json)$")
 

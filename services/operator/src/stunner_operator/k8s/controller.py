@@ -365,6 +365,12 @@ class KubeController:
                         await self._perform(write)
                     except KubeApiError as err:
                         self.metrics.write_errors.inc()
+                        if err.status == 422:
+                            # The API server refuses the object itself (e.g. a Gateway address
+                            # in a range Services may not use): the same body would fail
+                            # forever. The next render that changes it is written again.
+                            log.error("the API server refused %s: %s", _label(write.key), err)
+                            continue
                         log.warning("writing %s failed: %s", _label(write.key), err)
                         failed.append((slot, write))
             if failed:

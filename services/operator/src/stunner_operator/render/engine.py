@@ -257,6 +257,13 @@ class Renderer:
             new_dep = new.deployment if new is not None else None
             if old_dep != new_dep:
                 deployments[cid] = new_dep
+            # No longer wanted (the Gateway went to another class, lost its GatewayConfig, or was
+            # deleted): remove them now rather than leave them to the garbage collector, which
+            # only acts once the Gateway itself is gone.
+            if old_svc is not None and new_svc is None:
+                resource_deletes.add(("Service", key[1], key[2]))
+            if old_dep is not None and new_dep is None:
+                resource_deletes.add((old_dep["kind"], key[1], key[2]))
             if old_dep is not None and new_dep is not None and old_dep["kind"] != new_dep["kind"]:
                 # dataplaneResource changed: the Deployment gives way to a DaemonSet, or back
                 resource_deletes.add((old_dep["kind"], key[1], key[2]))
