@@ -30,11 +30,17 @@ async def test_a_missing_gateway_api_crd_is_named_once_with_how_to_install_it(
         ctl = KubeController(api, sink, retry_s=0.05, resources=RESOURCES)
         stop = asyncio.Event()
         with caplog.at_level(logging.ERROR, logger="stunner_operator.k8s.controller"):
-            task = asyncio.create_task(ctl.run(stop), name="kube-controller")
-            async with asyncio.timeout(10):
-                while "does not serve" not in caplog.text:
-                    await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)  # ten more retries of the missing list: no repeat
+            named = asyncio.Event()
+            handler = logging.Handler()
+            handler.emit = lambda record: named.set()  # type: ignore[method-assign]
+            logging.getLogger("stunner_operator.k8s.controller").addHandler(handler)
+            try:
+                task = asyncio.create_task(ctl.run(stop), name="kube-controller")
+                async with asyncio.timeout(10):
+                    await named.wait()
+                await asyncio.sleep(0.5)  # ten more retries of the missing list: no repeat
+            finally:
+                logging.getLogger("stunner_operator.k8s.controller").removeHandler(handler)
             stop.set()
             async with asyncio.timeout(10):
                 await task
