@@ -248,10 +248,36 @@ def test_the_cds_is_reachable_from_dataplane_pods_the_operator_and_the_auth_serv
     dataplane_peer = next(
         p for p in policy["spec"]["ingress"][0]["from"] if "namespaceSelector" in p
     )
-    assert dataplane_peer["namespaceSelector"] == {}  # Gateways live in any namespace
+    # Only the namespaces Gateways live in: the release's and cds.token.gatewayNamespaces.
+    assert dataplane_peer["namespaceSelector"] == {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [NAMESPACE]}
+        ]
+    }
+    more = render({"cds": {"token": {"gatewayNamespaces": ["team", NAMESPACE]}}})
+    more_peer = next(
+        p
+        for p in more.get("NetworkPolicy", "stunner-cds")["spec"]["ingress"][0]["from"]
+        if "namespaceSelector" in p
+    )
+    assert more_peer["namespaceSelector"]["matchExpressions"][0]["values"] == [NAMESPACE, "team"]
     assert dataplane_peer["podSelector"]["matchLabels"].items() <= pod_labels.items()
-    test_pod = everything.get("Pod", "stunner-test-turncat")["metadata"]["labels"]
-    assert dataplane_peer["podSelector"]["matchLabels"].items() <= test_pod.items()
+    for name in ("stunner-test-turncat", "stunner-test-cds"):
+        test_pod = everything.get("Pod", name)["metadata"]["labels"]
+        assert dataplane_peer["podSelector"]["matchLabels"].items() <= test_pod.items()
+
+
+def test_helm_test_checks_the_cds_by_default_and_stunnerctl_reads_its_command(
+    everything: Rendered,
+) -> None:
+    pod = everything.get("Pod", "stunner-test-cds")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["stunnerctl", "config"]
+    env = container_env(container)
+    assert env["CDS_SERVER_ADDR"] == f"stunner-config-discovery.{NAMESPACE}.svc:13478"
+    assert "CDS_TOKEN" in env
+    assert ("Pod", "stunner-test-cds") not in render({"tests": {"cds": {"enabled": False}}}).kinds()
 
 
 def test_the_cds_can_be_opened_and_policies_turned_off() -> None:

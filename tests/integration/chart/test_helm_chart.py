@@ -184,6 +184,7 @@ def test_default_render_has_every_component(default: Rendered) -> None:
         ("Service", "stunner-auth"),
         ("NetworkPolicy", "stunner-redis"),
         ("NetworkPolicy", "stunner-cds"),
+        ("Pod", "stunner-test-cds"),
     }
     assert "stunner-config-discovery" in default.notes
 
