@@ -20,6 +20,7 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -236,6 +237,8 @@ def _up(state: Path) -> int:
     if (state / "pids.json").exists():
         print(f"a test cluster is already up (state in {state}); run make kube-down first")
         return 1
+    if state.exists():
+        shutil.rmtree(state)  # a previous cluster's storage and keys: start afresh
     started = time.monotonic()
     stack = KubeStack(state)
     try:
