@@ -22,15 +22,14 @@ import yaml
 from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.client import models as k8s_models
 
-from support.chart import (  # noqa: F401  (the chart tests import them from here)
-    CHART_DIR,
-    NAMESPACE,
-    RELEASE,
-    Rendered,
-    chart_crds,
-    load_documents,
-    render,
-)
+# The chart tests import these from here.
+from support.chart import CHART_DIR as CHART_DIR
+from support.chart import NAMESPACE as NAMESPACE
+from support.chart import RELEASE as RELEASE
+from support.chart import Rendered as Rendered
+from support.chart import chart_crds as chart_crds
+from support.chart import load_documents as load_documents
+from support.chart import render as render
 
 
 def container_env(container: Mapping[str, Any]) -> dict[str, Any]:
