@@ -170,3 +170,8 @@ async def test_a_store_rolled_back_under_the_publisher_gets_a_new_epoch(
     # A publisher that never saw the higher revisions cannot tell, and keeps the epoch.
     other = ConfigPublisher(store)
     assert (await other.upsert("ns/b", config("ns/b"))).epoch == rolled.epoch
+    # An older copy from the first epoch comes back: the publisher remembers that epoch too.
+    await store.hset(META_HASH, EPOCH_FIELD, result.epoch)
+    await store.set(REV_COUNTER, 1)
+    again = await publisher.upsert("ns/a", config("ns/a", realm="five"))
+    assert again.epoch not in (result.epoch, rolled.epoch)

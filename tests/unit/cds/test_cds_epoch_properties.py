@@ -41,17 +41,17 @@ class Store:
     """Per epoch ever used, the highest revision it gave out."""
     clock: int = 0
     epochs: int = 0
-    known: tuple[str, int] = ("", 0)  # the publisher's last (epoch, revision)
+    known: dict[str, int] = field(default_factory=dict)  # the publisher's epoch -> max revision
 
     def _stream_id(self) -> str:
         self.clock += 1  # Redis stream ids grow with the server's clock, across restarts too
         return f"{self.clock}-0"
 
     def _ensure_epoch(self) -> None:
-        known_epoch, known_rev = self.known
-        if not self.epoch or (self.epoch == known_epoch and self.counter < known_rev):
+        if not self.epoch or self.counter < self.known.get(self.epoch, 0):
             self.epochs += 1
-            self.epoch = f"e{self.epochs}"
+            self.epoch = f"e{self.epochs}"  # what the store holds is renumbered into it
+            self.max_rev[self.epoch] = self.counter
 
     def write(self, config_id: str, value: int | None) -> None:
         self.history.append(self.copy())
@@ -59,7 +59,7 @@ class Store:
         text = None if value is None else json.dumps({"id": config_id, "v": value})
         current = self.configs.get(config_id)
         if text == current or (text is None and current is None):
-            self.known = (self.epoch, max(self.counter, self.known[1]))
+            self.known.setdefault(self.epoch, 0)
             return
         self.counter += 1
         if text is None:
@@ -71,7 +71,7 @@ class Store:
         event = StoreEvent(self._stream_id(), op, config_id, self.counter, text or "", self.epoch)
         self.events.append(event)
         self.max_rev[self.epoch] = max(self.max_rev.get(self.epoch, 0), self.counter)
-        self.known = (self.epoch, self.counter)
+        self.known[self.epoch] = max(self.known.get(self.epoch, 0), self.counter)
 
     def copy(self) -> Store:
         return Store(
@@ -162,7 +162,12 @@ class Client:
         self.watcher, delta = replica.hub.subscribe(self.topic, Mode.V2, since=since, epoch=epoch)
         self.replica = replica
         try:
-            self.state.begin(delta=delta, epoch=replica.hub.mirror.epoch)
+            self.state.begin(
+                delta=delta,
+                epoch=replica.hub.mirror.epoch,
+                rev=replica.hub.mirror.rev,
+                frames=len(self.watcher.frames),
+            )
         except CdsProtocolError:
             self.drop(fresh=True)
 

@@ -203,3 +203,15 @@ def test_a_client_that_holds_nothing_follows_the_first_epoch_it_hears_of() -> No
     state.begin(delta=False, epoch="")  # a store nobody has written yet
     state.apply(SnapshotEnvelope(type="snapshot", id="a/b", rev=1, config={}, epoch="e1"))
     assert (state.rev, state.epoch) == (1, "e1")
+
+
+def test_a_complete_snapshot_puts_the_client_at_the_servers_revision() -> None:
+    state = DeltaState()
+    # The server is at revision 7 (a delete at 7 left nothing to send); two frames follow.
+    state.begin(delta=False, epoch="e1", rev=7, frames=2)
+    state.apply(SnapshotEnvelope(type="snapshot", id="a/b", rev=2, config={}, epoch="e1"))
+    assert state.rev == 2, "cut off here, it resumes from what it has seen"
+    state.apply(SnapshotEnvelope(type="snapshot", id="a/c", rev=5, config={}, epoch="e1"))
+    assert state.rev == 7
+    state.begin(delta=True, epoch="e1", rev=9, frames=0)
+    assert state.rev == 9

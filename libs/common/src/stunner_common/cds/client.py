@@ -34,7 +34,9 @@ from stunner_common.cds.token import TokenSource
 from stunner_common.cds.wire import (
     CDS_V2_SUBPROTOCOL,
     EPOCH_HEADER,
+    INITIAL_FRAMES_HEADER,
     RESYNC_HEADER,
+    REV_HEADER,
     parse_envelope,
 )
 
@@ -367,7 +369,10 @@ class CdsClient:
                 # A full snapshot follows (resync deletes first), or the server resumes our
                 # state; a resume in another store epoch raises CdsProtocolError (resync).
                 for gone in state.begin(
-                    delta=headers.get(RESYNC_HEADER) == "delta", epoch=headers.get(EPOCH_HEADER)
+                    delta=headers.get(RESYNC_HEADER) == "delta",
+                    epoch=headers.get(EPOCH_HEADER),
+                    rev=_int(headers.get(REV_HEADER)),
+                    frames=_int(headers.get(INITIAL_FRAMES_HEADER)),
                 ):
                     yield gone
             async for frame in ws:
@@ -384,6 +389,13 @@ class CdsClient:
                 change = state.apply(envelope)  # raises CdsProtocolError when out of sync
                 if change is not None:
                     yield change
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 async def watch_configs(

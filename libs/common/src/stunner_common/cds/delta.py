@@ -77,6 +77,7 @@ class DeltaState:
         self.configs: dict[str, dict[str, Any]] = {}
         self.rev = 0
         self.epoch: str | None = None
+        self._initial: tuple[int, int] | None = None  # (frames left, server revision)
 
     def resume_params(self) -> dict[str, str] | None:
         """The query that resumes this state (``since``, ``epoch``); None: ask for a snapshot."""
@@ -87,19 +88,36 @@ class DeltaState:
             params[EPOCH_PARAM] = self.epoch
         return params
 
-    def begin(self, *, delta: bool, epoch: str | None) -> list[ConfigChange]:
+    def begin(
+        self,
+        *,
+        delta: bool,
+        epoch: str | None,
+        rev: int | None = None,
+        frames: int | None = None,
+    ) -> list[ConfigChange]:
         """A watch is open: the server resumes our state (``delta``) or sends a full snapshot.
 
-        Returns the resync deletes of a full snapshot; raises ``CdsProtocolError`` when the
-        server resumes in another epoch than the one held.
+        ``rev`` and ``frames`` (when the server tells them) are its revision and the number of
+        frames of the snapshot or resync: once all are applied this state is the server's at
+        ``rev``, which may be above every revision the frames carry (a delete a snapshot leaves
+        out); until then only the revisions seen count, so a client cut off half-way resumes
+        from there. Returns the resync deletes of a full snapshot; raises ``CdsProtocolError``
+        when the server resumes in another epoch than the one held.
         """
-        if not delta:
-            return self.reset(epoch)
-        if epoch != self.epoch:
+        if delta and epoch != self.epoch:
             raise CdsProtocolError(
                 f"the CDS resumed in store epoch {epoch!r}, this client holds {self.epoch!r}"
             )
-        return []
+        gone = [] if delta else self.reset(epoch)
+        self._initial = (frames, rev) if rev is not None and frames is not None else None
+        self._caught_up()
+        return gone
+
+    def _caught_up(self) -> None:
+        if self._initial is not None and self._initial[0] <= 0:
+            self.rev = max(self.rev, self._initial[1])
+            self._initial = None
 
     def reset(self, epoch: str | None = None) -> list[ConfigChange]:
         """Forget everything (the server is about to send a full snapshot of ``epoch``)."""
@@ -113,6 +131,16 @@ class DeltaState:
         self, envelope: SnapshotEnvelope | PatchEnvelope | DeleteEnvelope
     ) -> ConfigChange | None:
         """Apply one envelope; return the change, or None when it changed nothing."""
+        try:
+            return self._apply(envelope)
+        finally:
+            if self._initial is not None:
+                self._initial = (self._initial[0] - 1, self._initial[1])
+                self._caught_up()
+
+    def _apply(
+        self, envelope: SnapshotEnvelope | PatchEnvelope | DeleteEnvelope
+    ) -> ConfigChange | None:
         if envelope.epoch != self.epoch:
             if self.configs or self.rev:
                 raise CdsProtocolError(

@@ -29,6 +29,10 @@ REV_HEADER = "x-stunner-rev"
 RESYNC_HEADER = "x-stunner-resync"
 """Handshake response header: ``delta`` when ``since`` was honoured, else ``full``."""
 
+INITIAL_FRAMES_HEADER = "x-stunner-initial-frames"
+"""Handshake response header: how many frames the snapshot or resync of this watch has. Once a
+client has applied them all it holds the server's state at ``x-stunner-rev`` exactly."""
+
 EPOCH_HEADER = "x-stunner-epoch"
 """Handshake response header: the epoch of the revisions this watch will carry."""
 

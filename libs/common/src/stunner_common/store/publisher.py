@@ -9,7 +9,7 @@ Revisions only mean something within one history of the store, so every script a
 the store has an *epoch* (``stunner:meta`` field ``epoch``, a random id): a store that lost its
 data (a Redis that came back empty, a flush) has no epoch, and the next write gives it a new one.
 A store rolled back under a publisher (an older snapshot restored: the counter is below what this
-publisher wrote last, in the same epoch) gets a new epoch too. Every stream entry carries the
+publisher saw in that epoch) gets a new epoch too. Every stream entry carries the
 epoch it was written in, so readers never confuse revision N of one history with N of another.
 """
 
@@ -33,20 +33,31 @@ META_HASH = "stunner:meta"
 
 EPOCH_FIELD = "epoch"
 
+KNOWN_EPOCHS = 16
+"""How many epochs a publisher remembers its highest revision of (rollback detection)."""
+
 DEFAULT_STREAM_MAXLEN = 10_000
 """Approximate length the change stream is trimmed to (``XADD MAXLEN ~``)."""
 
-# KEYS: configs, revs, stream, counter, meta. ARGV starts with four header args: maxlen, a fresh
-# epoch, and the epoch and revision this publisher saw last. ``epoch(argv)`` returns the store's
-# epoch, setting the fresh one when there is none or when the counter went back below what this
-# publisher saw in the same epoch. ``apply(args, epoch)`` takes the header args, then id/json
-# pairs (json "" means delete) and returns a flat list: the epoch, then id, rev for every id that
-# actually changed.
+# KEYS: configs, revs, stream, counter, meta. ARGV starts with three header args: maxlen, a fresh
+# epoch, and ``epoch=rev;...``, the highest revision this publisher saw in each epoch it knows.
+# ``epoch(argv)`` returns the store's epoch, setting the fresh one when there is none or when the
+# counter is below what this publisher saw in that epoch. ``apply(args, epoch)`` takes the header
+# args, then id/json pairs (json "" means delete) and returns a flat list: the epoch, then id, rev
+# for every id that actually changed.
 _APPLY_FUNCTION = """
 local function epoch(argv)
   local current = redis.call('HGET', KEYS[5], 'epoch')
   local counter = tonumber(redis.call('GET', KEYS[4]) or '0')
-  if (not current) or (current == argv[3] and counter < tonumber(argv[4])) then
+  local rotate = not current
+  if current then
+    for seen, rev in string.gmatch(argv[3], '([^=;]+)=(%d+)') do
+      if seen == current and counter < tonumber(rev) then
+        rotate = true
+      end
+    end
+  end
+  if rotate then
     current = argv[2]
     redis.call('HSET', KEYS[5], 'epoch', current)
   end
@@ -55,7 +66,7 @@ end
 local function apply(args, ep)
   local out = {ep}
   local maxlen = args[1]
-  for i = 5, #args, 2 do
+  for i = 4, #args, 2 do
     local id = args[i]
     local cfg = args[i + 1]
     local cur = redis.call('HGET', KEYS[1], id)
@@ -91,10 +102,10 @@ _REPLACE_SCRIPT = (
     _APPLY_FUNCTION
     + """
 local desired = {}
-for i = 5, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   desired[ARGV[i]] = true
 end
-local args = {ARGV[1], ARGV[2], ARGV[3], ARGV[4]}
+local args = {ARGV[1], ARGV[2], ARGV[3]}
 local ids = redis.call('HKEYS', KEYS[1])
 table.sort(ids)
 for _, id in ipairs(ids) do
@@ -103,7 +114,7 @@ for _, id in ipairs(ids) do
     args[#args + 1] = ''
   end
 end
-for i = 5, #ARGV do
+for i = 4, #ARGV do
   args[#args + 1] = ARGV[i]
 end
 return apply(args, epoch(ARGV))
@@ -182,9 +193,9 @@ class ConfigPublisher:
         self._apply = redis.register_script(_APPLY_SCRIPT)
         self._replace = redis.register_script(_REPLACE_SCRIPT)
         self._keys = [CONFIGS_HASH, REVS_HASH, EVENTS_STREAM, REV_COUNTER, META_HASH]
-        # The newest (epoch, revision) this publisher wrote: a store found below it was rolled
-        # back, and the script gives it a new epoch.
-        self._known: tuple[str, int] = ("", 0)
+        # The highest revision this publisher saw in each epoch (the newest few): a store found
+        # in one of them below it was rolled back, and the script gives it a new epoch.
+        self._known: dict[str, int] = {}
 
     async def upsert(
         self, config_id: str, config: CanonicalConfig | str | Mapping[str, object]
@@ -209,18 +220,18 @@ class ConfigPublisher:
         return await self._run(self._replace, args)
 
     async def _run(self, script: object, args: list[str]) -> PublishResult:
-        known_epoch, known_rev = self._known
-        header = [str(self._maxlen), new_epoch(), known_epoch, str(known_rev)]
+        known = ";".join(f"{epoch}={rev}" for epoch, rev in self._known.items())
+        header = [str(self._maxlen), new_epoch(), known]
         raw = await script(keys=self._keys, args=[*header, *args])  # type: ignore[operator]
         epoch = _text(raw[0])
         changes: dict[str, int] = {}
         for i in range(1, len(raw), 2):
             changes[_text(raw[i])] = int(raw[i + 1])
         result = PublishResult(changes, epoch)
-        if epoch != known_epoch:
-            self._known = (epoch, result.rev or 0)
-        elif result.rev is not None:
-            self._known = (epoch, max(known_rev, result.rev))
+        seen = max(self._known.pop(epoch, 0), result.rev or 0)
+        self._known[epoch] = seen  # newest last
+        while len(self._known) > KNOWN_EPOCHS:
+            del self._known[next(iter(self._known))]
         return result
 
 

@@ -27,6 +27,7 @@ from stunner_common.cds import (
     CDS_V2_SUBPROTOCOL,
     EPOCH_HEADER,
     EPOCH_PARAM,
+    INITIAL_FRAMES_HEADER,
     RESYNC_HEADER,
     REV_HEADER,
     encode_error,
@@ -95,6 +96,7 @@ async def _serve(ws: WebSocket, topic: Topic) -> None:
         if mode is Mode.V2:
             headers.append((RESYNC_HEADER.encode(), b"delta" if delta else b"full"))
             headers.append((EPOCH_HEADER.encode(), ctx.hub.mirror.epoch.encode()))
+            headers.append((INITIAL_FRAMES_HEADER.encode(), str(len(watcher.frames)).encode()))
         await ws.accept(
             subprotocol=CDS_V2_SUBPROTOCOL if mode is Mode.V2 else None, headers=headers
         )
