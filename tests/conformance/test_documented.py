@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.compare import canonical_config, diff, flatten
-from conformance.documented import DOCUMENTED
+from conformance.compare import canonical_config, diff, flatten, match
+from conformance.documented import DOCUMENTED, Documented
 from conformance.run import verdict
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "upstream-differences.md"
@@ -41,3 +41,47 @@ def test_flatten_keys_named_items_by_name_and_keeps_scalar_lists_whole() -> None
 def test_every_documented_difference_is_explained_in_the_document(entry: object) -> None:
     text = DOC.read_text()
     assert re.search(rf"\*\*`{re.escape(entry.id)}`\*\*", text), entry.id  # type: ignore[attr-defined]
+
+
+# One difference each entry was written for, as `make conformance` showed it.
+EXAMPLES = {
+    "dataplane-env-cds-token": (
+        "deployments.stunner/udp-gateway.containers[name=stunner-daemon].env",
+        ["STUNNER_ADDR", "STUNNER_NAME"],
+        ["CDS_TOKEN", "STUNNER_ADDR", "STUNNER_NAME"],
+    ),
+    "dataplane-defaults": (
+        "deployments.stunner/gateway-sample.terminationGracePeriodSeconds",
+        3600,
+        30,
+    ),
+    "hostnetwork-listener-ports": (
+        "deployments.stunner/udp-gateway.containers[name=stunner-daemon].ports",
+        ["metrics-port:8080/TCP"],
+        [":3478/UDP", "metrics-port:8080/TCP"],
+    ),
+    "listener-programmed": (
+        "statuses.Gateway stunner/udp-gateway.listeners.udp-listener.conditions.Programmed",
+        "<absent>",
+        ["True", "Programmed"],
+    ),
+    "route-resolvedrefs-no-endpoints": (
+        "statuses.stunner.l7mp.io/v1 UDPRoute stunner/r.parents./udp-gateway:.ResolvedRefs",
+        ["False", "BackendNotFound"],
+        ["True", "ResolvedRefs"],
+    ),
+}
+
+
+@pytest.mark.parametrize("entry", DOCUMENTED, ids=[e.id for e in DOCUMENTED])
+def test_every_documented_difference_accepts_its_example_and_not_the_reverse(
+    entry: Documented,
+) -> None:
+    path, upstream, ours = EXAMPLES[entry.id]
+    assert match(path, upstream, ours) is entry
+    assert match(path, ours, upstream) is None
+
+
+def test_an_unrelated_change_on_a_documented_path_is_not_accepted() -> None:
+    path = "deployments.stunner/udp-gateway.containers[name=stunner-daemon].env"
+    assert match(path, ["STUNNER_ADDR"], ["STUNNER_ADDR", "SOMETHING_ELSE"]) is None
