@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -71,6 +72,16 @@ class RedisServer:
 
     def restart(self, *, kill: bool = False) -> None:
         self.stop(kill=kill)
+        self.start()
+
+    def restart_empty(self) -> None:
+        """Kill it and bring it back without its data (a new pod without a volume)."""
+        self.stop(kill=True)
+        for leftover in self.workdir.glob("appendonly*"):
+            if leftover.is_dir():
+                shutil.rmtree(leftover)
+            else:
+                leftover.unlink()
         self.start()
 
 

@@ -297,17 +297,6 @@ async def _past(hub: Hub, event_id: str) -> bool:
     return hub.mirror.last_event_id == event_id
 
 
-def _wipe(redis: RedisServer) -> None:
-    """Stop Redis hard and forget what it stored: it comes back empty."""
-    redis.stop(kill=True)
-    for leftover in redis.workdir.glob("appendonly*"):
-        if leftover.is_dir():
-            shutil.rmtree(leftover)
-        else:
-            leftover.unlink()
-    redis.start()
-
-
 async def test_a_v2_client_back_after_an_empty_redis_gets_the_new_history_whatever_its_numbers(
     no_leaked_tasks: None, redis: RedisServer, store: aioredis.Redis, publisher: ConfigPublisher
 ) -> None:
@@ -320,7 +309,7 @@ async def test_a_v2_client_back_after_an_empty_redis_gets_the_new_history_whatev
             old_epoch = ws.response.headers["x-stunner-epoch"]
             held = parse_envelope(await recv_text(ws))
             assert (held.rev, held.epoch) == (5, old_epoch)
-            await asyncio.to_thread(_wipe, redis)
+            await asyncio.to_thread(redis.restart_empty)
             # The watcher is told to start over: its revisions mean nothing any more.
             with pytest.raises(ConnectionClosed) as closed:
                 await recv_text(ws, timeout_s=10)

@@ -92,19 +92,6 @@ def gateway_config(port: int, prefix: str, quota: int = 0) -> dict[str, Any]:
     }
 
 
-def wipe(redis: RedisServer) -> None:
-    """Redis comes back empty (a new pod without a volume)."""
-    redis.stop(kill=True)
-    for leftover in redis.workdir.glob("appendonly*"):
-        if leftover.is_dir():
-            for inner in leftover.iterdir():
-                inner.unlink()
-            leftover.rmdir()
-        else:
-            leftover.unlink()
-    redis.start()
-
-
 @pytest.mark.parametrize("after_reset", [0, 4, 8], ids=["below", "equal", "past"])
 async def test_a_stunnerd_away_while_redis_came_back_empty_gets_the_revocation(
     tmp_path: Path, redis: RedisServer, after_reset: int
@@ -144,7 +131,7 @@ async def test_a_stunnerd_away_while_redis_came_back_empty_gets_the_revocation(
             os.kill(stunnerd.proc.pid, signal.SIGSTOP)
             paused = True
             cds.stop()
-            await asyncio.to_thread(wipe, redis)
+            await asyncio.to_thread(redis.restart_empty)
             client = aioredis.from_url(redis.url)
             try:
                 publisher = ConfigPublisher(client)
