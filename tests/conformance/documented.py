@@ -57,7 +57,18 @@ def _dataplane_defaults(upstream: Any, ours: Any) -> bool:
     return upstream in _UPSTREAM_DATAPLANE_DEFAULTS and ours in _SEED_DATAPLANE_DEFAULTS
 
 
+def _empty_cluster_kept(upstream: Any, ours: Any) -> bool:
+    return upstream == "<absent>" and isinstance(ours, str)
+
+
 DOCUMENTED: tuple[Documented, ...] = (
+    Documented(
+        "missing-staticservice-empty-cluster",
+        r"^configs\.[^.]+\.clusters\[name=[^\]]+\]\.(name|type|protocol)$",
+        "a route whose only backend is a missing StaticService keeps an empty cluster (ours); "
+        "upstream drops the cluster and leaves the listener's route dangling",
+        _empty_cluster_kept,
+    ),
     Documented(
         "dataplane-defaults",
         r"^deployments\.[^.]+\.(terminationGracePeriodSeconds|containers\[name=[^\]]+\]"

@@ -168,6 +168,8 @@ def deployment_view(dep: Mapping[str, Any]) -> dict[str, Any]:
                 "args": c.get("args"),
                 "env": sorted(e.get("name", "") for e in c.get("env") or []),
                 "resources": c.get("resources"),
+                "livenessProbe": c.get("livenessProbe"),
+                "readinessProbe": c.get("readinessProbe"),
                 "ports": sorted(
                     f"{p.get('name', '')}:{p.get('containerPort')}/{p.get('protocol', 'TCP')}"
                     for p in c.get("ports") or []
@@ -278,6 +280,23 @@ class Side:
                     if not set(self.cds_configs()) & ids and not self._leftovers(ids):
                         break
                 time.sleep(POLL_S)
+            if wait:
+                self._collect_garbage(ids)
+
+    def _collect_garbage(self, ids: set[str]) -> None:
+        """Delete what garbage collection left of the deleted Gateways. (The controller-manager's
+        collector learns a new CRD's owners only at its next discovery resync, so the objects of
+        the first Gateways can outlive them by half a minute.)"""
+        for gw_id in ids:
+            ns, name = gw_id.split("/", 1)
+            selector = f"stunner.l7mp.io/related-gateway-name={name}"
+            for api_version, kind in (("v1", "Service"), ("apps/v1", "Deployment")):
+                for item in self.admin.list(api_version, kind, ns, label_selector=selector):
+                    with contextlib.suppress(KubeError):
+                        self.admin.delete(api_version, kind, item["metadata"]["name"], ns)
+        deadline = time.monotonic() + CLEAR_TIMEOUT_S
+        while self._leftovers(ids) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
 
     def _leftovers(self, ids: set[str]) -> list[str]:
         """Services and Deployments of the deleted Gateways that garbage collection has not

@@ -45,6 +45,11 @@ def test_every_documented_difference_is_explained_in_the_document(entry: object)
 
 # One difference each entry was written for, as `make conformance` showed it.
 EXAMPLES = {
+    "missing-staticservice-empty-cluster": (
+        "configs.stunner/udp-gateway.clusters[name=stunner/media-plane-route].type",
+        "<absent>",
+        "STATIC",
+    ),
     "dataplane-env-cds-token": (
         "deployments.stunner/udp-gateway.containers[name=stunner-daemon].env",
         ["STUNNER_ADDR", "STUNNER_NAME"],
