@@ -3,6 +3,7 @@ an independent UDP echo peer."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from support import gobin
 from support.ports import LOOPBACK, free_port
 from support.processes import ServerProcess, which
 from support.upstream import Gateway, upstream_bin
@@ -57,3 +59,17 @@ def echo_peer(tmp_path: Path) -> Iterator[int]:
         yield port
     finally:
         proc.stop()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the Go peers before the first test runs, outside any test's timeout: from a cold
+    cache that takes minutes (docs/upstream-differences.md), longer than a test may run."""
+    here = Path(__file__).resolve().parent
+    selected = [item for item in session.items if here in Path(str(item.fspath)).parents]
+    if not selected or gobin.go_binary() is None:
+        return
+    with contextlib.suppress(gobin.GoBuildError):  # the fixtures report it, skip or fail
+        gobin.upstream_stunner()
+        if any("upstream_operator" in getattr(item, "fixturenames", ()) for item in selected):
+            gobin.upstream_operator()
+            gobin.kube_binaries()
