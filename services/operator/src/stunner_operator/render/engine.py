@@ -138,6 +138,10 @@ class Renderer:
         self._config_json: dict[str, str] = {}
         self._route_status: dict[ObjKey, RouteStatus | None] = {}
         self._class_status: dict[ObjKey, GatewayClassStatus | None] = {}
+        # The uid of the object each status was last emitted for: an object deleted and created
+        # again between two renders (one batch) is a new object whose status is the API
+        # server's default until written, even when the render is unchanged.
+        self._status_uid: dict[ObjKey, str] = {}
         self._deps: dict[ObjKey, frozenset[ObjKey]] = {}  # render key -> keys it read
         self._rev: dict[ObjKey, set[ObjKey]] = defaultdict(set)  # key read -> render keys
 
@@ -247,7 +251,7 @@ class Renderer:
                 configs[cid] = new.config
             old_status = old.status if old is not None else None
             new_status = new.status if new is not None else None
-            if old_status != new_status:
+            if old_status != new_status or self._replaced(key, gw):
                 statuses[key] = new_status
             old_svc = old.service if old is not None else None
             new_svc = new.service if new is not None else None
@@ -283,7 +287,7 @@ class Renderer:
                 view = View(store)
                 rstatus = self._route_status_of(view, route, cluster_for)
                 self._set_deps(key, frozenset(view.deps))
-            if self._route_status.get(key) != rstatus:
+            if self._route_status.get(key) != rstatus or self._replaced(key, route):
                 statuses[key] = rstatus
             if rstatus is None:
                 self._route_status.pop(key, None)
@@ -292,14 +296,15 @@ class Renderer:
 
         for key in sorted(k for k in dirty if k[0] == "GatewayClass"):
             cstatus: GatewayClassStatus | None = None
-            if store.get(GatewayClass, "", key[2]) is None:
+            gwc = store.get(GatewayClass, "", key[2])
+            if gwc is None:
                 self._set_deps(key, frozenset())
             else:
                 view = View(store)
                 hierarchy = resolve_hierarchy(view, key[2], self.options)
                 cstatus = class_status(hierarchy, self.options) if hierarchy else None
                 self._set_deps(key, frozenset(view.deps))
-            if self._class_status.get(key) != cstatus:
+            if self._class_status.get(key) != cstatus or self._replaced(key, gwc):
                 statuses[key] = cstatus
             if cstatus is None:
                 self._class_status.pop(key, None)
@@ -315,6 +320,15 @@ class Renderer:
             resource_deletes=frozenset(resource_deletes),
             rendered_gateways=rendered,
         )
+
+    def _replaced(self, key: ObjKey, obj: K8sObject | None) -> bool:
+        """Whether ``obj`` is another object than the one ``key``'s status was last emitted for
+        (deleted and created again under the same name); records its uid either way."""
+        uid = obj.metadata.uid if obj is not None else ""
+        before = self._status_uid.pop(key, None)
+        if obj is not None:
+            self._status_uid[key] = uid
+        return bool(uid) and before is not None and before != uid
 
     def _set_deps(self, render_key: ObjKey, deps: frozenset[ObjKey]) -> None:
         old = self._deps.get(render_key, frozenset())

@@ -1,0 +1,58 @@
+"""An object deleted and created again under the same name between two renders (one event batch)
+is a new object: its status is written again even when the render did not change, or it would
+keep the API server's default (a GatewayClass stuck at Accepted Unknown/Pending). Found by
+``make conformance`` (docs/upstream-differences.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from stunner_common.crds import K8sObject
+from stunner_operator.render.engine import Renderer
+from support.operator import HIERARCHY, UDP_GATEWAY, objects_from_yaml
+
+Render = Callable[..., Renderer]
+
+ROUTE = """
+apiVersion: stunner.l7mp.io/v1
+kind: UDPRoute
+metadata: {name: r, namespace: stunner}
+spec: {parentRefs: [{name: gw}], rules: [{backendRefs: [{name: s}]}]}
+"""
+
+
+def with_uid(text: str, kind: str, uid: str) -> list[K8sObject]:
+    objs = objects_from_yaml(text)
+    return [
+        o.model_copy(update={"metadata": o.metadata.model_copy(update={"uid": uid})})
+        if o.kind == kind
+        else o
+        for o in objs
+    ]
+
+
+def test_a_re_created_object_gets_its_unchanged_status_again(render: Render) -> None:
+    r = render()
+    first = [
+        *with_uid(HIERARCHY, "GatewayClass", "class-1"),
+        *with_uid(UDP_GATEWAY, "Gateway", "gw-1"),
+        *with_uid(ROUTE, "UDPRoute", "route-1"),
+    ]
+    delta = r.apply(first)
+    keys = {
+        ("GatewayClass", "", "stunner"),
+        ("Gateway", "stunner", "gw"),
+        ("UDPRoute", "stunner", "r"),
+    }
+    assert keys <= set(delta.statuses)
+    # The same objects again (a resync): nothing to write.
+    assert not keys & set(r.apply(first).statuses)
+    # Deleted and created again in one batch: the store sees only new uids.
+    again = [
+        *with_uid(HIERARCHY, "GatewayClass", "class-2"),
+        *with_uid(UDP_GATEWAY, "Gateway", "gw-2"),
+        *with_uid(ROUTE, "UDPRoute", "route-2"),
+    ]
+    delta = r.apply(again)
+    assert keys <= set(delta.statuses)
+    assert all(delta.statuses[k] is not None for k in keys)
