@@ -279,6 +279,17 @@ def kube_binaries() -> Path:
     return build_local(KUBE_MODULE, KUBE_PACKAGES)
 
 
+# kwok plays a kubelet for the pods of its simulated nodes, port-forward included (its
+# PortForward resources name where a pod port really goes); go 1.26, no replace directives.
+KWOK = "sigs.k8s.io/kwok"
+KWOK_VERSION = "v0.8.0"
+
+
+def kwok() -> Path:
+    """kwok at the pinned version (binary: kwok)."""
+    return install(KWOK, KWOK_VERSION, ["cmd/kwok"])
+
+
 GATEWAY_API = "sigs.k8s.io/gateway-api"
 GATEWAY_API_VERSION = "v1.6.3"
 

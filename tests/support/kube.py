@@ -21,7 +21,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -327,8 +327,11 @@ class KubeCluster:
         min_request_timeout_s: int = 30,
         controllers: str = "*",
         watch_cache: bool = True,
+        apiserver_args: Sequence[str] = (),
     ) -> None:
         self.workdir = workdir
+        self.apiserver_args = list(apiserver_args)
+        """More kube-apiserver flags (e.g. ``--kubelet-preferred-address-types``)."""
         self.compaction_interval_s = compaction_interval_s
         self.min_request_timeout_s = min_request_timeout_s
         self.controllers = controllers
@@ -437,6 +440,7 @@ class KubeCluster:
                 f"--watch-cache={str(self.watch_cache).lower()}",
                 "--profiling=false",
                 "--v=1",
+                *self.apiserver_args,
             ],
             log_path=self.workdir / "kube-apiserver.log",
         )

@@ -238,6 +238,7 @@ def test_cds_service_is_stunner_config_discovery_on_13478_in_front_of_the_cds_po
     assert port_names[svc["spec"]["ports"][0]["targetPort"]] == 13478
     labels = cds["spec"]["template"]["metadata"]["labels"]
     assert labels["stunner.l7mp.io/config-discovery-service"] == "enabled"
+    assert svc["metadata"]["labels"]["stunner.l7mp.io/config-discovery-service"] == "enabled"
 
 
 @pytest.mark.parametrize(("replicas", "with_pdb"), [(1, False), (2, True), (5, True)])

@@ -20,7 +20,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.kube)
-            item.add_marker(pytest.mark.timeout(300))
+            if item.get_closest_marker("timeout") is None:  # a module may ask for more
+                item.add_marker(pytest.mark.timeout(300))
 
 
 @pytest.fixture(scope="module")

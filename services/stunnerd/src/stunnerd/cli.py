@@ -18,12 +18,14 @@ from pydantic import ValidationError
 from stunner_common.cli import add_version_argument, validation_message
 from stunner_common.config import ConfigError
 from stunner_common.config.errors import ConfigValidationError
+from stunner_common.kube_forward import KubeOptions
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.logs import LOG_FORMATS, configure_logging
 from stunner_common.runtime import run as run_loop
 from stunner_common.turnuri import default_config_from_uri
 from stunnerd.app import EXIT_CONFIG, dry_run, run
 from stunnerd.origin.base import ConfigOriginError, parse_origin
+from stunnerd.origin.k8s import is_k8s_origin, run_with_k8s_origin
 from stunnerd.settings import DEFAULT_GRACE_PERIOD_S, load_settings
 
 
@@ -35,8 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-c",
         "--config",
-        help="config origin: a file path (watched), http(s)://CDS (one-shot) or ws(s)://CDS "
-        "(watch); default $STUNNER_CONFIG_ORIGIN, else :13478",
+        help="config origin: a file path (watched), http(s)://CDS (one-shot), ws(s)://CDS "
+        "(watch) or k8s (the CDS found through the kubeconfig); default "
+        "$STUNNER_CONFIG_ORIGIN, else :13478",
     )
     parser.add_argument("-w", "--watch", action="store_true", help="follow the origin for updates")
     parser.add_argument("-i", "--id", help="<namespace>/<name> toward the CDS")
@@ -76,6 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="load the config once, check it (listeners included), say whether it is valid and "
         "exit, binding nothing",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="with -c k8s: the kubeconfig to find the CDS with (default $KUBECONFIG, else "
+        "~/.kube/config)",
+    )
+    parser.add_argument("--context", default=None, help="with -c k8s: the kubeconfig context")
+    parser.add_argument(
+        "--cds-server-namespace",
+        default=None,
+        help="with -c k8s: the CDS pod's namespace (default $CDS_SERVER_NAMESPACE, else any)",
     )
     add_version_argument(parser, "stunnerd")
     return parser
@@ -120,9 +135,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except (ConfigOriginError, ConfigError, ValueError) as exc:
         print(f"stunnerd: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG
-    if args.dry_run:
-        return run_loop(dry_run(settings, env))
-    return run_loop(run(settings, env))
+    runner = dry_run if args.dry_run else run
+    if is_k8s_origin(settings.origin):
+        kube = KubeOptions(args.kubeconfig, args.context, args.cds_server_namespace)
+        return int(run_loop(run_with_k8s_origin(settings, env, kube, runner)))
+    return run_loop(runner(settings, env))
 
 
 def _one_line(exc: Exception) -> str:

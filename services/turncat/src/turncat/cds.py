@@ -4,16 +4,22 @@ The CDS serves the stunnerd config of every Gateway (`GET /api/v1/configs/{ns}/{
 listener named in the URI carries the public address, port and protocol a client should use,
 and the config's auth section says how to log in. For ephemeral auth only the shared secret is
 known, so fresh TURN REST credentials are minted for every session, as upstream turncat does.
-Kubernetes port-forward discovery of the CDS is not done here: the address comes from
-`--cds-server-address`, else `CDS_SERVER_ADDR` (upstream's name; `STUNNER_CDS_ADDR` still works,
-with a deprecation warning), else 127.0.0.1:13478 (where `make run` and compose put it).
+The CDS address comes from `--cds-server-address`, else `CDS_SERVER_ADDR` (upstream's name;
+`STUNNER_CDS_ADDR` still works, with a deprecation warning); without one, a kubeconfig
+(`--kubeconfig`, `KUBECONFIG`, `~/.kube/config`; `--context`) finds the CDS pod and a
+port-forward through the API server reaches it (`stunner_common.kube_forward`, see
+:func:`cds_endpoint`); without either, 127.0.0.1:13478 (where `make run` and compose put it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import sys
 import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 
 from stunner_common.auth import ephemeral_credentials
 from stunner_common.cds import (
@@ -22,16 +28,101 @@ from stunner_common.cds import (
     CdsHttpError,
     CdsUnreachableError,
     TokenSource,
+    token_source,
 )
 from stunner_common.cds import cds_base_url as _cds_base_url
+from stunner_common.cli import cds_address, check_token_file
 from stunner_common.config import ConfigError, ListenerConfig, StunnerConfig, parse_config
-from turncat.errors import AuthFailedError, LookupFailedError, TurncatError, UnreachableError
+from stunner_common.kube_forward import (
+    KubeDiscoveryError,
+    KubeOptions,
+    open_cds_forward,
+    wants_kube_discovery,
+)
+from turncat.errors import (
+    AuthFailedError,
+    BadInputError,
+    LookupFailedError,
+    TurncatError,
+    UnreachableError,
+)
 from turncat.session import Credentials, CredentialSource
 from turncat.uri import TRANSPORT_BY_PROTOCOL, K8sTarget, TurnTarget
 
 log = logging.getLogger(__name__)
 
 EPHEMERAL_TTL_S = 3600
+CDS_NAMESPACE_ENV = "CDS_SERVER_NAMESPACE"
+
+
+@dataclass(frozen=True, slots=True)
+class CdsEndpoint:
+    """Where to ask the CDS and with which token; ``forwarded`` when through the API server."""
+
+    address: str
+    token: TokenSource | None
+    forwarded: bool = False
+
+
+def _discovery_error(exc: KubeDiscoveryError) -> TurncatError:
+    if exc.reason == "forbidden":
+        return AuthFailedError(str(exc), 403)
+    if exc.reason == "unreachable":
+        return UnreachableError(str(exc))
+    if exc.reason == "kubeconfig":
+        return BadInputError(str(exc))
+    return LookupFailedError(str(exc))
+
+
+@contextlib.asynccontextmanager
+async def cds_endpoint(
+    prog: str,
+    env: Mapping[str, str],
+    *,
+    address_flag: str | None,
+    token_file: str | None,
+    kube: KubeOptions,
+    timeout_s: float,
+) -> AsyncIterator[CdsEndpoint]:
+    """The CDS to use while inside: the address given, else one found through the kubeconfig
+    (a port-forward, closed on leaving), else the loopback default.
+
+    The token: ``--cds-token-file``, else (through the kubeconfig) the chart's Secret when the
+    user may read it, else ``CDS_TOKEN_FILE`` or ``CDS_TOKEN``.
+    """
+    path = token_file or env.get("CDS_TOKEN_FILE") or None
+    if (problem := check_token_file(path)) is not None:
+        raise BadInputError(problem)
+    configured = token_source(env, token_file)
+    if not wants_kube_discovery(env, address_flag, kube):
+        address, warnings = cds_address(env, address_flag)
+        for warning in warnings:
+            print(f"{prog}: warning: {warning}", file=sys.stderr)
+        yield CdsEndpoint(address, configured)
+        return
+    if kube.namespace is None and env.get(CDS_NAMESPACE_ENV, "").strip():
+        kube = KubeOptions(kube.kubeconfig, kube.context, env[CDS_NAMESPACE_ENV].strip())
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            forward = await stack.enter_async_context(
+                open_cds_forward(kube, env, timeout_s=timeout_s)
+            )
+        except KubeDiscoveryError as exc:
+            raise _discovery_error(exc) from None
+        token = configured
+        if forward.token and not token_file:
+            token = TokenSource(forward.token)
+        log.info("the CDS through the kubeconfig: forward up in %.3fs", forward.started_s)
+        yield CdsEndpoint(forward.address, token, forwarded=True)
+
+
+def kube_options(args: object) -> KubeOptions:
+    """kubectl's flags from parsed arguments (absent ones are None)."""
+    return KubeOptions(
+        kubeconfig=getattr(args, "kubeconfig", None),
+        context=getattr(args, "context", None),
+        namespace=getattr(args, "cds_server_namespace", None),
+    )
 
 
 def cds_base_url(address: str) -> str:

@@ -23,19 +23,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from stunner_common import logs
-from stunner_common.cds import token_source
 from stunner_common.cli import (
     CDS_ADDR_ENV,
     DEFAULT_CDS_ADDRESS,
     add_version_argument,
-    cds_address,
-    check_token_file,
     validation_message,
 )
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.runtime import run as run_loop
 from turncat.carrier import TlsOptions
-from turncat.cds import resolve_k8s
+from turncat.cds import cds_endpoint, kube_options, resolve_k8s
 from turncat.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILURE,
@@ -91,9 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--cds",
         dest="cds_server_address",
         default=None,
-        help=f"CDS address (host:port or http://…) for k8s:// URIs "
-        f"[env {CDS_ADDR_ENV}; {DEFAULT_CDS_ADDRESS}]",
+        help=f"CDS address (host:port or http://…) for k8s:// URIs [env {CDS_ADDR_ENV}; "
+        f"else found through the kubeconfig; else {DEFAULT_CDS_ADDRESS}]",
     )
+    add_kube_arguments(p)
     p.add_argument(
         "--cds-token-file",
         default=None,
@@ -106,6 +104,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="namespace for k8s:///gateway:listener (default: default)",
     )
     return p
+
+
+def add_kube_arguments(p: argparse.ArgumentParser) -> None:
+    """kubectl's flags, for finding the CDS through the Kubernetes API."""
+    p.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig to find the CDS with when no CDS address is given "
+        "[env KUBECONFIG; ~/.kube/config]",
+    )
+    p.add_argument("--context", default=None, help="the kubeconfig context to use")
+    p.add_argument(
+        "--cds-server-namespace",
+        default=None,
+        help="namespace of the CDS pod [env CDS_SERVER_NAMESPACE; default: any namespace]",
+    )
 
 
 def configure_logging(spec: str) -> None:
@@ -157,18 +171,18 @@ async def run(args: argparse.Namespace, settings: TurncatSettings) -> None:
 
     credentials: CredentialSource
     if isinstance(target, K8sTarget):
-        address, warnings = cds_address(os.environ, args.cds_server_address)
-        for warning in warnings:
-            print(f"turncat: warning: {warning}", file=sys.stderr)
-        token_file = args.cds_token_file or os.environ.get("CDS_TOKEN_FILE") or None
-        if (problem := check_token_file(token_file)) is not None:
-            raise BadInputError(problem)
-        target, credentials = await resolve_k8s(
-            target,
-            address,
-            settings.cds_timeout_s,
-            token_source(os.environ, args.cds_token_file),
-        )
+        # The forward (if any) lives for the lookup only: nothing later asks the CDS.
+        async with cds_endpoint(
+            "turncat",
+            os.environ,
+            address_flag=args.cds_server_address,
+            token_file=args.cds_token_file,
+            kube=kube_options(args),
+            timeout_s=settings.cds_timeout_s,
+        ) as cds:
+            target, credentials = await resolve_k8s(
+                target, cds.address, settings.cds_timeout_s, cds.token
+            )
     else:
         credentials = _static_credentials(target.username, target.password)
     if peer_addr.transport == "tcp" and target.transport not in ("tcp", "tls"):
@@ -275,4 +289,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_OK
 
 
-__all__ = ["EXIT_BAD_INPUT", "build_parser", "main"]
+__all__ = ["EXIT_BAD_INPUT", "add_kube_arguments", "build_parser", "main"]

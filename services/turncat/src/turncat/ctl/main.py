@@ -6,9 +6,12 @@
 
 Without a Gateway every Gateway the CDS serves is shown (or those of `-n NAMESPACE`). The CDS
 is `--cds` (or `CDS_SERVER_ADDR`, as for turncat and the auth service; `STUNNER_CDS_ADDR` still
-works, with a deprecation warning; else 127.0.0.1:13478, where `make run` and compose put it)
-and the bearer token comes from `--cds-token-file`, `CDS_TOKEN_FILE` or `CDS_TOKEN`, as for
-turncat; a token file that cannot be read is an error. `status` also asks the operator's
+works, with a deprecation warning); without one, the kubeconfig (`--kubeconfig`, `KUBECONFIG`,
+`~/.kube/config`; `--context`, `--cds-server-namespace`) finds the CDS pod and a port-forward
+through the API server reaches it, as for turncat; else 127.0.0.1:13478, where `make run` and
+compose put it. The bearer token comes from `--cds-token-file`, the chart's Secret (through the
+kubeconfig, when readable), `CDS_TOKEN_FILE` or `CDS_TOKEN`; a token file that cannot be read
+is an error. `status` also asks the operator's
 `/gateways` (`--operator`, `STUNNER_OPERATOR_ADDR`, else 127.0.0.1:8081 when the CDS is on
 loopback) and shows a Gateway the operator reports degraded (a rejected listener) with the reason.
 Each failure ends with one line on stderr and turncat's exit codes.
@@ -30,20 +33,18 @@ import yaml
 from pydantic import ValidationError
 
 from stunner_common import logs
-from stunner_common.cds import CdsClient, CdsHttpError, CdsUnreachableError, token_source
+from stunner_common.cds import CdsClient, CdsHttpError, CdsUnreachableError
 from stunner_common.cds.client import CdsAddressError
 from stunner_common.cli import (
     CDS_ADDR_ENV,
     add_version_argument,
-    cds_address,
-    check_token_file,
     validation_message,
 )
 from stunner_common.config import ConfigError, StunnerConfig, parse_config
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.runtime import run as run_loop
 from turncat.carrier import TlsOptions
-from turncat.cds import cds_failure, diagnose_cds
+from turncat.cds import cds_endpoint, cds_failure, diagnose_cds, kube_options
 from turncat.ctl.icetest import probe_listener, resolve_address
 from turncat.ctl.status import fetch_operator_report, gather_status
 from turncat.ctl.summary import (
@@ -109,6 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "-n", "--namespace", default=argparse.SUPPRESS, help="the Gateways' namespace"
+    )
+    common.add_argument(
+        "--kubeconfig",
+        default=argparse.SUPPRESS,
+        help="kubeconfig to find the CDS with when no CDS address is given "
+        "[env KUBECONFIG; ~/.kube/config]",
+    )
+    common.add_argument(
+        "--context", default=argparse.SUPPRESS, help="the kubeconfig context to use"
+    )
+    common.add_argument(
+        "--cds-server-namespace",
+        default=argparse.SUPPRESS,
+        help="namespace of the CDS pod [env CDS_SERVER_NAMESPACE; default: any namespace]",
     )
     common.add_argument(
         "-o",
@@ -304,6 +319,8 @@ def operator_address(args: argparse.Namespace, client: CdsClient) -> str | None:
     if given is not None:
         return given.strip() or None
     host = urlsplit(client.base_url).hostname or ""
+    if getattr(args, "cds_forwarded", False):
+        return None  # a port-forward's loopback end says nothing about where the operator is
     if host in ("127.0.0.1", "localhost", "::1"):
         return f"127.0.0.1:{DEFAULT_OPERATOR_PORT}"
     return None
@@ -365,19 +382,27 @@ async def cmd_icetest(args: argparse.Namespace, configs: list[StunnerConfig], ou
 async def run(args: argparse.Namespace) -> int:
     if args.command == "icetest":
         check_icetest_args(args)
-    address, warnings = cds_address(os.environ, _option(args, "cds", None))
-    for warning in warnings:
-        print(f"stunnerctl: warning: {warning}", file=sys.stderr)
-    token_file = _option(args, "cds_token_file", None) or os.environ.get("CDS_TOKEN_FILE") or None
-    if (problem := check_token_file(token_file)) is not None:
-        raise BadInputError(problem)
-    token = token_source(os.environ, _option(args, "cds_token_file", None))
-    try:
-        client = CdsClient(address, token=token, timeout_s=_option(args, "timeout", 5.0))
-    except CdsAddressError as exc:
-        raise BadInputError(str(exc)) from None
+    async with cds_endpoint(
+        "stunnerctl",
+        os.environ,
+        address_flag=_option(args, "cds", None),
+        token_file=_option(args, "cds_token_file", None),
+        kube=kube_options(args),
+        timeout_s=_option(args, "timeout", 5.0),
+    ) as cds:
+        try:
+            client = CdsClient(
+                cds.address, token=cds.token, timeout_s=_option(args, "timeout", 5.0)
+            )
+        except CdsAddressError as exc:
+            raise BadInputError(str(exc)) from None
+        args.cds_forwarded = cds.forwarded
+        return await run_with(args, client, has_token=cds.token is not None)
+
+
+async def run_with(args: argparse.Namespace, client: CdsClient, *, has_token: bool) -> int:
     ns, name = selector(args)
-    gateways = await load_configs(client, ns, name, has_token=token is not None)
+    gateways = await load_configs(client, ns, name, has_token=has_token)
     configs = [g.config for g in gateways]
     output = _option(args, "output", "summary")
     if not configs:

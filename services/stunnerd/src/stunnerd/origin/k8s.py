@@ -1,0 +1,63 @@
+"""`-c k8s`: find the CDS through the Kubernetes API, as upstream's stunnerd does.
+
+`CDS_SERVER_ADDR` (host[:port], port 13478 by default) wins when set. Otherwise the kubeconfig
+(`--kubeconfig`, `KUBECONFIG`, `~/.kube/config`; `--context`; `--cds-server-namespace` or
+`CDS_SERVER_NAMESPACE`) finds the CDS pod and a port-forward through the API server reaches it
+for as long as stunnerd runs (`stunner_common.kube_forward`): the origin becomes
+`http://127.0.0.1:<port>`, watched with `-w` as any CDS origin is, and a broken forward is
+reopened by the watcher's next connection. The CDS token is the chart's Secret when readable,
+else `--cds-token-file`, `CDS_TOKEN_FILE` or `CDS_TOKEN`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from stunner_common.cds import CdsAddressError, cds_base_url
+from stunner_common.cli import CDS_ADDR_ENV
+from stunner_common.kube_forward import KubeDiscoveryError, KubeOptions, open_cds_forward
+
+K8S_ORIGIN = "k8s"
+CDS_NAMESPACE_ENV = "CDS_SERVER_NAMESPACE"
+EXIT_CONFIG = 1
+
+S = TypeVar("S", bound=BaseModel)
+"""stunnerd's settings (with ``origin`` and ``cds_token_file``), passed through unread."""
+
+
+def is_k8s_origin(origin: str) -> bool:
+    return origin.strip() == K8S_ORIGIN
+
+
+async def run_with_k8s_origin(
+    settings: S,
+    env: Mapping[str, str],
+    options: KubeOptions,
+    runner: Callable[[S, Mapping[str, str]], Awaitable[int]],
+) -> int:
+    """Run ``runner`` with the `k8s` origin replaced by the CDS's address."""
+    explicit = env.get(CDS_ADDR_ENV, "").strip()
+    if explicit:
+        try:
+            origin = cds_base_url(explicit)
+        except CdsAddressError as exc:
+            print(f"stunnerd: {CDS_ADDR_ENV}: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        return await runner(settings.model_copy(update={"origin": origin}), env)
+    if options.namespace is None and env.get(CDS_NAMESPACE_ENV, "").strip():
+        options = KubeOptions(options.kubeconfig, options.context, env[CDS_NAMESPACE_ENV].strip())
+    try:
+        async with open_cds_forward(options, env) as forward:
+            run_env = dict(env)
+            if forward.token and not getattr(settings, "cds_token_file", None):
+                run_env.pop("CDS_TOKEN_FILE", None)
+                run_env["CDS_TOKEN"] = forward.token
+            origin = f"http://{forward.address}"
+            return await runner(settings.model_copy(update={"origin": origin}), run_env)
+    except KubeDiscoveryError as exc:
+        print(f"stunnerd: -c k8s: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
