@@ -127,6 +127,19 @@ resetkeys ~stunner:* resetchannels -@all +@connection -@admin -@dangerous +ping 
 resetkeys ~stunner:* resetchannels -@all +@connection -@admin -@dangerous +ping +get +hget +hgetall +hkeys +xread +xrange +xrevrange +xlen +multi +exec +discard
 {{- end -}}
 
+{{- define "stunner.redisDataplaneRules" -}}
+resetkeys ~stunner:quota:* resetchannels -@all +@connection -@admin -@dangerous +ping +evalsha +eval +script|load +script|exists +time +zadd +zrem +zscore +zcard +zrange +zremrangebyscore +pexpireat
+{{- end -}}
+
+{{/* Whether the stunnerd pods count userQuota across replicas in the chart's Redis. */}}
+{{- define "stunner.clusterQuota" -}}
+{{- if and .Values.redis.enabled .Values.dataplane.clusterWideQuota -}}true{{- end -}}
+{{- end -}}
+
+{{- define "stunner.quotaSecretName" -}}
+stunner-quota-redis
+{{- end -}}
+
 {{/* The Secret and key of the CDS bearer token (see cds.token). */}}
 {{- define "stunner.cdsTokenSecretName" -}}
 {{ .Values.cds.token.existingSecret.name | default "stunner-cds-token" }}

@@ -18,10 +18,11 @@ from redis.exceptions import NoPermissionError
 
 from stunner_auth.settings import AuthSettings
 from stunner_common.crds import Dataplane, Gateway
-from stunner_common.redis_acl import CDS_USER, OPERATOR_USER, acl_config
+from stunner_common.redis_acl import CDS_USER, DATAPLANE_USER, OPERATOR_USER, acl_config
 from stunner_common.store import ConfigPublisher, ConfigReader
 from stunner_operator.render.dataplane import render_deployment
 from stunner_operator.render.options import RenderOptions
+from stunnerd.quota import ClusterQuota, QuotaSettings
 from support.ports import LOOPBACK, free_port
 from support.processes import ServerProcess, wait_for_tcp
 from support.redis_server import redis_server_binary
@@ -116,7 +117,11 @@ def test_the_operator_probes_and_metrics_use_the_spec_ports(everything: Rendered
 
 def _acl(rendered: Rendered) -> tuple[str, dict[str, str]]:
     data = rendered.get("Secret", "stunner-redis")["stringData"]
-    passwords = {OPERATOR_USER: data["operator-password"], CDS_USER: data["cds-password"]}
+    passwords = {
+        OPERATOR_USER: data["operator-password"],
+        CDS_USER: data["cds-password"],
+        DATAPLANE_USER: data["dataplane-password"],
+    }
     return data["users.acl"], passwords
 
 
@@ -188,6 +193,48 @@ async def test_with_the_chart_acl_the_operator_publishes_and_the_cds_only_reads(
     finally:
         await operator.aclose()
         await cds.aclose()
+
+
+async def test_with_the_chart_acl_stunnerd_counts_its_quota_and_reads_nothing_else(
+    chart_redis: tuple[Rendered, int],
+) -> None:
+    rendered, port = chart_redis
+    secret = rendered.get("Secret", "stunner-quota-redis")
+    assert secret["metadata"]["namespace"] == NAMESPACE
+    url = re.sub(r"@[^/]+/", f"@{LOOPBACK}:{port}/", secret["stringData"]["url"])
+    operator_env = container_env(
+        rendered.get("Deployment", "stunner-operator")["spec"]["template"]["spec"]["containers"][0]
+    )
+    assert operator_env["OPERATOR_QUOTA_REDIS_SECRET"] == "stunner-quota-redis"
+    quota = ClusterQuota(QuotaSettings(url, timeout_s=2.0))
+    quota.configure("ns/gw", "realm", 1)
+    dataplane = aioredis.Redis.from_url(url)
+    try:
+        assert await quota.acquire("user", "lease-1", 600.0)
+        assert not await quota.acquire("user", "lease-2", 600.0)  # the quota of 1 holds
+        assert quota.status()["mode"] == "cluster"
+        with pytest.raises(NoPermissionError):
+            await dataplane.hgetall("stunner:configs")
+        with pytest.raises(NoPermissionError):
+            await dataplane.zadd("stunner:other", {"x": 1})
+    finally:
+        await quota.close()
+        await dataplane.aclose()
+
+
+def test_the_cluster_wide_quota_can_be_turned_off_and_needs_the_charts_redis() -> None:
+    for values in (
+        {"dataplane": {"clusterWideQuota": False}},
+        {"redis": {"enabled": False, "external": {"url": "redis://r:6379/0"}}},
+    ):
+        rendered = render(values)
+        assert ("Secret", "stunner-quota-redis") not in rendered.kinds()
+        env = container_env(
+            rendered.get("Deployment", "stunner-operator")["spec"]["template"]["spec"][
+                "containers"
+            ][0]
+        )
+        assert "OPERATOR_QUOTA_REDIS_SECRET" not in env
 
 
 # --------------------------------------------------------------------------------------------

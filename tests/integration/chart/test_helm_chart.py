@@ -185,6 +185,7 @@ def test_default_render_has_every_component(default: Rendered) -> None:
         ("NetworkPolicy", "stunner-redis"),
         ("NetworkPolicy", "stunner-cds"),
         ("Pod", "stunner-test-cds"),
+        ("Secret", "stunner-quota-redis"),
     }
     assert "stunner-config-discovery" in default.notes
 

@@ -21,6 +21,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 __all__ = [
     "CDS_RULES",
     "CDS_USER",
+    "DATAPLANE_RULES",
+    "DATAPLANE_USER",
     "OPERATOR_RULES",
     "OPERATOR_USER",
     "acl_config",
@@ -32,6 +34,7 @@ __all__ = [
 
 OPERATOR_USER: Final = "stunner-operator"
 CDS_USER: Final = "stunner-cds"
+DATAPLANE_USER: Final = "stunner-dataplane"
 
 _BASE: Final = "resetkeys ~stunner:* resetchannels -@all +@connection -@admin -@dangerous"
 OPERATOR_RULES: Final = (
@@ -44,6 +47,12 @@ CDS_RULES: Final = (
     " +multi +exec +discard"
 )
 """Reads only: the snapshot (in MULTI/EXEC) and the stream tail."""
+DATAPLANE_RULES: Final = (
+    "resetkeys ~stunner:quota:* resetchannels -@all +@connection -@admin -@dangerous +ping"
+    " +evalsha +eval +script|load +script|exists +time +zadd +zrem +zscore +zcard +zrange"
+    " +zremrangebyscore +pexpireat"
+)
+"""The stunnerd pods' cluster-wide user quota (stunnerd.quota): its leases and nothing else."""
 
 
 def new_password() -> str:
@@ -53,7 +62,7 @@ def new_password() -> str:
 
 def acl_config(passwords: Mapping[str, str]) -> str:
     """``user`` lines for a redis.conf: the default user off, one line per known user given."""
-    rules = {OPERATOR_USER: OPERATOR_RULES, CDS_USER: CDS_RULES}
+    rules = {OPERATOR_USER: OPERATOR_RULES, CDS_USER: CDS_RULES, DATAPLANE_USER: DATAPLANE_RULES}
     lines = ["user default off"]
     for user, password in passwords.items():
         if user not in rules:
