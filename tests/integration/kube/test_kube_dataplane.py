@@ -15,6 +15,7 @@ import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from support.echo import udp_echo
@@ -162,6 +163,16 @@ async def test_a_gateway_gets_its_deployment_service_pod_and_relays_until_its_ro
         return bool(listeners[0].get("public_address") == running.ip)
 
     await asyncio.to_thread(client.wait_for, "the LB address in the config", advertised)
+
+    def serving() -> bool:
+        # The pod's readiness probe, as a kubelet would ask it: a listener is up.
+        try:
+            ready = httpx.get(f"http://{running.ip}:{running.health_port}/ready", timeout=1.0)
+        except httpx.HTTPError:
+            return False
+        return ready.status_code == 200
+
+    await asyncio.to_thread(client.wait_for, "the stunnerd pod ready", serving)
 
     local = free_port(socket.SOCK_DGRAM)
     env = {"CDS_TOKEN": stack.cds_token}
