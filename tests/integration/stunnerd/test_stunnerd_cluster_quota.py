@@ -228,6 +228,13 @@ async def test_worker_processes_share_the_quota_through_redis(
         assert len(transports) == 2, results
         assert sorted(r for r in results if isinstance(r, int)) == [486, 486, 486]
         assert await client.zcard(KEY) == 2
+        # /status tells where the workers count: all of them in Redis.
+        status = await proc.wait_status(
+            lambda doc: len((doc.get("user_quota") or {}).get("workers") or []) == 2,
+            "the workers' quota state in /status",
+        )
+        assert status["user_quota"]["mode"] == "cluster"
+        assert {w["mode"] for w in status["user_quota"]["workers"]} == {"cluster"}
     finally:
         for transport in transports:
             transport.close()

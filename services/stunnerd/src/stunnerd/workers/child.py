@@ -71,6 +71,7 @@ async def handle(
     elif op == "stats":
         reply["offload"] = dataplane.offload_status()  # folds the kernel's counts in first
         reply["stats"] = dataplane.stats().to_dict()
+        reply["user_quota"] = dataplane.quota_status()
     elif op == "drain":
         await dataplane.stop_accepting()
     elif op == "ping":

@@ -107,6 +107,7 @@ class Worker:
         self._stop_timeout_s = stop_timeout_s
         self.proc: asyncio.subprocess.Process | None = None
         self.offload: dict[str, Any] = {}  # its last reported offload status
+        self.quota: dict[str, Any] | None = None  # its cluster-wide quota state, if any
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
@@ -427,6 +428,20 @@ class WorkerPool:
             all(snap.traffic_measured for snap in live),
         )
 
+    def quota_status(self) -> dict[str, Any] | None:
+        """The cluster-wide user quota across the workers (from the last refresh): each counts
+        in Redis on its own, so one that fell back to its local share makes the whole
+        ``local-share``; None when the quota counts per process."""
+        states = [w.quota for w in self.workers if w.quota is not None]
+        if not states:
+            return None
+        fallen = [s for s in states if s.get("mode") != "cluster"]
+        out = dict(fallen[0] if fallen else states[0])
+        out["workers"] = [
+            {"index": w.index, "mode": (w.quota or {}).get("mode")} for w in self.workers
+        ]
+        return out
+
     def worker_status(self) -> list[dict[str, Any]]:
         """Per-worker process ids, allocation and listener counts (from the last refresh)."""
         return [
@@ -450,6 +465,8 @@ class WorkerPool:
                 return  # the answer of a process that is gone (the watchdog retires it)
             worker.stats = StatsSnapshot.from_dict(reply.get("stats") or {})
             worker.offload = dict(reply.get("offload") or {})
+            quota = reply.get("user_quota")
+            worker.quota = dict(quota) if isinstance(quota, dict) else None
 
         await asyncio.gather(*(one(w) for w in self.workers))
 
