@@ -97,6 +97,10 @@ def manifests(port: int) -> list[dict[str, Any]]:
 def upstream_operator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamSide]:
     try:
         gobin.upstream_operator()
+    except gobin.UnobtainableSourceError as exc:
+        # The Go module proxy refuses this module (403 for every version): where no clone of
+        # it is at hand, nothing can build it, CI included.
+        pytest.skip(f"upstream's operator cannot be had here: {exc}")
     except gobin.GoBuildError as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"upstream's operator could not be built: {exc}")
