@@ -83,6 +83,81 @@ def _is_test_hook(obj: Mapping[str, Any]) -> bool:
     return "test" in hook
 
 
+def echo_gateway(
+    gateway: str,
+    listener: str,
+    port: int,
+    *,
+    route: bool = True,
+    config_spec: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """GatewayClass -> GatewayConfig (static user-1/pass-1) -> a TURN-UDP Gateway with a
+    LoadBalancer Service, a StaticService admitting 127.0.0.1 and (``route``) a UDPRoute to it:
+    what a relay test through the cluster needs."""
+    config = {
+        "realm": "stunner.l7mp.io",
+        "authType": "static",
+        "userName": "user-1",
+        "password": "pass-1",
+        **(config_spec or {}),
+    }
+    objects: list[dict[str, Any]] = [
+        {
+            "apiVersion": "stunner.l7mp.io/v1",
+            "kind": "GatewayConfig",
+            "metadata": {"name": "stunner-gatewayconfig", "namespace": NAMESPACE},
+            "spec": config,
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GatewayClass",
+            "metadata": {"name": "stunner-gatewayclass"},
+            "spec": {
+                "controllerName": CONTROLLER_NAME,
+                "parametersRef": {
+                    "group": "stunner.l7mp.io",
+                    "kind": "GatewayConfig",
+                    "name": "stunner-gatewayconfig",
+                    "namespace": NAMESPACE,
+                },
+            },
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {
+                "name": gateway,
+                "namespace": NAMESPACE,
+                "annotations": {"stunner.l7mp.io/service-type": "LoadBalancer"},
+            },
+            "spec": {
+                "gatewayClassName": "stunner-gatewayclass",
+                "listeners": [{"name": listener, "port": port, "protocol": "TURN-UDP"}],
+            },
+        },
+        {
+            "apiVersion": "stunner.l7mp.io/v1",
+            "kind": "StaticService",
+            "metadata": {"name": "echo", "namespace": NAMESPACE},
+            "spec": {"prefixes": [f"{LOOPBACK}/32"]},
+        },
+    ]
+    if route:
+        objects.append(echo_route(gateway))
+    return objects
+
+
+def echo_route(gateway: str) -> dict[str, Any]:
+    """The UDPRoute of ``echo_gateway``: the Gateway to the StaticService ``echo``."""
+    backend = {"group": "stunner.l7mp.io", "kind": "StaticService", "name": "echo"}
+    return {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "UDPRoute",
+        "metadata": {"name": "echo-route", "namespace": NAMESPACE},
+        "spec": {"parentRefs": [{"name": gateway}], "rules": [{"backendRefs": [backend]}]},
+    }
+
+
 class KubeStack:
     def __init__(
         self,

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from support.echo import udp_echo
-from support.kube_stack import NAMESPACE, KubeStack
+from support.kube_stack import NAMESPACE, KubeStack, echo_gateway, echo_route
 from support.kubelet import PodRunner, pod_runner
 from support.ports import LOOPBACK, free_port, free_udp_tcp_port
 from support.turncat_harness import turncat, udp_client
@@ -30,71 +30,17 @@ LB_ANNOTATION = ("service.beta.kubernetes.io/aws-load-balancer-type", "nlb")
 
 
 def _objects(port: int) -> list[dict[str, Any]]:
-    return [
-        {
-            "apiVersion": "stunner.l7mp.io/v1",
-            "kind": "GatewayConfig",
-            "metadata": {"name": "stunner-gatewayconfig", "namespace": NAMESPACE},
-            "spec": {
-                "realm": "stunner.l7mp.io",
-                "authType": "static",
-                "userName": "user-1",
-                "password": "pass-1",
-                "loadBalancerServiceAnnotations": {LB_ANNOTATION[0]: LB_ANNOTATION[1]},
-            },
-        },
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "GatewayClass",
-            "metadata": {"name": "stunner-gatewayclass"},
-            "spec": {
-                "controllerName": "stunner.l7mp.io/gateway-operator",
-                "parametersRef": {
-                    "group": "stunner.l7mp.io",
-                    "kind": "GatewayConfig",
-                    "name": "stunner-gatewayconfig",
-                    "namespace": NAMESPACE,
-                },
-            },
-        },
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "Gateway",
-            "metadata": {
-                "name": GATEWAY,
-                "namespace": NAMESPACE,
-                "annotations": {"stunner.l7mp.io/service-type": "LoadBalancer"},
-            },
-            "spec": {
-                "gatewayClassName": "stunner-gatewayclass",
-                "listeners": [{"name": LISTENER, "port": port, "protocol": "TURN-UDP"}],
-            },
-        },
-        {
-            "apiVersion": "stunner.l7mp.io/v1",
-            "kind": "StaticService",
-            "metadata": {"name": "echo", "namespace": NAMESPACE},
-            "spec": {"prefixes": [f"{LOOPBACK}/32"]},
-        },
-    ]
+    return echo_gateway(
+        GATEWAY,
+        LISTENER,
+        port,
+        route=False,
+        config_spec={"loadBalancerServiceAnnotations": {LB_ANNOTATION[0]: LB_ANNOTATION[1]}},
+    )
 
 
 def _route() -> dict[str, Any]:
-    return {
-        "apiVersion": "stunner.l7mp.io/v1",
-        "kind": "UDPRoute",
-        "metadata": {"name": "echo-route", "namespace": NAMESPACE},
-        "spec": {
-            "parentRefs": [{"name": GATEWAY}],
-            "rules": [
-                {
-                    "backendRefs": [
-                        {"group": "stunner.l7mp.io", "kind": "StaticService", "name": "echo"}
-                    ]
-                }
-            ],
-        },
-    }
+    return echo_route(GATEWAY)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import pytest
 
 from stunner_common.kube_forward import CDS_LABEL, KubeOptions, open_cds_forward
 from support.echo import udp_echo
-from support.kube_stack import NAMESPACE, KubeStack
+from support.kube_stack import NAMESPACE, KubeStack, echo_gateway
 from support.kubelet import PodRunner, pod_runner
 from support.kwok_node import APISERVER_ARGS, Forward, KwokNode, kwok_node
 from support.ports import LOOPBACK, free_port, free_udp_tcp_port
@@ -39,67 +39,7 @@ CDS_POD_PORT = 13478
 
 
 def _gateway_objects(port: int) -> list[dict[str, Any]]:
-    return [
-        {
-            "apiVersion": "stunner.l7mp.io/v1",
-            "kind": "GatewayConfig",
-            "metadata": {"name": "stunner-gatewayconfig", "namespace": NAMESPACE},
-            "spec": {
-                "realm": "stunner.l7mp.io",
-                "authType": "static",
-                "userName": "user-1",
-                "password": "pass-1",
-            },
-        },
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "GatewayClass",
-            "metadata": {"name": "stunner-gatewayclass"},
-            "spec": {
-                "controllerName": "stunner.l7mp.io/gateway-operator",
-                "parametersRef": {
-                    "group": "stunner.l7mp.io",
-                    "kind": "GatewayConfig",
-                    "name": "stunner-gatewayconfig",
-                    "namespace": NAMESPACE,
-                },
-            },
-        },
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "Gateway",
-            "metadata": {
-                "name": GATEWAY,
-                "namespace": NAMESPACE,
-                "annotations": {"stunner.l7mp.io/service-type": "LoadBalancer"},
-            },
-            "spec": {
-                "gatewayClassName": "stunner-gatewayclass",
-                "listeners": [{"name": LISTENER, "port": port, "protocol": "TURN-UDP"}],
-            },
-        },
-        {
-            "apiVersion": "stunner.l7mp.io/v1",
-            "kind": "StaticService",
-            "metadata": {"name": "echo", "namespace": NAMESPACE},
-            "spec": {"prefixes": [f"{LOOPBACK}/32"]},
-        },
-        {
-            "apiVersion": "stunner.l7mp.io/v1",
-            "kind": "UDPRoute",
-            "metadata": {"name": "echo-route", "namespace": NAMESPACE},
-            "spec": {
-                "parentRefs": [{"name": GATEWAY}],
-                "rules": [
-                    {
-                        "backendRefs": [
-                            {"group": "stunner.l7mp.io", "kind": "StaticService", "name": "echo"}
-                        ]
-                    }
-                ],
-            },
-        },
-    ]
+    return echo_gateway(GATEWAY, LISTENER, port)
 
 
 @pytest.fixture(scope="module")
