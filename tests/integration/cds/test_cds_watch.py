@@ -153,7 +153,8 @@ async def test_updates_to_one_id_arrive_in_order_without_gaps(
 async def test_v2_sends_snapshot_patch_and_delete_envelopes(
     publisher: ConfigPublisher, cds: RunningCds
 ) -> None:
-    await upsert(publisher, "ns/gw", "one")
+    # Once the CDS follows the store's history, the handshake names its epoch.
+    await wait_rev(cds, await upsert(publisher, "ns/gw", "one"))
     async with connect(
         f"{cds.ws_url}/api/v1/configs?watch=true",
         subprotocols=[CDS_V2_SUBPROTOCOL],  # type: ignore[list-item]
