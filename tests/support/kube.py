@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
+import ssl
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,8 +89,6 @@ class KubeClient:
     _resources: dict[tuple[str, str], ApiResource] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        import ssl
-
         context = ssl.create_default_context(cafile=str(self.ca_cert))
         if self.client_cert:
             context.load_cert_chain(str(self.client_cert[0]), str(self.client_cert[1]))
@@ -361,10 +359,6 @@ class KubeCluster:
             )
         return self._admin
 
-    def client_for_token(self, token: str) -> KubeClient:
-        assert self.pki is not None
-        return KubeClient(self.server, self.pki.ca_cert, token=token)
-
     def service_account_kubeconfig(self, namespace: str, name: str, path: Path) -> Path:
         """A kubeconfig that authenticates as a ServiceAccount (a TokenRequest token)."""
         assert self.pki is not None
@@ -527,17 +521,3 @@ def _wait_for_line(proc: ServerProcess, marker: str, timeout_s: float) -> str:
             raise RuntimeError(f"{proc.argv[0]} exited:\n{proc.output()[-3000:]}")
         time.sleep(0.1)
     raise TimeoutError(f"{proc.argv[0]}: no {marker!r} in {timeout_s}s:\n{proc.output()[-3000:]}")
-
-
-@contextlib.contextmanager
-def kube_cluster(workdir: Path, **kwargs: Any) -> Iterator[KubeCluster]:
-    cluster = KubeCluster(workdir, **kwargs)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.stop()
-
-
-def env_without_kube() -> dict[str, str]:
-    """The environment minus anything that would point a child at another cluster."""
-    return {k: v for k, v in os.environ.items() if k not in {"KUBECONFIG"}}

@@ -24,7 +24,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -297,15 +297,6 @@ class KubeStack:
             *self.operators,
         ]
         return [p.pid for p in procs if p is not None]
-
-
-@contextlib.contextmanager
-def kube_stack(workdir: Path, **kwargs: Any) -> Iterator[KubeStack]:
-    stack = KubeStack(workdir, **kwargs)
-    try:
-        yield stack.start()
-    finally:
-        stack.stop()
 
 
 def _up(state: Path) -> int:
