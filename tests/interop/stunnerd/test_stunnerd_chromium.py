@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import signal
@@ -19,9 +18,9 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-import websockets
 from fixtures.stunnerd.inproc import make_config, running_server
 
+from support.devtools import devtools_page
 from support.processes import which
 from support.stunnerd_process import PASSWORD, USER
 
@@ -114,47 +113,13 @@ async def _drain(stream: asyncio.StreamReader) -> None:
 
 
 async def page_result(browser_ws: str) -> dict[str, Any]:
-    async with websockets.connect(browser_ws, max_size=None) as ws:
-        ids = iter(range(1, 1_000_000))
-
-        async def call(method: str, params: dict[str, Any], session: str | None = None) -> Any:
-            msg_id = next(ids)
-            msg: dict[str, Any] = {"id": msg_id, "method": method, "params": params}
-            if session:
-                msg["sessionId"] = session
-            await ws.send(json.dumps(msg))
-            while True:
-                reply = json.loads(await ws.recv())
-                if reply.get("id") == msg_id:
-                    if "error" in reply:
-                        raise RuntimeError(reply["error"])
-                    return reply["result"]
-
-        targets = (await call("Target.getTargets", {}))["targetInfos"]
-        page = next(t for t in targets if t["type"] == "page")
-        session = (
-            await call("Target.attachToTarget", {"targetId": page["targetId"], "flatten": True})
-        )["sessionId"]
-        expression = (
-            "new Promise(r => { const f = () => window.testResult ? "
-            "window.testResult.then(r) : setTimeout(f, 50); f(); })"
-        )
-        for _attempt in range(50):  # the first document may still be replaced by the page
-            try:
-                result = await call(
-                    "Runtime.evaluate",
-                    {"expression": expression, "awaitPromise": True, "returnByValue": True},
-                    session,
-                )
-                break
-            except RuntimeError as exc:
-                if "context" not in str(exc):
-                    raise
-                await asyncio.sleep(0.1)
-        else:
-            raise RuntimeError("the page never settled")
-        value: dict[str, Any] = result["result"]["value"]
-        return value
+    expression = (
+        "new Promise(r => { const f = () => window.testResult ? "
+        "window.testResult.then(r) : setTimeout(f, 50); f(); })"
+    )
+    async with devtools_page(browser_ws) as evaluate:
+        value: dict[str, Any] = await evaluate(expression)
+    return value
 
 
 @pytest.mark.parametrize(("proto", "transport"), [("TURN-UDP", "udp"), ("TURN-TCP", "tcp")])
