@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,13 +14,20 @@ import pytest
 from support import gobin
 from support.ports import LOOPBACK, free_port
 from support.processes import ServerProcess, which
-from support.upstream import Gateway, upstream_bin
+from support.upstream import Gateway, OurCds, our_cds, upstream_bin
 
 
 @pytest.fixture(scope="session")
 def upstream() -> Path:
     """The folder with upstream stunnerd, turncat and stunnerctl v1.2.1."""
     return upstream_bin()
+
+
+@pytest.fixture
+async def cds(tmp_path: Path) -> AsyncIterator[OurCds]:
+    """Our CDS on a real Redis, for upstream's clients to read."""
+    async with our_cds(tmp_path) as stack:
+        yield stack
 
 
 @pytest.fixture

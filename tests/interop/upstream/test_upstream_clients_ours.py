@@ -16,7 +16,6 @@ import json
 import os
 import socket
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +39,11 @@ from support.upstream import (
     OurCds,
     UpstreamStunnerd,
     cds_flags,
-    our_cds,
     stunnerctl,
     upstream_turncat,
 )
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-async def cds(tmp_path: Path) -> AsyncIterator[OurCds]:
-    async with our_cds(tmp_path) as stack:
-        yield stack
 
 
 async def relays(upstream: Path, uri: str, peer: str, *flags: str) -> bool:

@@ -11,7 +11,6 @@ config while our CDS is away and catches up when it returns.
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +34,11 @@ from support.upstream import (
     OurCds,
     UpstreamStunnerd,
     cds_flags,
-    our_cds,
     uclient_every_transport,
     upstream_turncat,
 )
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-async def cds(tmp_path: Path) -> AsyncIterator[OurCds]:
-    async with our_cds(tmp_path) as stack:
-        yield stack
 
 
 def watching(
