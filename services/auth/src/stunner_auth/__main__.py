@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
 
 import uvicorn
 
 from stunner_auth.app import create_app
 from stunner_auth.settings import AuthSettings
-from stunner_common.cds import CdsAddressError, cds_base_url
 from stunner_common.cli import (
     CDS_ADDR_ENV,
     DEFAULT_CDS_ADDRESS,
     add_version_argument,
-    cds_address,
     check_token_file,
-    listen_problem,
     settings_from_args,
 )
-from stunner_common.runtime import run as run_loop
+from stunner_common.http import serve, uvicorn_server
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,33 +45,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def build_server(settings: AuthSettings) -> uvicorn.Server:
     """A uvicorn server for the app; ``port=0`` picks a free port."""
-    config = uvicorn.Config(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        lifespan="on",
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=int(max(1, settings.shutdown_timeout_s)),
-    )
-    return uvicorn.Server(config)
+    return uvicorn_server(create_app(settings), settings)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    args.cds_url, warnings = cds_address(os.environ, args.cds_url)
-    for warning in warnings:
-        print(f"stunner-auth: warning: {warning}", file=sys.stderr)
-    try:
-        for address in args.cds_url.split(","):
-            cds_base_url(address)
-    except CdsAddressError as exc:
-        print(f"stunner-auth: {exc}", file=sys.stderr)
-        return 2
-    args.cds_token_file = args.cds_token_file or os.environ.get("CDS_TOKEN_FILE") or None
-    if (problem := check_token_file(args.cds_token_file)) is not None:
-        print(f"stunner-auth: {problem}", file=sys.stderr)
-        return 2
     settings = settings_from_args(
         "stunner-auth",
         AuthSettings,
@@ -85,13 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     if settings is None:
         return 2
-    if (problem := listen_problem(settings.host, settings.port)) is not None:
+    for warning in settings.warnings:
+        print(f"stunner-auth: warning: {warning}", file=sys.stderr)
+    if (problem := check_token_file(settings.cds_token_file)) is not None:
         print(f"stunner-auth: {problem}", file=sys.stderr)
-        return 1
-    server = build_server(settings)
-    with contextlib.suppress(KeyboardInterrupt):
-        run_loop(server.serve())
-    return 0
+        return 2
+    return serve("stunner-auth", settings, build_server)
 
 
 if __name__ == "__main__":

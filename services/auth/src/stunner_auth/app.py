@@ -15,11 +15,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from stunner_auth import __version__
 from stunner_auth.feed import ConfigFeed
@@ -27,22 +25,14 @@ from stunner_auth.ice import IcePolicy, IceQuery, NoMatchError, ice_config, turn
 from stunner_auth.settings import AuthSettings
 from stunner_common.bearer import bearer_matches
 from stunner_common.cds import TokenSource
+from stunner_common.http import ApiError, ErrorStyle, create_service_app
 
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
-
-class ApiError(Exception):
-    def __init__(self, code: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.headers = headers
-
-
-def error_response(code: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    return JSONResponse({"code": code, "message": message}, status_code=code, headers=headers)
+ERRORS = ErrorStyle(newline=False, full_location=False)
+"""How this service has always worded its errors (no trailing newline, a parameter's name)."""
 
 
 def _feed(request: Request) -> ConfigFeed:
@@ -100,9 +90,34 @@ def _answer(feed: ConfigFeed, build: Callable[[], dict[str, object]]) -> dict[st
         raise ApiError(404, str(exc)) from exc
 
 
-def create_app(settings: AuthSettings) -> FastAPI:
-    token = settings.token.get_secret_value().encode() if settings.token else None
+router = APIRouter()
 
+
+@router.get("/", summary="TURN REST API credentials (username, password, ttl, uris)")
+async def turn_auth(feed: Feed, query: Filters) -> dict[str, object]:
+    return _answer(feed, lambda: turn_rest_answer(feed.configs, query, time.time()))
+
+
+@router.get("/ice", summary="An RTCConfiguration (iceServers, iceTransportPolicy)")
+async def ice(feed: Feed, query: Filters) -> dict[str, object]:
+    return _answer(feed, lambda: ice_config(feed.configs, query, time.time()))
+
+
+@router.get("/healthz", summary="Liveness")
+async def healthz(feed: Feed) -> dict[str, Any]:
+    return {"status": "ok", "configs": len(feed.configs)}
+
+
+@router.get("/readyz", summary="Readiness: the CDS has answered and its configs arrived")
+async def readyz(feed: Feed) -> Any:
+    if not feed.ready:
+        return ERRORS.response(503, "config discovery service not reachable yet")
+    return {"status": "ready", "configs": len(feed.configs)}
+
+
+def _lifespan(
+    settings: AuthSettings,
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cds_token: str | TokenSource | None = (
@@ -119,44 +134,37 @@ def create_app(settings: AuthSettings) -> FastAPI:
         finally:
             await feed.stop()
 
-    app = FastAPI(
-        title="STUNner authentication service",
-        version=__version__,
-        description=__doc__,
-        lifespan=lifespan,
-    )
+    return lifespan
 
-    @app.get("/", summary="TURN REST API credentials (username, password, ttl, uris)")
-    async def turn_auth(feed: Feed, query: Filters) -> dict[str, object]:
-        return _answer(feed, lambda: turn_rest_answer(feed.configs, query, time.time()))
 
-    @app.get("/ice", summary="An RTCConfiguration (iceServers, iceTransportPolicy)")
-    async def ice(feed: Feed, query: Filters) -> dict[str, object]:
-        return _answer(feed, lambda: ice_config(feed.configs, query, time.time()))
-
-    @app.get("/healthz", summary="Liveness")
-    async def healthz(feed: Feed) -> dict[str, Any]:
-        return {"status": "ok", "configs": len(feed.configs)}
-
-    @app.get("/readyz", summary="Readiness: the CDS has answered and its configs arrived")
-    async def readyz(feed: Feed) -> Any:
-        if not feed.ready:
-            return error_response(503, "config discovery service not reachable yet")
-        return {"status": "ready", "configs": len(feed.configs)}
+def _require_bearer(app: FastAPI, token: bytes) -> None:
+    """Refuse every request but probes and CORS preflights without ``Bearer <token>``."""
 
     @app.middleware("http")
     async def bearer_token(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        if token is None or request.url.path in OPEN_PATHS or request.method == "OPTIONS":
+        if request.url.path in OPEN_PATHS or request.method == "OPTIONS":
             return await call_next(request)
         if not bearer_matches(request.headers.get("authorization", ""), token):
             log.info("refused a request to %s: missing or wrong bearer token", request.url.path)
-            return error_response(
+            return ERRORS.response(
                 401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}
             )
         return await call_next(request)
 
+
+def create_app(settings: AuthSettings) -> FastAPI:
+    app = create_service_app(
+        title="STUNner authentication service",
+        version=__version__,
+        description=__doc__,
+        lifespan=_lifespan(settings),
+        routers=[router],
+        errors=ERRORS,
+    )
+    if settings.token:
+        _require_bearer(app, settings.token.get_secret_value().encode())
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     if origins:
         app.add_middleware(
@@ -165,18 +173,4 @@ def create_app(settings: AuthSettings) -> FastAPI:
             allow_methods=["GET"],
             allow_headers=["Authorization"],
         )
-
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> Response:
-        return error_response(exc.code, exc.message, exc.headers)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        return error_response(exc.status_code, str(exc.detail))
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
-        problems = "; ".join(f"{e.get('loc', ('',))[-1]}: {e.get('msg', '')}" for e in exc.errors())
-        return error_response(400, f"invalid request: {problems}")
-
     return app

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import ssl
 import sys
 
 from stunner_cds.server import build_server
 from stunner_cds.settings import CdsSettings
-from stunner_common.cli import add_version_argument, listen_problem, settings_from_args
+from stunner_common.cli import add_version_argument, settings_from_args
+from stunner_common.http import serve
 from stunner_common.logs import LOG_FORMATS
-from stunner_common.runtime import run as run_loop
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,14 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     if (problem := tls_problem(settings)) is not None:
         print(f"stunner-cds: {problem}", file=sys.stderr)
         return 2
-    if (problem := listen_problem(settings.host, settings.port)) is not None:
-        print(f"stunner-cds: {problem}", file=sys.stderr)
-        return 1
-    server = build_server(settings)
     # uvloop when installed: fanning out to many watchers is mostly socket writes.
-    with contextlib.suppress(KeyboardInterrupt):
-        run_loop(server.serve())
-    return 0
+    return serve("stunner-cds", settings, build_server)
 
 
 if __name__ == "__main__":

@@ -11,20 +11,18 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import Response
+from fastapi import FastAPI
 
 from stunner_cds import __version__
 from stunner_cds.api import configs, health, watch
-from stunner_cds.api.common import ApiError, CdsContext, error_response
+from stunner_cds.api.common import CdsContext
 from stunner_cds.api.watch import send_watchdog
 from stunner_cds.metrics import CdsMetrics
 from stunner_cds.settings import CdsSettings
 from stunner_cds.store.feed import RedisFeed, event_lag_s, redis_client
 from stunner_cds.store.hub import Hub
 from stunner_cds.store.nodes import follow as follow_node_addresses
+from stunner_common.http import create_service_app
 from stunner_common.store import StoreEvent
 
 log = logging.getLogger(__name__)
@@ -82,31 +80,10 @@ def create_app(settings: CdsSettings) -> FastAPI:
                 await watchdog
             await redis.aclose()
 
-    app = FastAPI(
+    return create_service_app(
         title="STUNner config discovery service",
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        routers=[configs.router, watch.router, health.router],
     )
-    app.include_router(configs.router)
-    app.include_router(watch.router)
-    app.include_router(health.router)
-
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> Response:
-        return error_response(exc.code, exc.message, exc.headers)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        headers = dict(exc.headers) if exc.headers else None
-        return error_response(exc.status_code, str(exc.detail), headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
-            for e in exc.errors()
-        )
-        return error_response(400, f"invalid request: {problems}")
-
-    return app

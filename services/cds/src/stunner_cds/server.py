@@ -9,6 +9,7 @@ import uvicorn
 from stunner_cds.app import create_app
 from stunner_cds.limits import RequestLimits, protocol_class
 from stunner_cds.settings import CdsSettings
+from stunner_common.http import uvicorn_server
 
 
 class _DenialLogFilter(logging.Filter):
@@ -29,9 +30,9 @@ def build_server(
     settings: CdsSettings, *, log_config: dict[str, object] | None = None
 ) -> uvicorn.Server:
     """A uvicorn server for the CDS; ``port=0`` picks a free port (read it after startup)."""
-    config = uvicorn.Config(
+    server = uvicorn_server(
         create_app(settings),
-        host=settings.host,
+        settings,
         http=protocol_class(
             RequestLimits(
                 max_header_bytes=settings.max_header_bytes,
@@ -40,7 +41,6 @@ def build_server(
                 request_head_timeout_s=settings.request_head_timeout_s,
             )
         ),
-        port=settings.port,
         ws="websockets-sansio",
         ws_ping_interval=settings.ping_interval_s,
         ws_ping_timeout=settings.ping_timeout_s,
@@ -48,16 +48,13 @@ def build_server(
         ws_per_message_deflate=False,
         ssl_certfile=settings.tls_cert_file,
         ssl_keyfile=settings.tls_key_file,
-        timeout_graceful_shutdown=int(max(1, settings.shutdown_timeout_s)),
-        lifespan="on",
         log_config=log_config,
-        access_log=False,
         backlog=4096,
     )
     error_log = logging.getLogger("uvicorn.error")
     if _DENIAL_FILTER not in error_log.filters:
         error_log.addFilter(_DENIAL_FILTER)
-    return uvicorn.Server(config)
+    return server
 
 
 def bound_port(server: uvicorn.Server) -> int:

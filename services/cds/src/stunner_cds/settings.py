@@ -9,19 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from stunner_common.logs import LogFormat
+from stunner_common.http import HttpServiceSettings, listen_port
 from stunner_common.redis_acl import redact_url
 
 DEFAULT_PORT = 13478
 
 
-class CdsSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CDS_", frozen=True, populate_by_name=True)
+class CdsSettings(HttpServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="CDS_")
 
-    host: str = "0.0.0.0"
-    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    port: int = listen_port(DEFAULT_PORT)
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("redis_url", "REDIS_URL", "CDS_REDIS_URL"),
@@ -37,7 +36,6 @@ class CdsSettings(BaseSettings):
     redis_timeout_s: float = Field(5.0, gt=0)
     reconnect_min_s: float = Field(0.05, gt=0)
     reconnect_max_s: float = Field(2.0, gt=0)
-    shutdown_timeout_s: float = Field(5.0, gt=0)
     max_header_bytes: int = Field(16 * 1024, ge=1024, description="Request line and headers (431).")
     max_query_bytes: int = Field(2048, ge=64, description="Query string of a request (414).")
     max_body_bytes: int = Field(
@@ -49,8 +47,6 @@ class CdsSettings(BaseSettings):
     request_head_timeout_s: float = Field(
         10.0, gt=0, description="Time a client has to send a complete request head (408)."
     )
-    log_level: str = "INFO"
-    log_format: LogFormat = "text"
 
     @field_validator("redis_url")
     @classmethod

@@ -1,4 +1,7 @@
-"""What every route shares: the service context, JSON errors, the token check, Go booleans."""
+"""What every route shares: the service context, the token check, Go booleans.
+
+Errors are `stunner_common.http.ApiError`, answered by the handlers `app` installs.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +10,13 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from starlette.requests import HTTPConnection
-from starlette.responses import Response
 
 from stunner_cds.metrics import CdsMetrics
 from stunner_cds.settings import CdsSettings
 from stunner_cds.store.feed import RedisFeed
 from stunner_cds.store.hub import Hub
 from stunner_common.bearer import bearer_matches
-from stunner_common.cds import encode_error
+from stunner_common.http import ApiError
 
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
@@ -26,25 +28,6 @@ class CdsContext:
     hub: Hub
     feed: RedisFeed
     metrics: CdsMetrics
-
-
-class ApiError(Exception):
-    """An error answered as ``{"code": N, "message": ...}`` with HTTP status N."""
-
-    def __init__(self, code: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.headers = headers
-
-
-def error_response(code: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        encode_error(code, message),
-        status_code=code,
-        media_type="application/json",
-        headers=headers,
-    )
 
 
 def parse_go_bool(name: str, value: str | None) -> bool:

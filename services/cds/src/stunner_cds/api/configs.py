@@ -11,9 +11,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from starlette.responses import Response
 
-from stunner_cds.api.common import ApiError, Authorized, Context, parse_go_bool
+from stunner_cds.api.common import Authorized, Context, parse_go_bool
 from stunner_cds.store.hub import Topic, patch_for_node
 from stunner_common.cds import ConfigListBody, ErrorBody, encode_config_list, encode_v1_config
+from stunner_common.http import ApiError
 
 router = APIRouter(prefix="/api/v1", tags=["configs"], dependencies=[Authorized])
 
@@ -33,6 +34,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing or wrong bearer token (when required)."},
     503: {"model": ErrorBody, "description": "Not yet synchronised with Redis."},
 }
+_LISTING: dict[str, Any] = {
+    "responses": {200: {"model": ConfigListBody}, **_ERRORS},
+    "response_class": Response,
+}
 _CONFIG_SCHEMA: dict[str, Any] = {
     "description": "A stunnerd config (v1), as upstream's Go server encodes it.",
     "content": {"application/json": {"schema": {"type": "object"}}},
@@ -51,12 +56,7 @@ def _list(ctx: Context, topic: Topic) -> Response:
     return Response(body, media_type="application/json")
 
 
-@router.get(
-    "/configs",
-    summary="List every config",
-    responses={200: {"model": ConfigListBody}, **_ERRORS},
-    response_class=Response,
-)
+@router.get("/configs", summary="List every config", **_LISTING)
 async def list_configs(
     ctx: Context, watch: WatchParam = None, since: SinceParam = None
 ) -> Response:
@@ -64,12 +64,7 @@ async def list_configs(
     return _list(ctx, Topic())
 
 
-@router.get(
-    "/configs/{namespace}",
-    summary="List the configs of one namespace",
-    responses={200: {"model": ConfigListBody}, **_ERRORS},
-    response_class=Response,
-)
+@router.get("/configs/{namespace}", summary="List the configs of one namespace", **_LISTING)
 async def list_namespace_configs(
     ctx: Context, namespace: str, watch: WatchParam = None, since: SinceParam = None
 ) -> Response:

@@ -21,7 +21,7 @@ from fastapi import APIRouter, WebSocket
 from starlette.responses import Response
 from starlette.websockets import WebSocketDisconnect
 
-from stunner_cds.api.common import ApiError, CdsContext, check_token, context_of, parse_go_bool
+from stunner_cds.api.common import CdsContext, check_token, context_of, parse_go_bool
 from stunner_cds.store.hub import Mode, Topic, Watcher
 from stunner_common.cds import (
     CDS_V2_SUBPROTOCOL,
@@ -32,6 +32,7 @@ from stunner_common.cds import (
     REV_HEADER,
     encode_error,
 )
+from stunner_common.http import ApiError
 
 log = logging.getLogger(__name__)
 

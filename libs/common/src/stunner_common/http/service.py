@@ -1,0 +1,104 @@
+"""What the CDS and the auth service share as HTTP services: settings, app, server, entry point.
+
+Each service declares its own settings (a subclass of `HttpServiceSettings` with its env prefix
+and default port), routes and lifespan; `create_service_app` builds the FastAPI app with the
+shared error model, `uvicorn_server` runs it with our logging and bounded shutdown, and `serve`
+is the end of each ``__main__``: refuse a port that is taken with one line, then serve until
+interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
+
+import uvicorn
+from fastapi import APIRouter, FastAPI
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from stunner_common.cli import listen_problem
+from stunner_common.http.errors import GO_STYLE, ErrorStyle, install_error_handlers
+from stunner_common.logs import LogFormat
+from stunner_common.runtime import run as run_loop
+
+__all__ = [
+    "HttpServiceSettings",
+    "create_service_app",
+    "listen_port",
+    "serve",
+    "uvicorn_server",
+]
+
+S = TypeVar("S", bound="HttpServiceSettings")
+
+
+def listen_port(default: int) -> Any:
+    """The ``port`` field of a service's settings (0 picks a free port)."""
+    return Field(default, ge=0, le=65535)
+
+
+class HttpServiceSettings(BaseSettings):
+    """Where an HTTP service listens, how long its shutdown may drain, how it logs.
+
+    Subclasses set ``env_prefix`` in their ``model_config`` and declare ``port`` with their
+    default (`listen_port`).
+    """
+
+    model_config = SettingsConfigDict(frozen=True, populate_by_name=True)
+
+    host: str = "0.0.0.0"
+    port: int = listen_port(0)
+    shutdown_timeout_s: float = Field(5.0, gt=0)
+    log_level: str = "INFO"
+    log_format: LogFormat = "text"
+
+
+def create_service_app(
+    *,
+    title: str,
+    version: str,
+    description: str | None,
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]],
+    routers: Iterable[APIRouter] = (),
+    errors: ErrorStyle = GO_STYLE,
+) -> FastAPI:
+    """A FastAPI app with ``routers``, ``lifespan`` and JSON errors in the ``errors`` style."""
+    app = FastAPI(title=title, version=version, description=description or "", lifespan=lifespan)
+    for router in routers:
+        app.include_router(router)
+    install_error_handlers(app, errors)
+    return app
+
+
+def uvicorn_server(app: FastAPI, settings: HttpServiceSettings, **options: Any) -> uvicorn.Server:
+    """A uvicorn server for ``app`` on the settings' host and port (``port=0`` picks a free
+    one): our logging (no uvicorn config, no access log) and a bounded graceful shutdown;
+    ``options`` add to or replace uvicorn's."""
+    config: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "lifespan": "on",
+        "log_config": None,
+        "access_log": False,
+        "timeout_graceful_shutdown": int(max(1, settings.shutdown_timeout_s)),
+    }
+    return uvicorn.Server(uvicorn.Config(app, **(config | options)))
+
+
+def serve(prog: str, settings: S, build: Callable[[S], uvicorn.Server]) -> int:
+    """Serve until interrupted; the exit status of a service's ``main``.
+
+    A port that is taken or an address not on this host is one line on stderr and status 1,
+    before the app starts (its lifespan's clients would report their own errors first).
+    """
+    if (problem := listen_problem(settings.host, settings.port)) is not None:
+        print(f"{prog}: {problem}", file=sys.stderr)
+        return 1
+    server = build(settings)
+    with contextlib.suppress(KeyboardInterrupt):
+        run_loop(server.serve())
+    return 0
