@@ -65,6 +65,7 @@ class PodRunner:
         *,
         label_selector: str = "app=stunner",
         node_addresses: list[dict[str, str]] | None = None,
+        kubelet_port: int | None = None,
         extra_env: Mapping[str, str] | None = None,
         first_ip: int = 20,
     ) -> None:
@@ -72,6 +73,9 @@ class PodRunner:
         self.workdir = workdir
         self.label_selector = label_selector
         self.node_addresses = node_addresses or [{"type": "InternalIP", "address": "127.0.0.1"}]
+        self.kubelet_port = kubelet_port
+        """Where the API server reaches this node's kubelet API (pods/portforward): a kwok
+        server (support.kwok_node) that forwards the pods' ports; None: nowhere."""
         self.extra_env = dict(extra_env or {})
         self.pods: dict[str, RunningPod] = {}
         self._next_ip = first_ip
@@ -96,6 +100,11 @@ class PodRunner:
             None,
             {
                 "addresses": self.node_addresses,
+                **(
+                    {"daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}}}
+                    if self.kubelet_port
+                    else {}
+                ),
                 "conditions": [
                     {
                         "type": "Ready",

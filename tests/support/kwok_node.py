@@ -44,12 +44,13 @@ STAGES = (
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """Port ``port`` of pod ``namespace/pod`` is ``127.0.0.1:target``."""
+    """Port ``port`` of pod ``namespace/pod`` is ``address:target``."""
 
     namespace: str
     pod: str
     port: int
     target: int
+    address: str = LOOPBACK
 
 
 class KwokNode:
@@ -81,7 +82,7 @@ class KwokNode:
                 "metadata": {"name": f.pod, "namespace": f.namespace},
                 "spec": {
                     "forwards": [
-                        {"ports": [f.port], "target": {"address": LOOPBACK, "port": f.target}}
+                        {"ports": [f.port], "target": {"address": f.address, "port": f.target}}
                     ]
                 },
             }

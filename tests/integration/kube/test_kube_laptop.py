@@ -11,6 +11,7 @@ kwok breaks every stream, as a kubelet or API server restart would.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import sys
@@ -21,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from stunner_common.kube_forward import CDS_LABEL, KubeOptions, open_cds_forward
 from support.echo import udp_echo
@@ -36,6 +38,8 @@ pytestmark = pytest.mark.timeout(900)
 GATEWAY = "udp-gateway"
 LISTENER = "udp-listener"
 CDS_POD_PORT = 13478
+HEALTH_PORT = 8086
+"""The health port of the configs the operator renders (admin.healthcheck_endpoint)."""
 
 
 def _gateway_objects(port: int) -> list[dict[str, Any]]:
@@ -82,7 +86,9 @@ def gateway(stack: KubeStack, kwok: KwokNode) -> Iterator[PodRunner]:
     """udp-gateway with its stunnerd running and its LB address in the CDS."""
     client = stack.admin
     client.apply_all(_gateway_objects(free_udp_tcp_port()))
-    with pod_runner(client, stack.workdir) as runner:
+    # The stunnerd pods' node has kwok's server as its kubelet API: their port-forwards end
+    # where kwok's PortForward resources say (test_stunnerctl_status... adds one).
+    with pod_runner(client, stack.workdir, kubelet_port=kwok.port) as runner:
         running = client.wait_for(
             "the stunnerd pod running",
             lambda: runner.pod_for_gateway(NAMESPACE, GATEWAY),
@@ -246,15 +252,28 @@ async def test_stunnerctl_config_and_status_with_only_a_kubeconfig(
     assert rc == 0, err
     assert f"{NAMESPACE}/{GATEWAY}" in out
     assert LISTENER in out
-    # stunnerd's own /status is asked directly (the pods' health ports are not 8086 here).
+    # status: each stunnerd pod of the Gateway through a port-forward to its health port (8086
+    # in the config), which kwok sends to where the pod's stunnerd really listens.
     pod = gateway.pod_for_gateway(NAMESPACE, GATEWAY)
     assert pod is not None
-    status_url = f"http://{pod.ip}:{pod.health_port}/status"
-    rc, out, err = await run_tool(
-        stunnerctl("status", f"{NAMESPACE}/{GATEWAY}", "--status-url", status_url), env
-    )
+    kwok.forwards.append(Forward(NAMESPACE, pod.name, HEALTH_PORT, pod.health_port, address=pod.ip))
+    await asyncio.to_thread(kwok.restart)
+    before = portforwards(stack)
+    rc, out, err = await run_tool(stunnerctl("status", f"{NAMESPACE}/{GATEWAY}"), env)
     assert rc == 0, out + err
-    assert f"{NAMESPACE}/{GATEWAY}" in out
+    assert f"Gateway: {NAMESPACE}/{GATEWAY} status: READY" in out, out
+    assert f"(pod {NAMESPACE}/{pod.name}:{HEALTH_PORT})" in out, out
+    assert LISTENER in out
+    assert portforwards(stack) >= before + 2  # the CDS's and the stunnerd pod's
+    rc, out, err = await run_tool(stunnerctl("status", f"{NAMESPACE}/{GATEWAY}", "-o", "json"), env)
+    assert rc == 0, out + err
+    assert json.loads(out)["admin"]["name"] == f"{NAMESPACE}/{GATEWAY}"
+    # A pod port nothing listens on: one line that names the pod, exit status 1.
+    rc, out, err = await run_tool(
+        stunnerctl("status", f"{NAMESPACE}/{GATEWAY}", "--pod-port", "8999"), env
+    )
+    assert rc == 1, out + err
+    assert f"pod {NAMESPACE}/{pod.name}:8999" in out, out
     assert "Traceback" not in err, err
 
 
@@ -406,3 +425,42 @@ async def test_stunnerd_c_k8s_watch_follows_the_cds_across_a_forward_drop(
     finally:
         set_realm("stunner.l7mp.io")
         proc.stop()
+
+
+async def test_a_kubeconfig_with_an_exec_credential_plugin_finds_the_cds(
+    stack: KubeStack, kwok: KwokNode, gateway: PodRunner, tmp_path: Path
+) -> None:
+    """As with a cloud provider's kubeconfig: the credentials come from a client-go exec
+    plugin (here one that prints the cluster admin's client certificate)."""
+    pki = stack.cluster.pki
+    assert pki is not None
+    plugin = tmp_path / "credential-plugin"
+    credential = {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {
+            "clientCertificateData": pki.admin_cert.read_text(),
+            "clientKeyData": pki.admin_key.read_text(),
+        },
+    }
+    plugin.write_text(
+        f"#!{sys.executable}\nimport json, os\n"
+        "assert json.loads(os.environ['KUBERNETES_EXEC_INFO'])['kind'] == 'ExecCredential'\n"
+        f"print({json.dumps(json.dumps(credential))})\n"
+    )
+    plugin.chmod(0o755)
+    doc = yaml.safe_load(stack.cluster.admin_kubeconfig.read_text())
+    for user in doc["users"]:
+        user["user"] = {
+            "exec": {
+                "apiVersion": "client.authentication.k8s.io/v1",
+                "command": str(plugin),
+                "interactiveMode": "Never",
+            }
+        }
+    kubeconfig = tmp_path / "exec.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(doc))
+    env = laptop_env(stack, tmp_path / "home", kubeconfig)
+    rc, out, err = await run_tool(stunnerctl("config", f"{NAMESPACE}/{GATEWAY}"), env)
+    assert rc == 0, out + err
+    assert LISTENER in out

@@ -1,4 +1,5 @@
-"""Find the CDS through the Kubernetes API from a kubeconfig, as upstream's tools do.
+"""Find the CDS (and stunnerd pods) through the Kubernetes API from a kubeconfig, as upstream's
+tools do.
 
 turncat (``k8s://`` URIs), stunnerctl and stunnerd (``-c k8s``) on a laptop have a kubeconfig,
 not a CDS address. :func:`open_cds_forward` loads the kubeconfig (``--kubeconfig``, else
@@ -10,7 +11,9 @@ ready one and forwards ``127.0.0.1:<free port>`` to its CDS port through the API
 (the kubelet's channel protocol: each message starts with its channel byte, 0 data and 1
 error; the first message on each channel is the port, 2 bytes little-endian). A connection
 whose WebSocket cannot be opened makes the next one look the pod up again, so the forward
-outlives a restarted CDS pod; it closes with the context.
+outlives a restarted CDS pod; it closes with the context. :func:`open_pod_forward` forwards to
+any pod port the same way (stunnerctl's ``status`` reads each stunnerd pod's ``/status`` so).
+The kubeconfig itself is read by :mod:`stunner_common.kubeconfig`.
 
 The CDS bearer token comes from the Secret the chart makes (``stunner-cds-token``, key
 ``token``, beside the CDS pod) when the user may read it, else from the caller's fallback
@@ -23,36 +26,41 @@ import asyncio
 import base64
 import contextlib
 import logging
-import os
-import ssl
-import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
-import yaml
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.typing import Subprotocol
 
-from stunner_common.cli import CDS_ADDR_ENV, DEPRECATED_CDS_ADDR_ENVS
+from stunner_common.kubeconfig import (
+    KubeAccess,
+    KubeDiscoveryError,
+    KubeOptions,
+    kubeconfig_paths,
+    load_kubeconfig,
+    wants_kube_discovery,
+)
 
 __all__ = [
     "CDS_LABEL",
     "CDS_SERVICE",
     "CDS_TOKEN_KEY",
     "CDS_TOKEN_SECRET",
-    "CdsForward",
     "KubeAccess",
+    "KubeApi",
     "KubeDiscoveryError",
     "KubeOptions",
+    "Pod",
+    "PodForward",
     "kubeconfig_paths",
     "load_kubeconfig",
     "open_cds_forward",
+    "open_pod_forward",
     "wants_kube_discovery",
 ]
 
@@ -70,202 +78,20 @@ LINGER_S = 5.0
 """How long a connection's answer may still come after the local side stopped sending."""
 
 
-class KubeDiscoveryError(RuntimeError):
-    """The CDS could not be found or reached through the Kubernetes API (one line).
-
-    ``reason`` says which kind of failure for the caller's exit status: ``kubeconfig`` (none,
-    or unusable), ``forbidden`` (the API server refused the credentials or the request),
-    ``unreachable`` (no API server answered) or ``lookup`` (no usable CDS pod).
-    """
-
-    def __init__(self, message: str, reason: str = "lookup") -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
 @dataclass(frozen=True, slots=True)
-class KubeOptions:
-    """kubectl's flags: ``--kubeconfig``, ``--context``; ``namespace`` is where the CDS runs
-    (None: search every namespace)."""
+class Pod:
+    """A pod port to forward to."""
 
-    kubeconfig: str | None = None
-    context: str | None = None
-    namespace: str | None = None
-
-
-@dataclass
-class KubeAccess:
-    """One API server and the credentials the kubeconfig gives for it."""
-
-    server: str
-    ssl_context: ssl.SSLContext
-    token: str | None = None
-    namespace: str = "default"
-    context: str = ""
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
-
-
-def kubeconfig_paths(env: Mapping[str, str], flag: str | None = None) -> list[Path]:
-    """Where the kubeconfig is: the flag, else ``KUBECONFIG`` (a path list), else
-    ``~/.kube/config``; empty when none of them names a file that exists."""
-    if flag:
-        return [Path(flag).expanduser()]
-    listed = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p.strip()]
-    if listed:
-        return [Path(p).expanduser() for p in listed if Path(p).expanduser().is_file()]
-    home = env.get("HOME") or str(Path.home())
-    default = Path(home) / ".kube" / "config"
-    return [default] if default.is_file() else []
-
-
-def wants_kube_discovery(
-    env: Mapping[str, str], address_flag: str | None, options: KubeOptions
-) -> bool:
-    """Whether a tool finds the CDS through the kubeconfig: only when no CDS address is given
-    (flag, ``CDS_SERVER_ADDR`` or an older name) and a kubeconfig is (``--kubeconfig``,
-    ``--context``, ``KUBECONFIG`` or an existing ``~/.kube/config``). Otherwise the tool keeps
-    its address or the loopback default of ``make run``."""
-    if address_flag and address_flag.strip():
-        return False
-    if any(env.get(name, "").strip() for name in (CDS_ADDR_ENV, *DEPRECATED_CDS_ADDR_ENVS)):
-        return False
-    if options.kubeconfig or options.context or env.get("KUBECONFIG", "").strip():
-        return True
-    return bool(kubeconfig_paths(env))
-
-
-def _merged(paths: list[Path]) -> tuple[dict[str, Any], dict[str, Path]]:
-    """Merge kubeconfig files as kubectl does (the first file to name a thing wins); also the
-    folder each named cluster/user came from, for relative file paths."""
-    merged: dict[str, Any] = {"clusters": {}, "users": {}, "contexts": {}, "current-context": ""}
-    origin: dict[str, Path] = {}
-    for path in paths:
-        try:
-            doc = yaml.safe_load(path.read_text()) or {}
-        except OSError as exc:
-            raise KubeDiscoveryError(
-                f"cannot read kubeconfig {path}: {exc.strerror}", "kubeconfig"
-            ) from None
-        except yaml.YAMLError:
-            raise KubeDiscoveryError(f"kubeconfig {path} is not valid YAML", "kubeconfig") from None
-        if not isinstance(doc, dict):
-            raise KubeDiscoveryError(f"kubeconfig {path} is not a kubeconfig", "kubeconfig")
-        for section, key in (("clusters", "cluster"), ("users", "user"), ("contexts", "context")):
-            for entry in doc.get(section) or []:
-                name = str(entry.get("name", ""))
-                if name and name not in merged[section]:
-                    merged[section][name] = entry.get(key) or {}
-                    origin[f"{section}/{name}"] = path.parent
-        if not merged["current-context"] and doc.get("current-context"):
-            merged["current-context"] = str(doc["current-context"])
-    return merged, origin
-
-
-def _material(entry: Mapping[str, Any], key: str, base: Path, tmp: list[str]) -> str | None:
-    """A file path for ``key`` (relative to the kubeconfig) or for ``key-data`` (written to a
-    private temporary file that the caller removes)."""
-    data = entry.get(f"{key}-data")
-    if data:
-        fd, name = tempfile.mkstemp(prefix="kube-", suffix=".pem")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(base64.b64decode(data))
-        tmp.append(name)
-        return name
-    path = entry.get(key)
-    if not path:
-        return None
-    resolved = Path(path).expanduser()
-    return str(resolved if resolved.is_absolute() else base / resolved)
-
-
-def load_kubeconfig(options: KubeOptions, env: Mapping[str, str]) -> KubeAccess:
-    """The API server, TLS settings and credentials of the chosen context."""
-    paths = kubeconfig_paths(env, options.kubeconfig)
-    if options.kubeconfig and not paths[0].is_file():
-        raise KubeDiscoveryError(
-            f"no kubeconfig: {options.kubeconfig} does not exist", "kubeconfig"
-        )
-    if not paths:
-        where = f"KUBECONFIG={env['KUBECONFIG']}" if env.get("KUBECONFIG") else "~/.kube/config"
-        raise KubeDiscoveryError(
-            f"no kubeconfig ({where} names no file): pass --kubeconfig, or the CDS address "
-            "with --cds-server-address",
-            "kubeconfig",
-        )
-    merged, origin = _merged(paths)
-    context_name = options.context or merged["current-context"]
-    if not context_name:
-        raise KubeDiscoveryError(
-            "the kubeconfig has no current context: pass --context", "kubeconfig"
-        )
-    context = merged["contexts"].get(context_name)
-    if context is None:
-        raise KubeDiscoveryError(f"the kubeconfig has no context {context_name!r}", "kubeconfig")
-    cluster = merged["clusters"].get(context.get("cluster", ""))
-    if not cluster or not cluster.get("server"):
-        raise KubeDiscoveryError(
-            f"context {context_name!r}: its cluster has no server", "kubeconfig"
-        )
-    user_name = context.get("user", "")
-    user = merged["users"].get(user_name) or {}
-    if user.get("exec") or user.get("auth-provider"):
-        raise KubeDiscoveryError(
-            f"context {context_name!r}: exec and auth-provider credentials are not supported; "
-            "use a token or client certificate kubeconfig",
-            "kubeconfig",
-        )
-    tmp: list[str] = []
-    try:
-        cbase = origin.get(f"clusters/{context.get('cluster', '')}", Path.cwd())
-        ubase = origin.get(f"users/{user_name}", Path.cwd())
-        ca = _material(cluster, "certificate-authority", cbase, tmp)
-        try:
-            ctx = ssl.create_default_context(cafile=ca)
-            if cluster.get("insecure-skip-tls-verify"):
-                ctx.check_hostname = False
-                ctx.verify_mode = ssl.CERT_NONE
-            elif cluster.get("tls-server-name"):
-                ctx.check_hostname = True
-            cert = _material(user, "client-certificate", ubase, tmp)
-            key = _material(user, "client-key", ubase, tmp)
-            if cert and key:
-                ctx.load_cert_chain(cert, key)
-        except (OSError, ssl.SSLError) as exc:
-            raise KubeDiscoveryError(
-                f"context {context_name!r}: cannot load its certificates: {exc}", "kubeconfig"
-            ) from None
-    finally:
-        for name in tmp:
-            with contextlib.suppress(OSError):
-                os.unlink(name)
-    token = user.get("token")
-    if not token and user.get("tokenFile"):
-        try:
-            token = Path(user["tokenFile"]).read_text().strip()
-        except OSError as exc:
-            raise KubeDiscoveryError(
-                f"cannot read tokenFile: {exc.strerror}", "kubeconfig"
-            ) from None
-    return KubeAccess(
-        server=str(cluster["server"]).rstrip("/"),
-        ssl_context=ctx,
-        token=token or None,
-        namespace=str(context.get("namespace") or "default"),
-        context=context_name,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class CdsPod:
     namespace: str
     name: str
     port: int
 
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}:{self.port}"
 
-def _ready(pod: Mapping[str, Any]) -> bool:
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    """Running, Ready and not being deleted."""
     if pod.get("metadata", {}).get("deletionTimestamp"):
         return False
     status = pod.get("status") or {}
@@ -277,12 +103,16 @@ def _ready(pod: Mapping[str, Any]) -> bool:
     )
 
 
-def _cds_port(pod: Mapping[str, Any]) -> int:
+def _named_port(pod: Mapping[str, Any], name: str, default: int) -> int:
     for container in (pod.get("spec") or {}).get("containers") or []:
         for port in container.get("ports") or []:
-            if port.get("name") == "cds" and port.get("containerPort"):
+            if port.get("name") == name and port.get("containerPort"):
                 return int(port["containerPort"])
-    return DEFAULT_CDS_PORT
+    return default
+
+
+def _key(pod: Mapping[str, Any]) -> tuple[str, str]:
+    return pod["metadata"]["namespace"], pod["metadata"]["name"]
 
 
 def _refusal(exc: httpx.HTTPStatusError, what: str, access: KubeAccess) -> KubeDiscoveryError:
@@ -326,22 +156,23 @@ class KubeApi:
         data: dict[str, Any] = response.json()
         return data
 
-    async def find_cds(self, namespace: str | None) -> CdsPod:
-        where = f"namespace {namespace}" if namespace else "any namespace"
+    async def list_pods(self, namespace: str | None, selector: str, what: str) -> list[Any]:
+        """The pods matching ``selector`` in ``namespace`` (None: every namespace)."""
         path = f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
-        listing = await self._get(path, f"listing CDS pods in {where}", labelSelector=CDS_LABEL)
-        pods = listing.get("items") or []
+        listing = await self._get(path, what, labelSelector=selector)
+        return sorted(listing.get("items") or [], key=_key)
+
+    async def find_cds(self, namespace: str | None) -> Pod:
+        where = f"namespace {namespace}" if namespace else "any namespace"
+        pods = await self.list_pods(namespace, CDS_LABEL, f"listing CDS pods in {where}")
         if not pods:
             raise KubeDiscoveryError(
                 f"no CDS pod (label {CDS_LABEL}) in {where}: is STUNner installed"
                 + (" there? (try without -n/--cds-server-namespace)" if namespace else "?")
             )
-        ready = sorted(
-            (p for p in pods if _ready(p)),
-            key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]),
-        )
+        ready = [p for p in pods if is_ready(p)]
         if not ready:
-            names = ", ".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods)
+            names = ", ".join("/".join(_key(p)) for p in pods)
             raise KubeDiscoveryError(
                 f"{len(pods)} CDS pod(s) in {where} and none is ready: {names}"
             )
@@ -352,7 +183,7 @@ class KubeApi:
                 "pick one with --cds-server-namespace"
             )
         pod = ready[0]
-        return CdsPod(pod["metadata"]["namespace"], pod["metadata"]["name"], _cds_port(pod))
+        return Pod(*_key(pod), _named_port(pod, "cds", DEFAULT_CDS_PORT))
 
     async def cds_token(self, namespace: str) -> str | None:
         """The chart's CDS token, or None when the Secret is absent or not readable."""
@@ -369,14 +200,20 @@ class KubeApi:
         return base64.b64decode(data).decode().strip() or None if data else None
 
 
+PodLookup = Callable[[], Awaitable[Pod]]
+"""Finds the pod again after a forwarded connection could not be opened (it may be replaced)."""
+
+
 @dataclass
-class CdsForward:
-    """A local listener forwarding to the CDS pod through the API server."""
+class PodForward:
+    """A local listener forwarding each TCP connection to a pod port through the API server."""
 
     api: KubeApi
-    namespace_hint: str | None
-    pod: CdsPod
-    token: str | None
+    pod: Pod
+    relocate: PodLookup | None = None
+    token: str | None = None
+    """The CDS token read from the chart's Secret (CDS forwards only)."""
+    owns_api: bool = True
     server: asyncio.Server | None = None
     port: int = 0
     started_s: float = 0.0
@@ -419,20 +256,19 @@ class CdsForward:
         try:
             return await self._open()
         except (OSError, WebSocketException, TimeoutError) as exc:
+            if self.relocate is None:
+                raise
             log.info(
-                "port-forward to %s/%s failed (%s): looking the CDS pod up again",
-                self.pod.namespace,
-                self.pod.name,
-                _why(exc),
+                "port-forward to %s failed (%s): looking the pod up again", self.pod, _why(exc)
             )
-        self.pod = await self.api.find_cds(self.namespace_hint)
+        self.pod = await self.relocate()
         return await self._open()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             ws = await self._connect()
         except (KubeDiscoveryError, OSError, WebSocketException, TimeoutError) as exc:
-            log.warning("port-forward: %s", _why(exc))
+            log.warning("port-forward to %s: %s", self.pod, _why(exc))
             writer.close()
             return
         try:
@@ -469,7 +305,8 @@ class CdsForward:
         if self.server is not None:
             with contextlib.suppress(Exception):
                 await self.server.wait_closed()
-        await self.api.aclose()
+        if self.owns_api:
+            await self.api.aclose()
 
 
 def _why(exc: BaseException) -> str:
@@ -519,13 +356,25 @@ async def _pump(
 
 
 @contextlib.asynccontextmanager
+async def open_pod_forward(api: KubeApi, pod: Pod) -> AsyncIterator[PodForward]:
+    """Forward a local port to ``pod`` through ``api`` (which the caller keeps) while inside."""
+    forward = PodForward(api, pod, owns_api=False)
+    try:
+        await forward.start()
+        log.debug("pod %s forwarded to %s", pod, forward.address)
+        yield forward
+    finally:
+        await forward.aclose()
+
+
+@contextlib.asynccontextmanager
 async def open_cds_forward(
     options: KubeOptions,
     env: Mapping[str, str],
     *,
     timeout_s: float = 10.0,
     fallback_token: str | None = None,
-) -> AsyncIterator[CdsForward]:
+) -> AsyncIterator[PodForward]:
     """Find the CDS pod through the kubeconfig and forward a local port to it while inside."""
     started = time.monotonic()
     access = load_kubeconfig(options, env)
@@ -536,18 +385,15 @@ async def open_cds_forward(
     except BaseException:
         await api.aclose()
         raise
-    forward = CdsForward(api, options.namespace, pod, token)
+
+    async def relocate() -> Pod:
+        return await api.find_cds(options.namespace)
+
+    forward = PodForward(api, pod, relocate, token)
     try:
         await forward.start()
         forward.started_s = time.monotonic() - started
-        log.info(
-            "CDS pod %s/%s port %d forwarded to %s through %s",
-            pod.namespace,
-            pod.name,
-            pod.port,
-            forward.address,
-            access.server,
-        )
+        log.info("CDS pod %s forwarded to %s through %s", pod, forward.address, access.server)
         yield forward
     finally:
         await forward.aclose()

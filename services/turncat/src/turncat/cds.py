@@ -34,6 +34,7 @@ from stunner_common.cds import cds_base_url as _cds_base_url
 from stunner_common.cli import cds_address, check_token_file
 from stunner_common.config import ConfigError, ListenerConfig, StunnerConfig, parse_config
 from stunner_common.kube_forward import (
+    KubeApi,
     KubeDiscoveryError,
     KubeOptions,
     open_cds_forward,
@@ -57,11 +58,16 @@ CDS_NAMESPACE_ENV = "CDS_SERVER_NAMESPACE"
 
 @dataclass(frozen=True, slots=True)
 class CdsEndpoint:
-    """Where to ask the CDS and with which token; ``forwarded`` when through the API server."""
+    """Where to ask the CDS and with which token; ``kube`` is the API server it was found
+    through (None when given an address)."""
 
     address: str
     token: TokenSource | None
-    forwarded: bool = False
+    kube: KubeApi | None = None
+
+    @property
+    def forwarded(self) -> bool:
+        return self.kube is not None
 
 
 def _discovery_error(exc: KubeDiscoveryError) -> TurncatError:
@@ -113,7 +119,7 @@ async def cds_endpoint(
         if forward.token and not token_file:
             token = TokenSource(forward.token)
         log.info("the CDS through the kubeconfig: forward up in %.3fs", forward.started_s)
-        yield CdsEndpoint(forward.address, token, forwarded=True)
+        yield CdsEndpoint(forward.address, token, forward.api)
 
 
 def kube_options(args: object) -> KubeOptions:

@@ -1,4 +1,4 @@
-"""Timeouts and limits for turncat, read once from `TURNCAT_*` environment variables.
+"""Timeouts and limits for turncat and stunnerctl, read once from `TURNCAT_*` environment variables.
 
 None of these are flags because users rarely need them; tests and unusual networks do (a lossy
 link wants a longer request timeout, a test wants refreshes every fraction of a second). Every
@@ -7,11 +7,17 @@ duration carries its unit in the name.
 
 from __future__ import annotations
 
-from pydantic import Field
+import os
+
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+OPERATOR_ADDR_ENV = "STUNNER_OPERATOR_ADDR"
 
 
 class TurncatSettings(BaseSettings):
+    """What turncat and stunnerctl read from the environment, once, in their `main`."""
+
     model_config = SettingsConfigDict(env_prefix="TURNCAT_", frozen=True)
 
     connect_timeout_s: float = Field(default=5.0, gt=0)
@@ -39,3 +45,15 @@ class TurncatSettings(BaseSettings):
     """Bound on the CDS request that resolves a k8s:// URI."""
     pending_datagrams: int = Field(default=256, ge=1)
     """Datagrams held per local client while its allocation is being set up."""
+    operator_addr: str | None = Field(
+        default=None, validation_alias=AliasChoices(OPERATOR_ADDR_ENV)
+    )
+    """stunnerctl status: the operator whose `/gateways` report says which Gateway is degraded
+    (`STUNNER_OPERATOR_ADDR`; "" asks none)."""
+
+
+def process_environment() -> dict[str, str]:
+    """A copy of the environment, for what the CDS lookup reads there (`CDS_SERVER_ADDR`,
+    `CDS_TOKEN[_FILE]`, `CDS_SERVER_NAMESPACE`, `KUBECONFIG`, `HOME` and `PATH` for a
+    kubeconfig's credential plugin): the only place turncat and stunnerctl read it."""
+    return dict(os.environ)

@@ -11,21 +11,29 @@ it (authentication, a forbidden peer, an unreachable listener).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import socket
 import struct
+import sys
 import time
 from typing import Any
 
 from stunner_common.config import ListenerConfig, StunnerConfig
 from turncat.carrier import TlsOptions
 from turncat.cds import credential_source
-from turncat.ctl.summary import percentile
-from turncat.errors import LookupFailedError, TurncatError, UnreachableError
+from turncat.ctl.summary import dump, percentile, probe_summary
+from turncat.errors import (
+    EXIT_OK,
+    BadInputError,
+    LookupFailedError,
+    TurncatError,
+    UnreachableError,
+)
 from turncat.session import TurnSession
 from turncat.settings import TurncatSettings
-from turncat.uri import TRANSPORT_BY_PROTOCOL
+from turncat.uri import TRANSPORT_BY_PROTOCOL, parse_peer
 
 PROBE = struct.Struct("!8sI")  # a run tag, then the probe number
 _UNSPECIFIED = ("", "0.0.0.0", "::")
@@ -146,3 +154,59 @@ def _is_ip(host: str) -> bool:
     except OSError:
         return False
     return True
+
+
+class IcetestFailedError(TurncatError):
+    """At least one listener failed its icetest."""
+
+
+def check_icetest_args(args: argparse.Namespace) -> None:
+    """The icetest flags, checked before the CDS is asked anything."""
+    if args.count < 1 or args.interval_ms < 0 or args.wait_ms < 0 or not 0 <= args.max_loss <= 1:
+        raise BadInputError(
+            "--count must be at least 1, --interval-ms and --wait-ms not negative, "
+            "--max-loss between 0 and 1"
+        )
+    if parse_peer(args.peer).transport != "udp":
+        raise BadInputError(
+            f"the icetest peer must be a UDP echo (udp://host:port), not {args.peer}"
+        )
+
+
+async def cmd_icetest(
+    args: argparse.Namespace, configs: list[StunnerConfig], settings: TurncatSettings
+) -> int:
+    output = getattr(args, "output", "summary")
+    check_icetest_args(args)
+    peer_addr = parse_peer(args.peer)
+    try:
+        peer = await resolve_address(peer_addr.host, peer_addr.port)
+    except UnreachableError as exc:
+        raise BadInputError(f"icetest peer: {exc}") from None
+    tls = TlsOptions(insecure=args.insecure, ca_file=args.ca)
+    failed = 0
+    total = 0
+    for config in configs:
+        if output == "summary":
+            print(f"Gateway: {config.admin.name}")
+        for listener in config.listeners:
+            total += 1
+            result = await probe_listener(
+                config,
+                listener,
+                peer,
+                count=args.count,
+                interval_s=args.interval_ms / 1000,
+                wait_s=args.wait_ms / 1000,
+                max_loss=args.max_loss,
+                tls=tls,
+                settings=settings,
+            )
+            failed += not result["ok"]
+            print(probe_summary(result) if output == "summary" else dump([result], output))
+            sys.stdout.flush()
+    if total == 0:
+        raise LookupFailedError("no listener to test: the selected Gateways have none")
+    if failed:
+        raise IcetestFailedError(f"icetest failed on {failed} of {total} listener(s)")
+    return EXIT_OK

@@ -11,9 +11,11 @@ works, with a deprecation warning); without one, the kubeconfig (`--kubeconfig`,
 through the API server reaches it, as for turncat; else 127.0.0.1:13478, where `make run` and
 compose put it. The bearer token comes from `--cds-token-file`, the chart's Secret (through the
 kubeconfig, when readable), `CDS_TOKEN_FILE` or `CDS_TOKEN`; a token file that cannot be read
-is an error. `status` also asks the operator's
-`/gateways` (`--operator`, `STUNNER_OPERATOR_ADDR`, else 127.0.0.1:8081 when the CDS is on
-loopback) and shows a Gateway the operator reports degraded (a rejected listener) with the reason.
+is an error. `status` reads each stunnerd's `/status`: through a port-forward to every ready
+pod of the Gateway when the CDS was found through the kubeconfig, else at its health address
+(see `turncat.ctl.status`). It also asks the operator's `/gateways` (`--operator`,
+`STUNNER_OPERATOR_ADDR`, else 127.0.0.1:8081 when the CDS is on loopback) and shows a Gateway
+the operator reports degraded (a rejected listener) with the reason.
 Each failure ends with one line on stderr and turncat's exit codes.
 """
 
@@ -29,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import ValidationError
 
 from stunner_common import logs
@@ -41,16 +42,21 @@ from stunner_common.cli import (
     validation_message,
 )
 from stunner_common.config import ConfigError, StunnerConfig, parse_config
+from stunner_common.kube_forward import KubeApi
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.runtime import run as run_loop
-from turncat.carrier import TlsOptions
 from turncat.cds import cds_endpoint, cds_failure, diagnose_cds, kube_options
-from turncat.ctl.icetest import probe_listener, resolve_address
-from turncat.ctl.status import fetch_operator_report, gather_status
+from turncat.ctl.icetest import check_icetest_args, cmd_icetest
+from turncat.ctl.status import (
+    GatewayStatus,
+    fetch_operator_report,
+    gather_pod_status,
+    gather_status,
+)
 from turncat.ctl.summary import (
     config_summary,
     degraded_summary,
-    probe_summary,
+    dump,
     status_summary,
     unreachable_summary,
 )
@@ -60,16 +66,13 @@ from turncat.errors import (
     BadInputError,
     LookupFailedError,
     TurncatError,
-    UnreachableError,
 )
-from turncat.settings import TurncatSettings
-from turncat.uri import parse_peer
+from turncat.settings import OPERATOR_ADDR_ENV, TurncatSettings, process_environment
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CDS = "127.0.0.1:13478"
 DEFAULT_OPERATOR_PORT = 8081
-OPERATOR_ENV = "STUNNER_OPERATOR_ADDR"
 DEFAULT_PEER = "udp://127.0.0.1:9001"  # make run's and compose's UDP echo backend
 
 EPILOG = """\
@@ -88,10 +91,6 @@ exit codes: 0 ok, 1 failure (a stunnerd unreachable or a Gateway degraded, an ic
 class Gateway:
     config: StunnerConfig
     raw: dict[str, Any]
-
-
-class IcetestFailedError(TurncatError):
-    """At least one listener failed its icetest."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -165,14 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--operator",
         metavar="ADDR",
-        help=f"the operator's health address, for its /gateways report [env {OPERATOR_ENV}; "
+        help=f"the operator's health address, for its /gateways report [env {OPERATOR_ADDR_ENV}; "
         f"127.0.0.1:{DEFAULT_OPERATOR_PORT} when the CDS is on loopback; '' turns it off]",
     )
     status.add_argument(
         "--health-port",
+        "--pod-port",
+        dest="health_port",
         type=int,
         metavar="PORT",
-        help="the first stunnerd health port, instead of the config's (8086)",
+        help="the stunnerd health port (of each pod, or the first one), instead of the "
+        "config's (8086)",
     )
     ice = sub.add_parser(
         "icetest", parents=[common], help="allocate through every listener, time echo probes"
@@ -240,36 +242,42 @@ async def load_configs(
     return sorted(gateways, key=lambda g: g.config.admin.name)
 
 
-def _dump(docs: list[dict[str, Any]], output: str) -> str:
-    if output == "json":
-        return "\n".join(json.dumps(d, separators=(",", ":"), sort_keys=True) for d in docs)
-    return yaml.safe_dump_all(docs, sort_keys=True).rstrip("\n")
-
-
 async def cmd_config(gateways: list[Gateway], output: str) -> int:
     if output == "summary":
         print("\n".join(config_summary(g.config) for g in gateways))
     else:
-        print(_dump([g.raw for g in gateways], output))
+        print(dump([g.raw for g in gateways], output))
     return EXIT_OK
 
 
-async def cmd_status(
-    args: argparse.Namespace, configs: list[StunnerConfig], client: CdsClient, output: str
-) -> int:
+async def _gather(
+    args: argparse.Namespace, configs: list[StunnerConfig], client: CdsClient, cds: Lookup
+) -> list[GatewayStatus]:
+    timeout_s = _option(args, "timeout", 5.0)
+    if cds.kube is not None and not args.status_url:
+        return await gather_pod_status(
+            configs, cds.kube, pod_port=args.health_port, timeout_s=timeout_s
+        )
     served = configs
     if args.gateway or _option(args, "namespace", None):
         # make run and compose number the health ports over every Gateway, not just these.
         served = [g.config for g in await load_configs(client, None, None, has_token=True)]
-    results = await gather_status(
+    return await gather_status(
         configs,
         cds_host=urlsplit(client.base_url).hostname or "127.0.0.1",
         gateways_served=len(served),
         status_urls=args.status_url,
         health_port=args.health_port,
-        timeout_s=_option(args, "timeout", 5.0),
+        timeout_s=timeout_s,
     )
-    operator = operator_address(args, client)
+
+
+async def cmd_status(
+    args: argparse.Namespace, configs: list[StunnerConfig], client: CdsClient, cds: Lookup
+) -> int:
+    output = _option(args, "output", "summary")
+    results = await _gather(args, configs, client, cds)
+    operator = operator_address(args, client, cds)
     report = (
         await fetch_operator_report(operator, _option(args, "timeout", 5.0)) if operator else {}
     )
@@ -297,11 +305,11 @@ async def cmd_status(
             if r.gateway in degraded:
                 doc["operator"] = {"state": "degraded", "reasons": degraded[r.gateway]}
             docs.append(doc)
-        print(_dump(docs, output))
+        print(dump(docs, output))
     missing = [r.gateway for r in results if r.status is None]
     if missing:
         print(
-            f"stunnerctl: no stunnerd answered for {', '.join(missing)} "
+            f"stunnerctl: no stunnerd answered for {', '.join(dict.fromkeys(missing))} "
             "(give its health URL with --status-url)",
             file=sys.stderr,
         )
@@ -313,78 +321,35 @@ async def cmd_status(
     return EXIT_OK
 
 
-def operator_address(args: argparse.Namespace, client: CdsClient) -> str | None:
+def operator_address(args: argparse.Namespace, client: CdsClient, cds: Lookup) -> str | None:
     """Where to ask for the operator's /gateways report, or None (not asked)."""
-    given = args.operator if args.operator is not None else os.environ.get(OPERATOR_ENV)
+    given = args.operator if args.operator is not None else cds.settings.operator_addr
     if given is not None:
         return given.strip() or None
     host = urlsplit(client.base_url).hostname or ""
-    if getattr(args, "cds_forwarded", False):
+    if cds.kube is not None:
         return None  # a port-forward's loopback end says nothing about where the operator is
     if host in ("127.0.0.1", "localhost", "::1"):
         return f"127.0.0.1:{DEFAULT_OPERATOR_PORT}"
     return None
 
 
-def check_icetest_args(args: argparse.Namespace) -> None:
-    """The icetest flags, checked before the CDS is asked anything."""
-    if args.count < 1 or args.interval_ms < 0 or args.wait_ms < 0 or not 0 <= args.max_loss <= 1:
-        raise BadInputError(
-            "--count must be at least 1, --interval-ms and --wait-ms not negative, "
-            "--max-loss between 0 and 1"
-        )
-    if parse_peer(args.peer).transport != "udp":
-        raise BadInputError(
-            f"the icetest peer must be a UDP echo (udp://host:port), not {args.peer}"
-        )
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """How this run reached the CDS: the settings, the token and, when the CDS was found
+    through the kubeconfig, the API server (stunnerd pods are reached through it too)."""
+
+    settings: TurncatSettings
+    has_token: bool
+    kube: KubeApi | None
 
 
-async def cmd_icetest(args: argparse.Namespace, configs: list[StunnerConfig], output: str) -> int:
-    check_icetest_args(args)
-    peer_addr = parse_peer(args.peer)
-    try:
-        settings = TurncatSettings()
-    except ValidationError as exc:
-        raise BadInputError(f"invalid TURNCAT_* setting: {validation_message(exc)}") from None
-    try:
-        peer = await resolve_address(peer_addr.host, peer_addr.port)
-    except UnreachableError as exc:
-        raise BadInputError(f"icetest peer: {exc}") from None
-    tls = TlsOptions(insecure=args.insecure, ca_file=args.ca)
-    failed = 0
-    total = 0
-    for config in configs:
-        if output == "summary":
-            print(f"Gateway: {config.admin.name}")
-        for listener in config.listeners:
-            total += 1
-            result = await probe_listener(
-                config,
-                listener,
-                peer,
-                count=args.count,
-                interval_s=args.interval_ms / 1000,
-                wait_s=args.wait_ms / 1000,
-                max_loss=args.max_loss,
-                tls=tls,
-                settings=settings,
-            )
-            failed += not result["ok"]
-            print(probe_summary(result) if output == "summary" else _dump([result], output))
-            sys.stdout.flush()
-    if total == 0:
-        raise LookupFailedError("no listener to test: the selected Gateways have none")
-    if failed:
-        raise IcetestFailedError(f"icetest failed on {failed} of {total} listener(s)")
-    return EXIT_OK
-
-
-async def run(args: argparse.Namespace) -> int:
+async def run(args: argparse.Namespace, settings: TurncatSettings) -> int:
     if args.command == "icetest":
         check_icetest_args(args)
     async with cds_endpoint(
         "stunnerctl",
-        os.environ,
+        process_environment(),
         address_flag=_option(args, "cds", None),
         token_file=_option(args, "cds_token_file", None),
         kube=kube_options(args),
@@ -396,12 +361,12 @@ async def run(args: argparse.Namespace) -> int:
             )
         except CdsAddressError as exc:
             raise BadInputError(str(exc)) from None
-        args.cds_forwarded = cds.forwarded
-        return await run_with(args, client, has_token=cds.token is not None)
+        return await run_with(args, client, Lookup(settings, cds.token is not None, cds.kube))
 
 
-async def run_with(args: argparse.Namespace, client: CdsClient, *, has_token: bool) -> int:
+async def run_with(args: argparse.Namespace, client: CdsClient, cds: Lookup) -> int:
     ns, name = selector(args)
+    has_token = cds.has_token
     gateways = await load_configs(client, ns, name, has_token=has_token)
     configs = [g.config for g in gateways]
     output = _option(args, "output", "summary")
@@ -417,8 +382,8 @@ async def run_with(args: argparse.Namespace, client: CdsClient, *, has_token: bo
     if args.command == "config":
         return await cmd_config(gateways, output)
     if args.command == "status":
-        return await cmd_status(args, configs, client, output)
-    return await cmd_icetest(args, configs, output)
+        return await cmd_status(args, configs, client, cds)
+    return await cmd_icetest(args, configs, cds.settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -434,7 +399,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ca = _option(args, "ca", None)
         if ca and not os.path.isfile(ca):
             raise BadInputError(f"CA file {ca!r} does not exist")
-        return int(run_loop(run(args)))
+        try:
+            settings = TurncatSettings()
+        except ValidationError as exc:
+            raise BadInputError(f"invalid TURNCAT_* setting: {validation_message(exc)}") from None
+        return int(run_loop(run(args, settings)))
     except TurncatError as exc:
         print(f"stunnerctl: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -3,17 +3,21 @@
 The CDS knows the Gateways' configs but not where their stunnerds run, so the health server of
 each is looked for in this order:
 
-1. `--status-url URL` (repeatable): exactly these, nothing else; use it for a cluster through
-   `kubectl port-forward`, or for any layout the rules below do not find.
-2. The port of the config's `admin.healthcheck_endpoint` (8086 unless set; "" means disabled) on
+1. `--status-url URL` (repeatable): exactly these, nothing else; use it for any layout the
+   rules below do not find.
+2. When the CDS was found through the kubeconfig (a laptop beside a cluster): every ready pod of
+   the Gateway (labels `app=stunner`, `stunner.l7mp.io/related-gateway-namespace` and `-name`),
+   each reached through its own port-forward over the API server to the config's health port
+   (8086 unless set; `--pod-port` replaces it), as upstream's stunnerctl does. One answer per pod.
+3. The port of the config's `admin.healthcheck_endpoint` (8086 unless set; "" means disabled) on
    its host, or else on the Gateway's public address, or its listener address, or the CDS host.
    In a cluster this is the Gateway's LoadBalancer when the health-check port is exposed there.
-3. On a loopback host, also the next ports, one per Gateway the CDS serves and a few more:
+4. On a loopback host, also the next ports, one per Gateway the CDS serves and a few more:
    `make run` gives each stunnerd the next health port that no other part of the stack holds
    and no other program uses (8086, 8087, 8089, ... past the auth service's 8088), the compose
    stack the next one.
 
-`--health-port N` replaces the config's port in rules 2 and 3 (for a stack whose first health
+`--health-port N` replaces the config's port in rules 3 and 4 (for a stack whose first health
 port was moved, e.g. `scripts/run_local.py --health-port`).
 
 Every answer is matched to its Gateway by the `admin.name` it reports, so a port that belongs to
@@ -33,6 +37,13 @@ from urllib.parse import urlsplit
 import httpx
 
 from stunner_common.config import StunnerConfig
+from stunner_common.kube_forward import (
+    KubeApi,
+    KubeDiscoveryError,
+    Pod,
+    is_ready,
+    open_pod_forward,
+)
 
 DEFAULT_HEALTH_PORT = 8086
 LOOPBACK_SLACK = 8
@@ -71,21 +82,30 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def health_port_of(config: StunnerConfig) -> int | None:
+    """The port of the config's health check (8086 unless set), None when it is disabled."""
+    endpoint = config.admin.healthcheck_endpoint
+    if endpoint is None:
+        return DEFAULT_HEALTH_PORT
+    if endpoint == "":
+        return None
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    try:
+        return parts.port or DEFAULT_HEALTH_PORT
+    except ValueError:
+        return None
+
+
 def health_urls(
     config: StunnerConfig, cds_host: str, gateways_served: int, health_port: int | None = None
 ) -> list[str]:
     """Where this Gateway's stunnerd may answer `/status`, best guess first (rules 2 and 3)."""
-    endpoint = config.admin.healthcheck_endpoint
-    if endpoint is None:
-        endpoint = f"http://:{DEFAULT_HEALTH_PORT}"
-    if endpoint == "":
+    configured = health_port_of(config)
+    if configured is None:
         return []
-    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    try:
-        port = health_port or parts.port or DEFAULT_HEALTH_PORT
-    except ValueError:
-        return []
-    host = _concrete(parts.hostname)
+    port = health_port or configured
+    endpoint = config.admin.healthcheck_endpoint or ""
+    host = _concrete(urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}").hostname)
     for lst in config.listeners:
         host = host or _concrete(lst.public_address) or _concrete(lst.address)
     host = host or cds_host
@@ -178,3 +198,66 @@ async def gather_status(
                 reason = (reason + "; " if reason else "") + "the others serve other Gateways"
         out.append(GatewayStatus(gw, tried=tried, reason=reason))
     return out
+
+
+STUNNERD_SELECTOR = "app=stunner"
+GATEWAY_NAMESPACE_LABEL = "stunner.l7mp.io/related-gateway-namespace"
+GATEWAY_NAME_LABEL = "stunner.l7mp.io/related-gateway-name"
+
+
+async def _pod_status(api: KubeApi, pod: Pod, gateway: str, timeout_s: float) -> GatewayStatus:
+    where = f"pod {pod}"
+    try:
+        async with (
+            open_pod_forward(api, pod) as forward,
+            httpx.AsyncClient(timeout=timeout_s, trust_env=False) as http,
+        ):
+            _url, doc, why = await fetch_status(http, f"http://{forward.address}/status")
+    except OSError as exc:
+        doc, why = None, str(exc) or type(exc).__name__
+    if doc is None:
+        return GatewayStatus(gateway, tried=[where], reason=why or "no answer")
+    return GatewayStatus(gateway, where, doc, [where])
+
+
+async def _gateway_pods(
+    api: KubeApi, config: StunnerConfig, pod_port: int | None, timeout_s: float
+) -> list[GatewayStatus]:
+    gateway = config.admin.name
+    ns, _, name = gateway.rpartition("/")
+    port = pod_port or health_port_of(config)
+    if port is None:
+        why = "its health check is disabled (admin.healthcheck_endpoint is empty)"
+        return [GatewayStatus(gateway, reason=why)]
+    selector = f"{STUNNERD_SELECTOR},{GATEWAY_NAMESPACE_LABEL}={ns},{GATEWAY_NAME_LABEL}={name}"
+    try:
+        pods = await api.list_pods(ns or None, selector, f"listing the stunnerd pods of {gateway}")
+    except KubeDiscoveryError as exc:
+        return [GatewayStatus(gateway, reason=str(exc))]
+    ready = [p for p in pods if is_ready(p)]
+    if not ready:
+        names = ", ".join(p["metadata"]["name"] for p in pods)
+        reason = (
+            f"{len(pods)} stunnerd pod(s), none ready: {names}"
+            if pods
+            else f"no stunnerd pod ({selector}) in namespace {ns}"
+        )
+        return [GatewayStatus(gateway, reason=reason)]
+    targets = [Pod(p["metadata"]["namespace"], p["metadata"]["name"], port) for p in ready]
+    return list(
+        await asyncio.gather(*(_pod_status(api, pod, gateway, timeout_s) for pod in targets))
+    )
+
+
+async def gather_pod_status(
+    configs: Sequence[StunnerConfig],
+    api: KubeApi,
+    *,
+    pod_port: int | None = None,
+    timeout_s: float = 5.0,
+) -> list[GatewayStatus]:
+    """Rule 2: the status of every ready stunnerd pod of each Gateway, through port-forwards."""
+    per_gateway = await asyncio.gather(
+        *(_gateway_pods(api, config, pod_port, timeout_s) for config in configs)
+    )
+    return [status for statuses in per_gateway for status in statuses]

@@ -9,9 +9,12 @@ upstream does: the point of the command is to tell a user what to put in a clien
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import yaml
 
 from stunner_common.config import StunnerConfig
 
@@ -104,3 +107,9 @@ def probe_summary(result: Mapping[str, Any]) -> str:
         f"{head}: sent {result['sent']}, received {result['received']}, "
         f"loss {result['loss'] * 100:.1f}%, {rtt}: {verdict}"
     )
+
+
+def dump(docs: list[dict[str, Any]], output: str) -> str:
+    if output == "json":
+        return "\n".join(json.dumps(d, separators=(",", ":"), sort_keys=True) for d in docs)
+    return yaml.safe_dump_all(docs, sort_keys=True).rstrip("\n")
