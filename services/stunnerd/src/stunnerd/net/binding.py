@@ -37,3 +37,26 @@ def allow_both_families(sock: socket.socket, host: str) -> None:
 
 def socket_kind(protocol: str) -> str:
     return "tcp" if protocol in ("TURN-TCP", "TURN-TLS") else "udp"
+
+
+ACCEPT_BACKLOG = 4096  # bursts of connections wait in the kernel, not in SYN retries
+
+
+def bind_tcp_server(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A listening, non-blocking TCP socket of a TURN-TCP or TURN-TLS listener; on a wildcard
+    host it is `[::]:port` and takes IPv4 clients too (asyncio would make it IPv6-only)."""
+    if host in DUAL_STACK_HOSTS:
+        host = "::"
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        allow_both_families(sock, host)
+        sock.bind((host, port))
+        sock.listen(ACCEPT_BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

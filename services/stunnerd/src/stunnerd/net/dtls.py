@@ -28,9 +28,10 @@ from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL
 
 from stunner_common.config import TlsPair
+from stunnerd.net.admission import preauth_refusal
 from stunnerd.net.guard import SourceCounter
 from stunnerd.net.listener import Address, Listener, SendTo
-from stunnerd.net.udp import ClosingDatagramProtocol, open_listener_socket
+from stunnerd.net.udp import ClosingDatagramProtocol, close_endpoint, open_listener_socket
 
 log = logging.getLogger(__name__)
 
@@ -310,17 +311,14 @@ class DtlsListener(Listener):
             return
         limits = self.limits.connection
         if not session.established:
-            reason = f"handshake not finished within {limits.handshake_timeout_s:g} s"
-        elif session.records == 0:
-            reason = f"no message within {limits.first_message_timeout_s:g} s"
-        elif session.window_bytes < limits.preauth_min_bytes_per_s * limits.preauth_window_s:
-            reason = f"slower than {limits.preauth_min_bytes_per_s:g} B/s before allocating"
+            reason: str | None = f"handshake not finished within {limits.handshake_timeout_s:g} s"
         else:
+            reason = preauth_refusal(limits, session.records, session.window_bytes)
+        if reason is None:
             session.window_bytes = 0
-            delay = (
-                limits.first_message_timeout_s if session.records == 0 else limits.preauth_window_s
+            session.guard_handle = self.loop.call_later(
+                limits.preauth_window_s, self._guard_check, session
             )
-            session.guard_handle = self.loop.call_later(delay, self._guard_check, session)
             return
         self.drop_session(session, reason)
 
@@ -372,9 +370,7 @@ class DtlsListener(Listener):
             session.close(notify=True)
         self.sessions.clear()
         self.sources.counts.clear()
-        if self.transport is not None:
-            self.transport.close()
-            self.transport = None
+        transport, self.transport = self.transport, None
+        if transport is not None:
             self.sendto = None
-            if self.protocol is not None:
-                await self.protocol.wait_closed(self.tuning.socket_close_timeout_s)
+            await close_endpoint(transport, self.protocol, self.tuning.socket_close_timeout_s)

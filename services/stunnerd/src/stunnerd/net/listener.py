@@ -24,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from stunner_common.config import TlsPair
 from stunnerd.fastpath import FastPath
+from stunnerd.net.allocate import RelayOpener
 from stunnerd.net.batch import SendBatcher
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.relay import (
@@ -40,8 +42,6 @@ from stunnerd.net.relay import (
     DatagramRelayProtocol,
     SendTo,
     Traffic,
-    bind_even_pair,
-    bind_relay_socket,
     new_traffic,
 )
 from stunnerd.net.tuning import ServerTuning
@@ -142,7 +142,6 @@ class Listener:
         self.held_ports: dict[int, socket.socket] = {}  # reservations (EVEN-PORT with R)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self.connections = 0
         self.connections_total = 0
         self.closed = False
@@ -151,9 +150,10 @@ class Listener:
         self.inherited_socket: socket.socket | None = None
         # The C relay of established channels (TURN-UDP only), set by the server before start.
         self.fastpath: FastPath | None = None
-        # The cluster-wide user quota, set by the server; leases of this listener's allocations.
+        # The cluster-wide user quota, set by the server before start.
         self.quota: ClusterQuota | None = None
-        self._leases: dict[Address, str] = {}
+        self.opener = RelayOpener(self, spec.bind_host)
+        self._handlers = self._effect_handlers()
 
     # -------------------------------------------------------------- subclass hooks
 
@@ -251,76 +251,92 @@ class Listener:
             self.apply(self.engine.client_closed(client, self.loop.time()))
 
     def apply(self, effects: list[fx.Effect]) -> None:
+        """Carry out the engine's effects, then re-arm the deadline timer."""
+        handlers = self._handlers
         for effect in effects:
-            match effect:
-                case fx.SendToClient():
-                    self.send_to_client(effect.client, effect.data)
-                case fx.SendToPeer():
-                    relay = self.relay_for(effect.client, effect.peer[0])
-                    if relay is not None and relay.transport is not None:
-                        counts = self.cluster_counts(effect.peer)
-                        counts[TX_PKTS] += 1
-                        counts[TX_BYTES] += len(effect.data)
-                        self.batcher.send(relay.sock, effect.data, effect.peer)
-                case fx.ChannelRouteAdded():
-                    self._route_added(effect)
-                case fx.ChannelRouteRemoved():
-                    self._route_removed(effect)
-                case fx.OpenRelay():
-                    if self.quota is not None and self.quota.enforcing:
-                        self._spawn(self._admit_then_open(effect), f"quota:{self.name}")
-                    else:
-                        self._open_relay(effect)
-                case fx.ReleasePort():
-                    released = self.held_ports.pop(effect.port, None)
-                    if released is not None:
-                        released.close()
-                case fx.CloseRelay():
-                    closing = self.relays.pop(effect.client, None)
-                    dual = self.dual_relays.pop(effect.client, None)
-                    if dual is not None and dual.transport is not None:
-                        dual.transport.close()
-                    if closing is not None and closing.transport is not None:
-                        closing.transport.close()
-                    elif self.stream:
-                        self.tcp_relay_effect(effect)
-                case fx.ConnectPeer() | fx.BindPeerConnection() | fx.ClosePeerConnection():
-                    self.tcp_relay_effect(effect)
-                case fx.AllocationCreated():
-                    if self.allocations_are_connections:
-                        self.connections += 1
-                        self.connections_total += 1
-                    log.info(
-                        "listener %s: allocation for %s (user %s) relay %s:%d%s lifetime %ds",
-                        self.name,
-                        effect.client,
-                        effect.user_id,
-                        effect.relay[0],
-                        effect.relay[1],
-                        f" and [{effect.additional[0]}]:{effect.additional[1]}"
-                        if effect.additional
-                        else "",
-                        effect.lifetime_s,
-                    )
-                case fx.AllocationRefreshed():
-                    if self._leases and self.quota is not None:
-                        lease = self._leases.get(effect.client)
-                        if lease is not None:
-                            self.quota.renew(lease, effect.lifetime_s)
-                case fx.AllocationAborted():
-                    self._release_lease(effect.client)
-                case fx.AllocationDeleted():
-                    if self.allocations_are_connections:
-                        self.connections = max(0, self.connections - 1)
-                    self._release_lease(effect.client)
-                    log.info(
-                        "listener %s: allocation for %s (user %s) deleted: %s",
-                        self.name,
-                        effect.client,
-                        effect.user_id,
-                        effect.reason,
-                    )
+            handler = handlers.get(type(effect))
+            if handler is not None:
+                handler(effect)
         self._rearm()
+
+    def _effect_handlers(self) -> dict[type[Any], Callable[[Any], None]]:
+        """Each effect's handler, bound once (subclasses override the methods, not this)."""
+        tcp = self.tcp_relay_effect
+        return {
+            fx.SendToClient: self._send_to_client,
+            fx.SendToPeer: self._send_to_peer,
+            fx.ChannelRouteAdded: self._route_added,
+            fx.ChannelRouteRemoved: self._route_removed,
+            fx.OpenRelay: self.opener.open,
+            fx.ReleasePort: self._release_port,
+            fx.CloseRelay: self._close_relay,
+            fx.ConnectPeer: tcp,
+            fx.BindPeerConnection: tcp,
+            fx.ClosePeerConnection: tcp,
+            fx.AllocationCreated: self._allocation_created,
+            fx.AllocationRefreshed: self._allocation_refreshed,
+            fx.AllocationAborted: self._allocation_aborted,
+            fx.AllocationDeleted: self._allocation_deleted,
+        }
+
+    def _send_to_client(self, effect: fx.SendToClient) -> None:
+        self.send_to_client(effect.client, effect.data)
+
+    def _send_to_peer(self, effect: fx.SendToPeer) -> None:
+        relay = self.relay_for(effect.client, effect.peer[0])
+        if relay is not None and relay.transport is not None:
+            counts = self.cluster_counts(effect.peer)
+            counts[TX_PKTS] += 1
+            counts[TX_BYTES] += len(effect.data)
+            self.batcher.send(relay.sock, effect.data, effect.peer)
+
+    def _release_port(self, effect: fx.ReleasePort) -> None:
+        released = self.held_ports.pop(effect.port, None)
+        if released is not None:
+            released.close()
+
+    def _close_relay(self, effect: fx.CloseRelay) -> None:
+        closing = self.relays.pop(effect.client, None)
+        dual = self.dual_relays.pop(effect.client, None)
+        if dual is not None and dual.transport is not None:
+            dual.transport.close()
+        if closing is not None and closing.transport is not None:
+            closing.transport.close()
+        elif self.stream:
+            self.tcp_relay_effect(effect)
+
+    def _allocation_created(self, effect: fx.AllocationCreated) -> None:
+        if self.allocations_are_connections:
+            self.connections += 1
+            self.connections_total += 1
+        log.info(
+            "listener %s: allocation for %s (user %s) relay %s:%d%s lifetime %ds",
+            self.name,
+            effect.client,
+            effect.user_id,
+            effect.relay[0],
+            effect.relay[1],
+            f" and [{effect.additional[0]}]:{effect.additional[1]}" if effect.additional else "",
+            effect.lifetime_s,
+        )
+
+    def _allocation_refreshed(self, effect: fx.AllocationRefreshed) -> None:
+        self.opener.renew_lease(effect.client, effect.lifetime_s)
+
+    def _allocation_aborted(self, effect: fx.AllocationAborted) -> None:
+        self.opener.release_lease(effect.client)
+
+    def _allocation_deleted(self, effect: fx.AllocationDeleted) -> None:
+        if self.allocations_are_connections:
+            self.connections = max(0, self.connections - 1)
+        self.opener.release_lease(effect.client)
+        log.info(
+            "listener %s: allocation for %s (user %s) deleted: %s",
+            self.name,
+            effect.client,
+            effect.user_id,
+            effect.reason,
+        )
 
     def _route_added(self, effect: fx.ChannelRouteAdded) -> None:
         relay = self.relay_for(effect.client, effect.peer[0])
@@ -341,117 +357,9 @@ class Listener:
             for peer in _wire_forms(effect.peer):
                 relay.peer_channels.pop(peer, None)
 
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = self.loop.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _release_lease(self, client: Address) -> None:
-        if self._leases and self.quota is not None:
-            lease = self._leases.pop(client, None)
-            if lease is not None:
-                self.quota.release(lease)
-
-    async def _admit_then_open(self, effect: fx.OpenRelay) -> None:
-        """The cluster-wide quota first (one Redis call), then the relay; 486 when refused."""
-        quota = self.quota
-        assert quota is not None
-        lease = quota.lease_id(self.name, effect.client)
-        admitted = await quota.acquire(effect.user_id, lease, effect.lifetime_s)
-        if self.closed:
-            quota.release(lease)
-            return
-        if not admitted:
-            log.info(
-                "listener %s: allocation for %s (user %s) refused: cluster-wide quota of %d",
-                self.name,
-                effect.client,
-                effect.user_id,
-                quota.limit,
-            )
-            now = self.loop.time()
-            self.apply(
-                self.engine.relay_failed(effect.client, now, 486, "Allocation Quota Reached")
-            )
-            return
-        self._release_lease(effect.client)  # a previous allocation's, should one linger
-        self._leases[effect.client] = lease
-        self._open_relay(effect)
-
-    def _open_relay(self, effect: fx.OpenRelay) -> None:
-        if effect.tcp:
-            self.tcp_relay_effect(effect)
-            return
-        held: socket.socket | None = None
-        dual: socket.socket | None = None
-        try:
-            if effect.reserved_port:
-                sock = self.held_ports.pop(effect.reserved_port, None)
-                if sock is None:
-                    raise OSError(f"reserved port {effect.reserved_port} is gone")
-            elif effect.reserve_next:
-                sock, held = bind_even_pair(self.spec.bind_host, effect.family)
-            else:
-                sock = bind_relay_socket(self.spec.bind_host, effect.family, effect.even_port)
-            if effect.additional_family:
-                try:
-                    dual = bind_relay_socket(self.spec.bind_host, effect.additional_family, False)
-                except OSError:
-                    sock.close()
-                    raise
-        except OSError as exc:
-            log.warning("listener %s: cannot open a relay socket: %s", self.name, exc)
-            self.apply(self.engine.relay_failed(effect.client, self.loop.time()))
-            return
-        task = self.loop.create_task(
-            self._start_relay(effect.client, sock, held, dual), name=f"relay-open:{self.name}"
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _start_relay(
-        self,
-        client: Address,
-        sock: socket.socket,
-        held: socket.socket | None = None,
-        dual: socket.socket | None = None,
-    ) -> None:
-        port = int(sock.getsockname()[1])
-        dual_relay: DatagramRelayProtocol | None = None
-        try:
-            relay = await self._relay_endpoint(client, sock)
-            if dual is not None:
-                try:
-                    dual_relay = await self._relay_endpoint(client, dual)
-                except BaseException:
-                    relay.transport.close()  # type: ignore[union-attr]
-                    raise
-        except OSError as exc:
-            for unused in (sock, held, dual):
-                if unused is not None:
-                    unused.close()
-            log.warning("listener %s: relay socket failed: %s", self.name, exc)
-            self.apply(self.engine.relay_failed(client, self.loop.time()))
-            return
-        if self.closed:
-            for opened in (relay, dual_relay):
-                if opened is not None and opened.transport is not None:
-                    opened.transport.close()
-            if held is not None:
-                held.close()
-            return
-        self.relays[client] = relay
-        dual_port = 0
-        if dual_relay is not None:
-            self.dual_relays[client] = dual_relay
-            dual_port = int(dual_relay.sock.getsockname()[1])
-        held_port = 0
-        if held is not None:
-            held_port = int(held.getsockname()[1])
-            self.held_ports[held_port] = held
-        self.apply(self.engine.relay_opened(client, port, self.loop.time(), held_port, dual_port))
-
-    async def _relay_endpoint(self, client: Address, sock: socket.socket) -> DatagramRelayProtocol:
+    async def open_relay_endpoint(
+        self, client: Address, sock: socket.socket
+    ) -> DatagramRelayProtocol:
         """The protocol of a new relay socket, reading it (through an event-loop transport here)."""
         factory = self.relay_class
         _transport, relay = await self.loop.create_datagram_endpoint(
@@ -487,10 +395,7 @@ class Listener:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.opener.tasks.cancel_all()
         for relay in (*self.relays.values(), *self.dual_relays.values()):
             if relay.transport is not None:
                 relay.transport.close()

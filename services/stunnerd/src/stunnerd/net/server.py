@@ -31,6 +31,7 @@ from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.listener import Listener, ListenerSpec, Traffic, new_traffic
 from stunnerd.net.stream import StreamListener
+from stunnerd.net.tasks import log_unexpected_exit
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.net.udp import UdpListener
 from stunnerd.offload.manager import OffloadManager
@@ -186,7 +187,7 @@ class TurnServer:
 
                 dtls_context(spec.tls)
             elif spec.protocol == "TURN-TLS" and spec.tls is not None:
-                from stunnerd.net.stream import server_ssl_context
+                from stunnerd.net.tls import server_ssl_context
 
                 server_ssl_context(spec.tls)
         except ListenerError:
@@ -344,7 +345,7 @@ class TurnServer:
             self._dns_task = asyncio.get_running_loop().create_task(
                 self._dns_loop(), name="stunnerd-dns-refresh"
             )
-            self._dns_task.add_done_callback(_log_unexpected_exit)
+            self._dns_task.add_done_callback(log_unexpected_exit)
 
     async def _dns_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -375,8 +376,3 @@ class TurnServer:
             lst = by_name.get(name)
             if lst is not None:
                 running.set_policies(policies_for(lst, config, self.dns, self.protected(config)))
-
-
-def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("%s stopped: %r", task.get_name(), task.exception())

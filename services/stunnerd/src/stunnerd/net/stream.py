@@ -3,7 +3,7 @@
 On a stream, STUN messages and ChannelData frames follow each other with no separator; a frame's
 length is in its header and ChannelData is padded to a multiple of 4 bytes (RFC 8656 §12.5). Each
 connection is its own client transport address; when it closes, its allocation goes too. TLS is
-asyncio's ssl with the listener's certificate (TLS ≥ 1.2, handshake bounded by a timeout).
+asyncio's ssl with the listener's certificate, on connections `stunnerd.net.tls` accepts.
 Writes to a client whose socket buffer is full are dropped rather than queued without bound.
 
 A client that has not allocated yet is held to `stunnerd.net.guard.ConnectionLimits`: a cap on
@@ -19,67 +19,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 import ssl
-import tempfile
 from typing import Any
 
 from stunner_common.config import TlsPair
-from stunnerd.net.binding import DUAL_STACK_HOSTS, allow_both_families
+from stunnerd.net.admission import preauth_refusal
+from stunnerd.net.binding import ACCEPT_BACKLOG, DUAL_STACK_HOSTS, bind_tcp_server
 from stunnerd.net.guard import SourceCounter
 from stunnerd.net.listener import Address, Listener, SendTo
 from stunnerd.net.relay import StreamRelayProtocol
 from stunnerd.net.tcp_relay import PeerLink, TcpRelays
+from stunnerd.net.tls import AdmittedProtocol, TlsAcceptor, load_pair, server_ssl_context
 from stunnerd.turn import effects as fx
 from stunnerd.turn.codec import stream_frame_length
 
 log = logging.getLogger(__name__)
 
-ACCEPT_BACKLOG = 4096  # bursts of connections wait in the kernel, not in SYN retries
-
-
-def bind_dual_stack_server(port: int, reuse_port: bool) -> socket.socket:
-    """A listening TCP socket on `[::]:port` that takes IPv4 clients too."""
-    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        allow_both_families(sock, "::")
-        sock.bind(("::", port))
-        sock.listen(ACCEPT_BACKLOG)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 MAX_BUFFERED_BYTES = 256 * 1024
 
 
-def load_pair(ctx: ssl.SSLContext, pair: TlsPair) -> None:
-    """Load in-memory PEM into `ctx` (ssl only loads files, so go through a private temp dir)."""
-    with tempfile.TemporaryDirectory(prefix="stunnerd-tls-") as tmp:
-        cert_path = os.path.join(tmp, "cert.pem")
-        key_path = os.path.join(tmp, "key.pem")
-        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(pair.key_pem)
-        with open(cert_path, "wb") as fh:
-            fh.write(pair.cert_pem)
-        ctx.load_cert_chain(cert_path, key_path)
-
-
-def server_ssl_context(pair: TlsPair) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    load_pair(ctx, pair)
-    return ctx
-
-
-class StreamClientProtocol(asyncio.Protocol):
+class StreamClientProtocol(AdmittedProtocol):
     """One TCP/TLS client connection: de-frames the stream, fast-paths routed ChannelData."""
 
     def __init__(self, listener: StreamListener, admitted: bool = False) -> None:
@@ -128,11 +88,8 @@ class StreamClientProtocol(asyncio.Protocol):
         ):
             return
         limits = self.listener.limits.connection
-        if self.frames == 0:
-            reason = f"no complete message within {limits.first_message_timeout_s:g} s"
-        elif self.window_bytes < limits.preauth_min_bytes_per_s * limits.preauth_window_s:
-            reason = f"slower than {limits.preauth_min_bytes_per_s:g} B/s before allocating"
-        else:
+        reason = preauth_refusal(limits, self.frames, self.window_bytes, "complete message")
+        if reason is None:
             self.window_bytes = 0
             self.guard_handle = self.listener.loop.call_later(
                 limits.preauth_window_s, self._guard_check
@@ -145,10 +102,7 @@ class StreamClientProtocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.client = (peer[0], peer[1])
-        if not self.admitted and not self.listener.sources.acquire(self.client[0]):
-            self.listener.refused_connections += 1
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("listener %s: too many connections from %s", self.listener.name, peer[0])
+        if not self.admitted and not self.listener.admit(self.client[0]):
             transport.abort()  # type: ignore[attr-defined]
             return
         self.counted = True
@@ -270,30 +224,37 @@ class StreamListener(Listener):
         self.ssl_context: ssl.SSLContext | None = None
         self.sources = SourceCounter(self.limits.connection.max_per_source)
         self.refused_connections = 0  # over the per-source cap
-        self.tls_socket: socket.socket | None = None  # TLS: the listening socket we accept on
-        self._accepting: asyncio.Task[None] | None = None
-        self._handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
         self.tcp_relays = TcpRelays(self)  # RFC 6062 relays of this listener's allocations
+        self.tls: TlsAcceptor | None = None  # TURN-TLS: we accept connections ourselves
         if self.spec.protocol == "TURN-TLS":
             if self.spec.tls is None:
                 raise ValueError(f"listener {self.name}: TURN-TLS needs a certificate")
             self.ssl_context = server_ssl_context(self.spec.tls)
+            self.tls = TlsAcceptor(
+                name=self.name,
+                loop=self.loop,
+                context=self.ssl_context,
+                handshake_timeout_s=self.limits.connection.handshake_timeout_s,
+                admit=self.admit,
+                release=self.sources.release,
+                new_client=lambda: StreamClientProtocol(self, admitted=True),
+            )
 
     async def start(self) -> None:
-        inherited, self.inherited_socket = self.inherited_socket, None
-        if inherited is None and self.spec.bind_host in DUAL_STACK_HOSTS:
-            # asyncio would make a `::` server socket IPv6-only; bind it ourselves for both
-            inherited = bind_dual_stack_server(self.spec.port, self.spec.reuse_port)
-        if self.ssl_context is not None:
-            self._start_tls(inherited)
+        sock, self.inherited_socket = self.inherited_socket, None
+        if sock is None and (self.tls is not None or self.spec.bind_host in DUAL_STACK_HOSTS):
+            sock = bind_tcp_server(self.spec.bind_host, self.spec.port, self.spec.reuse_port)
+        if self.tls is not None:
+            assert sock is not None
+            self.tls.start(sock)
             return
-        if inherited is not None:
+        if sock is not None:
             try:
                 self.server = await self.loop.create_server(
-                    lambda: StreamClientProtocol(self), sock=inherited
+                    lambda: StreamClientProtocol(self), sock=sock
                 )
             except BaseException:
-                inherited.close()
+                sock.close()
                 raise
             return
         self.server = await self.loop.create_server(
@@ -305,74 +266,14 @@ class StreamListener(Listener):
             reuse_port=self.spec.reuse_port or None,
         )
 
-    # -------------------------------------------------------------- TURN-TLS
-
-    def _start_tls(self, inherited: socket.socket | None) -> None:
-        """Accept TLS connections ourselves, so that the per-source cap counts a connection at
-        TCP accept, before its handshake costs anything (an asyncio server with `ssl` would
-        show it to us only after the handshake)."""
-        sock = inherited if inherited is not None else self._bind_tls_socket()
-        sock.setblocking(False)
-        self.tls_socket = sock
-        self._accepting = self.loop.create_task(
-            self._accept_tls(sock), name=f"stunnerd-tls-accept-{self.name}"
-        )
-        self._accepting.add_done_callback(_log_unexpected_exit)
-
-    def _bind_tls_socket(self) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self.spec.bind_host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if self.spec.reuse_port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((self.spec.bind_host, self.spec.port))
-            sock.listen(ACCEPT_BACKLOG)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-
-    async def _accept_tls(self, sock: socket.socket) -> None:
-        while True:
-            try:
-                conn, peer = await self.loop.sock_accept(sock)
-            except OSError as exc:  # EMFILE, ECONNABORTED...: the next accept may succeed
-                log.warning("listener %s: accept failed: %s", self.name, exc)
-                await asyncio.sleep(0.1)
-                continue
-            if not self.sources.acquire(peer[0]):
-                self.refused_connections += 1
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("listener %s: too many connections from %s", self.name, peer[0])
-                conn.close()
-                continue
-            task = self.loop.create_task(
-                self._handshake(conn, peer[0]), name=f"stunnerd-tls-handshake-{self.name}"
-            )
-            self._handshakes.add(task)
-            task.add_done_callback(self._handshakes.discard)
-
-    async def _handshake(self, conn: socket.socket, ip: str) -> None:
-        """The TLS handshake of an admitted connection, within `handshake_timeout_s`; its source
-        slot goes back if it fails (afterwards the connection's own close returns it)."""
-        assert self.ssl_context is not None
-        proto = StreamClientProtocol(self, admitted=True)
-        try:
-            await self.loop.connect_accepted_socket(
-                lambda: proto,
-                conn,
-                ssl=self.ssl_context,
-                ssl_handshake_timeout=self.limits.connection.handshake_timeout_s,
-            )
-        except BaseException as exc:
-            if not proto.counted:  # connection_made never ran: the slot is still ours
-                self.sources.release(ip)
-            conn.close()
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("listener %s: TLS handshake with %s failed: %r", self.name, ip, exc)
+    def admit(self, ip: str) -> bool:
+        """Take one of `ip`'s connection slots, or count the connection as refused."""
+        if self.sources.acquire(ip):
+            return True
+        self.refused_connections += 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("listener %s: too many connections from %s", self.name, ip)
+        return False
 
     def rotate_certificate(self, pair: TlsPair) -> bool:
         """New connections get the new certificate; established ones keep theirs."""
@@ -384,8 +285,8 @@ class StreamListener(Listener):
 
     @property
     def bound_port(self) -> int:
-        if self.tls_socket is not None:
-            return int(self.tls_socket.getsockname()[1])
+        if self.tls is not None and self.tls.sock is not None:
+            return self.tls.port
         assert self.server is not None
         return int(self.server.sockets[0].getsockname()[1])
 
@@ -431,15 +332,8 @@ class StreamListener(Listener):
         await self.tcp_relays.close()
         if self.server is not None:
             self.server.close()
-        pending = [t for t in (self._accepting, *self._handshakes) if t is not None]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-        self._accepting = None
-        if self.tls_socket is not None:
-            self.tls_socket.close()
-            self.tls_socket = None
+        if self.tls is not None:
+            await self.tls.close()
         for proto in list(self.clients.values()):
             if proto.transport is not None:
                 proto.transport.abort()
@@ -449,8 +343,3 @@ class StreamListener(Listener):
                 async with asyncio.timeout(self.tuning.stream_close_timeout_s):
                     await self.server.wait_closed()
             self.server = None
-
-
-def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("%s stopped: %r", task.get_name(), task.exception())

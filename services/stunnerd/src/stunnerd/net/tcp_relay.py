@@ -19,9 +19,10 @@ import asyncio
 import contextlib
 import logging
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stunnerd.net.relay import RX_BYTES, RX_PKTS, TX_BYTES, TX_PKTS, Address, Traffic
+from stunnerd.net.tasks import TaskSet
 from stunnerd.turn import effects as fx
 from stunnerd.turn.tcp_connections import CONNECT_TIMEOUT_S
 
@@ -123,7 +124,7 @@ class TcpRelays:
         self.servers: dict[Address, asyncio.Server] = {}  # by allocation
         self.links: dict[int, PeerLink] = {}  # by connection id
         self.connecting: dict[int, asyncio.Task[None]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.tasks = TaskSet(self.loop)
 
     # ---------------------------------------------------------- relayed addresses
 
@@ -136,7 +137,7 @@ class TcpRelays:
             log.warning("listener %s: cannot open a TCP relay: %s", listener.name, exc)
             listener.apply(listener.engine.relay_failed(effect.client, self.loop.time()))
             return
-        self._spawn(self._serve(effect.client, sock), f"tcp-relay-open:{listener.name}")
+        self.tasks.spawn(self._serve(effect.client, sock), f"tcp-relay-open:{listener.name}")
 
     async def _serve(self, client: Address, sock: socket.socket) -> None:
         listener = self.listener
@@ -184,7 +185,7 @@ class TcpRelays:
         self.links[connection_id] = link
 
     def connect(self, effect: fx.ConnectPeer) -> None:
-        task = self._spawn(
+        task = self.tasks.spawn(
             self._connect(effect), f"tcp-relay-connect:{self.listener.name}:{effect.connection_id}"
         )
         self.connecting[effect.connection_id] = task
@@ -257,17 +258,8 @@ class TcpRelays:
 
     # ---------------------------------------------------------- lifetime
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
-        task = self.loop.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.tasks.cancel_all()
         for link in list(self.links.values()):
             link.close()
         self.links.clear()

@@ -60,6 +60,15 @@ class ClosingDatagramProtocol(asyncio.DatagramProtocol):
 _P = TypeVar("_P", bound="ClosingDatagramProtocol")
 
 
+async def close_endpoint(
+    transport: asyncio.DatagramTransport, protocol: ClosingDatagramProtocol | None, timeout_s: float
+) -> None:
+    """Close a listener's datagram transport and wait until the kernel released its port."""
+    transport.close()
+    if protocol is not None:
+        await protocol.wait_closed(timeout_s)
+
+
 def bind_listener_socket(spec: ListenerSpec) -> socket.socket:
     """The UDP socket of a TURN-UDP or TURN-DTLS listener, bound (with SO_REUSEPORT when other
     workers share the port) and non-blocking."""
@@ -191,9 +200,11 @@ class UdpListener(Listener):
         assert self.sock is not None
         return int(self.sock.getsockname()[1])
 
-    async def _relay_endpoint(self, client: Address, sock: socket.socket) -> DatagramRelayProtocol:
+    async def open_relay_endpoint(
+        self, client: Address, sock: socket.socket
+    ) -> DatagramRelayProtocol:
         if self.fastpath is None:
-            return await super()._relay_endpoint(client, sock)
+            return await super().open_relay_endpoint(client, sock)
         relay = self.relay_class(self, client, sock)
         relay.connection_made(FastRelayTransport(sock, self.fastpath))
         self.fastpath.watch_relay(sock, self.traffic, relay.datagram_received)
@@ -265,9 +276,7 @@ class UdpListener(Listener):
             self.sock.close()
             self.sock = None
             self._sendto = None
-        if self.transport is not None:
-            self.transport.close()
-            self.transport = None
+        transport, self.transport = self.transport, None
+        if transport is not None:
             self._sendto = None
-            if self.protocol is not None:
-                await self.protocol.wait_closed(self.tuning.socket_close_timeout_s)
+            await close_endpoint(transport, self.protocol, self.tuning.socket_close_timeout_s)

@@ -19,11 +19,7 @@ counters do not go back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
-import sys
-from dataclasses import dataclass
 from typing import Any
 
 from stunner_common.config import StunnerConfig
@@ -35,9 +31,7 @@ from stunnerd.offload.manager import OffloadManager
 from stunnerd.quota import QuotaSettings
 from stunnerd.reconcile.dataplane import ApplyOutcome, ListenerState
 from stunnerd.reconcile.listeners import failure_cause
-from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 from stunnerd.workers.sockets import (
-    FdChannel,
     SocketGroups,
     config_keys,
     listener_key,
@@ -45,161 +39,17 @@ from stunnerd.workers.sockets import (
     send_offload,
     send_sockets,
 )
+from stunnerd.workers.worker import (
+    DEFAULT_TIMEOUTS,
+    DEFAULT_TUNING,
+    Worker,
+    WorkerError,
+    WorkerTimeouts,
+)
+
+__all__ = ["Worker", "WorkerError", "WorkerPool", "WorkerTimeouts"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_TUNING = ServerTuning()
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerTimeouts:
-    """How long the supervisor waits on a worker (from `StunnerdSettings`)."""
-
-    request_s: float = 30.0
-    stats_s: float = 2.0
-    stop_s: float = 10.0
-    restart_delay_s: float = 0.5
-
-
-class WorkerError(Exception):
-    """A worker did not answer, or answered with an error."""
-
-
-class Worker:
-    """One child process and the requests in flight to it."""
-
-    def __init__(
-        self,
-        index: int,
-        bind_host: str,
-        log_spec: str | None,
-        *,
-        log_format: LogFormat = "text",
-        tuning: ServerTuning = DEFAULT_TUNING,
-        stop_timeout_s: float = 10.0,
-        limits: ClientLimits | None = None,
-        nonce_key: bytes | None = None,
-        relay_addresses: tuple[str, ...] = (),
-        quota: QuotaSettings | None = None,
-        node_address: str = "",
-    ) -> None:
-        self.index = index
-        self.nonce_key = nonce_key
-        self.channel: FdChannel | None = None
-        self._argv = [
-            sys.executable,
-            "-m",
-            "stunnerd.workers.child",
-            "--index",
-            str(index),
-            "--bind",
-            bind_host,
-            *(["--log", log_spec] if log_spec else []),
-            "--log-format",
-            log_format,
-            "--tuning",
-            tuning.to_json(),
-            *(["--limits", limits.to_json()] if limits is not None else []),
-            *(["--relay-addresses", ",".join(relay_addresses)] if relay_addresses else []),
-            *(["--quota", quota.to_worker_json()] if quota is not None else []),
-            *(["--node-address", node_address] if node_address else []),
-        ]
-        self._stop_timeout_s = stop_timeout_s
-        self.proc: asyncio.subprocess.Process | None = None
-        self.offload: dict[str, Any] = {}  # its last reported offload status
-        self.quota: dict[str, Any] | None = None  # its cluster-wide quota state, if any
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._reader: asyncio.Task[None] | None = None
-        self.stats = StatsSnapshot()
-        self.exited = asyncio.Event()
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    async def start(self) -> None:
-        self.exited.clear()
-        if self.channel is not None:
-            self.channel.close()
-        self.channel, theirs = FdChannel.pair()
-        try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self._argv,
-                "--fd-channel",
-                str(theirs.fileno()),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                limit=MAX_LINE_BYTES,
-                pass_fds=(theirs.fileno(),),
-            )
-        finally:
-            theirs.close()
-        self.channel.send({"op": "nonce_key", "key": (self.nonce_key or new_nonce_key()).hex()})
-        self._reader = asyncio.create_task(self._read(), name=f"stunnerd-worker-{self.index}")
-
-    async def _read(self) -> None:
-        assert self.proc is not None
-        assert self.proc.stdout is not None
-        try:
-            while line := await self.proc.stdout.readline():
-                try:
-                    message = decode(line)
-                except ValueError:
-                    log.warning("worker %d: unparsable reply %r", self.index, line[:80])
-                    continue
-                future = self._pending.pop(message.get("id", -1), None)
-                if future is not None and not future.done():
-                    future.set_result(message)
-        finally:
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(WorkerError(f"worker {self.index} exited"))
-            self._pending.clear()
-            self.exited.set()
-
-    async def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        if self.proc is None or self.proc.stdin is None or self.exited.is_set():
-            raise WorkerError(f"worker {self.index} is not running")
-        ident = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[ident] = future
-        try:
-            self.proc.stdin.write(encode({**message, "id": ident}))
-            async with asyncio.timeout(timeout_s):
-                await self.proc.stdin.drain()
-                reply = await future
-        except (TimeoutError, ConnectionError, RuntimeError) as exc:
-            # uvloop raises RuntimeError when the pipe of a process that just died is closed
-            raise WorkerError(f"worker {self.index}: {message.get('op')} failed: {exc!r}") from exc
-        finally:
-            self._pending.pop(ident, None)
-        return reply
-
-    async def stop(self) -> None:
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.returncode is None and proc.stdin is not None and not proc.stdin.is_closing():
-            # The process may have died a moment ago: its pipe can be closed under us (uvloop
-            # then raises RuntimeError, asyncio a ConnectionError).
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                proc.stdin.write(encode({"op": "close"}))
-                proc.stdin.close()
-        try:
-            async with asyncio.timeout(self._stop_timeout_s):
-                await proc.wait()
-        except TimeoutError:
-            log.warning("worker %d did not stop, killing pid %d", self.index, proc.pid)
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-        if self._reader is not None:
-            await asyncio.gather(self._reader, return_exceptions=True)
-        self.proc = None
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
 
 
 class WorkerPool:
@@ -213,7 +63,7 @@ class WorkerPool:
         log_spec: str | None = None,
         log_format: LogFormat = "text",
         tuning: ServerTuning = DEFAULT_TUNING,
-        timeouts: WorkerTimeouts = WorkerTimeouts(),
+        timeouts: WorkerTimeouts = DEFAULT_TIMEOUTS,
         limits: ClientLimits | None = None,
         relay_addresses: tuple[str, ...] = (),
         quota: QuotaSettings | None = None,
