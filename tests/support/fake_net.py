@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import socket
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -172,7 +173,7 @@ class FakeSocket:
     def sendmsg(self, buffers: list[bytes], ancdata: list[Any], flags: int, addr: Any) -> int:
         self._check()
         data = b"".join(buffers)
-        size = int.from_bytes(ancdata[0][2], "little") if ancdata else len(data)
+        size = int.from_bytes(ancdata[0][2], sys.byteorder) if ancdata else len(data)
         self.segmented.append((data, size, addr))
         return len(data)
 
