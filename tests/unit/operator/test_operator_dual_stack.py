@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from stunner_common.crds import Gateway
-from stunner_operator.render.dataplane import annotation_problems
+from stunner_operator.render.annotations import annotation_problems
 from stunner_operator.render.engine import Renderer
 from stunner_operator.render.families import IpFamilies, ip_families
 from support.operator import FIXTURES, objects_from_yaml, snapshot

@@ -25,7 +25,7 @@ import yaml
 from stunner_common.crds import Gateway
 from stunner_operator.manifests.loader import ManifestSet
 from stunner_operator.manifests.local import missing_parent_warning
-from stunner_operator.render.dataplane import (
+from stunner_operator.render.annotations import (
     OWNED_BY_LABEL,
     OWNED_BY_VALUE,
     RELATED_GATEWAY_NAME,

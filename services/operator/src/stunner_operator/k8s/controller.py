@@ -21,9 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stunner_common.config import StunnerConfig
 from stunner_common.crds import CrdError, K8sObject, UnsupportedKindError, parse_object
-from stunner_common.store import PublishResult
 from stunner_operator.k8s.api import GoneError, KubeApi, KubeApiError, NotFoundError
 from stunner_operator.k8s.resources import (
     BY_KIND,
@@ -33,7 +31,8 @@ from stunner_operator.k8s.resources import (
     missing_crd_message,
 )
 from stunner_operator.observe import OperatorMetrics
-from stunner_operator.publish import PublishError
+from stunner_operator.publish import ConfigSink as BaseSink
+from stunner_operator.publish import PublishError, publish_configs
 from stunner_operator.render.dataplane import node_addresses
 from stunner_operator.render.engine import RenderDelta, Renderer
 from stunner_operator.render.options import RenderOptions
@@ -47,11 +46,7 @@ log = logging.getLogger(__name__)
 _KEEP_STATUS = frozenset({"Service", "Node"})
 
 
-class ConfigSink(Protocol):
-    async def publish(self, configs: Mapping[str, StunnerConfig]) -> PublishResult: ...
-
-    async def store_lost(self) -> bool: ...
-
+class ConfigSink(BaseSink, Protocol):
     async def publish_node_addresses(self, addresses: Mapping[str, str]) -> bool: ...
 
 
@@ -327,20 +322,13 @@ class KubeController:
                     await self._publish_node_addresses()
                     continue
             self._publish_wake.clear()
-            configs = self.renderer.configs()
             try:
-                with self.metrics.loop("publish"):
-                    result = await self._sink.publish(configs)
+                await publish_configs(self._sink, self.renderer.configs(), self.metrics)
             except PublishError as err:
-                self.metrics.mark_publish_failed(str(err))
                 log.warning("publishing to Redis failed, retrying in %.1fs: %s", self._retry_s, err)
                 await asyncio.sleep(self._retry_s)
                 self._publish_wake.set()
                 continue
-            self.metrics.mark_published()
-            for cid, rev in sorted(result.changes.items()):
-                verb = "published" if cid in configs else "deleted"
-                log.info("%s config %s (revision %d)", verb, cid, rev)
             await self._publish_node_addresses()
 
     async def _publish_node_addresses(self) -> None:

@@ -23,18 +23,16 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from watchfiles import awatch
 
-from stunner_common.config import StunnerConfig
 from stunner_common.crds import Gateway, K8sObject, UDPRoute, UDPRouteV1A2
 from stunner_common.store import PublishResult
 from stunner_operator.manifests.loader import ManifestSet, object_label
 from stunner_operator.observe import OperatorMetrics
-from stunner_operator.publish import PublishError
+from stunner_operator.publish import ConfigSink, PublishError, publish_configs
 from stunner_operator.render.engine import RenderDelta, Renderer
 from stunner_operator.render.options import RenderOptions
 from stunner_operator.render.routes import parent_is_gateway
@@ -42,12 +40,6 @@ from stunner_operator.render.status import GatewayStatus, RouteStatus, Status
 from stunner_operator.render.store import ObjKey, View, key_of
 
 log = logging.getLogger(__name__)
-
-
-class ConfigSink(Protocol):
-    async def publish(self, configs: Mapping[str, StunnerConfig]) -> PublishResult: ...
-
-    async def store_lost(self) -> bool: ...
 
 
 _object_label = object_label
@@ -146,6 +138,27 @@ class LocalOperator:
 
     def sync(self) -> RenderDelta:
         """Re-read the folder, render what changed, log errors and status changes."""
+        desired = self._desired()
+        upserts = [obj for key, obj in desired.items() if self._applied.get(key) != obj]
+        deletes = [key for key in self._applied if key not in desired]
+        started = time.perf_counter()
+        delta = self.renderer.apply(upserts, deletes)
+        fallback = self._refuse_rejected(upserts, desired)
+        if fallback:
+            delta = _merge(delta, self.renderer.apply(fallback, ()))
+        self._forget_gone(desired)
+        self._applied = desired
+        self.metrics.observe_render(
+            time.perf_counter() - started, self.renderer.store, len(self.renderer.configs())
+        )
+        self.metrics.manifest_errors.set(len(self.manifests.errors) + len(self.problems))
+        self._log_delta(delta, set(deletes), desired, upserts)
+        if delta.configs_changed:
+            self._wake.set()
+        return delta
+
+    def _desired(self) -> dict[ObjKey, K8sObject]:
+        """The folder's objects, with each Gateway version refused before kept refused."""
         result = self.manifests.reload()
         for skipped in result.skipped:
             log.info("skipping %s", skipped)
@@ -159,12 +172,18 @@ class LocalOperator:
             elif key in desired and desired[key] == self._good.get(key):
                 # Back to exactly the version in force: nothing to render, the refusal is over.
                 del self._refused[key]
-                self.problems.pop(key, None)
-                log.info("%s: fixed; its new version is in force", object_label(key))
-        upserts = [obj for key, obj in desired.items() if self._applied.get(key) != obj]
-        deletes = [key for key in self._applied if key not in desired]
-        started = time.perf_counter()
-        delta = self.renderer.apply(upserts, deletes)
+                self._refusal_over(key)
+        return desired
+
+    def _refusal_over(self, key: ObjKey) -> None:
+        self.problems.pop(key, None)
+        log.info("%s: fixed; its new version is in force", object_label(key))
+
+    def _refuse_rejected(
+        self, upserts: list[K8sObject], desired: dict[ObjKey, K8sObject]
+    ) -> list[K8sObject]:
+        """Refuse each new Gateway version with a rejected listener; returns the last good
+        versions to render again in their place (also put in ``desired``)."""
         fallback: list[K8sObject] = []
         for obj in upserts:
             key = key_of(obj)
@@ -175,8 +194,7 @@ class LocalOperator:
             if not rejected:
                 self._good[key] = obj
                 if self._refused.pop(key, None) is not None:
-                    self.problems.pop(key, None)
-                    log.info("%s: fixed; its new version is in force", object_label(key))
+                    self._refusal_over(key)
                 continue
             good = self._good.get(key)
             keeps = (
@@ -192,37 +210,29 @@ class LocalOperator:
             if good is not None:
                 fallback.append(good)
                 desired[key] = good
-        if fallback:
-            delta = _merge(delta, self.renderer.apply(fallback, ()))
+        return fallback
+
+    def _forget_gone(self, desired: dict[ObjKey, K8sObject]) -> None:
+        """Drop the refusals and good versions of Gateways that left the folder."""
         for key in list(self.problems):
-            if key not in desired:  # the Gateway left the folder
+            if key not in desired:
                 self.problems.pop(key, None)
                 self._refused.pop(key, None)
         for key in list(self._good):
             if key not in desired:
                 del self._good[key]
-        self._applied = desired
-        self.metrics.observe_render(
-            time.perf_counter() - started, self.renderer.store, len(self.renderer.configs())
-        )
-        self.metrics.manifest_errors.set(len(self.manifests.errors) + len(self.problems))
-        gone = set(deletes)
+
+    def _log_delta(
+        self,
+        delta: RenderDelta,
+        gone: set[ObjKey],
+        desired: dict[ObjKey, K8sObject],
+        upserts: list[K8sObject],
+    ) -> None:
+        """One line per status change, per route without a parent, per config removed."""
         view = View(self.renderer.store)
         for key in sorted(delta.statuses):
-            status = delta.statuses[key]
-            if key in gone:
-                log.info("%s: deleted", _object_label(key))
-            elif status is None:
-                current = desired.get(key)
-                warning = missing_parent_warning(view, current) if current is not None else None
-                if warning is not None:
-                    log.warning("%s: %s", _object_label(key), warning)
-                else:
-                    log.info("%s: no status (not managed by this operator)", _object_label(key))
-            else:
-                level = logging.WARNING if has_bad_condition(status) else logging.INFO
-                log.log(level, "%s: %s", _object_label(key), status.summary())
-                self._log_warnings(key)
+            self._log_status(view, key, delta.statuses[key], gone, desired)
         for obj in upserts:
             key = key_of(obj)
             # A route no Gateway of this operator renders has no status to change: say so.
@@ -234,9 +244,28 @@ class LocalOperator:
                 log.warning("%s: %s", _object_label(key), warning)
         for cid in sorted(delta.deleted):
             log.info("config %s removed", cid)
-        if delta.configs_changed:
-            self._wake.set()
-        return delta
+
+    def _log_status(
+        self,
+        view: View,
+        key: ObjKey,
+        status: Status | None,
+        gone: set[ObjKey],
+        desired: dict[ObjKey, K8sObject],
+    ) -> None:
+        if key in gone:
+            log.info("%s: deleted", _object_label(key))
+        elif status is None:
+            current = desired.get(key)
+            warning = missing_parent_warning(view, current) if current is not None else None
+            if warning is not None:
+                log.warning("%s: %s", _object_label(key), warning)
+            else:
+                log.info("%s: no status (not managed by this operator)", _object_label(key))
+        else:
+            level = logging.WARNING if has_bad_condition(status) else logging.INFO
+            log.log(level, "%s: %s", _object_label(key), status.summary())
+            self._log_warnings(key)
 
     def gateway_report(self) -> dict[str, Any]:
         """What ``/gateways`` answers: every Gateway's state (ok or degraded, with the reasons)
@@ -291,18 +320,7 @@ class LocalOperator:
     async def publish_once(self) -> PublishResult | None:
         if self._sink is None:
             return None
-        configs = self.renderer.configs()
-        try:
-            with self.metrics.loop("publish"):
-                result = await self._sink.publish(configs)
-        except PublishError as err:
-            self.metrics.mark_publish_failed(str(err))
-            raise
-        self.metrics.mark_published()
-        for cid, rev in sorted(result.changes.items()):
-            verb = "published" if cid in configs else "deleted"
-            log.info("%s config %s (revision %d)", verb, cid, rev)
-        return result
+        return await publish_configs(self._sink, self.renderer.configs(), self.metrics)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Render, publish, and follow the folder until ``stop`` is set (or cancelled)."""

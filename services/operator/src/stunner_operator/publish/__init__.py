@@ -11,8 +11,9 @@ the whole set is written again: the CDS and every dataplane then get it back.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -20,10 +21,39 @@ from redis.exceptions import RedisError
 from stunner_common.config import StunnerConfig
 from stunner_common.redis_keys import CONFIGS_HASH, NODE_ADDRESSES_HASH
 from stunner_common.store import ConfigPublisher, PublishResult, StoreError
+from stunner_operator.observe import OperatorMetrics
+
+log = logging.getLogger(__name__)
 
 
 class PublishError(Exception):
     """A write to Redis failed or timed out; the configs were not (all) published."""
+
+
+class ConfigSink(Protocol):
+    """Where rendered configs go (``RedisConfigSink``; fakes in tests)."""
+
+    async def publish(self, configs: Mapping[str, StunnerConfig]) -> PublishResult: ...
+
+    async def store_lost(self) -> bool: ...
+
+
+async def publish_configs(
+    sink: ConfigSink, configs: Mapping[str, StunnerConfig], metrics: OperatorMetrics
+) -> PublishResult:
+    """Publish the full set, timed and counted in ``metrics``; one log line per config written
+    or deleted. A `PublishError` is marked in the metrics and raised for the caller to retry."""
+    try:
+        with metrics.loop("publish"):
+            result = await sink.publish(configs)
+    except PublishError as err:
+        metrics.mark_publish_failed(str(err))
+        raise
+    metrics.mark_published()
+    for cid, rev in sorted(result.changes.items()):
+        verb = "published" if cid in configs else "deleted"
+        log.info("%s config %s (revision %d)", verb, cid, rev)
+    return result
 
 
 class RedisConfigSink:

@@ -88,61 +88,15 @@ def _service_endpoints(
 
 def render_cluster(view: View, route: Route, options: RenderOptions) -> ClusterRender:
     """The cluster for ``route`` and the problems found with its backends."""
-    rns = route.metadata.namespace
     problems: list[BackendProblem] = []
     endpoints: dict[str, tuple[str, str]] = {}  # endpoint text -> (origin, address) for errors
     ctype: str | None = None
     for rule in route.spec.rules:
         for ref in rule.backend_refs:
-            group = ref.group or ""
-            kind = ref.kind or "Service"
-            ns = ref.namespace or rns
-            if group not in ("", STUNNER_GROUP):
-                problems.append(
-                    BackendProblem(
-                        "InvalidKind", f"backend {ref.name}: unsupported group {group!r}"
-                    )
-                )
+            backend = _backend(view, route, ref, options, problems)
+            if backend is None:
                 continue
-            if kind not in ("Service", "StaticService"):
-                problems.append(
-                    BackendProblem("InvalidKind", f"backend {ref.name}: unsupported kind {kind!r}")
-                )
-                continue
-            lo, hi = _port_range(ref, route)
-            if kind == "StaticService":
-                if group != STUNNER_GROUP:
-                    problems.append(
-                        BackendProblem(
-                            "InvalidKind",
-                            f"backend {ref.name}: StaticService needs group {STUNNER_GROUP}",
-                        )
-                    )
-                    continue
-                btype = "STATIC"
-                ssvc = view.get(StaticService, ns, ref.name)
-                if ssvc is None:
-                    problems.append(
-                        BackendProblem(
-                            "BackendNotFound", f"StaticService {ns}/{ref.name} not found"
-                        )
-                    )
-                    continue
-                addrs = list(ssvc.spec.prefixes)
-                origin = f"StaticService {ns}/{ref.name}"
-            elif options.endpoint_discovery:
-                btype = "STATIC"
-                addrs, found = _service_endpoints(view, ns, ref.name, options)
-                problems.extend(found)
-                origin = f"Service {ns}/{ref.name}"
-            else:
-                btype = "STRICT_DNS"
-                if view.get(Service, ns, ref.name) is None:
-                    problems.append(
-                        BackendProblem("BackendNotFound", f"Service {ns}/{ref.name} not found")
-                    )
-                addrs = [f"{ref.name}.{ns}.svc.cluster.local"]
-                origin = f"Service {ns}/{ref.name}"
+            btype, addrs, origin = backend
             if ctype is not None and btype != ctype:
                 problems.append(
                     BackendProblem(
@@ -152,28 +106,81 @@ def render_cluster(view: View, route: Route, options: RenderOptions) -> ClusterR
                 )
                 continue
             ctype = btype
+            lo, hi = _port_range(ref, route)
             for addr in addrs:
                 text = _with_range(addr, lo, hi) if btype == "STATIC" else addr
                 endpoints.setdefault(text, (origin, addr))
-    ctype = ctype or "STATIC"
-    try:
-        cluster = _cluster(route, ctype, endpoints)
-    except (ConfigError, ValueError):
-        # Find the culprits one by one (the common, valid case validates each endpoint once).
-        for text, (origin, addr) in list(endpoints.items()):
-            try:
-                parse_endpoint(text)
-            except ConfigError:
-                problems.append(
-                    BackendProblem("BackendNotFound", f"{origin}: invalid address {addr!r}")
-                )
-                del endpoints[text]
-        try:
-            cluster = _cluster(route, ctype, endpoints)
-        except (ConfigError, ValueError) as err:
-            problems.append(BackendProblem("BackendNotFound", f"invalid cluster: {err}"))
-            cluster = None
+    cluster = _checked_cluster(route, ctype or "STATIC", endpoints, problems)
     return ClusterRender(cluster, tuple(problems))
+
+
+def _backend(
+    view: View,
+    route: Route,
+    ref: BackendRef,
+    options: RenderOptions,
+    problems: list[BackendProblem],
+) -> tuple[str, list[str], str] | None:
+    """One backendRef as (cluster type, addresses, origin for messages); None, with the
+    problem added, when it cannot be used."""
+    group = ref.group or ""
+    kind = ref.kind or "Service"
+    ns = ref.namespace or route.metadata.namespace
+    problem: BackendProblem | None = None
+    if group not in ("", STUNNER_GROUP):
+        problem = BackendProblem("InvalidKind", f"backend {ref.name}: unsupported group {group!r}")
+    elif kind not in ("Service", "StaticService"):
+        problem = BackendProblem("InvalidKind", f"backend {ref.name}: unsupported kind {kind!r}")
+    elif kind == "StaticService" and group != STUNNER_GROUP:
+        problem = BackendProblem(
+            "InvalidKind", f"backend {ref.name}: StaticService needs group {STUNNER_GROUP}"
+        )
+    if problem is not None:
+        problems.append(problem)
+        return None
+    if kind == "StaticService":
+        ssvc = view.get(StaticService, ns, ref.name)
+        if ssvc is None:
+            problems.append(
+                BackendProblem("BackendNotFound", f"StaticService {ns}/{ref.name} not found")
+            )
+            return None
+        return "STATIC", list(ssvc.spec.prefixes), f"StaticService {ns}/{ref.name}"
+    origin = f"Service {ns}/{ref.name}"
+    if options.endpoint_discovery:
+        addrs, found = _service_endpoints(view, ns, ref.name, options)
+        problems.extend(found)
+        return "STATIC", addrs, origin
+    if view.get(Service, ns, ref.name) is None:
+        problems.append(BackendProblem("BackendNotFound", f"Service {ns}/{ref.name} not found"))
+    return "STRICT_DNS", [f"{ref.name}.{ns}.svc.cluster.local"], origin
+
+
+def _checked_cluster(
+    route: Route,
+    ctype: str,
+    endpoints: dict[str, tuple[str, str]],
+    problems: list[BackendProblem],
+) -> ClusterConfig | None:
+    """The cluster, leaving out (with a problem each) the endpoints that do not parse."""
+    try:
+        return _cluster(route, ctype, endpoints)
+    except (ConfigError, ValueError):
+        pass
+    # Find the culprits one by one (the common, valid case validates each endpoint once).
+    for text, (origin, addr) in list(endpoints.items()):
+        try:
+            parse_endpoint(text)
+        except ConfigError:
+            problems.append(
+                BackendProblem("BackendNotFound", f"{origin}: invalid address {addr!r}")
+            )
+            del endpoints[text]
+    try:
+        return _cluster(route, ctype, endpoints)
+    except (ConfigError, ValueError) as err:
+        problems.append(BackendProblem("BackendNotFound", f"invalid cluster: {err}"))
+        return None
 
 
 def _cluster(route: Route, ctype: str, endpoints: dict[str, tuple[str, str]]) -> ClusterConfig:

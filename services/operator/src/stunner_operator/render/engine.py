@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from stunner_common.config import StunnerConfig
 from stunner_common.crds import (
@@ -54,6 +54,7 @@ from stunner_operator.render.status import (
 from stunner_operator.render.store import ObjectStore, ObjKey, Route, View, key_of
 
 ROUTE_KINDS = ("UDPRoute", "UDPRouteV1A2")
+S = TypeVar("S", RouteStatus, GatewayClassStatus)
 BIG_BATCH = 64
 """Renders of more objects than this run with the cyclic GC paused (see ``_gc_paused``)."""
 
@@ -126,6 +127,52 @@ def _accepted_by(
         f"parent {gid} takes the route only on listener(s) left out of its dataplane config "
         f"({why}); no client can reach the route's backends",
     )
+
+
+@dataclass(slots=True)
+class _DeltaBuilder:
+    """A `RenderDelta` as one render collects it."""
+
+    configs: dict[str, StunnerConfig] = field(default_factory=dict)
+    deleted: set[str] = field(default_factory=set)
+    statuses: dict[ObjKey, Status | None] = field(default_factory=dict)
+    services: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    deployments: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    resource_deletes: set[ObjKey] = field(default_factory=set)
+    rendered: int = 0
+
+    def workloads(self, key: ObjKey, old: GatewayRender | None, new: GatewayRender | None) -> None:
+        """The Gateway's Service and Deployment (or DaemonSet) where they changed."""
+        cid = f"{key[1]}/{key[2]}"
+        old_svc = old.service if old is not None else None
+        new_svc = new.service if new is not None else None
+        if old_svc != new_svc:
+            self.services[cid] = new_svc
+        old_dep = old.deployment if old is not None else None
+        new_dep = new.deployment if new is not None else None
+        if old_dep != new_dep:
+            self.deployments[cid] = new_dep
+        # No longer wanted (the Gateway went to another class, lost its GatewayConfig, or was
+        # deleted): remove them now rather than leave them to the garbage collector, which
+        # only acts once the Gateway itself is gone.
+        if old_svc is not None and new_svc is None:
+            self.resource_deletes.add(("Service", key[1], key[2]))
+        if old_dep is not None and (new_dep is None or old_dep["kind"] != new_dep["kind"]):
+            # gone, or dataplaneResource changed: a Deployment gives way to a DaemonSet, or back
+            self.resource_deletes.add((old_dep["kind"], key[1], key[2]))
+        if new is not None:
+            self.resource_deletes.update(new.deletes)
+
+    def build(self) -> RenderDelta:
+        return RenderDelta(
+            configs=self.configs,
+            deleted=frozenset(self.deleted),
+            statuses=self.statuses,
+            services=self.services,
+            deployments=self.deployments,
+            resource_deletes=frozenset(self.resource_deletes),
+            rendered_gateways=self.rendered,
+        )
 
 
 class Renderer:
@@ -205,6 +252,20 @@ class Renderer:
             return self._render_dirty(dirty)
 
     def _render_dirty(self, dirty: set[ObjKey]) -> RenderDelta:
+        cluster_for = self._cluster_memo()
+        acc = _DeltaBuilder()
+        # Gateways first: route statuses read the Gateway renders.
+        for key in sorted(k for k in dirty if k[0] == "Gateway"):
+            dirty |= self._render_gateway_key(key, acc, cluster_for)
+        for key in sorted(k for k in dirty if k[0] in ROUTE_KINDS):
+            self._render_route_key(key, acc, cluster_for)
+        for key in sorted(k for k in dirty if k[0] == "GatewayClass"):
+            self._render_class_key(key, acc)
+        return acc.build()
+
+    def _cluster_memo(self) -> ClusterFn:
+        """``render_cluster`` memoised for one render: each route's cluster is rendered once,
+        and every view that asks for it records what the cluster render read."""
         store = self.store
         memo: dict[ObjKey, tuple[ClusterRender, frozenset[ObjKey]]] = {}
 
@@ -218,108 +279,80 @@ class Renderer:
             view.deps.update(hit[1])
             return hit[0]
 
-        configs: dict[str, StunnerConfig] = {}
-        deleted: set[str] = set()
-        statuses: dict[ObjKey, Status | None] = {}
-        services: dict[str, dict[str, Any] | None] = {}
-        deployments: dict[str, dict[str, Any] | None] = {}
-        resource_deletes: set[ObjKey] = set()
-        rendered = 0
+        return cluster_for
 
-        # Gateways first: route statuses read the Gateway renders.
-        for key in sorted(k for k in dirty if k[0] == "Gateway"):
-            old = self._gateways.get(key)
-            gw = store.get(Gateway, key[1], key[2])
-            new: GatewayRender | None = None
-            if gw is None:
-                self._gateways.pop(key, None)
-                self._set_deps(key, frozenset())
-            else:
-                new = render_gateway(View(store), gw, self.options, cluster_for)
-                rendered += 1
-                self._gateways[key] = new
-                self._set_deps(key, new.deps)
-            cid = f"{key[1]}/{key[2]}"
-            text = new.config.canonical_json() if new is not None and new.config else None
-            if text is None:
-                if self._config_json.pop(cid, None) is not None:
-                    deleted.add(cid)
-            elif self._config_json.get(cid) != text:
-                self._config_json[cid] = text
-                assert new is not None
-                assert new.config is not None
-                configs[cid] = new.config
-            old_status = old.status if old is not None else None
-            new_status = new.status if new is not None else None
-            if old_status != new_status or self._replaced(key, gw):
-                statuses[key] = new_status
-            old_svc = old.service if old is not None else None
-            new_svc = new.service if new is not None else None
-            if old_svc != new_svc:
-                services[cid] = new_svc
-            old_dep = old.deployment if old is not None else None
-            new_dep = new.deployment if new is not None else None
-            if old_dep != new_dep:
-                deployments[cid] = new_dep
-            # No longer wanted (the Gateway went to another class, lost its GatewayConfig, or was
-            # deleted): remove them now rather than leave them to the garbage collector, which
-            # only acts once the Gateway itself is gone.
-            if old_svc is not None and new_svc is None:
-                resource_deletes.add(("Service", key[1], key[2]))
-            if old_dep is not None and new_dep is None:
-                resource_deletes.add((old_dep["kind"], key[1], key[2]))
-            if old_dep is not None and new_dep is not None and old_dep["kind"] != new_dep["kind"]:
-                # dataplaneResource changed: the Deployment gives way to a DaemonSet, or back
-                resource_deletes.add((old_dep["kind"], key[1], key[2]))
-            if new is not None:
-                resource_deletes.update(new.deletes)
-            for render in (old, new):
-                if render is not None:
-                    dirty.update(render.referencing_routes)
+    def _render_gateway_key(
+        self, key: ObjKey, acc: _DeltaBuilder, cluster_for: ClusterFn
+    ) -> set[ObjKey]:
+        """Render one Gateway into ``acc``; returns the routes to render again."""
+        old = self._gateways.get(key)
+        gw = self.store.get(Gateway, key[1], key[2])
+        new: GatewayRender | None = None
+        if gw is None:
+            self._gateways.pop(key, None)
+            self._set_deps(key, frozenset())
+        else:
+            new = render_gateway(View(self.store), gw, self.options, cluster_for)
+            acc.rendered += 1
+            self._gateways[key] = new
+            self._set_deps(key, new.deps)
+        cid = f"{key[1]}/{key[2]}"
+        config = new.config if new is not None else None
+        text = config.canonical_json() if config else None
+        if text is None:
+            if self._config_json.pop(cid, None) is not None:
+                acc.deleted.add(cid)
+        elif self._config_json.get(cid) != text:
+            self._config_json[cid] = text
+            assert config is not None
+            acc.configs[cid] = config
+        old_status = old.status if old is not None else None
+        new_status = new.status if new is not None else None
+        if old_status != new_status or self._replaced(key, gw):
+            acc.statuses[key] = new_status
+        acc.workloads(key, old, new)
+        return {r for render in (old, new) if render is not None for r in render.referencing_routes}
 
-        for key in sorted(k for k in dirty if k[0] in ROUTE_KINDS):
-            model: type[Route] = UDPRoute if key[0] == "UDPRoute" else UDPRouteV1A2
-            route = store.get(model, key[1], key[2])
-            rstatus: RouteStatus | None = None
-            if route is None:
-                self._set_deps(key, frozenset())
-            else:
-                view = View(store)
-                rstatus = self._route_status_of(view, route, cluster_for)
-                self._set_deps(key, frozenset(view.deps))
-            if self._route_status.get(key) != rstatus or self._replaced(key, route):
-                statuses[key] = rstatus
-            if rstatus is None:
-                self._route_status.pop(key, None)
-            else:
-                self._route_status[key] = rstatus
+    def _render_route_key(self, key: ObjKey, acc: _DeltaBuilder, cluster_for: ClusterFn) -> None:
+        model: type[Route] = UDPRoute if key[0] == "UDPRoute" else UDPRouteV1A2
+        route = self.store.get(model, key[1], key[2])
+        rstatus: RouteStatus | None = None
+        if route is None:
+            self._set_deps(key, frozenset())
+        else:
+            view = View(self.store)
+            rstatus = self._route_status_of(view, route, cluster_for)
+            self._set_deps(key, frozenset(view.deps))
+        self._record(self._route_status, key, rstatus, route, acc)
 
-        for key in sorted(k for k in dirty if k[0] == "GatewayClass"):
-            cstatus: GatewayClassStatus | None = None
-            gwc = store.get(GatewayClass, "", key[2])
-            if gwc is None:
-                self._set_deps(key, frozenset())
-            else:
-                view = View(store)
-                hierarchy = resolve_hierarchy(view, key[2], self.options)
-                cstatus = class_status(hierarchy, self.options) if hierarchy else None
-                self._set_deps(key, frozenset(view.deps))
-            if self._class_status.get(key) != cstatus or self._replaced(key, gwc):
-                statuses[key] = cstatus
-            if cstatus is None:
-                self._class_status.pop(key, None)
-            else:
-                self._class_status[key] = cstatus
+    def _render_class_key(self, key: ObjKey, acc: _DeltaBuilder) -> None:
+        cstatus: GatewayClassStatus | None = None
+        gwc = self.store.get(GatewayClass, "", key[2])
+        if gwc is None:
+            self._set_deps(key, frozenset())
+        else:
+            view = View(self.store)
+            hierarchy = resolve_hierarchy(view, key[2], self.options)
+            cstatus = class_status(hierarchy, self.options) if hierarchy else None
+            self._set_deps(key, frozenset(view.deps))
+        self._record(self._class_status, key, cstatus, gwc, acc)
 
-        return RenderDelta(
-            configs=configs,
-            deleted=frozenset(deleted),
-            statuses=statuses,
-            services=services,
-            deployments=deployments,
-            resource_deletes=frozenset(resource_deletes),
-            rendered_gateways=rendered,
-        )
+    def _record(
+        self,
+        table: dict[ObjKey, S | None],
+        key: ObjKey,
+        status: S | None,
+        obj: K8sObject | None,
+        acc: _DeltaBuilder,
+    ) -> None:
+        """Keep ``status`` as ``key``'s last one; emit it when it changed (or the object was
+        replaced)."""
+        if table.get(key) != status or self._replaced(key, obj):
+            acc.statuses[key] = status
+        if status is None:
+            table.pop(key, None)
+        else:
+            table[key] = status
 
     def _replaced(self, key: ObjKey, obj: K8sObject | None) -> bool:
         """Whether ``obj`` is another object than the one ``key``'s status was last emitted for

@@ -18,29 +18,25 @@ from stunner_common.config import (
     AdminConfig,
     ClusterConfig,
     ConfigError,
+    ListenerConfig,
     OffloadEngine,
     StunnerConfig,
 )
 from stunner_common.crds import Dataplane, Gateway, GatewayConfig
-from stunner_operator.render.auth import AuthError, render_auth
-from stunner_operator.render.clusters import ClusterRender, route_id
-from stunner_operator.render.dataplane import (
+from stunner_operator.render.annotations import (
     DISABLE_MANAGED_DATAPLANE,
     MIXED_PROTOCOL,
     NODE_ADDRESS_PLACEHOLDER,
     RELAY_ADDRESS_DISCOVERY,
     TARGETPORT,
-    ExposedListener,
     annotation_problems,
-    dataplane_problems,
-    exposed_listeners,
     is_true,
     merged_annotations,
     port_map,
-    render_deployment,
-    render_service,
-    workload_kind,
 )
+from stunner_operator.render.auth import AuthError, render_auth
+from stunner_operator.render.clusters import ClusterRender, route_id
+from stunner_operator.render.dataplane import dataplane_problems, render_deployment, workload_kind
 from stunner_operator.render.families import address_family, hinted_ips
 from stunner_operator.render.hierarchy import Hierarchy, class_status, resolve_hierarchy
 from stunner_operator.render.listeners import (
@@ -54,6 +50,7 @@ from stunner_operator.render.listeners import (
 )
 from stunner_operator.render.options import RenderOptions
 from stunner_operator.render.routes import is_masked, parent_names, ref_attaches
+from stunner_operator.render.service import ExposedListener, exposed_listeners, render_service
 from stunner_operator.render.status import (
     GatewayStatus,
     ListenerStatus,
@@ -165,6 +162,10 @@ def _invalidated(
     )
 
 
+class _GatewayInvalid(Exception):
+    """The Gateway cannot be rendered: it is invalidated with this message (``_invalidated``)."""
+
+
 def render_gateway(
     view: View, gw: Gateway, options: RenderOptions, cluster_for: ClusterFn
 ) -> GatewayRender:
@@ -178,13 +179,29 @@ def render_gateway(
         return GatewayRender(key, None, None, None, None, (), None, frozenset(view.deps), refs)
     if hierarchy.error is not None:
         return _invalidated(gw, key, hierarchy.error, options, view, refs)
+    try:
+        return _render_valid(view, gw, hierarchy, routes, options, cluster_for, refs)
+    except _GatewayInvalid as err:
+        return _invalidated(gw, key, str(err), options, view, refs)
+
+
+def _render_valid(
+    view: View,
+    gw: Gateway,
+    hierarchy: Hierarchy,
+    routes: list[Route],
+    options: RenderOptions,
+    cluster_for: ClusterFn,
+    refs: frozenset[ObjKey],
+) -> GatewayRender:
+    ns, name = gw.metadata.namespace, gw.metadata.name
     gwconfig, dataplane = hierarchy.gwconfig, hierarchy.dataplane
     assert gwconfig is not None
     assert dataplane is not None
     try:
         auth = render_auth(view, gwconfig)
     except AuthError as err:
-        return _invalidated(gw, key, err.message, options, view, refs)
+        raise _GatewayInvalid(err.message) from err
 
     annotations = merged_annotations(gw, gwconfig)
     targetports = port_map(annotations, TARGETPORT)
@@ -192,10 +209,53 @@ def render_gateway(
         annotation_problems(annotations, [ls.name for ls in gw.spec.listeners])
         + dataplane_problems(dataplane)
     )
+    states = _check_listeners(view, gw, targetports)
+    service = _expose(view, gw, states, annotations)
+    attached = _attach_routes(view, gw, routes, states)
+    listener_cfgs = _listener_configs(ns, name, states, targetports, annotations)
+    clusters: list[ClusterConfig] = []
+    for rid in sorted({r for cfg in listener_cfgs for r in cfg.routes}):
+        cluster = cluster_for(view, attached[rid]).cluster
+        if cluster is not None:
+            clusters.append(cluster)
+    try:
+        config = StunnerConfig(
+            version="v1",
+            admin=_admin(ns, name, gwconfig, dataplane),
+            auth=auth,
+            listeners=tuple(sorted(listener_cfgs, key=lambda c: c.name)),
+            clusters=tuple(clusters),
+        )
+    except (ConfigError, ValueError) as err:
+        raise _GatewayInvalid(f"rendered dataplane config is invalid: {err}") from err
 
-    # Listeners in spec order: protocol, then port conflicts per transport family, then TLS.
-    # A listener takes two ports of its family: its Service port (spec.port) and the port
-    # stunnerd binds (the targetport annotation, else spec.port); either may clash.
+    status = _gateway_status(gw, states, options, warnings)
+    deletes: tuple[ObjKey, ...] = ()
+    deployment: dict[str, Any] | None = render_deployment(gw, dataplane, annotations, options)
+    if is_true(annotations.get(DISABLE_MANAGED_DATAPLANE)):
+        deletes = ((workload_kind(dataplane), ns, name),)
+        deployment = None
+    return GatewayRender(
+        ("Gateway", ns, name),
+        config,
+        status,
+        service,
+        deployment,
+        deletes,
+        None,
+        frozenset(view.deps),
+        refs,
+        tuple((st.spec.name, st.why_not()) for st in states if not st.renderable),
+        warnings,
+    )
+
+
+def _check_listeners(view: View, gw: Gateway, targetports: dict[str, int]) -> list[_ListenerState]:
+    """Listeners in spec order: protocol, then port conflicts per transport family, then TLS.
+
+    A listener takes two ports of its family: its Service port (spec.port) and the port
+    stunnerd binds (the targetport annotation, else spec.port); either may clash.
+    """
     states: list[_ListenerState] = []
     service_ports: dict[tuple[bool, int], _ListenerState] = {}
     bound_ports: dict[tuple[bool, int], _ListenerState] = {}
@@ -205,20 +265,8 @@ def render_gateway(
         if st.protocol is None:
             continue
         udp = st.protocol in UDP_FAMILY
-        family = "UDP" if udp else "TCP"
         bound = targetports.get(ls.name, ls.port)
-        other = service_ports.get((udp, ls.port))
-        if other is not None:
-            st.conflict = f"port {ls.port}/{family} is already used by listener {other.spec.name}"
-        elif (other := bound_ports.get((udp, bound))) is not None:
-            st.conflict = (
-                f"target port {bound}/{family} (annotation {TARGETPORT}) is already used "
-                f"by listener {other.spec.name}"
-            )
-        if other is not None:
-            st.conflict_reason = (
-                "ProtocolConflict" if other.protocol != st.protocol else "PortConflict"
-            )
+        if _conflicts(st, udp, bound, service_ports, bound_ports):
             continue
         service_ports[(udp, ls.port)] = st
         bound_ports[(udp, bound)] = st
@@ -226,7 +274,37 @@ def render_gateway(
             st.cert, problem = _tls_material(view, gw, ls)
             if st.cert is None:
                 st.tls_error = problem
+    return states
 
+
+def _conflicts(
+    st: _ListenerState,
+    udp: bool,
+    bound: int,
+    service_ports: dict[tuple[bool, int], _ListenerState],
+    bound_ports: dict[tuple[bool, int], _ListenerState],
+) -> bool:
+    """Mark ``st`` conflicted when an earlier listener holds its Service or bound port."""
+    family = "UDP" if udp else "TCP"
+    port = st.spec.port
+    other = service_ports.get((udp, port))
+    if other is not None:
+        st.conflict = f"port {port}/{family} is already used by listener {other.spec.name}"
+    elif (other := bound_ports.get((udp, bound))) is not None:
+        st.conflict = (
+            f"target port {bound}/{family} (annotation {TARGETPORT}) is already used "
+            f"by listener {other.spec.name}"
+        )
+    if other is None:
+        return False
+    st.conflict_reason = "ProtocolConflict" if other.protocol != st.protocol else "PortConflict"
+    return True
+
+
+def _expose(
+    view: View, gw: Gateway, states: list[_ListenerState], annotations: dict[str, str]
+) -> dict[str, Any] | None:
+    """The Gateway's Service; marks the listeners it exposes and their public addresses."""
     candidates = [
         ExposedListener(st.spec, "UDP" if st.protocol in UDP_FAMILY else "TCP")
         for st in states
@@ -241,8 +319,14 @@ def render_gateway(
         st.public = _public_address(
             view, gw, item.listener, item.service_protocol, stored_svc, service
         )
+    return service
 
-    # Route attachment: every (route, parentRef) pair a listener accepts counts once.
+
+def _attach_routes(
+    view: View, gw: Gateway, routes: list[Route], states: list[_ListenerState]
+) -> dict[str, Route]:
+    """Every (route, parentRef) pair a listener accepts counts once; renderable listeners get
+    the route. Returns the attached routes by id."""
     attached: dict[str, Route] = {}
     for route in routes:
         if is_masked(view, route):
@@ -260,7 +344,16 @@ def render_gateway(
                     rid = route_id(route)
                     st.routes.add(rid)
                     attached[rid] = route
+    return attached
 
+
+def _listener_configs(
+    ns: str,
+    name: str,
+    states: list[_ListenerState],
+    targetports: dict[str, int],
+    annotations: dict[str, str],
+) -> list[ListenerConfig]:
     listener_cfgs = []
     for st in states:
         if not st.renderable:
@@ -269,9 +362,7 @@ def render_gateway(
             listener_cfgs.append(_listener_config(ns, name, st, targetports))
         except (ConfigError, ValueError) as err:
             if st.cert is None:
-                return _invalidated(
-                    gw, key, f"listener {st.spec.name} is invalid: {err}", options, view, refs
-                )
+                raise _GatewayInvalid(f"listener {st.spec.name} is invalid: {err}") from err
             st.tls_error = f"listener {st.spec.name}: unusable TLS certificate or key ({err})"
             st.attached = 0
     if is_true(annotations.get(RELAY_ADDRESS_DISCOVERY)):
@@ -280,43 +371,7 @@ def render_gateway(
         listener_cfgs = [
             cfg.model_copy(update={"address": NODE_ADDRESS_PLACEHOLDER}) for cfg in listener_cfgs
         ]
-    clusters: list[ClusterConfig] = []
-    for rid in sorted({r for cfg in listener_cfgs for r in cfg.routes}):
-        cluster = cluster_for(view, attached[rid]).cluster
-        if cluster is not None:
-            clusters.append(cluster)
-    try:
-        config = StunnerConfig(
-            version="v1",
-            admin=_admin(ns, name, gwconfig, dataplane),
-            auth=auth,
-            listeners=tuple(sorted(listener_cfgs, key=lambda c: c.name)),
-            clusters=tuple(clusters),
-        )
-    except (ConfigError, ValueError) as err:
-        return _invalidated(
-            gw, key, f"rendered dataplane config is invalid: {err}", options, view, refs
-        )
-
-    status = _gateway_status(gw, states, options, warnings)
-    deletes: tuple[ObjKey, ...] = ()
-    deployment: dict[str, Any] | None = render_deployment(gw, dataplane, annotations, options)
-    if is_true(annotations.get(DISABLE_MANAGED_DATAPLANE)):
-        deletes = ((workload_kind(dataplane), ns, name),)
-        deployment = None
-    return GatewayRender(
-        key,
-        config,
-        status,
-        service,
-        deployment,
-        deletes,
-        None,
-        frozenset(view.deps),
-        refs,
-        tuple((st.spec.name, st.why_not()) for st in states if not st.renderable),
-        warnings,
-    )
+    return listener_cfgs
 
 
 def _admin(ns: str, name: str, gwconfig: GatewayConfig, dataplane: Dataplane) -> AdminConfig:

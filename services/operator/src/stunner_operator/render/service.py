@@ -1,0 +1,157 @@
+"""The per-Gateway LoadBalancer Service, as a manifest (reference §10).
+
+The renderer only computes what the Service should look like: the cluster controller applies it,
+merging with fields owned by others. Without the mixed-protocol annotation it exposes the
+listeners of the first valid listener's protocol only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from stunner_common.crds import Gateway, Listener, Service
+from stunner_operator.render.annotations import (
+    APP_LABEL,
+    APP_VALUE,
+    DISABLE_HEALTH_CHECK_EXPOSE,
+    DISABLE_SESSION_AFFINITY,
+    EXTERNAL_TRAFFIC_POLICY,
+    MIXED_PROTOCOL,
+    NODEPORT,
+    OWNED_BY_LABEL,
+    OWNED_BY_VALUE,
+    RELATED_GATEWAY_NAME,
+    RELATED_GATEWAY_NAMESPACE,
+    TARGETPORT,
+    is_true,
+    owner_reference,
+    port_map,
+    service_type,
+)
+from stunner_operator.render.families import address_family, hinted_ips, ip_families
+
+HEALTH_CHECK_PORT_NAME = "gateway-health-check"
+_HEALTH_PORT_RE = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*port$")
+_HEALTH_PROTO_RE = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*protocol$")
+
+
+@dataclass(frozen=True, slots=True)
+class ExposedListener:
+    """A listener the Service may expose: its spec and its Service protocol (UDP or TCP)."""
+
+    listener: Listener
+    service_protocol: str
+
+
+def exposed_listeners(
+    candidates: list[ExposedListener], annotations: dict[str, str]
+) -> list[ExposedListener]:
+    """Without the mixed-protocol annotation only the first valid listener's protocol is exposed."""
+    if not candidates or is_true(annotations.get(MIXED_PROTOCOL)):
+        return list(candidates)
+    proto = candidates[0].service_protocol
+    return [c for c in candidates if c.service_protocol == proto]
+
+
+def _health_check_port(annotations: dict[str, str]) -> int | None:
+    if is_true(annotations.get(DISABLE_HEALTH_CHECK_EXPOSE)):
+        return None
+    port = next((v for k, v in sorted(annotations.items()) if _HEALTH_PORT_RE.match(k)), None)
+    proto = next((v for k, v in sorted(annotations.items()) if _HEALTH_PROTO_RE.match(k)), None)
+    if port is None or proto is None or proto.strip().upper() not in ("TCP", "HTTP"):
+        return None
+    try:
+        value = int(port)
+    except ValueError:
+        return None
+    return value if 1 <= value <= 65535 else None
+
+
+def render_service(
+    gw: Gateway,
+    exposed: list[ExposedListener],
+    annotations: dict[str, str],
+    existing: Service | None,
+) -> dict[str, Any] | None:
+    """The desired LB Service of ``gw``, or None when no listener can be exposed."""
+    if not exposed:
+        return None
+    ns, name = gw.metadata.namespace, gw.metadata.name
+    svc_type = service_type(annotations)
+    nodeports = port_map(annotations, NODEPORT)
+    targetports = port_map(annotations, TARGETPORT)
+    old_ports = {p.name: p for p in existing.spec.ports} if existing is not None else {}
+    ports: list[dict[str, Any]] = []
+    for item in exposed:
+        ls = item.listener
+        port: dict[str, Any] = {"name": ls.name, "protocol": item.service_protocol, "port": ls.port}
+        old = old_ports.get(ls.name)
+        if ls.name in targetports:
+            port["targetPort"] = targetports[ls.name]
+        elif old is not None and old.target_port is not None:
+            port["targetPort"] = old.target_port
+        if ls.name in nodeports:
+            port["nodePort"] = nodeports[ls.name]
+        elif old is not None and old.node_port:
+            port["nodePort"] = old.node_port
+        ports.append(port)
+    if svc_type == "LoadBalancer" and (hc := _health_check_port(annotations)) is not None:
+        ports.append({"name": HEALTH_CHECK_PORT_NAME, "protocol": "TCP", "port": hc})
+    spec: dict[str, Any] = {
+        "type": svc_type,
+        "selector": {
+            APP_LABEL: APP_VALUE,
+            RELATED_GATEWAY_NAME: name,
+            RELATED_GATEWAY_NAMESPACE: ns,
+        },
+        "ports": ports,
+    }
+    if not is_true(annotations.get(DISABLE_SESSION_AFFINITY)):
+        spec["sessionAffinity"] = "ClientIP"  # disabled: Kubernetes' default, None
+    if annotations.get(EXTERNAL_TRAFFIC_POLICY, "").strip().lower() == "local" and svc_type in (
+        "NodePort",
+        "LoadBalancer",
+    ):
+        spec["externalTrafficPolicy"] = "Local"
+    if gw.spec.addresses:
+        addr = gw.spec.addresses[0]
+        if (addr.type or "IPAddress") == "IPAddress" and addr.value:
+            spec["loadBalancerIP"] = addr.value
+            spec["externalIPs"] = [addr.value]
+    families = ip_families(gw, annotations)
+    if families.policy is not None:
+        spec["ipFamilyPolicy"] = families.policy
+    if families.families:
+        spec["ipFamilies"] = list(families.families)
+    if families.dual_stack and "externalIPs" in spec:
+        # the first hinted address of the other family too (GATEWAY.md uses only the first)
+        other = next(
+            (
+                ip
+                for ip in hinted_ips(gw)
+                if address_family(ip) != address_family(spec["externalIPs"][0])
+            ),
+            None,
+        )
+        if other is not None:
+            spec["externalIPs"].append(other)
+    svc_annotations = dict(annotations)
+    svc_annotations[RELATED_GATEWAY_NAME] = f"{ns}/{name}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {
+                OWNED_BY_LABEL: OWNED_BY_VALUE,
+                RELATED_GATEWAY_NAME: name,
+                RELATED_GATEWAY_NAMESPACE: ns,
+            },
+            "annotations": dict(sorted(svc_annotations.items())),
+            "ownerReferences": [owner_reference(gw)],
+        },
+        "spec": spec,
+    }
