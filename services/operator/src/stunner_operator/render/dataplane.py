@@ -160,7 +160,6 @@ def render_deployment(
     ns, name = gw.metadata.namespace, gw.metadata.name
     dp = dataplane.spec
     kind = workload_kind(dataplane)
-    image = dp.image or options.default_image
     labels = {k: v for k, v in gw.metadata.labels.items() if k not in options.label_filter}
     labels.update(
         {OWNED_BY_LABEL: OWNED_BY_VALUE, RELATED_GATEWAY_NAME: name, RELATED_GATEWAY_NAMESPACE: ns}
@@ -173,6 +172,69 @@ def render_deployment(
     )
     pod_annotations = dict(dp.annotations)
     pod_annotations[RELATED_GATEWAY_NAME] = f"{ns}/{name}"
+    container = _container(gw, dataplane, kind, annotations, options)
+    pod_spec = _pod_spec(dataplane, container)
+    selector_labels = {
+        APP_LABEL: APP_VALUE,
+        RELATED_GATEWAY_NAME: name,
+        RELATED_GATEWAY_NAMESPACE: ns,
+    }
+    deployment: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": dict(sorted(labels.items())),
+            "annotations": dict(sorted(annotations.items())),
+            "ownerReferences": [owner_reference(gw)],
+        },
+        "spec": {
+            "selector": {
+                "matchExpressions": [
+                    {"key": k, "operator": "In", "values": [v]} for k, v in selector_labels.items()
+                ]
+            },
+            "template": {
+                "metadata": {
+                    "labels": dict(sorted(pod_labels.items())),
+                    "annotations": dict(sorted(pod_annotations.items())),
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+    deployment["spec"].update(_rollout(kind, dataplane))
+    return deployment
+
+
+def _rollout(kind: str, dataplane: Dataplane) -> dict[str, Any]:
+    """A DaemonSet's update strategy, or a Deployment's replicas (when the Dataplane sets them)."""
+    dp = dataplane.spec
+    if kind == "DaemonSet":
+        # A new pod starts before the old one stops (maxSurge, DaemonSets since Kubernetes
+        # 1.25), so a node keeps a ready stunnerd through a rollout. On the host network two
+        # pods cannot hold one host port: the old pod goes first there.
+        rolling = (
+            {"maxSurge": 0, "maxUnavailable": 1}
+            if dp.host_network
+            else {"maxSurge": 1, "maxUnavailable": 0}
+        )
+        return {"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": rolling}}
+    return {"replicas": dp.replicas} if dp.replicas is not None else {}
+
+
+def _container(
+    gw: Gateway,
+    dataplane: Dataplane,
+    kind: str,
+    annotations: dict[str, str],
+    options: RenderOptions,
+) -> dict[str, Any]:
+    """The stunnerd container: image, environment, ports, probes, security context."""
+    ns, name = gw.metadata.namespace, gw.metadata.name
+    dp = dataplane.spec
+    image = dp.image or options.default_image
     env: list[dict[str, Any]] = [
         {"name": "STUNNER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "STUNNER_NAME", "value": name},
@@ -217,6 +279,12 @@ def render_deployment(
         container["securityContext"] = _with_capabilities(
             container.get("securityContext"), OFFLOAD_CAPABILITIES
         )
+    return container
+
+
+def _pod_spec(dataplane: Dataplane, container: dict[str, Any]) -> dict[str, Any]:
+    """The pod around ``container``: grace period, host network, scheduling, pull secrets."""
+    dp = dataplane.spec
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "terminationGracePeriodSeconds": dp.termination_grace_period_seconds
@@ -237,46 +305,4 @@ def render_deployment(
     ):
         if value is not None:
             pod_spec[key] = list(value) if isinstance(value, tuple) else value
-    selector_labels = {
-        APP_LABEL: APP_VALUE,
-        RELATED_GATEWAY_NAME: name,
-        RELATED_GATEWAY_NAMESPACE: ns,
-    }
-    deployment: dict[str, Any] = {
-        "apiVersion": "apps/v1",
-        "kind": kind,
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            "labels": dict(sorted(labels.items())),
-            "annotations": dict(sorted(annotations.items())),
-            "ownerReferences": [owner_reference(gw)],
-        },
-        "spec": {
-            "selector": {
-                "matchExpressions": [
-                    {"key": k, "operator": "In", "values": [v]} for k, v in selector_labels.items()
-                ]
-            },
-            "template": {
-                "metadata": {
-                    "labels": dict(sorted(pod_labels.items())),
-                    "annotations": dict(sorted(pod_annotations.items())),
-                },
-                "spec": pod_spec,
-            },
-        },
-    }
-    if kind == "DaemonSet":
-        # A new pod starts before the old one stops (maxSurge, DaemonSets since Kubernetes
-        # 1.25), so a node keeps a ready stunnerd through a rollout. On the host network two
-        # pods cannot hold one host port: the old pod goes first there.
-        rolling = (
-            {"maxSurge": 0, "maxUnavailable": 1}
-            if dp.host_network
-            else {"maxSurge": 1, "maxUnavailable": 0}
-        )
-        deployment["spec"]["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": rolling}
-    elif dp.replicas is not None:
-        deployment["spec"]["replicas"] = dp.replicas
-    return deployment
+    return pod_spec

@@ -80,23 +80,7 @@ def render_service(
         return None
     ns, name = gw.metadata.namespace, gw.metadata.name
     svc_type = service_type(annotations)
-    nodeports = port_map(annotations, NODEPORT)
-    targetports = port_map(annotations, TARGETPORT)
-    old_ports = {p.name: p for p in existing.spec.ports} if existing is not None else {}
-    ports: list[dict[str, Any]] = []
-    for item in exposed:
-        ls = item.listener
-        port: dict[str, Any] = {"name": ls.name, "protocol": item.service_protocol, "port": ls.port}
-        old = old_ports.get(ls.name)
-        if ls.name in targetports:
-            port["targetPort"] = targetports[ls.name]
-        elif old is not None and old.target_port is not None:
-            port["targetPort"] = old.target_port
-        if ls.name in nodeports:
-            port["nodePort"] = nodeports[ls.name]
-        elif old is not None and old.node_port:
-            port["nodePort"] = old.node_port
-        ports.append(port)
+    ports = _service_ports(exposed, annotations, existing)
     if svc_type == "LoadBalancer" and (hc := _health_check_port(annotations)) is not None:
         ports.append({"name": HEALTH_CHECK_PORT_NAME, "protocol": "TCP", "port": hc})
     spec: dict[str, Any] = {
@@ -115,28 +99,7 @@ def render_service(
         "LoadBalancer",
     ):
         spec["externalTrafficPolicy"] = "Local"
-    if gw.spec.addresses:
-        addr = gw.spec.addresses[0]
-        if (addr.type or "IPAddress") == "IPAddress" and addr.value:
-            spec["loadBalancerIP"] = addr.value
-            spec["externalIPs"] = [addr.value]
-    families = ip_families(gw, annotations)
-    if families.policy is not None:
-        spec["ipFamilyPolicy"] = families.policy
-    if families.families:
-        spec["ipFamilies"] = list(families.families)
-    if families.dual_stack and "externalIPs" in spec:
-        # the first hinted address of the other family too (GATEWAY.md uses only the first)
-        other = next(
-            (
-                ip
-                for ip in hinted_ips(gw)
-                if address_family(ip) != address_family(spec["externalIPs"][0])
-            ),
-            None,
-        )
-        if other is not None:
-            spec["externalIPs"].append(other)
+    spec.update(_addresses(gw, annotations))
     svc_annotations = dict(annotations)
     svc_annotations[RELATED_GATEWAY_NAME] = f"{ns}/{name}"
     return {
@@ -155,3 +118,50 @@ def render_service(
         },
         "spec": spec,
     }
+
+
+def _service_ports(
+    exposed: list[ExposedListener], annotations: dict[str, str], existing: Service | None
+) -> list[dict[str, Any]]:
+    """One port per exposed listener; its target and node ports from the annotations, else
+    kept from the Service as it stands (Kubernetes assigned them)."""
+    nodeports = port_map(annotations, NODEPORT)
+    targetports = port_map(annotations, TARGETPORT)
+    old_ports = {p.name: p for p in existing.spec.ports} if existing is not None else {}
+    ports: list[dict[str, Any]] = []
+    for item in exposed:
+        ls = item.listener
+        port: dict[str, Any] = {"name": ls.name, "protocol": item.service_protocol, "port": ls.port}
+        old = old_ports.get(ls.name)
+        if ls.name in targetports:
+            port["targetPort"] = targetports[ls.name]
+        elif old is not None and old.target_port is not None:
+            port["targetPort"] = old.target_port
+        if ls.name in nodeports:
+            port["nodePort"] = nodeports[ls.name]
+        elif old is not None and old.node_port:
+            port["nodePort"] = old.node_port
+        ports.append(port)
+    return ports
+
+
+def _addresses(gw: Gateway, annotations: dict[str, str]) -> dict[str, Any]:
+    """The Service's address fields: the Gateway's hinted address, its IP families."""
+    spec: dict[str, Any] = {}
+    if gw.spec.addresses:
+        addr = gw.spec.addresses[0]
+        if (addr.type or "IPAddress") == "IPAddress" and addr.value:
+            spec["loadBalancerIP"] = addr.value
+            spec["externalIPs"] = [addr.value]
+    families = ip_families(gw, annotations)
+    if families.policy is not None:
+        spec["ipFamilyPolicy"] = families.policy
+    if families.families:
+        spec["ipFamilies"] = list(families.families)
+    if families.dual_stack and "externalIPs" in spec:
+        # the first hinted address of the other family too (GATEWAY.md uses only the first)
+        first = address_family(spec["externalIPs"][0])
+        other = next((ip for ip in hinted_ips(gw) if address_family(ip) != first), None)
+        if other is not None:
+            spec["externalIPs"].append(other)
+    return spec
