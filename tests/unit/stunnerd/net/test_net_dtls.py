@@ -16,16 +16,8 @@ from OpenSSL import SSL
 from stunner_common.config import TlsPair, load_tls_pair, self_signed_pair
 from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.tuning import ServerTuning
-from support.fake_listeners import (
-    IDLE_S,
-    PEER,
-    RelayPorts,
-    TurnClient,
-    binding_request,
-    build,
-    channel_data,
-    limits,
-)
+from support import fake_listeners as kit
+from support.fake_listeners import RelayPorts, TurnClient
 from support.fake_net import FakeSocket, MockDatagramTransport, MockLoop
 
 CLIENT = ("192.0.2.10", 40000)
@@ -105,13 +97,13 @@ class DtlsPeer:
 async def dtls_listener(
     loop: MockLoop, ports: RelayPorts, pair: TlsPair, **kw: Any
 ) -> DtlsListener:
-    listener: DtlsListener = build(
+    listener: DtlsListener = kit.build(
         DtlsListener,
         "TURN-DTLS",
         loop,
         ports,
         tls=pair,
-        tuning=ServerTuning(fastpath=False, udp_gso=False, client_idle_timeout_s=IDLE_S),
+        tuning=ServerTuning(fastpath=False, udp_gso=False, client_idle_timeout_s=kit.IDLE_S),
         **kw,
     )
     listener.inherited_socket = FakeSocket(("127.0.0.1", 3478))  # type: ignore[assignment]
@@ -140,7 +132,7 @@ async def test_a_request_inside_the_session_is_answered_inside_it(
     listener = await dtls_listener(loop, ports, pair)
     peer = DtlsPeer(listener)
     peer.handshake()
-    reply = peer.turn(loop).exchange(binding_request())
+    reply = peer.turn(loop).exchange(kit.binding_request())
     assert reply.attributes["XOR-MAPPED-ADDRESS"] == CLIENT
     assert all(data[0] != 0x00 for data, _to in peer.transport.sent)  # nothing in the clear
 
@@ -155,17 +147,19 @@ async def test_channel_data_records_take_the_fast_path_both_ways(
     client.allocate()
     client.channel_bind()
     [relay_sock] = ports.opened
-    peer.send(channel_data(b"media", pad=False))
-    assert relay_sock.sent == [(b"media", PEER)]
+    peer.send(kit.channel_data(b"media", pad=False))
+    assert relay_sock.sent == [(b"media", kit.PEER)]
     [(_t, relay)] = loop.endpoints[1:]
-    relay.datagram_received(b"back", PEER)
-    assert peer.receive() == [channel_data(b"back", pad=False)]
+    relay.datagram_received(b"back", kit.PEER)
+    assert peer.receive() == [kit.channel_data(b"back", pad=False)]
 
 
 async def test_an_unfinished_handshake_is_dropped_at_its_deadline(
     loop: MockLoop, ports: RelayPorts, pair: TlsPair
 ) -> None:
-    listener = await dtls_listener(loop, ports, pair, client_limits=limits(handshake_timeout_s=5))
+    listener = await dtls_listener(
+        loop, ports, pair, client_limits=kit.limits(handshake_timeout_s=5)
+    )
     peer = DtlsPeer(listener)
     peer.step()  # the cookie
     peer.step()  # the hello with the cookie: a session, the server's flight
@@ -182,7 +176,7 @@ async def test_a_session_that_sends_nothing_after_its_handshake_is_dropped(
     loop: MockLoop, ports: RelayPorts, pair: TlsPair
 ) -> None:
     listener = await dtls_listener(
-        loop, ports, pair, client_limits=limits(first_message_timeout_s=3)
+        loop, ports, pair, client_limits=kit.limits(first_message_timeout_s=3)
     )
     peer = DtlsPeer(listener)
     peer.handshake()
@@ -194,13 +188,13 @@ async def test_a_session_that_sends_nothing_after_its_handshake_is_dropped(
 async def test_an_idle_session_without_an_allocation_ends_and_one_with_stays(
     loop: MockLoop, ports: RelayPorts, pair: TlsPair
 ) -> None:
-    patient = limits(preauth_min_bytes_per_s=0.0, first_message_timeout_s=1000.0)
+    patient = kit.limits(preauth_min_bytes_per_s=0.0, first_message_timeout_s=1000.0)
     listener = await dtls_listener(loop, ports, pair, client_limits=patient)
     idle, busy = DtlsPeer(listener, CLIENT), DtlsPeer(listener, ("192.0.2.11", 40001))
     idle.handshake()
     busy.handshake()
     busy.turn(loop).allocate(lifetime_s=3600)
-    loop.advance(2 * IDLE_S + 1)
+    loop.advance(2 * kit.IDLE_S + 1)
     assert set(listener.sessions) == {busy.addr}
 
 
@@ -223,7 +217,7 @@ async def test_close_notify_from_the_client_ends_its_session_and_allocation(
 async def test_the_per_source_cap_refuses_a_second_session(
     loop: MockLoop, ports: RelayPorts, pair: TlsPair
 ) -> None:
-    listener = await dtls_listener(loop, ports, pair, client_limits=limits(max_per_source=1))
+    listener = await dtls_listener(loop, ports, pair, client_limits=kit.limits(max_per_source=1))
     DtlsPeer(listener, ("192.0.2.10", 1)).handshake()
     refused = DtlsPeer(listener, ("192.0.2.10", 2))
     refused.step()
@@ -243,7 +237,7 @@ async def test_garbage_from_strangers_and_in_a_session_leaves_the_session_servin
     listener.protocol.datagram_received(b"\x17\xfe\xfd" + bytes(40), ("192.0.2.99", 9))
     assert set(listener.sessions) == {CLIENT}
     peer.send(b"\x00\x01\x00\x00not stun")  # a record the engine cannot parse
-    reply = peer.turn(loop).exchange(binding_request())
+    reply = peer.turn(loop).exchange(kit.binding_request())
     assert reply.message_class == stun.Class.RESPONSE
 
 

@@ -12,34 +12,26 @@ from aioice import stun
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.stream import StreamClientProtocol, StreamListener
 from stunnerd.net.tuning import ServerTuning
-from support.fake_listeners import (
-    IDLE_S,
-    PEER,
-    RelayPorts,
-    TurnClient,
-    binding_request,
-    build,
-    channel_data,
-    limits,
-)
+from support import fake_listeners as kit
+from support.fake_listeners import RelayPorts, TurnClient
 from support.fake_net import MockLoop, MockTransport
 
 CLIENT = ("192.0.2.10", 40000)
 OTHER = ("192.0.2.11", 40001)
 # No rate floor, so that only the guard a test looks at can close a connection.
-PATIENT = limits(preauth_min_bytes_per_s=0.0, first_message_timeout_s=1000.0)
+PATIENT = kit.limits(preauth_min_bytes_per_s=0.0, first_message_timeout_s=1000.0)
 
 
 def tcp_listener(
     loop: MockLoop, ports: RelayPorts, client_limits: ClientLimits | None = None
 ) -> StreamListener:
-    listener: StreamListener = build(
+    listener: StreamListener = kit.build(
         StreamListener,
         "TURN-TCP",
         loop,
         ports,
         client_limits=client_limits or PATIENT,
-        tuning=ServerTuning(fastpath=False, udp_gso=False, client_idle_timeout_s=IDLE_S),
+        tuning=ServerTuning(fastpath=False, udp_gso=False, client_idle_timeout_s=kit.IDLE_S),
     )
     return listener
 
@@ -63,6 +55,18 @@ def client_on(proto: StreamClientProtocol, transport: MockTransport, loop: MockL
     return TurnClient(proto.data_received, receive, loop)
 
 
+def bound_channel(
+    loop: MockLoop, ports: RelayPorts
+) -> tuple[StreamListener, StreamClientProtocol, MockTransport]:
+    """A connection with an allocation and a channel to `kit.PEER`."""
+    listener = tcp_listener(loop, ports)
+    proto, transport = connect(listener, loop)
+    client = client_on(proto, transport, loop)
+    client.allocate()
+    client.channel_bind()
+    return listener, proto, transport
+
+
 def answers(transport: MockTransport) -> list[stun.Message]:
     return [stun.parse_message(data) for data in transport.written]
 
@@ -75,7 +79,7 @@ def test_a_request_fed_one_byte_at_a_time_is_answered_once_complete(
 ) -> None:
     listener = tcp_listener(loop, ports)
     proto, transport = connect(listener, loop)
-    request = binding_request()
+    request = kit.binding_request()
     for i, byte in enumerate(request):
         assert transport.written == [], f"answered after {i} of {len(request)} bytes"
         proto.data_received(bytes([byte]))
@@ -88,7 +92,7 @@ def test_a_request_fed_one_byte_at_a_time_is_answered_once_complete(
 def test_frames_that_share_a_read_are_each_answered(loop: MockLoop, ports: RelayPorts) -> None:
     listener = tcp_listener(loop, ports)
     proto, transport = connect(listener, loop)
-    first, second = binding_request(), binding_request()
+    first, second = kit.binding_request(), kit.binding_request()
     together = first + second
     proto.data_received(together[:30])  # the first frame and a piece of the second
     assert len(transport.written) == 1
@@ -105,18 +109,14 @@ def test_frames_that_share_a_read_are_each_answered(loop: MockLoop, ports: Relay
 def test_routed_channel_data_crosses_read_boundaries_and_loses_its_padding(
     loop: MockLoop, ports: RelayPorts, cut: int
 ) -> None:
-    listener = tcp_listener(loop, ports)
-    proto, transport = connect(listener, loop)
-    client = client_on(proto, transport, loop)
-    client.allocate()
-    client.channel_bind()
+    _listener, proto, transport = bound_channel(loop, ports)
     [relay_sock] = ports.opened
     answered = len(transport.written)
-    frames = channel_data(b"hello", pad=True) + channel_data(b"media!!", pad=True)
+    frames = kit.channel_data(b"hello", pad=True) + kit.channel_data(b"media!!", pad=True)
     assert len(frames) == 12 + 12  # each payload padded to 4 bytes (RFC 8656 §12.5)
     proto.data_received(frames[:cut])
     proto.data_received(frames[cut:])
-    assert relay_sock.sent == [(b"hello", PEER), (b"media!!", PEER)]
+    assert relay_sock.sent == [(b"hello", kit.PEER), (b"media!!", kit.PEER)]
     assert len(transport.written) == answered  # nothing went to the engine
 
 
@@ -125,7 +125,7 @@ def test_channel_data_without_a_route_goes_to_the_engine_and_is_dropped(
 ) -> None:
     listener = tcp_listener(loop, ports)
     proto, transport = connect(listener, loop)
-    proto.data_received(channel_data(b"to nobody", pad=True) + binding_request())
+    proto.data_received(kit.channel_data(b"to nobody", pad=True) + kit.binding_request())
     assert len(answers(transport)) == 1  # the Binding behind it still gets through
     assert not transport.closed
 
@@ -133,14 +133,10 @@ def test_channel_data_without_a_route_goes_to_the_engine_and_is_dropped(
 def test_a_peer_datagram_reaches_the_client_as_padded_channel_data(
     loop: MockLoop, ports: RelayPorts
 ) -> None:
-    listener = tcp_listener(loop, ports)
-    proto, transport = connect(listener, loop)
-    client = client_on(proto, transport, loop)
-    client.allocate()
-    client.channel_bind()
+    _listener, _proto, transport = bound_channel(loop, ports)
     [(_t, relay)] = loop.endpoints
-    relay.datagram_received(b"abcde", PEER)
-    assert transport.written[-1] == channel_data(b"abcde", pad=True)
+    relay.datagram_received(b"abcde", kit.PEER)
+    assert transport.written[-1] == kit.channel_data(b"abcde", pad=True)
 
 
 # ---------------------------------------------------------------------- bad input
@@ -152,7 +148,7 @@ def test_a_bad_frame_closes_only_its_own_connection(loop: MockLoop, ports: Relay
     good, good_transport = connect(listener, loop, OTHER)
     bad.data_received(b"\xff\xff\x00\x04junk")  # neither STUN (0b00) nor ChannelData (0b01)
     assert bad_transport.closed
-    good.data_received(binding_request())
+    good.data_received(kit.binding_request())
     assert len(answers(good_transport)) == 1
     assert not good_transport.closed
     loop.run_ready()
@@ -166,7 +162,7 @@ def test_an_oversized_stun_header_closes_before_the_body_is_buffered(
     listener = tcp_listener(loop, ports)
     proto, transport = connect(listener, loop)
     cap = listener.limits.request.max_message_bytes
-    header = bytearray(binding_request()[:20])
+    header = bytearray(kit.binding_request()[:20])
     header[2:4] = (cap - 20 + 4).to_bytes(2, "big")  # announces a message 4 bytes over the cap
     proto.data_received(bytes(header))
     assert transport.closed
@@ -178,9 +174,9 @@ def test_a_malformed_stun_message_is_dropped_and_the_connection_lives_on(
 ) -> None:
     listener = tcp_listener(loop, ports)
     proto, transport = connect(listener, loop)
-    garbage = bytearray(binding_request())
+    garbage = bytearray(kit.binding_request())
     garbage[4:8] = b"\x00\x00\x00\x00"  # no magic cookie: not a STUN message the engine takes
-    proto.data_received(bytes(garbage) + binding_request())
+    proto.data_received(bytes(garbage) + kit.binding_request())
     assert len(answers(transport)) == 1
     assert not transport.closed
 
@@ -191,7 +187,7 @@ def test_a_malformed_stun_message_is_dropped_and_the_connection_lives_on(
 def test_a_connection_that_never_sends_is_closed_at_the_first_message_deadline(
     loop: MockLoop, ports: RelayPorts
 ) -> None:
-    listener = tcp_listener(loop, ports, limits(first_message_timeout_s=5.0))
+    listener = tcp_listener(loop, ports, kit.limits(first_message_timeout_s=5.0))
     _proto, transport = connect(listener, loop)
     loop.advance(4.9)
     assert not transport.closed
@@ -205,9 +201,9 @@ def test_a_trickle_below_the_minimum_rate_is_closed_before_it_allocates(
     loop: MockLoop, ports: RelayPorts
 ) -> None:
     connection = {"first_message_timeout_s": 1.0, "preauth_window_s": 10.0}
-    listener = tcp_listener(loop, ports, limits(preauth_min_bytes_per_s=8.0, **connection))
+    listener = tcp_listener(loop, ports, kit.limits(preauth_min_bytes_per_s=8.0, **connection))
     proto, transport = connect(listener, loop)
-    proto.data_received(binding_request() * 4)  # 80 bytes: 8 B/s over a 10 s window
+    proto.data_received(kit.binding_request() * 4)  # 80 bytes: 8 B/s over a 10 s window
     loop.advance(1.0)
     assert not transport.closed
     proto.data_received(b"\x00" * 20)  # 20 bytes in the next 10 s: under 8 B/s
@@ -222,10 +218,10 @@ def test_an_idle_connection_without_an_allocation_is_closed(
 ) -> None:
     listener = tcp_listener(loop, ports)
     proto, transport = connect(listener, loop)
-    proto.data_received(binding_request())
-    loop.advance(IDLE_S)  # active since the last check: spared once
+    proto.data_received(kit.binding_request())
+    loop.advance(kit.IDLE_S)  # active since the last check: spared once
     assert not transport.closed
-    loop.advance(IDLE_S)
+    loop.advance(kit.IDLE_S)
     assert transport.closed
 
 
@@ -235,7 +231,7 @@ def test_a_connection_holding_an_allocation_is_never_closed_for_idling(
     listener = tcp_listener(loop, ports)
     proto, transport = connect(listener, loop)
     client_on(proto, transport, loop).allocate(lifetime_s=3600)
-    loop.advance(10 * IDLE_S)
+    loop.advance(10 * kit.IDLE_S)
     assert not transport.closed
     assert listener.allocation_count == 1
 
@@ -243,7 +239,7 @@ def test_a_connection_holding_an_allocation_is_never_closed_for_idling(
 def test_the_per_source_cap_refuses_and_a_closed_connection_frees_its_slot(
     loop: MockLoop, ports: RelayPorts
 ) -> None:
-    listener = tcp_listener(loop, ports, limits(max_per_source=1))
+    listener = tcp_listener(loop, ports, kit.limits(max_per_source=1))
     _first, first_transport = connect(listener, loop, ("192.0.2.10", 1))
     _second, second_transport = connect(listener, loop, ("192.0.2.10", 2))
     assert second_transport.aborted
@@ -260,11 +256,7 @@ def test_the_per_source_cap_refuses_and_a_closed_connection_frees_its_slot(
 def test_losing_the_connection_deletes_its_allocation_and_relay(
     loop: MockLoop, ports: RelayPorts
 ) -> None:
-    listener = tcp_listener(loop, ports)
-    proto, transport = connect(listener, loop)
-    client = client_on(proto, transport, loop)
-    client.allocate()
-    client.channel_bind()
+    listener, proto, transport = bound_channel(loop, ports)
     [(relay_transport, _relay)] = loop.endpoints
     transport.close()
     loop.run_ready()
@@ -283,10 +275,10 @@ def test_writes_to_a_client_whose_buffer_is_full_are_dropped(
     listener = tcp_listener(loop, ports)
     proto, transport = connect(listener, loop)
     proto.pause_writing()
-    proto.data_received(binding_request())
+    proto.data_received(kit.binding_request())
     assert transport.written == []
     proto.resume_writing()
-    proto.data_received(binding_request())
+    proto.data_received(kit.binding_request())
     assert len(transport.written) == 1
 
 

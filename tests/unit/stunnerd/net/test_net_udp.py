@@ -6,17 +6,15 @@ is bound; relays are `FakeSocket`s too and the clock is `MockLoop`'s.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
 from aioice import stun
 
 from stunnerd.net.udp import UdpListener
-from support.fake_listeners import (
-    PEER,
-    RelayPorts,
-    TurnClient,
-    binding_request,
-    build,
-    channel_data,
-)
+from support import fake_listeners as kit
+from support.fake_listeners import RelayPorts, TurnClient
 from support.fake_net import FakeSocket, MockDatagramTransport, MockLoop
 
 CLIENT = ("192.0.2.10", 40000)
@@ -24,7 +22,7 @@ OTHER = ("192.0.2.11", 40001)
 
 
 async def udp_listener(loop: MockLoop, ports: RelayPorts) -> tuple[UdpListener, FakeSocket]:
-    listener: UdpListener = build(UdpListener, "TURN-UDP", loop, ports)
+    listener: UdpListener = kit.build(UdpListener, "TURN-UDP", loop, ports)
     sock = FakeSocket(("127.0.0.1", 3478))
     listener.inherited_socket = sock  # type: ignore[assignment]
     await listener.start()
@@ -52,12 +50,39 @@ def client_at(listener: UdpListener, loop: MockLoop, addr: tuple[str, int] = CLI
     return TurnClient(send, receive, loop)
 
 
+def feed(listener: UdpListener, data: bytes, addr: tuple[str, int] = CLIENT) -> None:
+    """A datagram from `addr`, as the listener's socket would deliver it."""
+    assert listener.protocol is not None
+    listener.protocol.datagram_received(data, addr)
+
+
+@dataclass
+class Channel:
+    """A client with an allocation and a channel to `kit.PEER`."""
+
+    listener: UdpListener
+    sock: FakeSocket  # the listener's
+    relay_sock: FakeSocket
+    relay: Any  # the relay's protocol
+    client: TurnClient
+
+
+async def bound_channel(loop: MockLoop, ports: RelayPorts, lifetime_s: int = 600) -> Channel:
+    listener, sock = await udp_listener(loop, ports)
+    client = client_at(listener, loop)
+    client.allocate(lifetime_s)
+    client.channel_bind()
+    [relay_sock] = ports.opened
+    [(_transport, relay)] = loop.endpoints[1:]  # the first endpoint is the listener's own
+    return Channel(listener, sock, relay_sock, relay, client)
+
+
 async def test_a_binding_request_is_answered_on_the_listener_socket(
     loop: MockLoop, ports: RelayPorts
 ) -> None:
     listener, _sock = await udp_listener(loop, ports)
     assert listener.bound_port == 3478
-    reply = client_at(listener, loop).exchange(binding_request())
+    reply = client_at(listener, loop).exchange(kit.binding_request())
     assert reply.attributes["XOR-MAPPED-ADDRESS"] == CLIENT
     assert listener.traffic == [1, 20, 1, len(transport_of(listener).sent[0][0])]
 
@@ -65,43 +90,28 @@ async def test_a_binding_request_is_answered_on_the_listener_socket(
 async def test_routed_channel_data_goes_to_the_peer_through_the_relay_socket(
     loop: MockLoop, ports: RelayPorts
 ) -> None:
-    listener, _sock = await udp_listener(loop, ports)
-    client = client_at(listener, loop)
-    client.allocate()
-    client.channel_bind()
-    [relay_sock] = ports.opened
-    answered = len(transport_of(listener).sent)
-    assert listener.protocol is not None
-    listener.protocol.datagram_received(channel_data(b"media", pad=False), CLIENT)
-    listener.protocol.datagram_received(channel_data(b"media", pad=True), CLIENT)  # padding ok
-    assert relay_sock.sent == [(b"media", PEER), (b"media", PEER)]
-    assert len(transport_of(listener).sent) == answered
+    ch = await bound_channel(loop, ports)
+    answered = len(transport_of(ch.listener).sent)
+    feed(ch.listener, kit.channel_data(b"media", pad=False))
+    feed(ch.listener, kit.channel_data(b"media", pad=True))  # padding is allowed
+    assert ch.relay_sock.sent == [(b"media", kit.PEER), (b"media", kit.PEER)]
+    assert len(transport_of(ch.listener).sent) == answered
 
 
-async def test_channel_data_shorter_than_its_header_says_is_not_relayed(
-    loop: MockLoop, ports: RelayPorts
+@pytest.mark.parametrize(
+    ("datagram", "sender"),
+    [
+        (kit.channel_data(b"media", pad=False)[:-1], CLIENT),  # shorter than its header says
+        (kit.channel_data(b"media", channel=0x4001, pad=False), CLIENT),  # an unbound channel
+        (kit.channel_data(b"spoofed", pad=False), OTHER),  # the channel of another client
+    ],
+)
+async def test_channel_data_without_its_own_route_is_not_relayed(
+    loop: MockLoop, ports: RelayPorts, datagram: bytes, sender: tuple[str, int]
 ) -> None:
-    listener, _sock = await udp_listener(loop, ports)
-    client = client_at(listener, loop)
-    client.allocate()
-    client.channel_bind()
-    [relay_sock] = ports.opened
-    assert listener.protocol is not None
-    listener.protocol.datagram_received(channel_data(b"media", pad=False)[:-1], CLIENT)
-    assert relay_sock.sent == []
-
-
-async def test_channel_data_from_another_client_on_the_same_channel_is_not_relayed(
-    loop: MockLoop, ports: RelayPorts
-) -> None:
-    listener, _sock = await udp_listener(loop, ports)
-    client = client_at(listener, loop)
-    client.allocate()
-    client.channel_bind()
-    [relay_sock] = ports.opened
-    assert listener.protocol is not None
-    listener.protocol.datagram_received(channel_data(b"spoofed", pad=False), OTHER)
-    assert relay_sock.sent == []
+    ch = await bound_channel(loop, ports)
+    feed(ch.listener, datagram, sender)
+    assert ch.relay_sock.sent == []
 
 
 async def test_an_oversized_datagram_is_counted_and_dropped(
@@ -109,9 +119,8 @@ async def test_an_oversized_datagram_is_counted_and_dropped(
 ) -> None:
     listener, _sock = await udp_listener(loop, ports)
     size = listener.limits.request.max_udp_datagram_bytes + 1
-    request = binding_request()
-    assert listener.protocol is not None
-    listener.protocol.datagram_received(request + bytes(size - len(request)), CLIENT)
+    request = kit.binding_request()
+    feed(listener, request + bytes(size - len(request)))
     assert transport_of(listener).sent == []
     assert listener.traffic[:2] == [1, size]
 
@@ -119,13 +128,9 @@ async def test_an_oversized_datagram_is_counted_and_dropped(
 async def test_a_peer_datagram_reaches_the_client_as_channel_data_on_the_listener_socket(
     loop: MockLoop, ports: RelayPorts
 ) -> None:
-    listener, sock = await udp_listener(loop, ports)
-    client = client_at(listener, loop)
-    client.allocate()
-    client.channel_bind()
-    [(_t, relay)] = loop.endpoints[1:]  # the first endpoint is the listener's own
-    relay.datagram_received(b"abcde", PEER)
-    assert sock.sent == [(channel_data(b"abcde", pad=False), CLIENT)]  # unpadded over UDP
+    ch = await bound_channel(loop, ports)
+    ch.relay.datagram_received(b"abcde", kit.PEER)
+    assert ch.sock.sent == [(kit.channel_data(b"abcde", pad=False), CLIENT)]  # unpadded
 
 
 async def test_a_peer_without_a_channel_reaches_the_client_in_a_data_indication(
@@ -134,10 +139,10 @@ async def test_a_peer_without_a_channel_reaches_the_client_in_a_data_indication(
     listener, _sock = await udp_listener(loop, ports)
     client = client_at(listener, loop)
     client.allocate()
-    reply = client.request(stun.Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": PEER})
+    reply = client.request(stun.Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": kit.PEER})
     assert reply.message_class == stun.Class.RESPONSE
     [(_t, relay)] = loop.endpoints[1:]
-    relay.datagram_received(b"hello", PEER)
+    relay.datagram_received(b"hello", kit.PEER)
     data, to = transport_of(listener).sent[-1]
     indication = stun.parse_message(data)
     assert to == CLIENT
@@ -151,9 +156,8 @@ async def test_a_malformed_datagram_leaves_other_clients_alone(
     listener, _sock = await udp_listener(loop, ports)
     client = client_at(listener, loop)
     client.allocate()
-    assert listener.protocol is not None
     for junk in (b"\x00", b"\x00\x01\x00\x08" + bytes(16), b"\xff" * 40, bytes(20)):
-        listener.protocol.datagram_received(junk, OTHER)
+        feed(listener, junk, OTHER)
     assert [to for _d, to in transport_of(listener).sent].count(OTHER) == 0
     client.channel_bind()
     assert listener.allocation_count == 1
@@ -162,21 +166,17 @@ async def test_a_malformed_datagram_leaves_other_clients_alone(
 async def test_an_allocation_expires_on_the_listener_timer(
     loop: MockLoop, ports: RelayPorts
 ) -> None:
-    listener, _sock = await udp_listener(loop, ports)
-    client = client_at(listener, loop)
-    client.allocate(lifetime_s=600)
-    client.channel_bind()
-    [relay_sock] = ports.opened
-    assert listener.connections == 1
+    ch = await bound_channel(loop, ports, lifetime_s=600)
+    assert ch.listener.connections == 1
     loop.advance(599)
-    assert listener.allocation_count == 1
+    assert ch.listener.allocation_count == 1
     loop.advance(2)
-    assert listener.allocation_count == 0
-    assert relay_sock.closed
-    assert listener.routes == {}
-    assert listener.relays == {}
-    assert listener.connections == 0
-    assert listener.connections_total == 1
+    assert ch.listener.allocation_count == 0
+    assert ch.relay_sock.closed
+    assert ch.listener.routes == {}
+    assert ch.listener.relays == {}
+    assert ch.listener.connections == 0
+    assert ch.listener.connections_total == 1
 
 
 async def test_a_relay_socket_that_cannot_be_bound_is_answered_508(
@@ -198,15 +198,12 @@ async def test_a_relay_socket_that_cannot_be_bound_is_answered_508(
 async def test_closing_the_listener_closes_relays_and_socket_once(
     loop: MockLoop, ports: RelayPorts
 ) -> None:
-    listener, sock = await udp_listener(loop, ports)
-    client = client_at(listener, loop)
-    client.allocate()
-    client.channel_bind()
-    await listener.close()
-    await listener.close()
-    assert sock.closed
-    assert all(relay.closed for relay in ports.opened)
-    assert listener.routes == {}
+    ch = await bound_channel(loop, ports)
+    await ch.listener.close()
+    await ch.listener.close()
+    assert ch.sock.closed
+    assert ch.relay_sock.closed
+    assert ch.listener.routes == {}
     assert loop.pending() == []  # the deadline timer is cancelled too
-    assert listener.protocol is not None
-    assert listener.protocol.closed.done()
+    assert ch.listener.protocol is not None
+    assert ch.listener.protocol.closed.done()
