@@ -153,6 +153,14 @@ class KubeController:
             self._all_listed.set()
 
     async def _watch_loop(self, res: Resource) -> None:
+        while (listed := await self._list(res)) is not None:
+            res, version = listed
+            await self._follow(res, version)
+
+    async def _list(self, res: Resource) -> tuple[Resource, str] | None:
+        """List ``res`` (or its fallback) until that works and queue what it holds; returns the
+        resource served and the version to watch from, or None for an optional resource the
+        cluster does not serve."""
         while True:
             try:
                 items, version = await self._api.list(res)
@@ -168,7 +176,7 @@ class KubeController:
                 if res.optional:
                     log.info("%s is not served by this cluster; not watching it", res.list_path())
                     self._mark_listed(res.kind)
-                    return
+                    return None
                 if res.kind not in self._missing:
                     self._missing.add(res.kind)
                     log.error("%s; retrying until it is installed", missing_crd_message(res))
@@ -185,31 +193,38 @@ class KubeController:
             self._known[res.kind] = keys
             await self._events.put(_Event(res.kind, tuple(objs), gone))
             self._mark_listed(res.kind)
-            try:
-                while True:
-                    async for etype, raw in self._api.watch(
-                        res, version, timeout_s=self._watch_timeout_s
-                    ):
-                        version = str((raw.get("metadata") or {}).get("resourceVersion") or version)
-                        if etype == "BOOKMARK":
-                            continue
-                        obj = self._parse(res, raw)
-                        if obj is None:
-                            continue
-                        key = key_of(obj)
-                        if etype == "DELETED":
-                            self._known[res.kind].discard(key)
-                            await self._events.put(_Event(res.kind, deletes=(key,)))
-                        else:
-                            self._known[res.kind].add(key)
-                            await self._events.put(_Event(res.kind, upserts=(obj,)))
-            except GoneError:
-                self.metrics.watch_restarts.labels(resource=res.kind).inc()
-                log.info("watch of %s expired; listing again", res.list_path())
-            except KubeApiError as err:
-                self.metrics.watch_restarts.labels(resource=res.kind).inc()
-                log.warning("watch of %s failed: %s; listing again", res.list_path(), err)
-                await asyncio.sleep(self._retry_s)
+            return res, version
+
+    async def _follow(self, res: Resource, version: str) -> None:
+        """Watch ``res`` from ``version`` until the watch expires or fails (then list again)."""
+        try:
+            while True:
+                async for etype, raw in self._api.watch(
+                    res, version, timeout_s=self._watch_timeout_s
+                ):
+                    version = str((raw.get("metadata") or {}).get("resourceVersion") or version)
+                    if etype != "BOOKMARK":
+                        await self._watched(res, etype, raw)
+        except GoneError:
+            self.metrics.watch_restarts.labels(resource=res.kind).inc()
+            log.info("watch of %s expired; listing again", res.list_path())
+        except KubeApiError as err:
+            self.metrics.watch_restarts.labels(resource=res.kind).inc()
+            log.warning("watch of %s failed: %s; listing again", res.list_path(), err)
+            await asyncio.sleep(self._retry_s)
+
+    async def _watched(self, res: Resource, etype: str, raw: dict[str, Any]) -> None:
+        """Queue one watch event (an object added, modified or deleted)."""
+        obj = self._parse(res, raw)
+        if obj is None:
+            return
+        key = key_of(obj)
+        if etype == "DELETED":
+            self._known[res.kind].discard(key)
+            await self._events.put(_Event(res.kind, deletes=(key,)))
+        else:
+            self._known[res.kind].add(key)
+            await self._events.put(_Event(res.kind, upserts=(obj,)))
 
     # -- rendering ------------------------------------------------------------------------
 

@@ -310,47 +310,59 @@ class ManifestSet:
             self._errors.pop(gone, None)
             changed.append(str(gone))
         for path in present:
-            raw = self._read(path)
-            if isinstance(raw, ManifestError):
-                # The whole file keeps its last good version; report it once per change.
-                if self._errors.get(path) != (raw,):
-                    self._errors[path] = (raw,)
-                    self._digest.pop(path, None)
-                    new_errors.append(raw)
-                continue
-            digest = hashlib.sha256(raw).hexdigest()
-            if self._digest.get(path) == digest:
-                continue
-            self._digest[path] = digest
-            changed.append(str(path))
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                bad = ManifestError(
-                    str(path),
-                    None,
-                    f"not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})",
-                )
-                self._errors[path] = (bad,)
-                new_errors.append(bad)
-                continue
-            result = parse_manifests(text, str(path))
-            skipped.extend(result.skipped)
-            old = self._good.get(path, {})
-            good = dict(result.documents)
-            for problem in result.errors:
-                index = problem.index
-                if index is not None and index not in good and index in old:
-                    good[index] = old[index]
-            for index, keys in result.invalid.items():
-                kept = tuple(self._last[k] for k in keys if k in self._last)
-                good[index] = good.get(index, ()) + kept
-            self._good[path] = good
-            if result.errors:
-                self._errors[path] = result.errors
-                new_errors.extend(result.errors)
-            else:
-                self._errors.pop(path, None)
+            if self._reload_file(path, new_errors, skipped):
+                changed.append(str(path))
+        objects = self._merged(new_errors)
+        return ReloadResult(objects, tuple(new_errors), tuple(sorted(changed)), tuple(skipped))
+
+    def _reload_file(self, path: Path, new_errors: list[ManifestError], skipped: list[str]) -> bool:
+        """Read one file again if its content changed (True then): its documents replace the
+        file's good ones, except a document that fails, which keeps its last good version."""
+        raw = self._read(path)
+        if isinstance(raw, ManifestError):
+            # The whole file keeps its last good version; report it once per change.
+            if self._errors.get(path) != (raw,):
+                self._errors[path] = (raw,)
+                self._digest.pop(path, None)
+                new_errors.append(raw)
+            return False
+        digest = hashlib.sha256(raw).hexdigest()
+        if self._digest.get(path) == digest:
+            return False
+        self._digest[path] = digest
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            bad = ManifestError(
+                str(path),
+                None,
+                f"not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})",
+            )
+            self._errors[path] = (bad,)
+            new_errors.append(bad)
+            return True
+        result = parse_manifests(text, str(path))
+        skipped.extend(result.skipped)
+        old = self._good.get(path, {})
+        good = dict(result.documents)
+        for problem in result.errors:
+            index = problem.index
+            if index is not None and index not in good and index in old:
+                good[index] = old[index]
+        for index, keys in result.invalid.items():
+            kept = tuple(self._last[k] for k in keys if k in self._last)
+            good[index] = good.get(index, ()) + kept
+        self._good[path] = good
+        if result.errors:
+            self._errors[path] = result.errors
+            new_errors.extend(result.errors)
+        else:
+            self._errors.pop(path, None)
+        return True
+
+    def _merged(self, new_errors: list[ManifestError]) -> dict[ObjKey, K8sObject]:
+        """Every file's good objects; an object defined in two files is an error (the later
+        file, in name order, wins)."""
         objects: dict[ObjKey, K8sObject] = {}
         origin: dict[ObjKey, Path] = {}
         self.origin = {}
@@ -371,4 +383,4 @@ class ManifestSet:
                 objects[key] = obj
                 origin[key] = path
         self._last = objects
-        return ReloadResult(objects, tuple(new_errors), tuple(sorted(changed)), tuple(skipped))
+        return objects

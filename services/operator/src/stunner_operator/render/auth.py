@@ -48,58 +48,13 @@ def _normalise(auth_type: str, where: str) -> str:
 
 def render_auth(view: View, gwconfig: GatewayConfig) -> AuthConfig:
     spec = gwconfig.spec
-    gcid = f"{gwconfig.metadata.namespace}/{gwconfig.metadata.name}"
     realm = spec.realm
     if spec.stun_mode:
         return AuthConfig(type="none", realm=realm, credentials={})
-    credentials: dict[str, str]
     if spec.auth_ref is not None:
-        ref = spec.auth_ref
-        if (ref.group or "") not in ("", "v1") or (ref.kind or "Secret") != "Secret":
-            raise AuthError(
-                "ExternalAuthCredentialsNotFound",
-                f"GatewayConfig {gcid}: authRef must point to a Secret, "
-                f"not group {ref.group!r} kind {ref.kind!r}",
-            )
-        ns = ref.namespace or gwconfig.metadata.namespace
-        secret = view.get(Secret, ns, ref.name)
-        if secret is None:
-            raise AuthError("ExternalAuthCredentialsNotFound", f"Secret {ns}/{ref.name} not found")
-        where = f"Secret {ns}/{ref.name}"
-        values = {k: v.decode("utf-8", errors="replace") for k, v in secret.values().items()}
-        kind = _normalise(values.get("type", "static"), where)
-        if kind == "static":
-            if not values.get("username") or not values.get("password"):
-                raise AuthError(
-                    "InvalidUsernamePassword",
-                    f"{where}: static auth needs the keys username and password",
-                )
-            credentials = {"username": values["username"], "password": values["password"]}
-        else:
-            secret_value = values.get("secret") or values.get("sharedSecret")
-            if not secret_value:
-                raise AuthError(
-                    "InvalidSharedSecret", f"{where}: ephemeral auth needs the key secret"
-                )
-            credentials = {"secret": secret_value}
+        where, kind, credentials = _secret_credentials(view, gwconfig)
     else:
-        where = f"GatewayConfig {gcid}"
-        kind = _normalise(spec.auth_type, where)
-        if kind == "static":
-            if not spec.user_name or not spec.password:
-                raise AuthError(
-                    "InvalidUsernamePassword",
-                    f"{where}: static auth needs spec.userName and spec.password "
-                    "(or an authRef Secret)",
-                )
-            credentials = {"username": spec.user_name, "password": spec.password}
-        else:
-            if not spec.shared_secret:
-                raise AuthError(
-                    "InvalidSharedSecret",
-                    f"{where}: ephemeral auth needs spec.sharedSecret (or an authRef Secret)",
-                )
-            credentials = {"secret": spec.shared_secret}
+        where, kind, credentials = _inline_credentials(gwconfig)
     if kind == "ephemeral" and spec.auth_lifetime is not None and spec.auth_lifetime > 0:
         # for the auth service: the lifetime of the credentials it hands out
         credentials[CREDENTIAL_LIFETIME_KEY] = str(spec.auth_lifetime)
@@ -107,3 +62,54 @@ def render_auth(view: View, gwconfig: GatewayConfig) -> AuthConfig:
         return AuthConfig(type=cast(AuthType, kind), realm=realm, credentials=credentials)
     except (ConfigError, ValueError) as err:
         raise AuthError("InvalidAuthConfig", f"{where}: invalid auth config: {err}") from None
+
+
+def _secret_credentials(view: View, gwconfig: GatewayConfig) -> tuple[str, str, dict[str, str]]:
+    """(where, auth type, credentials) from the Secret the GatewayConfig's authRef names."""
+    ref = gwconfig.spec.auth_ref
+    assert ref is not None
+    if (ref.group or "") not in ("", "v1") or (ref.kind or "Secret") != "Secret":
+        raise AuthError(
+            "ExternalAuthCredentialsNotFound",
+            f"GatewayConfig {gwconfig.metadata.namespace}/{gwconfig.metadata.name}: authRef "
+            f"must point to a Secret, not group {ref.group!r} kind {ref.kind!r}",
+        )
+    ns = ref.namespace or gwconfig.metadata.namespace
+    secret = view.get(Secret, ns, ref.name)
+    if secret is None:
+        raise AuthError("ExternalAuthCredentialsNotFound", f"Secret {ns}/{ref.name} not found")
+    where = f"Secret {ns}/{ref.name}"
+    values = {k: v.decode("utf-8", errors="replace") for k, v in secret.values().items()}
+    kind = _normalise(values.get("type", "static"), where)
+    if kind == "static":
+        if not values.get("username") or not values.get("password"):
+            raise AuthError(
+                "InvalidUsernamePassword",
+                f"{where}: static auth needs the keys username and password",
+            )
+        return where, kind, {"username": values["username"], "password": values["password"]}
+    secret_value = values.get("secret") or values.get("sharedSecret")
+    if not secret_value:
+        raise AuthError("InvalidSharedSecret", f"{where}: ephemeral auth needs the key secret")
+    return where, kind, {"secret": secret_value}
+
+
+def _inline_credentials(gwconfig: GatewayConfig) -> tuple[str, str, dict[str, str]]:
+    """(where, auth type, credentials) from the GatewayConfig's own fields."""
+    spec = gwconfig.spec
+    where = f"GatewayConfig {gwconfig.metadata.namespace}/{gwconfig.metadata.name}"
+    kind = _normalise(spec.auth_type, where)
+    if kind == "static":
+        if not spec.user_name or not spec.password:
+            raise AuthError(
+                "InvalidUsernamePassword",
+                f"{where}: static auth needs spec.userName and spec.password "
+                "(or an authRef Secret)",
+            )
+        return where, kind, {"username": spec.user_name, "password": spec.password}
+    if not spec.shared_secret:
+        raise AuthError(
+            "InvalidSharedSecret",
+            f"{where}: ephemeral auth needs spec.sharedSecret (or an authRef Secret)",
+        )
+    return where, kind, {"secret": spec.shared_secret}
