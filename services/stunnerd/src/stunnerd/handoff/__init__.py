@@ -1,0 +1,4 @@
+"""Handing a running stunnerd's sockets and allocation state to its replacement.
+
+`state` is the versioned document; `channel` the Unix socket that carries it with the sockets.
+"""
