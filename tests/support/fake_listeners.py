@@ -18,10 +18,12 @@ from aioice import stun
 
 from stunnerd.net.guard import ClientLimits, ConnectionLimits
 from stunnerd.net.listener import Listener, ListenerSpec
+from stunnerd.net.stream import StreamClientProtocol, StreamListener
 from stunnerd.net.tuning import ServerTuning
+from stunnerd.net.udp import UdpListener
 from stunnerd.turn.engine import Policies
 from stunnerd.turn.policies import AllowAllPeers, StaticAuthenticator, UserQuota, UserUsage
-from support.fake_net import FakeSocket, MockLoop
+from support.fake_net import FakeSocket, MockDatagramTransport, MockLoop, MockTransport
 
 REALM = "stunner.l7mp.io"
 USER, PASSWORD = "user1", "pass1"
@@ -29,6 +31,8 @@ RELAY_IP = "192.0.2.1"
 PEER = ("198.51.100.7", 5000)
 CHANNEL = 0x4000
 IDLE_S = 60.0
+CLIENT = ("192.0.2.10", 40000)
+OTHER = ("192.0.2.11", 40001)
 
 
 def policies() -> Policies:
@@ -157,3 +161,69 @@ def binding_request() -> bytes:
 def channel_data(payload: bytes, channel: int = CHANNEL, *, pad: bool) -> bytes:
     frame = channel.to_bytes(2, "big") + len(payload).to_bytes(2, "big") + payload
     return frame + bytes(-len(payload) % 4) if pad else frame
+
+
+# ------------------------------------------------------------------ TURN-UDP
+
+
+async def udp_listener(loop: MockLoop, ports: RelayPorts) -> tuple[UdpListener, FakeSocket]:
+    listener: UdpListener = build(UdpListener, "TURN-UDP", loop, ports)
+    sock = FakeSocket(("127.0.0.1", 3478))
+    listener.inherited_socket = sock  # type: ignore[assignment]
+    await listener.start()
+    return listener, sock
+
+
+def transport_of(listener: UdpListener) -> MockDatagramTransport:
+    assert isinstance(listener.transport, MockDatagramTransport)
+    return listener.transport
+
+
+def client_at(listener: UdpListener, loop: MockLoop, addr: tuple[str, int] = CLIENT) -> TurnClient:
+    transport = transport_of(listener)
+    seen = [len(transport.sent)]
+
+    def send(data: bytes) -> None:
+        assert listener.protocol is not None
+        listener.protocol.datagram_received(data, addr)
+
+    def receive() -> list[bytes]:
+        new = [data for data, to in transport.sent[seen[0] :] if to == addr]
+        seen[0] = len(transport.sent)
+        return new
+
+    return TurnClient(send, receive, loop)
+
+
+def feed(listener: UdpListener, data: bytes, addr: tuple[str, int] = CLIENT) -> None:
+    """A datagram from `addr`, as the listener's socket would deliver it."""
+    assert listener.protocol is not None
+    listener.protocol.datagram_received(data, addr)
+
+
+# ------------------------------------------------------------------ TURN-TCP
+
+# No rate floor, so that only the guard a test looks at can close a connection.
+PATIENT = limits(preauth_min_bytes_per_s=0.0, first_message_timeout_s=1000.0)
+
+
+def tcp_listener(
+    loop: MockLoop, ports: RelayPorts, client_limits: ClientLimits | None = None
+) -> StreamListener:
+    listener: StreamListener = build(
+        StreamListener,
+        "TURN-TCP",
+        loop,
+        ports,
+        client_limits=client_limits or PATIENT,
+        tuning=ServerTuning(fastpath=False, udp_gso=False, client_idle_timeout_s=IDLE_S),
+    )
+    return listener
+
+
+def connect(
+    listener: StreamListener, loop: MockLoop, peer: tuple[str, int] = CLIENT
+) -> tuple[StreamClientProtocol, MockTransport]:
+    proto = StreamClientProtocol(listener)
+    transport = MockTransport(loop, peer).attach(proto)
+    return proto, transport

@@ -9,39 +9,10 @@ from __future__ import annotations
 import pytest
 from aioice import stun
 
-from stunnerd.net.guard import ClientLimits
 from stunnerd.net.stream import StreamClientProtocol, StreamListener
-from stunnerd.net.tuning import ServerTuning
 from support import fake_listeners as kit
-from support.fake_listeners import RelayPorts, TurnClient
+from support.fake_listeners import CLIENT, OTHER, RelayPorts, TurnClient, connect, tcp_listener
 from support.fake_net import MockLoop, MockTransport
-
-CLIENT = ("192.0.2.10", 40000)
-OTHER = ("192.0.2.11", 40001)
-# No rate floor, so that only the guard a test looks at can close a connection.
-PATIENT = kit.limits(preauth_min_bytes_per_s=0.0, first_message_timeout_s=1000.0)
-
-
-def tcp_listener(
-    loop: MockLoop, ports: RelayPorts, client_limits: ClientLimits | None = None
-) -> StreamListener:
-    listener: StreamListener = kit.build(
-        StreamListener,
-        "TURN-TCP",
-        loop,
-        ports,
-        client_limits=client_limits or PATIENT,
-        tuning=ServerTuning(fastpath=False, udp_gso=False, client_idle_timeout_s=kit.IDLE_S),
-    )
-    return listener
-
-
-def connect(
-    listener: StreamListener, loop: MockLoop, peer: tuple[str, int] = CLIENT
-) -> tuple[StreamClientProtocol, MockTransport]:
-    proto = StreamClientProtocol(listener)
-    transport = MockTransport(loop, peer).attach(proto)
-    return proto, transport
 
 
 def client_on(proto: StreamClientProtocol, transport: MockTransport, loop: MockLoop) -> TurnClient:

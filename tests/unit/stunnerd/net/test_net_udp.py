@@ -14,46 +14,17 @@ from aioice import stun
 
 from stunnerd.net.udp import UdpListener
 from support import fake_listeners as kit
-from support.fake_listeners import RelayPorts, TurnClient
-from support.fake_net import FakeSocket, MockDatagramTransport, MockLoop
-
-CLIENT = ("192.0.2.10", 40000)
-OTHER = ("192.0.2.11", 40001)
-
-
-async def udp_listener(loop: MockLoop, ports: RelayPorts) -> tuple[UdpListener, FakeSocket]:
-    listener: UdpListener = kit.build(UdpListener, "TURN-UDP", loop, ports)
-    sock = FakeSocket(("127.0.0.1", 3478))
-    listener.inherited_socket = sock  # type: ignore[assignment]
-    await listener.start()
-    return listener, sock
-
-
-def transport_of(listener: UdpListener) -> MockDatagramTransport:
-    assert isinstance(listener.transport, MockDatagramTransport)
-    return listener.transport
-
-
-def client_at(listener: UdpListener, loop: MockLoop, addr: tuple[str, int] = CLIENT) -> TurnClient:
-    transport = transport_of(listener)
-    seen = [len(transport.sent)]
-
-    def send(data: bytes) -> None:
-        assert listener.protocol is not None
-        listener.protocol.datagram_received(data, addr)
-
-    def receive() -> list[bytes]:
-        new = [data for data, to in transport.sent[seen[0] :] if to == addr]
-        seen[0] = len(transport.sent)
-        return new
-
-    return TurnClient(send, receive, loop)
-
-
-def feed(listener: UdpListener, data: bytes, addr: tuple[str, int] = CLIENT) -> None:
-    """A datagram from `addr`, as the listener's socket would deliver it."""
-    assert listener.protocol is not None
-    listener.protocol.datagram_received(data, addr)
+from support.fake_listeners import (
+    CLIENT,
+    OTHER,
+    RelayPorts,
+    TurnClient,
+    client_at,
+    feed,
+    transport_of,
+    udp_listener,
+)
+from support.fake_net import FakeSocket, MockLoop
 
 
 @dataclass
