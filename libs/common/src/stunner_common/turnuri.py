@@ -137,15 +137,19 @@ def parse_turn_uri(text: str) -> TurnUri:
     if transport not in _TRANSPORTS:
         raise _error(text, f'unknown transport "{transport}" (want udp, tcp, tls or dtls)')
     protocol = _protocol(scheme, transport)
-    if port_text:
-        if not port_text.isascii() or not port_text.isdigit() or len(port_text) > 5:
-            raise _error(text, f'invalid port "{port_text}"')
-        port = int(port_text)
-        if not 1 <= port <= 65535:
-            raise _error(text, f'invalid port "{port_text}"')
-    else:
-        port = DEFAULT_TLS_PORT if protocol in ("TURN-TLS", "TURN-DTLS") else DEFAULT_PORT
+    port = _port(text, port_text, protocol)
     return TurnUri(scheme, host, port, transport, protocol, username, password)
+
+
+def _port(text: str, port_text: str, protocol: str) -> int:
+    """The URI's port, else the default of its protocol (5349 for TLS and DTLS, else 3478)."""
+    if not port_text:
+        return DEFAULT_TLS_PORT if protocol in ("TURN-TLS", "TURN-DTLS") else DEFAULT_PORT
+    if port_text.isascii() and port_text.isdigit() and len(port_text) <= 5:
+        port = int(port_text)
+        if 1 <= port <= 65535:
+            return port
+    raise _error(text, f'invalid port "{port_text}"')
 
 
 def default_config_from_uri(uri: str | TurnUri) -> StunnerConfig:

@@ -4,23 +4,8 @@ Upstream v1 (full configs as Go marshals them, the zero config on delete) and ou
 ``stunner.cds.v2`` delta envelopes, plus the one client of both (``CdsClient``).
 """
 
-from stunner_common.cds.client import (
-    DEFAULT_CDS_PORT,
-    CdsAddressError,
-    CdsClient,
-    CdsClientError,
-    CdsHttpError,
-    CdsProtocolError,
-    CdsUnreachableError,
-    ConfigChange,
-    ConfigFrame,
-    DeltaState,
-    WatchItem,
-    cds_base_url,
-    config_path,
-    watch_configs,
-    watch_url,
-)
+from stunner_common.cds import client
+from stunner_common.cds.client import *  # noqa: F403  (its __all__: the client and its errors)
 from stunner_common.cds.token import TokenSource, token_source
 from stunner_common.cds.wire import (
     CDS_V2_SUBPROTOCOL,
@@ -48,32 +33,20 @@ from stunner_common.cds.wire import (
 )
 
 __all__ = [
+    *client.__all__,
     "CDS_V2_SUBPROTOCOL",
-    "DEFAULT_CDS_PORT",
     "EPOCH_HEADER",
     "EPOCH_PARAM",
     "INITIAL_FRAMES_HEADER",
     "RESYNC_HEADER",
     "REV_HEADER",
-    "CdsAddressError",
-    "CdsClient",
-    "CdsClientError",
-    "CdsHttpError",
-    "CdsProtocolError",
-    "CdsUnreachableError",
-    "ConfigChange",
-    "ConfigFrame",
     "ConfigListBody",
     "DeleteEnvelope",
-    "DeltaState",
     "Envelope",
     "ErrorBody",
     "PatchEnvelope",
     "SnapshotEnvelope",
     "TokenSource",
-    "WatchItem",
-    "cds_base_url",
-    "config_path",
     "encode_config_list",
     "encode_delete",
     "encode_error",
@@ -84,7 +57,5 @@ __all__ = [
     "go_ordered",
     "parse_envelope",
     "token_source",
-    "watch_configs",
-    "watch_url",
     "zero_config_dict",
 ]

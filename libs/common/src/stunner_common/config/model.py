@@ -98,6 +98,31 @@ _OFFLOAD_ENGINES: Final[Mapping[str, OffloadEngine]] = {
 }
 
 
+def _enum_field(
+    field: str, default: str, table: Mapping[str, str], message: str, *, fold: str = "upper"
+) -> Any:
+    """A validator of an enumerated field: empty means ``default``, else one of ``table``'s
+    keys (folded as ``fold`` says), or the error ``message: "value"``."""
+
+    def check(cls: type, value: Any) -> Any:
+        if value == "":
+            return default
+        return _enum(value, table, message, fold=fold)
+
+    return field_validator(field, mode="before")(check)
+
+
+def _name_field(what: str) -> Any:
+    """A validator that refuses an empty ``name`` (``missing name in <what> configuration``)."""
+
+    def check(cls: type, value: str) -> str:
+        if not value:
+            raise _RuleError(f"missing name in {what} configuration")
+        return value
+
+    return field_validator("name", mode="after")(check)
+
+
 class LicenseConfig(_Model):
     """Licensing info passed through to the (open-source: no-op) license manager."""
 
@@ -144,12 +169,9 @@ class AdminConfig(_Model):
     def _clamp_quota(cls, value: int) -> int:
         return max(value, 0)
 
-    @field_validator("offload_engine", mode="before")
-    @classmethod
-    def _offload(cls, value: Any) -> Any:
-        if value == "":
-            return "None"
-        return _enum(value, _OFFLOAD_ENGINES, "unknown offload mode", fold="lower")
+    _offload = _enum_field(
+        "offload_engine", "None", _OFFLOAD_ENGINES, "unknown offload mode", fold="lower"
+    )
 
     @field_validator("offload_interfaces", mode="after")
     @classmethod
@@ -167,12 +189,9 @@ class AuthConfig(_Model):
     realm: StrictStr = DEFAULT_REALM
     credentials: dict[StrictStr, StrictStr] = Field(default_factory=dict, validate_default=True)
 
-    @field_validator("type", mode="before")
-    @classmethod
-    def _auth_type(cls, value: Any) -> Any:
-        if value == "":
-            return "static"
-        return _enum(value, _AUTH_TYPES, "unknown authentication type", fold="none")
+    _auth_type = _enum_field(
+        "type", "static", _AUTH_TYPES, "unknown authentication type", fold="none"
+    )
 
     @field_validator("realm", mode="after")
     @classmethod
@@ -207,19 +226,10 @@ class ListenerConfig(_Model):
     key: StrictStr = Field(default="", validate_default=True)
     routes: tuple[StrictStr, ...] = ()
 
-    @field_validator("name", mode="after")
-    @classmethod
-    def _name_required(cls, value: str) -> str:
-        if not value:
-            raise _RuleError("missing name in listener configuration")
-        return value
-
-    @field_validator("protocol", mode="before")
-    @classmethod
-    def _protocol(cls, value: Any) -> Any:
-        if value == "":
-            return "TURN-UDP"
-        return _enum(value, _LISTENER_PROTOCOLS, "unknown listener protocol")
+    _name_required = _name_field("listener")
+    _protocol = _enum_field(
+        "protocol", "TURN-UDP", _LISTENER_PROTOCOLS, "unknown listener protocol"
+    )
 
     @field_validator("address", mode="after")
     @classmethod
@@ -276,26 +286,9 @@ class ClusterConfig(_Model):
     protocol: ClusterProtocol = "UDP"
     endpoints: tuple[StrictStr, ...] = ()
 
-    @field_validator("name", mode="after")
-    @classmethod
-    def _name_required(cls, value: str) -> str:
-        if not value:
-            raise _RuleError("missing name in cluster configuration")
-        return value
-
-    @field_validator("type", mode="before")
-    @classmethod
-    def _type(cls, value: Any) -> Any:
-        if value == "":
-            return "STATIC"
-        return _enum(value, _CLUSTER_TYPES, "unknown cluster type")
-
-    @field_validator("protocol", mode="before")
-    @classmethod
-    def _protocol(cls, value: Any) -> Any:
-        if value == "":
-            return "UDP"
-        return _enum(value, _CLUSTER_PROTOCOLS, "unknown cluster protocol")
+    _name_required = _name_field("cluster")
+    _type = _enum_field("type", "STATIC", _CLUSTER_TYPES, "unknown cluster type")
+    _protocol = _enum_field("protocol", "UDP", _CLUSTER_PROTOCOLS, "unknown cluster protocol")
 
     @field_validator("endpoints", mode="after")
     @classmethod
