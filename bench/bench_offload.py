@@ -30,6 +30,12 @@ default), "python" (STUNNERD_FASTPATH=0, every packet through the Python engine)
 (TC). Upstream STUNner's stunnerd (Go, v1.2.1, user space; bench/upstream_peer.py) races them
 in the same run with `--udp-thread-num` 1 and one thread per core; each of our modes gets
 `RATIO cpu_per_packet ours/upstream` against each.
+
+Beside CPU time (bench/offload_probe.py): the offload program's own nanoseconds per relayed
+packet from the kernel's BPF statistics, its size in instructions, `RATIO cpu_per_packet
+offloaded/ipforward` (how far the kernel path is from the cheapest path there is), and per mode
+the instructions the machine retired per relayed packet where it has hardware counters.
+`BENCH_OFFLOAD_SERVERS` (names, comma-separated, e.g. "offloaded,ip forward") runs only those.
 """
 
 from __future__ import annotations
@@ -38,16 +44,16 @@ import gzip
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import upstream_peer
 from bench.bench_turn import PASSWORD, REALM, USER, cpu_seconds, tree_pids
+from bench.offload_probe import BpfProbe, Instructions
+from bench.offload_report import FORWARD, Run, report
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -61,14 +67,12 @@ MEDIA_PPS = 50
 FLOOD_SESSIONS = 10
 FLOOD_MESSAGES = int(os.environ.get("BENCH_OFFLOAD_FLOOD_MESSAGES", "20000"))
 ROUNDS = int(os.environ.get("BENCH_OFFLOAD_ROUNDS", "1"))
+ONLY = {n.strip() for n in os.environ.get("BENCH_OFFLOAD_SERVERS", "").split(",") if n.strip()}
 PAYLOAD = 160
 STUNNERD_PORT, COTURN_PORT, PEER_PORT = 3478, 3578, 50000
 SETUP_TIMEOUT_S = 120.0
 RUN_TIMEOUT_S = 300.0
 PEER_MAX_S = 3600
-SERVERS = ("coturn", "user space", "offloaded")
-OUR_MODES = ("user space", "python", "offloaded")
-FORWARD = "ip forward"
 SOURCE = Path(__file__).with_name("udp_load.c")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PF_KTHREAD = 0x00200000
@@ -93,34 +97,6 @@ def others_cpu_s() -> float:
             continue
         total += sum(int(f) for f in fields[11:15])  # fields 14-17 of stat(5)
     return total / CLK_TCK
-
-
-@dataclass
-class Run:
-    server: str
-    load: str
-    sent: int
-    echoed: int
-    machine_cpu_s: float  # whole machine minus generator, peer and other tenants
-    server_cpu_s: float  # the server's processes + all irq/softirq
-    rtt_p50_ms: float
-    rtt_p99_ms: float
-
-    @property
-    def packets(self) -> int:
-        return 2 * self.echoed
-
-    @property
-    def loss_pct(self) -> float:
-        return 100.0 * (self.sent - self.echoed) / max(1, self.sent)
-
-    @property
-    def us_per_packet(self) -> float:
-        return self.machine_cpu_s * 1e6 / max(1, self.packets)
-
-    @property
-    def server_us_per_packet(self) -> float:
-        return self.server_cpu_s * 1e6 / max(1, self.packets)
 
 
 def stunnerd_config(engine: str, port: int, health_port: int) -> dict[str, Any]:
@@ -174,7 +150,7 @@ def set_forwarding(topo: Topology, on: bool) -> None:
 
 def measure(
     topo: Topology, udp_load: Path, server: str, pid: int | None, port: int, load: str,
-    peer_pid: int,
+    peer_pid: int, bpf: BpfProbe | None = None,
 ) -> Run:  # fmt: skip
     count, pps, messages = (
         (ALLOCATIONS, MEDIA_PPS, MEDIA_MESSAGES)
@@ -197,9 +173,12 @@ def measure(
             raise RuntimeError(f"{line} {driver.communicate(timeout=30)[1][-400:]}".strip())
         server0 = cpu_seconds(pid) if pid else 0.0
         peer0, others0 = cpu_seconds(peer_pid), others_cpu_s()
+        bpf0, insns = bpf.sample() if bpf else (0, 0), Instructions()
+        insns.start()
         result_line = driver.stdout.readline()
         server1 = cpu_seconds(pid) if pid else 0.0
         peer1, others1 = cpu_seconds(peer_pid), others_cpu_s()
+        bpf1, instructions = bpf.sample() if bpf else (0, 0), insns.stop()
         rest, err = driver.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         driver.kill()
@@ -218,6 +197,9 @@ def measure(
         server1 - server0 + out["softirq_s"],
         out["rtt_p50_ms"],
         out["rtt_p99_ms"],
+        bpf1[1] - bpf0[1],
+        bpf1[0] - bpf0[0],
+        instructions,
     )
 
 
@@ -256,6 +238,7 @@ def main() -> None:
     stunnerd = str(Path(sys.executable).with_name("stunnerd"))
     topo = netns.make_topology()
     procs: list[subprocess.Popen[bytes]] = []
+    bpf = BpfProbe()
     try:
         with tempfile.TemporaryDirectory(prefix="bench-offload-") as tmp_name:
             tmp = Path(tmp_name)
@@ -310,22 +293,19 @@ def main() -> None:
             print(f"offloaded stunnerd: offload {json.dumps(offload)}")
             print(f"kernel IRQ time accounting: {irq_time_accounting()}")
             print(f"loadavg before: {Path('/proc/loadavg').read_text().strip()}")
-            runs: dict[tuple[str, str], list[Run]] = {}
-            for _ in range(ROUNDS):
-                for load in ("media", "flood"):
-                    for name, (pid, port) in servers.items():
-                        set_forwarding(topo, pid is None)
-                        try:
-                            run = measure(topo, udp_load, name, pid, port, load, peer.pid)
-                        except RuntimeError as exc:
-                            print(f"{load} run against {name} failed: {str(exc)[-400:]}")
-                            continue
-                        finally:
-                            set_forwarding(topo, False)
-                        runs.setdefault((name, load), []).append(run)
+            bpf.enable()
+            bpf.find(servers["offloaded"][0] or 0)
+            runs = run_rounds(topo, udp_load, servers, peer.pid, bpf)
             print(f"loadavg after: {Path('/proc/loadavg').read_text().strip()}")
-            report(runs)
+            print(
+                f"media: {ALLOCATIONS} allocations x {MEDIA_PPS} packets/s x {PAYLOAD} B, "
+                f"{MEDIA_MESSAGES} messages each; flood: {FLOOD_SESSIONS} allocations, no "
+                f"pacing, {FLOOD_MESSAGES} each; {os.cpu_count()} cores; every message echoed "
+                "(2 relayed packets)"
+            )
+            report(runs, bpf.insns())
     finally:
+        bpf.restore()
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
@@ -337,74 +317,26 @@ def main() -> None:
         topo.close()
 
 
-def _span(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.median(values):.2f} [{min(values):.2f}..{max(values):.2f}]"
-
-
-def report(runs: dict[tuple[str, str], list[Run]]) -> None:
-    print(
-        f"media: {ALLOCATIONS} allocations x {MEDIA_PPS} packets/s x {PAYLOAD} B, "
-        f"{MEDIA_MESSAGES} messages each; flood: {FLOOD_SESSIONS} allocations, no pacing, "
-        f"{FLOOD_MESSAGES} each; {os.cpu_count()} cores; every message echoed (2 relayed packets)"
-    )
-    print(
-        f"{'server':<11} {'load':<6} {'sent':>8} {'echoed':>8} {'loss %':>7} {'µs/pkt':>7} "
-        f"{'server+softirq µs/pkt':>21} {'RTT p50 ms':>10} {'p99 ms':>8}"
-    )
-    for (name, load), series in runs.items():
-        for r in series:
-            print(
-                f"{name:<11} {load:<6} {r.sent:>8} {r.echoed:>8} {r.loss_pct:>7.3f} "
-                f"{r.us_per_packet:>7.2f} {r.server_us_per_packet:>21.2f} "
-                f"{r.rtt_p50_ms:>10.3f} {r.rtt_p99_ms:>8.3f}"
-            )
-    for load in ("media", "flood"):
-        if any((name, load) not in runs for name in SERVERS):
-            print(f"{load}: not every server completed a run; no ratio")
-            continue
-        prefix = "" if load == "media" else "flood "
-        base = [r.us_per_packet for r in runs[("coturn", load)]]
-        base_srv = [r.server_us_per_packet for r in runs[("coturn", load)]]
-        names = [("offloaded", "offloaded"), ("user space", "userspace"), ("python", "python")]
-        names += [
-            (n, n.replace(" ", "")) for n, _ in runs if n.startswith("upstream") and _ == load
-        ]
-        names.append((FORWARD, "ipforward"))
-        for name, label in names:
-            if (name, load) not in runs:
-                continue
-            series = runs[(name, load)]
-            ratios = [r.us_per_packet / b for r, b in zip(series, base, strict=False)]
-            srv = [r.server_us_per_packet / b for r, b in zip(series, base_srv, strict=False)]
-            line = f"RATIO {prefix}cpu_per_packet {label}/coturn = {_span(ratios)}"
-            if name == FORWARD:
-                line = "reference: " + line.removeprefix("RATIO ")
-            print(f"{line}  (server+softirq: {_span(srv)})")
-        upstreams = sorted({n for n, _ in runs if n.startswith("upstream")})
-        for ours in OUR_MODES:
-            for theirs in upstreams:
-                if (ours, load) not in runs or (theirs, load) not in runs:
+def run_rounds(
+    topo: Topology, udp_load: Path, servers: dict[str, tuple[int | None, int]], peer_pid: int,
+    bpf: BpfProbe,
+) -> dict[tuple[str, str], list[Run]]:  # fmt: skip
+    runs: dict[tuple[str, str], list[Run]] = {}
+    chosen = {n: v for n, v in servers.items() if not ONLY or n in ONLY}
+    for _ in range(ROUNDS):
+        for load in ("media", "flood"):
+            for name, (pid, port) in chosen.items():
+                set_forwarding(topo, pid is None)
+                probe = bpf if name == "offloaded" else None
+                try:
+                    run = measure(topo, udp_load, name, pid, port, load, peer_pid, probe)
+                except RuntimeError as exc:
+                    print(f"{load} run against {name} failed: {str(exc)[-400:]}")
                     continue
-                ratios = [
-                    a.us_per_packet / b.us_per_packet
-                    for a, b in zip(runs[(ours, load)], runs[(theirs, load)], strict=False)
-                ]
-                print(
-                    f"RATIO {prefix}cpu_per_packet ours/upstream = {_span(ratios)}  "
-                    f"(ours: {ours}; upstream: stunnerd v1.2.1 --udp-thread-num "
-                    f"{theirs.removeprefix('upstream x')})"
-                )
-        for name in (*SERVERS, "python", *upstreams, FORWARD):
-            if (name, load) not in runs:
-                continue
-            series = runs[(name, load)]
-            print(
-                f"{load}: {name}: loss {_span([r.loss_pct for r in series])} %, "
-                f"RTT p50 {_span([r.rtt_p50_ms for r in series])} ms "
-                f"p99 {_span([r.rtt_p99_ms for r in series])} ms"
-            )
+                finally:
+                    set_forwarding(topo, False)
+                runs.setdefault((name, load), []).append(run)
+    return runs
 
 
 if __name__ == "__main__":

@@ -12,11 +12,15 @@
  * datagrams) goes on to user space untouched.
  *
  * Two attach points share the maps: `stunner_tc` (clsact ingress) and `stunner_xdp` (native XDP).
- * TC keeps the IP/UDP headers in place and moves the payload by 4 bytes, so the kernel's checksum
- * helpers stay right for every checksum state (a locally generated CHECKSUM_PARTIAL skb included),
- * then hands the packet to `bpf_redirect_neigh`. XDP moves the headers, updates the checksums
- * incrementally and needs the MAC addresses user space resolved; entries without them pass to
- * user space.
+ * TC keeps the IP/UDP headers in place and moves the payload by 4 bytes, so that a CHECKSUM_PARTIAL
+ * skb (a locally generated one) keeps its checksum start: removing or adding bytes before the
+ * payload would move the UDP header away from it. Per packet it costs one map lookup, the payload
+ * copied out and back, two checksum helper calls (the kernel alone knows the skb's checksum
+ * state: one call for the pseudo header, one for the datagram), direct writes for the rest and
+ * one tail change. It sends with `bpf_redirect` when the entry carries the MAC addresses user
+ * space resolved (refreshed with the channel), else with `bpf_redirect_neigh` (a route and a
+ * neighbour lookup per packet). XDP moves the headers, updates the checksums incrementally and
+ * needs those MAC addresses; entries without them pass to user space.
  *
  * A destination on this host itself (a peer in the same network namespace) cannot be reached from
  * here: a packet re-entering the stack with one of our own addresses as its source is a martian.
@@ -78,19 +82,17 @@ struct fwd {
 	__u64 bytes;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_ENTRIES);
-	__type(key, struct client_key);
-	__type(value, struct fwd);
-} stunner_chan SEC(".maps");
+/* A hash map from `key_type` to how to send on (both maps hold `struct fwd` values). */
+#define FWD_MAP(name, key_type)                  \
+	struct {                                 \
+		__uint(type, BPF_MAP_TYPE_HASH); \
+		__uint(max_entries, MAX_ENTRIES); \
+		__type(key, key_type);           \
+		__type(value, struct fwd);       \
+	} name SEC(".maps")
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_ENTRIES);
-	__type(key, struct peer_key);
-	__type(value, struct fwd);
-} stunner_peer SEC(".maps");
+FWD_MAP(stunner_chan, struct client_key);
+FWD_MAP(stunner_peer, struct peer_key);
 
 struct scratch {
 	__u8 buf[SCRATCH_BYTES];
@@ -183,53 +185,116 @@ static __always_inline struct fwd *peer_entry(struct pkt *p)
 	return bpf_map_lookup_elem(&stunner_peer, &key);
 }
 
+/* ----------------------------------------------------------------------- checksums */
+
+static __always_inline __u16 csum_fold(__u64 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)sum;
+}
+
+/* RFC 1624: HC' = ~(~HC + ~m + m'), over 32-bit words given in network order. */
+static __always_inline __u64 csum_swap32(__u64 sum, __u32 old, __u32 new)
+{
+	return sum + (~old & 0xffff) + (~old >> 16) + (new & 0xffff) + (new >> 16);
+}
+
+static __always_inline __u64 csum_swap16(__u64 sum, __u16 old, __u16 new)
+{
+	return sum + (__u16)~old + new;
+}
+
+/* The IP header's checksum after the rewrite every relayed datagram gets (addresses, length,
+ * TTL), from the one it arrived with. */
+static __always_inline __u16 ip_check(struct pkt *p, struct fwd *f, __be16 old_check,
+				      __be16 new_tot)
+{
+	__u64 sum = (__u16)~old_check;
+
+	sum = csum_swap32(sum, p->saddr, f->src_ip);
+	sum = csum_swap32(sum, p->daddr, f->dst_ip);
+	sum = csum_swap16(sum, bpf_htons(p->tot_len), new_tot);
+	sum = csum_swap16(sum, bpf_htons((__u16)p->ttl << 8), bpf_htons((__u16)DEFAULT_TTL << 8));
+	return ~csum_fold(sum);
+}
+
+/* The UDP checksum's change in two parts, as the kernel's helpers want them: the pseudo header
+ * (addresses, length), which a CHECKSUM_PARTIAL seed must follow, and the datagram itself
+ * (ports, length, the 4 ChannelData bytes removed or added), which such a seed must not. */
+static __always_inline __u16 udp_pseudo_diff(struct pkt *p, struct fwd *f, __be16 new_ulen)
+{
+	__u64 sum = csum_swap32(0, p->saddr, f->src_ip);
+
+	sum = csum_swap32(sum, p->daddr, f->dst_ip);
+	return csum_fold(csum_swap16(sum, bpf_htons(p->udp_len), new_ulen));
+}
+
+static __always_inline __u16 udp_body_diff(struct pkt *p, struct fwd *f, __be16 new_ulen,
+					   __u32 removed, __u32 added)
+{
+	__u32 old_ports = ((__u32)p->dport << 16) | p->sport;
+	__u32 new_ports = ((__u32)f->dst_port << 16) | f->src_port;
+	__u64 sum = csum_swap16(0, bpf_htons(p->udp_len), new_ulen);
+
+	sum = csum_swap32(sum, old_ports, new_ports);
+	return csum_fold(csum_swap32(sum, removed, added));
+}
+
 /* ------------------------------------------------------------------------------------ TC */
 
 /* Rewrite the IP and UDP headers in place for a datagram whose UDP length becomes new_udp_len;
- * payload_old/payload_new are the 4 payload bytes that were removed or added (0 for none). */
+ * removed/added are the 4 payload bytes that went or came (0 for none). The UDP checksum goes
+ * through the kernel's helpers, which alone know the skb's checksum state (two calls: one per
+ * part of the change); the rest is written straight into the packet, the IP checksum updated
+ * here (RFC 1624). Every checksum stays consistent, so a CHECKSUM_COMPLETE sum stays right. */
 static __always_inline int tc_rewrite(struct __sk_buff *skb, struct pkt *p, struct fwd *f,
 				      __u16 new_udp_len, __u32 removed, __u32 added)
 {
-	__be16 old_tot = bpf_htons(p->tot_len), new_tot = bpf_htons(new_udp_len + sizeof(struct iphdr));
-	__be16 old_ulen = bpf_htons(p->udp_len), new_ulen = bpf_htons(new_udp_len);
-	__be16 old_ttl = bpf_htons((__u16)p->ttl << 8), new_ttl = bpf_htons((__u16)DEFAULT_TTL << 8);
-	__u32 old_ports = ((__u32)p->dport << 16) | p->sport;
-	__u32 new_ports = ((__u32)f->dst_port << 16) | f->src_port;
-	__u64 pseudo = BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0;
-	__u8 ttl = DEFAULT_TTL;
+	__be16 new_tot = bpf_htons(new_udp_len + sizeof(struct iphdr));
+	__be16 new_ulen = bpf_htons(new_udp_len);
+	__u64 mangled = BPF_F_MARK_MANGLED_0;
+	struct iphdr *ip;
+	struct udphdr *udp;
+	void *data, *end;
 
-	/* IP header: addresses, total length, TTL (a datagram we send, not one we forward). */
-	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, p->saddr, f->src_ip, 4) ||
-	    bpf_l3_csum_replace(skb, IP_CSUM_OFF, p->daddr, f->dst_ip, 4) ||
-	    bpf_l3_csum_replace(skb, IP_CSUM_OFF, old_tot, new_tot, 2) ||
-	    bpf_l3_csum_replace(skb, IP_CSUM_OFF, old_ttl, new_ttl, 2))
+	if (p->udp_check &&
+	    (bpf_l4_csum_replace(skb, UDP_CSUM_OFF, 0, udp_pseudo_diff(p, f, new_ulen),
+				 mangled | BPF_F_PSEUDO_HDR) ||
+	     bpf_l4_csum_replace(skb, UDP_CSUM_OFF, 0,
+				 udp_body_diff(p, f, new_ulen, removed, added), mangled)))
 		return -1;
-	if (bpf_skb_store_bytes(skb, L3_OFF + offsetof(struct iphdr, saddr), &f->src_ip, 4, 0) ||
-	    bpf_skb_store_bytes(skb, L3_OFF + offsetof(struct iphdr, daddr), &f->dst_ip, 4, 0) ||
-	    bpf_skb_store_bytes(skb, L3_OFF + offsetof(struct iphdr, tot_len), &new_tot, 2, 0) ||
-	    bpf_skb_store_bytes(skb, L3_OFF + offsetof(struct iphdr, ttl), &ttl, 1, 0))
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	ip = data + L3_OFF;
+	udp = data + L4_OFF;
+	if ((void *)(udp + 1) > end)
 		return -1;
-
-	/* UDP checksum: pseudo header (addresses, length), header (ports, length), payload. The
-	 * helpers leave a CHECKSUM_PARTIAL seed alone for everything but the pseudo header. */
-	if (p->udp_check) {
-		if (bpf_l4_csum_replace(skb, UDP_CSUM_OFF, p->saddr, f->src_ip, pseudo | 4) ||
-		    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, p->daddr, f->dst_ip, pseudo | 4) ||
-		    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, old_ulen, new_ulen, pseudo | 2) ||
-		    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, old_ulen, new_ulen, BPF_F_MARK_MANGLED_0 | 2) ||
-		    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, old_ports, new_ports, BPF_F_MARK_MANGLED_0 | 4) ||
-		    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, removed, added, BPF_F_MARK_MANGLED_0 | 4))
-			return -1;
-	}
-	if (bpf_skb_store_bytes(skb, L4_OFF, &new_ports, 4, 0) ||
-	    bpf_skb_store_bytes(skb, L4_OFF + offsetof(struct udphdr, len), &new_ulen, 2, 0))
-		return -1;
+	ip->check = ip_check(p, f, ip->check, new_tot);
+	ip->saddr = f->src_ip;
+	ip->daddr = f->dst_ip;
+	ip->tot_len = new_tot;
+	ip->ttl = DEFAULT_TTL;
+	udp->source = f->src_port;
+	udp->dest = f->dst_port;
+	udp->len = new_ulen;
 	return 0;
 }
 
+/* With the MAC addresses user space resolved, the frame is finished here and goes straight to
+ * the device; without them the kernel's neighbour lookup (and a route lookup) addresses it. */
 static __always_inline int tc_send(struct __sk_buff *skb, struct fwd *f)
 {
-	return bpf_redirect_neigh(f->ifindex, NULL, 0, 0);
+	struct ethhdr *eth = (void *)(long)skb->data;
+
+	if (!(f->flags & FWD_HAS_MACS))
+		return bpf_redirect_neigh(f->ifindex, NULL, 0, 0);
+	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+		return TC_ACT_SHOT;
+	__builtin_memcpy(eth->h_source, f->smac, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, f->dmac, ETH_ALEN);
+	return bpf_redirect(f->ifindex, 0);
 }
 
 /* n, already checked to be in [1, SCRATCH_BYTES], in a form whose bounds the verifier sees on the
@@ -304,7 +369,9 @@ int stunner_tc(struct __sk_buff *skb)
 
 	if (skb->protocol != bpf_htons(ETH_P_IP) || skb->gso_size)
 		return TC_ACT_OK;
-	if (bpf_skb_pull_data(skb, PAYLOAD_OFF + 4) && bpf_skb_pull_data(skb, PAYLOAD_OFF))
+	/* Direct access needs the headers (and the ChannelData header) in the linear part. */
+	if ((void *)(long)skb->data + PAYLOAD_OFF + 4 > (void *)(long)skb->data_end &&
+	    bpf_skb_pull_data(skb, PAYLOAD_OFF + 4) && bpf_skb_pull_data(skb, PAYLOAD_OFF))
 		return TC_ACT_OK;
 	if (parse((void *)(long)skb->data, (void *)(long)skb->data_end, &p))
 		return TC_ACT_OK;
@@ -319,37 +386,6 @@ int stunner_tc(struct __sk_buff *skb)
 
 /* ----------------------------------------------------------------------------------- XDP */
 
-static __always_inline __u16 csum_fold(__u64 sum)
-{
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return (__u16)sum;
-}
-
-/* RFC 1624: HC' = ~(~HC + ~m + m'), over 32-bit words given in network order. */
-static __always_inline __u64 csum_swap32(__u64 sum, __u32 old, __u32 new)
-{
-	return sum + (~old & 0xffff) + (~old >> 16) + (new & 0xffff) + (new >> 16);
-}
-
-static __always_inline __u64 csum_swap16(__u64 sum, __u16 old, __u16 new)
-{
-	return sum + (__u16)~old + new;
-}
-
-static __always_inline __u16 ip_checksum(struct iphdr *ip)
-{
-	__u16 *w = (__u16 *)ip;
-	__u64 sum = 0;
-
-	ip->check = 0;
-#pragma unroll
-	for (int i = 0; i < (int)sizeof(struct iphdr) / 2; i++)
-		sum += w[i];
-	return ~csum_fold(sum);
-}
-
 /* A stack copy of the headers; the pad keeps the IP header 4-byte aligned. */
 struct hdrs {
 	__u16 pad;
@@ -360,31 +396,27 @@ struct hdrs {
 
 #define HDRS_BYTES (PAYLOAD_OFF)
 
-/* Rewrite the header copy `h` for the new addresses and UDP length. */
+/* Rewrite the header copy `h` for the new addresses and UDP length; XDP sees only complete
+ * checksums, so both are updated here (RFC 1624). */
 static __always_inline void xdp_rewrite(struct hdrs *h, struct pkt *p, struct fwd *f,
 					__u16 new_udp_len, __u32 removed, __u32 added)
 {
 	__be16 new_ulen = bpf_htons(new_udp_len);
-	__u32 old_ports = ((__u32)p->dport << 16) | p->sport;
-	__u32 new_ports = ((__u32)f->dst_port << 16) | f->src_port;
+	__be16 new_tot = bpf_htons(new_udp_len + sizeof(struct iphdr));
 
 	__builtin_memcpy(h->eth.h_source, f->smac, ETH_ALEN);
 	__builtin_memcpy(h->eth.h_dest, f->dmac, ETH_ALEN);
+	h->ip.check = ip_check(p, f, h->ip.check, new_tot);
 	h->ip.saddr = f->src_ip;
 	h->ip.daddr = f->dst_ip;
-	h->ip.tot_len = bpf_htons(new_udp_len + sizeof(struct iphdr));
+	h->ip.tot_len = new_tot;
 	h->ip.ttl = DEFAULT_TTL;
-	h->ip.check = ip_checksum(&h->ip);
 	if (p->udp_check) {
 		__u64 sum = (__u16)~p->udp_check;
 		__u16 res;
 
-		sum = csum_swap32(sum, p->saddr, f->src_ip);
-		sum = csum_swap32(sum, p->daddr, f->dst_ip);
-		sum = csum_swap16(sum, bpf_htons(p->udp_len), new_ulen); /* pseudo header */
-		sum = csum_swap16(sum, bpf_htons(p->udp_len), new_ulen); /* UDP header */
-		sum = csum_swap32(sum, old_ports, new_ports);
-		sum = csum_swap32(sum, removed, added);
+		sum += udp_pseudo_diff(p, f, new_ulen);
+		sum += udp_body_diff(p, f, new_ulen, removed, added);
 		res = ~csum_fold(sum);
 		h->udp.check = res ? res : 0xffff;
 	}

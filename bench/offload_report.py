@@ -1,0 +1,154 @@
+"""The table and the ratios `bench offload` prints from its runs (see bench/bench_offload.py)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+SERVERS = ("coturn", "user space", "offloaded")
+OUR_MODES = ("user space", "python", "offloaded")
+FORWARD = "ip forward"
+
+
+@dataclass
+class Run:
+    server: str
+    load: str
+    sent: int
+    echoed: int
+    machine_cpu_s: float  # whole machine minus generator, peer and other tenants
+    server_cpu_s: float  # the server's processes + all irq/softirq
+    rtt_p50_ms: float
+    rtt_p99_ms: float
+    bpf_ns: int = 0  # the offload program's run time over the window
+    bpf_runs: int = 0
+    instructions: int | None = None  # machine-wide, where there are hardware counters
+
+    @property
+    def packets(self) -> int:
+        return 2 * self.echoed
+
+    @property
+    def loss_pct(self) -> float:
+        return 100.0 * (self.sent - self.echoed) / max(1, self.sent)
+
+    @property
+    def us_per_packet(self) -> float:
+        return self.machine_cpu_s * 1e6 / max(1, self.packets)
+
+    @property
+    def server_us_per_packet(self) -> float:
+        return self.server_cpu_s * 1e6 / max(1, self.packets)
+
+    @property
+    def insns_per_packet(self) -> float | None:
+        return None if self.instructions is None else self.instructions / max(1, self.packets)
+
+
+Runs = dict[tuple[str, str], list[Run]]
+
+
+def _span(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.median(values):.2f} [{min(values):.2f}..{max(values):.2f}]"
+
+
+def report_kernel_path(runs: Runs, bpf_insns: int) -> None:
+    """Offloaded against IP forwarding, the BPF program's share, and instructions per packet."""
+    for load in ("media", "flood"):
+        prefix = "" if load == "media" else "flood "
+        offl, fwd = runs.get(("offloaded", load)), runs.get((FORWARD, load))
+        if offl and fwd:
+            ratios = [a.us_per_packet / b.us_per_packet for a, b in zip(offl, fwd, strict=False)]
+            srv = [
+                a.server_us_per_packet / b.server_us_per_packet
+                for a, b in zip(offl, fwd, strict=False)
+            ]
+            print(
+                f"RATIO {prefix}cpu_per_packet offloaded/ipforward = {_span(ratios)}  "
+                f"(server+softirq: {_span(srv)})"
+            )
+        if offl:
+            ns = [r.bpf_ns / max(1, r.packets) for r in offl]
+            runs_per = [r.bpf_runs / max(1, r.packets) for r in offl]
+            print(
+                f"{load}: offloaded: BPF program {_span(ns)} ns per relayed packet "
+                f"({_span(runs_per)} runs each; {bpf_insns} instructions xlated)"
+            )
+        for (name, each), series in runs.items():
+            if each != load:
+                continue
+            counts = [r.insns_per_packet for r in series]
+            shown = (
+                _span([c for c in counts if c is not None])
+                if all(c is not None for c in counts)
+                else "n/a (no hardware counter)"
+            )
+            print(f"{load}: {name}: instructions per relayed packet (machine) {shown}")
+
+
+def _coturn_ratios(runs: Runs, load: str, prefix: str) -> None:
+    base = [r.us_per_packet for r in runs[("coturn", load)]]
+    base_srv = [r.server_us_per_packet for r in runs[("coturn", load)]]
+    names = [("offloaded", "offloaded"), ("user space", "userspace"), ("python", "python")]
+    names += [(n, n.replace(" ", "")) for n, _ in runs if n.startswith("upstream") and _ == load]
+    names.append((FORWARD, "ipforward"))
+    for name, label in names:
+        if (name, load) not in runs:
+            continue
+        series = runs[(name, load)]
+        ratios = [r.us_per_packet / b for r, b in zip(series, base, strict=False)]
+        srv = [r.server_us_per_packet / b for r, b in zip(series, base_srv, strict=False)]
+        line = f"RATIO {prefix}cpu_per_packet {label}/coturn = {_span(ratios)}"
+        if name == FORWARD:
+            line = "reference: " + line.removeprefix("RATIO ")
+        print(f"{line}  (server+softirq: {_span(srv)})")
+
+
+def _upstream_ratios(runs: Runs, load: str, prefix: str, upstreams: list[str]) -> None:
+    for ours in OUR_MODES:
+        for theirs in upstreams:
+            if (ours, load) not in runs or (theirs, load) not in runs:
+                continue
+            ratios = [
+                a.us_per_packet / b.us_per_packet
+                for a, b in zip(runs[(ours, load)], runs[(theirs, load)], strict=False)
+            ]
+            print(
+                f"RATIO {prefix}cpu_per_packet ours/upstream = {_span(ratios)}  "
+                f"(ours: {ours}; upstream: stunnerd v1.2.1 --udp-thread-num "
+                f"{theirs.removeprefix('upstream x')})"
+            )
+
+
+def report(runs: Runs, bpf_insns: int = 0) -> None:
+    print(
+        f"{'server':<11} {'load':<6} {'sent':>8} {'echoed':>8} {'loss %':>7} {'µs/pkt':>7} "
+        f"{'server+softirq µs/pkt':>21} {'RTT p50 ms':>10} {'p99 ms':>8}"
+    )
+    for (name, load), series in runs.items():
+        for r in series:
+            print(
+                f"{name:<11} {load:<6} {r.sent:>8} {r.echoed:>8} {r.loss_pct:>7.3f} "
+                f"{r.us_per_packet:>7.2f} {r.server_us_per_packet:>21.2f} "
+                f"{r.rtt_p50_ms:>10.3f} {r.rtt_p99_ms:>8.3f}"
+            )
+    upstreams = sorted({n for n, _ in runs if n.startswith("upstream")})
+    for load in ("media", "flood"):
+        prefix = "" if load == "media" else "flood "
+        if any((name, load) not in runs for name in SERVERS):
+            print(f"{load}: not every server completed a run; no ratio to coturn")
+        else:
+            _coturn_ratios(runs, load, prefix)
+        _upstream_ratios(runs, load, prefix, upstreams)
+        for name in (*SERVERS, "python", *upstreams, FORWARD):
+            if (name, load) not in runs:
+                continue
+            series = runs[(name, load)]
+            print(
+                f"{load}: {name}: loss {_span([r.loss_pct for r in series])} %, "
+                f"RTT p50 {_span([r.rtt_p50_ms for r in series])} ms "
+                f"p99 {_span([r.rtt_p99_ms for r in series])} ms"
+            )
+    report_kernel_path(runs, bpf_insns)
