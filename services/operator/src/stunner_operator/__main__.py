@@ -27,7 +27,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypedDict
 
 from stunner_common.cli import add_version_argument, settings_from_args
 from stunner_common.redis_acl import redact_url
@@ -154,6 +154,17 @@ def _server(settings: OperatorSettings, metrics: OperatorMetrics) -> Observabili
     return ObservabilityServer(metrics, health_address=health, metrics_address=prom)
 
 
+class _LoopArgs(TypedDict):
+    options: RenderOptions
+    retry_s: float
+    metrics: OperatorMetrics
+
+
+def _loop_args(settings: OperatorSettings, metrics: OperatorMetrics) -> _LoopArgs:
+    """What the Kubernetes controller and the local operator both take from the settings."""
+    return {"options": _options(settings), "retry_s": settings.publish_retry_s, "metrics": metrics}
+
+
 @contextlib.asynccontextmanager
 async def _serving(server: ObservabilityServer) -> AsyncIterator[None]:
     try:
@@ -189,11 +200,9 @@ async def _run_kubernetes(settings: OperatorSettings) -> int:
         controller = KubeController(
             api,
             sink,
-            options=_options(settings),
             throttle_s=settings.throttle_s,
-            retry_s=settings.publish_retry_s,
             watch_timeout_s=settings.watch_timeout_s,
-            metrics=metrics,
+            **_loop_args(settings, metrics),
         )
         await controller.run(lost)
 
@@ -226,12 +235,7 @@ async def _run_local(settings: OperatorSettings, root: Path) -> int:
     server = _server(settings, metrics)
     sink = await _redis_sink(settings)
     operator = LocalOperator(
-        root,
-        sink,
-        options=_options(settings),
-        debounce_ms=settings.watch_debounce_ms,
-        retry_s=settings.publish_retry_s,
-        metrics=metrics,
+        root, sink, debounce_ms=settings.watch_debounce_ms, **_loop_args(settings, metrics)
     )
     server.gateway_report = operator.gateway_report
     stop = _stop_on_signals()
