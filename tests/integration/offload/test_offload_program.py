@@ -445,3 +445,25 @@ def test_ipv6_channel_data_reaches_user_space_untouched(
             catcher.wait()
     assert json.loads(out) == ["fd77:1::2", CLIENT[1], frame.hex()], err
     assert driver.channel("counters")["to_peer"] == [0, 0]
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["complete", "partial-checksums"])
+def test_tc_sends_on_the_resolved_macs_without_the_neighbour_table(
+    topo: Topology, driver: Driver, partial: bool
+) -> None:
+    """Entries that carry the MACs resolved when they were put go out with `bpf_redirect`: the
+    server's neighbour entries, pointed elsewhere afterwards, are not consulted."""
+    for ns in (topo.client, topo.peer):
+        netns.set_tx_checksum(topo, ns, "eth0", on=partial)
+    netns.prime_neighbours(topo)
+    driver("attach", engine="TC", interfaces=[topo.server_client_if, topo.server_peer_if])
+    driver.channel("put")
+    for ip, dev in ((CLIENT_IP, topo.server_client_if), (PEER_IP, topo.server_peer_if)):
+        topo.run(topo.server, "ip", "neigh", "replace", ip, "lladdr", "02:00:00:00:00:99",
+                 "dev", dev, "nud", "permanent")  # fmt: skip
+    client, peer = exchange(topo)
+    check_relayed(client, peer)
+    if not partial:
+        assert peer["checks"], peer
+        assert all(c is True for c in peer["checks"]), peer["checks"]
+    assert driver.channel("counters")["to_peer"][0] == 20
