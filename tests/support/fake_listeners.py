@@ -166,8 +166,11 @@ def channel_data(payload: bytes, channel: int = CHANNEL, *, pad: bool) -> bytes:
 # ------------------------------------------------------------------ TURN-UDP
 
 
-async def udp_listener(loop: MockLoop, ports: RelayPorts) -> tuple[UdpListener, FakeSocket]:
-    listener: UdpListener = build(UdpListener, "TURN-UDP", loop, ports)
+async def udp_listener(
+    loop: MockLoop, ports: RelayPorts, **kw: Any
+) -> tuple[UdpListener, FakeSocket]:
+    """A started TURN-UDP listener serving a `FakeSocket`; `kw` goes to its spec."""
+    listener: UdpListener = build(UdpListener, "TURN-UDP", loop, ports, **kw)
     sock = FakeSocket(("127.0.0.1", 3478))
     listener.inherited_socket = sock  # type: ignore[assignment]
     await listener.start()

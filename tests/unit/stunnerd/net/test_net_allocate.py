@@ -4,6 +4,8 @@ reservations (RFC 8656 §14.6) and the cluster counters a channel's traffic land
 from __future__ import annotations
 
 import dataclasses
+import socket
+from typing import Any
 
 import pytest
 from aioice import stun
@@ -146,3 +148,56 @@ async def test_channel_traffic_counts_under_the_peers_cluster_even_after_a_polic
     relay.datagram_received(b"abcd", kit.PEER)
     assert listener.cluster_traffic["media"] == [1, 3, 1, 5]
     assert listener.cluster_traffic["other"] == [1, 4, 1, 7]
+
+
+PEER6 = ("2001:db8:1::7", 5000)
+IPV6 = 0x02
+
+
+def send_indication(peer: tuple[str, int], data: bytes) -> bytes:
+    attrs = {"XOR-PEER-ADDRESS": peer, "DATA": data}
+    return bytes(stun.Message(stun.Method.SEND, stun.Class.INDICATION, attributes=attrs))
+
+
+@pytest.mark.usefixtures("aioice_turn_attributes")
+async def test_a_dual_allocation_relays_each_peer_from_the_socket_of_its_family(
+    loop: MockLoop, ports: RelayPorts
+) -> None:
+    listener, _sock = await udp_listener(loop, ports, other_relay_ip="2001:db8::1")
+    client = client_at(listener, loop)
+    reply = client.request(
+        stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24, "ADDITIONAL-ADDRESS-FAMILY": IPV6}
+    )
+    assert reply.message_class == stun.Class.RESPONSE
+    v4, v6 = ports.opened
+    assert v6.family == socket.AF_INET6
+    for peer in (kit.PEER, PEER6):
+        client.request(stun.Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": peer})
+        feed(listener, send_indication(peer, b"to " + peer[0].encode()))
+    assert v4.sent == [(b"to " + kit.PEER[0].encode(), kit.PEER)]
+    assert v6.sent == [(b"to " + PEER6[0].encode(), PEER6)]
+    client.request(stun.Method.REFRESH, {"LIFETIME": 0})
+    assert v4.closed
+    assert v6.closed
+    assert listener.dual_relays == {}
+
+
+@pytest.mark.usefixtures("aioice_turn_attributes")
+async def test_a_dual_allocation_whose_second_socket_fails_closes_the_first_and_fails(
+    loop: MockLoop, ports: RelayPorts
+) -> None:
+    listener, _sock = await udp_listener(loop, ports, other_relay_ip="2001:db8::1")
+
+    def ipv4_only(bind_host: str, family: int, even: bool, port: int = 0) -> Any:
+        if family == 6:
+            raise OSError(99, "Cannot assign requested address")
+        return ports.bind(bind_host, family, even, port)
+
+    listener.opener.bind_socket = ipv4_only
+    reply = client_at(listener, loop).request(
+        stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24, "ADDITIONAL-ADDRESS-FAMILY": IPV6}
+    )
+    assert reply.error_code == 508
+    [v4] = ports.opened
+    assert v4.closed
+    assert listener.relays == {}

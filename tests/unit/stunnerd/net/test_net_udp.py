@@ -178,3 +178,24 @@ async def test_closing_the_listener_closes_relays_and_socket_once(
     assert loop.pending() == []  # the deadline timer is cancelled too
     assert ch.listener.protocol is not None
     assert ch.listener.protocol.closed.done()
+
+
+async def test_an_engine_failure_is_logged_and_the_next_datagram_is_served(
+    loop: MockLoop, ports: RelayPorts, caplog: pytest.LogCaptureFixture
+) -> None:
+    listener, _sock = await udp_listener(loop, ports)
+    engine = listener.engine
+    original = engine.handle_client
+    failed: list[bytes] = []
+
+    def fails_once(data: bytes, client: tuple[str, int], now: float) -> list[Any]:
+        if not failed:
+            failed.append(data)
+            raise RuntimeError("a bug in the engine")
+        return original(data, client, now)
+
+    engine.handle_client = fails_once  # type: ignore[method-assign]
+    feed(listener, kit.binding_request())
+    assert "engine failed on a client message" in caplog.text
+    reply = client_at(listener, loop).exchange(kit.binding_request())
+    assert reply.message_class == stun.Class.RESPONSE
