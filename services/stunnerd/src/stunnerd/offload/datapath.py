@@ -12,7 +12,6 @@ This module knows nothing of TURN allocations: `offload.manager` decides what go
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import socket
@@ -22,6 +21,7 @@ from typing import Literal
 
 from stunnerd.offload import libbpf, routes
 from stunnerd.offload.libbpf import BpfMap, BpfObject, OffloadError
+from stunnerd.offload.maps import Address, ClientKey, Fwd, PeerKey, client_key, fwd, peer_key
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,6 @@ PROG_TC = "stunner_tc"
 PROG_XDP = "stunner_xdp"
 TC_HANDLE = 0x57A1
 TC_PRIORITY = 0x57A1
-FWD_LOCAL = 1
-FWD_HAS_MACS = 2
 OBJECT_NAME = "stunner_offload.bpf.o"
 
 
@@ -40,83 +38,7 @@ def default_object_path() -> str:
     return os.environ.get("STUNNERD_OFFLOAD_OBJECT") or str(Path(__file__).with_name(OBJECT_NAME))
 
 
-class ClientKey(ctypes.Structure):
-    _fields_ = [
-        ("client_ip", ctypes.c_char * 4),
-        ("client_port", ctypes.c_uint16),  # network order
-        ("local_port", ctypes.c_uint16),  # network order
-        ("channel", ctypes.c_uint16),
-        ("pad", ctypes.c_uint16),
-    ]
-
-
-class PeerKey(ctypes.Structure):
-    _fields_ = [
-        ("peer_ip", ctypes.c_char * 4),
-        ("peer_port", ctypes.c_uint16),
-        ("relay_port", ctypes.c_uint16),
-    ]
-
-
-class Fwd(ctypes.Structure):
-    _fields_ = [
-        ("src_ip", ctypes.c_char * 4),
-        ("dst_ip", ctypes.c_char * 4),
-        ("src_port", ctypes.c_uint16),
-        ("dst_port", ctypes.c_uint16),
-        ("channel", ctypes.c_uint16),
-        ("flags", ctypes.c_uint16),
-        ("ifindex", ctypes.c_uint32),
-        ("smac", ctypes.c_char * 6),
-        ("dmac", ctypes.c_char * 6),
-        ("pad", ctypes.c_uint32),
-        ("packets", ctypes.c_uint64),
-        ("bytes", ctypes.c_uint64),
-    ]
-
-
-def client_key(client: tuple[str, int], local_port: int, channel: int) -> ClientKey:
-    return ClientKey(
-        client_ip=socket.inet_aton(client[0]),
-        client_port=socket.htons(client[1]),
-        local_port=socket.htons(local_port),
-        channel=channel,
-    )
-
-
-def peer_key(peer: tuple[str, int], relay_port: int) -> PeerKey:
-    return PeerKey(
-        peer_ip=socket.inet_aton(peer[0]),
-        peer_port=socket.htons(peer[1]),
-        relay_port=socket.htons(relay_port),
-    )
-
-
-def fwd(
-    src: tuple[str, int],
-    dst: tuple[str, int],
-    *,
-    ifindex: int,
-    local: bool,
-    channel: int = 0,
-    macs: tuple[bytes, bytes] | None = None,
-) -> Fwd:
-    value = Fwd(
-        src_ip=socket.inet_aton(src[0]),
-        dst_ip=socket.inet_aton(dst[0]),
-        src_port=socket.htons(src[1]),
-        dst_port=socket.htons(dst[1]),
-        channel=channel,
-        flags=(FWD_LOCAL if local else 0) | (FWD_HAS_MACS if macs else 0),
-        ifindex=ifindex,
-    )
-    if macs:
-        value.smac, value.dmac = macs
-    return value
-
-
 WILDCARDS = ("", "0.0.0.0")
-Address = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,18 +222,6 @@ class Datapath:
             value = Fwd()
             out.append(Counters(value.packets, value.bytes) if fmap.pop(key, value) else None)
         return out[0], out[1]
-
-    def put_client(self, key: ClientKey, value: Fwd) -> None:
-        self.chan.update(key, value)
-
-    def put_peer(self, key: PeerKey, value: Fwd) -> None:
-        self.peer.update(key, value)
-
-    def delete_client(self, key: ClientKey) -> bool:
-        return self.chan.delete(key)
-
-    def delete_peer(self, key: PeerKey) -> bool:
-        return self.peer.delete(key)
 
     def client_counters(self, key: ClientKey) -> Counters | None:
         value = Fwd()

@@ -24,6 +24,7 @@ XDP_FLAGS_SKB_MODE = 1 << 1
 XDP_FLAGS_DRV_MODE = 1 << 2
 XDP_FLAGS_REPLACE = 1 << 4
 BPF_ANY = 0
+BTF_KIND_STRUCT = 4
 _PROG_INFO_NAME_OFFSET = 64  # struct bpf_prog_info: name[16] after 64 bytes of fixed fields
 _PROG_INFO_BYTES = 256
 _LOG_LINES = 8
@@ -33,26 +34,24 @@ class OffloadError(Exception):
     """Loading, attaching or driving the kernel program failed; the message is the reason."""
 
 
-class _TcHook(ctypes.Structure):
-    _fields_ = [
-        ("sz", ctypes.c_size_t),
-        ("ifindex", ctypes.c_int),
-        ("attach_point", ctypes.c_int),
-        ("parent", ctypes.c_uint32),
-        ("_pad", ctypes.c_uint32),
-    ]
+_INT, _U32 = ctypes.c_int, ctypes.c_uint32
 
 
-class _TcOpts(ctypes.Structure):
-    _fields_ = [
-        ("sz", ctypes.c_size_t),
-        ("prog_fd", ctypes.c_int),
-        ("flags", ctypes.c_uint32),
-        ("prog_id", ctypes.c_uint32),
-        ("handle", ctypes.c_uint32),
-        ("priority", ctypes.c_uint32),
-        ("_pad", ctypes.c_uint32),
-    ]
+class _Opts(ctypes.Structure):
+    """A libbpf options structure: its own size first, so libbpf knows which fields we know."""
+
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(sz=ctypes.sizeof(self), **fields)
+
+
+class _TcHook(_Opts):
+    _fields_ = [("sz", ctypes.c_size_t), ("ifindex", _INT), ("attach_point", _INT)]
+    _fields_ += [("parent", _U32), ("_pad", _U32)]
+
+
+class _TcOpts(_Opts):
+    _fields_ = [("sz", ctypes.c_size_t), ("prog_fd", _INT), ("flags", _U32), ("prog_id", _U32)]
+    _fields_ += [("handle", _U32), ("priority", _U32), ("_pad", _U32)]
 
 
 _PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
@@ -104,6 +103,12 @@ class Libbpf:
             "bpf_xdp_query_id": (i, [i, i, ctypes.POINTER(u32)]),
             "bpf_prog_get_fd_by_id": (i, [u32]),
             "bpf_obj_get_info_by_fd": (i, [i, vp, ctypes.POINTER(u32)]),
+            "btf__parse": (vp, [ctypes.c_char_p, vp]),
+            "btf__free": (None, [vp]),
+            "btf__find_by_name_kind": (i, [vp, ctypes.c_char_p, u32]),
+            "btf__type_by_id": (vp, [vp, u32]),
+            "btf__name_by_offset": (ctypes.c_char_p, [vp, u32]),
+            "btf__resolve_size": (ctypes.c_longlong, [vp, u32]),
         }
         for fn, (restype, argtypes) in sigs.items():
             f = getattr(lib, fn)
@@ -235,9 +240,33 @@ def prog_name(prog_id: int) -> str | None:
         os.close(fd)
 
 
+def btf_struct(path: str, name: str) -> tuple[int, list[tuple[str, int, int]]]:
+    """A structure's size and members (name, byte offset, byte size) in an object's BTF."""
+    bpf = Libbpf.get()
+    btf = bpf.lib.btf__parse(path.encode(), None)
+    if not btf:
+        raise bpf.error(f"cannot read the BTF of {path}")
+    try:
+        type_id = bpf.lib.btf__find_by_name_kind(btf, name.encode(), BTF_KIND_STRUCT)
+        if type_id < 0:
+            raise OffloadError(f"struct {name} is not in the BTF of {path}")
+        # struct btf_type {name_off, info, size}, then vlen struct btf_member {name_off,
+        # type, offset}; the offset is in bits (its low 24 bits when info's kind_flag is set)
+        words = ctypes.cast(bpf.lib.btf__type_by_id(btf, type_id), ctypes.POINTER(_U32))
+        info, members = words[1], []
+        for i in range(3, 3 + 3 * (info & 0xFFFF), 3):
+            name_off, member_type, bits = words[i], words[i + 1], words[i + 2]
+            bits &= 0xFFFFFF if info >> 31 else 0xFFFFFFFF
+            member = bpf.lib.btf__name_by_offset(btf, name_off).decode()
+            members.append((member, bits // 8, int(bpf.lib.btf__resolve_size(btf, member_type))))
+        return int(words[2]), members
+    finally:
+        bpf.lib.btf__free(btf)
+
+
 def _tc(ifindex: int, prog_fd: int = 0, handle: int = 0, priority: int = 0) -> tuple[Any, Any]:
-    hook = _TcHook(sz=ctypes.sizeof(_TcHook), ifindex=ifindex, attach_point=BPF_TC_INGRESS)
-    opts = _TcOpts(sz=ctypes.sizeof(_TcOpts), prog_fd=prog_fd, handle=handle, priority=priority)
+    hook = _TcHook(ifindex=ifindex, attach_point=BPF_TC_INGRESS)
+    opts = _TcOpts(prog_fd=prog_fd, handle=handle, priority=priority)
     return hook, opts
 
 
