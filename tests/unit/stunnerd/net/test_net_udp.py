@@ -199,3 +199,17 @@ async def test_an_engine_failure_is_logged_and_the_next_datagram_is_served(
     assert "engine failed on a client message" in caplog.text
     reply = client_at(listener, loop).exchange(kit.binding_request())
     assert reply.message_class == stun.Class.RESPONSE
+
+
+async def test_a_listener_arms_one_timer_for_all_its_allocations(
+    loop: MockLoop, ports: RelayPorts
+) -> None:
+    listener, _sock = await udp_listener(loop, ports)
+    for port, lifetime_s in ((1, 3600), (2, 1200), (3, 1800)):
+        client_at(listener, loop, ("192.0.2.10", port)).allocate(lifetime_s)
+    [timer] = loop.pending()
+    assert timer.when == listener.engine.next_deadline()
+    loop.advance(1201)  # the shortest allocation expires; the timer moves on
+    assert listener.allocation_count == 2
+    [timer] = loop.pending()
+    assert timer.when == listener.engine.next_deadline()
