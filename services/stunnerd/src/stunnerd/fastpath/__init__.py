@@ -102,32 +102,6 @@ class FastPath:
         self.handlers.pop(fd, None)
         self.relay.unwatch(fd)
 
-    def add_route(
-        self,
-        listener: socket.socket,
-        client: Address,
-        channel: int,
-        relay: socket.socket,
-        peer: Address,
-        cluster_counts: list[int],
-    ) -> None:
-        slot = self.slot(cluster_counts)
-        lfd, rfd = listener.fileno(), relay.fileno()
-        self.relay.add_client_route(lfd, client[0], client[1], channel, rfd, peer[0], peer[1], slot)
-        self.relay.add_peer_route(rfd, peer[0], peer[1], channel, lfd, client[0], client[1], slot)
-
-    def remove_route(
-        self,
-        listener: socket.socket,
-        client: Address,
-        channel: int,
-        relay: socket.socket | None,
-        peer: Address,
-    ) -> None:
-        self.relay.remove_client_route(listener.fileno(), client[0], client[1], channel)
-        if relay is not None and relay.fileno() >= 0:
-            self.relay.remove_peer_route(relay.fileno(), peer[0], peer[1], 0)
-
     def _ready(self) -> None:
         try:
             misses = self.relay.poll()

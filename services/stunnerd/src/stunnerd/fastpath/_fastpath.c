@@ -214,25 +214,25 @@ static int parse_addr(PyObject *host, int port, struct sockaddr_storage *ss, soc
         PyErr_SetString(PyExc_ValueError, "port out of range");
         return -1;
     }
-    if (strchr(text, ':') != NULL) {
+    int family = strchr(text, ':') != NULL ? AF_INET6 : AF_INET;
+    void *addr;
+    if (family == AF_INET6) {
         struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
-        in6->sin6_family = AF_INET6;
         in6->sin6_port = htons((uint16_t)port);
-        if (inet_pton(AF_INET6, text, &in6->sin6_addr) != 1)
-            goto bad;
+        addr = &in6->sin6_addr;
         *len = sizeof(*in6);
-        return 0;
+    } else {
+        struct sockaddr_in *in = (struct sockaddr_in *)ss;
+        in->sin_port = htons((uint16_t)port);
+        addr = &in->sin_addr;
+        *len = sizeof(*in);
     }
-    struct sockaddr_in *in = (struct sockaddr_in *)ss;
-    in->sin_family = AF_INET;
-    in->sin_port = htons((uint16_t)port);
-    if (inet_pton(AF_INET, text, &in->sin_addr) != 1)
-        goto bad;
-    *len = sizeof(*in);
+    ss->ss_family = (sa_family_t)family;
+    if (inet_pton(family, text, addr) != 1) {
+        PyErr_Format(PyExc_ValueError, "not an IP address: %s", text);
+        return -1;
+    }
     return 0;
-bad:
-    PyErr_Format(PyExc_ValueError, "not an IP address: %s", text);
-    return -1;
 }
 
 static PyObject *addr_tuple(const struct sockaddr_storage *ss) {
@@ -323,6 +323,15 @@ static int miss(PyObject *out, int fd, const uint8_t *data, size_t len,
 
 /* ------------------------------------------------------------------ the hot path */
 
+/* One recvmmsg of up to BATCH datagrams, each read into at most `read_bytes`. */
+static inline int receive(FastRelay *self, int fd, size_t read_bytes) {
+    for (int i = 0; i < BATCH; i++) {
+        self->rx_iov[i].iov_len = read_bytes;
+        self->rx[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_storage);
+    }
+    return recvmmsg(fd, self->rx, BATCH, MSG_DONTWAIT, NULL);
+}
+
 /* What the engine would read at all: ChannelData, or a STUN header it accepts (RFC 8489 §5). */
 static inline int engine_reads(const uint8_t *d, size_t size, uint32_t max_stun) {
     if (size >= 4 && d[0] >= 0x40 && d[0] <= 0x7F)
@@ -337,14 +346,10 @@ static inline int engine_reads(const uint8_t *d, size_t size, uint32_t max_stun)
 static int drain_listener(FastRelay *self, int fd, PyObject *out) {
     int lslot = self->fds[fd].slot;
     uint32_t max_stun = self->fds[fd].max_stun;
+    /* a longer datagram is cut there (MSG_TRUNC) and dropped below: no copy past this */
     size_t read_bytes = self->fds[fd].max_datagram ? self->fds[fd].max_datagram : BUF_BYTES;
     for (int round = 0; round < DRAIN_ROUNDS; round++) {
-        for (int i = 0; i < BATCH; i++) {
-            /* a longer datagram is cut here (MSG_TRUNC) and dropped below: no copy past this */
-            self->rx_iov[i].iov_len = read_bytes;
-            self->rx[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_storage);
-        }
-        int got = recvmmsg(fd, self->rx, BATCH, MSG_DONTWAIT, NULL);
+        int got = receive(self, fd, read_bytes);
         if (got <= 0)
             return 0;
         for (int i = 0; i < got; i++) {
@@ -385,11 +390,7 @@ static int drain_listener(FastRelay *self, int fd, PyObject *out) {
 
 static int drain_relay(FastRelay *self, int fd, PyObject *out) {
     for (int round = 0; round < DRAIN_ROUNDS; round++) {
-        for (int i = 0; i < BATCH; i++) {
-            self->rx_iov[i].iov_len = BUF_BYTES - 4;
-            self->rx[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_storage);
-        }
-        int got = recvmmsg(fd, self->rx, BATCH, MSG_DONTWAIT, NULL);
+        int got = receive(self, fd, BUF_BYTES - 4); /* room for the ChannelData header */
         if (got <= 0)
             return 0;
         for (int i = 0; i < got; i++) {
@@ -479,6 +480,17 @@ static PyObject *FastRelay_watch(FastRelay *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *FastRelay_forget(FastRelay *self, PyObject *args) {
+    int fd;
+    if (!PyArg_ParseTuple(args, "i", &fd))
+        return NULL;
+    if (self->tx_count > 0 && self->tx_fd == fd)
+        self->tx_count = 0;
+    table_forget_fd(&self->clients, fd);
+    table_forget_fd(&self->peers, fd);
+    Py_RETURN_NONE;
+}
+
 static PyObject *FastRelay_unwatch(FastRelay *self, PyObject *args) {
     int fd;
     if (!PyArg_ParseTuple(args, "i", &fd))
@@ -487,11 +499,7 @@ static PyObject *FastRelay_unwatch(FastRelay *self, PyObject *args) {
         epoll_ctl(self->epfd, EPOLL_CTL_DEL, fd, NULL); /* fails harmlessly if already closed */
         self->fds[fd].kind = KIND_NONE;
     }
-    if (self->tx_count > 0 && self->tx_fd == fd)
-        self->tx_count = 0;
-    table_forget_fd(&self->clients, fd);
-    table_forget_fd(&self->peers, fd);
-    Py_RETURN_NONE;
+    return FastRelay_forget(self, args);
 }
 
 static PyObject *add_route(FastRelay *self, Table *t, PyObject *args) {
@@ -519,39 +527,59 @@ static PyObject *add_route(FastRelay *self, Table *t, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *remove_route(FastRelay *self, Table *t, PyObject *args) {
+/* The entry for (fd, host, port, channel) arguments, NULL with *found = 0 when there is none,
+ * NULL with *found = -1 on bad arguments. */
+static Entry *find_route(FastRelay *self, Table *t, PyObject *args, int *found) {
     int in_fd, in_port, channel;
     PyObject *in_host;
-    if (!PyArg_ParseTuple(args, "iUii", &in_fd, &in_host, &in_port, &channel))
-        return NULL;
     struct sockaddr_storage from;
     socklen_t from_len;
-    if (parse_addr(in_host, in_port, &from, &from_len) < 0)
+    *found = -1;
+    if (!PyArg_ParseTuple(args, "iUii", &in_fd, &in_host, &in_port, &channel) ||
+        parse_addr(in_host, in_port, &from, &from_len) < 0)
         return NULL;
     Key k;
     key_from_sockaddr(&k, in_fd, t == &self->clients ? (uint16_t)channel : 0,
                       (struct sockaddr *)&from);
     Entry *e = table_find(t, &k);
+    *found = e != NULL;
+    return e;
+}
+
+static PyObject *remove_route(FastRelay *self, Table *t, PyObject *args) {
+    int found;
+    Entry *e = find_route(self, t, args, &found);
+    if (found < 0)
+        return NULL;
     if (e != NULL)
         table_delete(t, e);
     Py_RETURN_NONE;
 }
 
-static PyObject *FastRelay_add_client_route(FastRelay *self, PyObject *args) {
-    return add_route(self, &self->clients, args);
+static PyObject *lookup_route(FastRelay *self, Table *t, PyObject *args) {
+    int found;
+    Entry *e = find_route(self, t, args, &found);
+    if (found < 0)
+        return NULL;
+    if (e == NULL)
+        Py_RETURN_NONE;
+    PyObject *dest = addr_tuple(&e->dest);
+    if (dest == NULL)
+        return NULL;
+    return Py_BuildValue("(iNi)", e->out_fd, dest, (int)e->channel);
 }
 
-static PyObject *FastRelay_add_peer_route(FastRelay *self, PyObject *args) {
-    return add_route(self, &self->peers, args);
-}
-
-static PyObject *FastRelay_remove_client_route(FastRelay *self, PyObject *args) {
-    return remove_route(self, &self->clients, args);
-}
-
-static PyObject *FastRelay_remove_peer_route(FastRelay *self, PyObject *args) {
-    return remove_route(self, &self->peers, args);
-}
+/* FastRelay_<op>_<side>_route: `op`_route on the clients or the peers table. */
+#define ROUTE_METHOD(op, side)                                                                 \
+    static PyObject *FastRelay_##op##_##side##_route(FastRelay *self, PyObject *args) {        \
+        return op##_route(self, &self->side##s, args);                                         \
+    }
+ROUTE_METHOD(add, client)
+ROUTE_METHOD(add, peer)
+ROUTE_METHOD(remove, client)
+ROUTE_METHOD(remove, peer)
+ROUTE_METHOD(lookup, client)
+ROUTE_METHOD(lookup, peer)
 
 static PyObject *FastRelay_take_counters(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
     PyObject *out = PyList_New(0);
@@ -653,16 +681,21 @@ static PyMethodDef FastRelay_methods[] = {
      "dropped in C, and one with a datagram limit reads no more than that of a datagram."},
     {"unwatch", (PyCFunction)FastRelay_unwatch, METH_VARARGS,
      "unwatch(fd): stop watching fd and forget every route through it."},
-    {"add_client_route", (PyCFunction)FastRelay_add_client_route, METH_VARARGS,
-     "add_client_route(listener_fd, client_host, client_port, channel, relay_fd, peer_host, "
-     "peer_port, cluster_slot)"},
-    {"add_peer_route", (PyCFunction)FastRelay_add_peer_route, METH_VARARGS,
-     "add_peer_route(relay_fd, peer_host, peer_port, channel, listener_fd, client_host, "
-     "client_port, cluster_slot)"},
-    {"remove_client_route", (PyCFunction)FastRelay_remove_client_route, METH_VARARGS,
-     "remove_client_route(listener_fd, client_host, client_port, channel)"},
-    {"remove_peer_route", (PyCFunction)FastRelay_remove_peer_route, METH_VARARGS,
-     "remove_peer_route(relay_fd, peer_host, peer_port, 0)"},
+    {"forget", (PyCFunction)FastRelay_forget, METH_VARARGS,
+     "forget(fd): forget every route through fd, still watching it."},
+#define ROUTE_ENTRY(op, side, doc)                                                             \
+    {#op "_" #side "_route", (PyCFunction)FastRelay_##op##_##side##_route, METH_VARARGS,         \
+     #op "_" #side "_route" doc}
+    ROUTE_ENTRY(add, client, "(listener_fd, client_host, client_port, channel, relay_fd, "
+                             "peer_host, peer_port, cluster_slot)"),
+    ROUTE_ENTRY(add, peer, "(relay_fd, peer_host, peer_port, channel, listener_fd, client_host, "
+                           "client_port, cluster_slot)"),
+    ROUTE_ENTRY(remove, client, "(listener_fd, client_host, client_port, channel)"),
+    ROUTE_ENTRY(remove, peer, "(relay_fd, peer_host, peer_port, 0)"),
+    ROUTE_ENTRY(lookup, client, "(listener_fd, client_host, client_port, channel): None, or "
+                                "(relay_fd, peer address, channel)"),
+    ROUTE_ENTRY(lookup, peer, "(relay_fd, peer_host, peer_port, 0): None, or "
+                              "(listener_fd, client address, channel)"),
     {"poll", (PyCFunction)FastRelay_poll, METH_NOARGS,
      "Relay what is routed; return [(fd, data, address)] for everything else."},
     {"take_counters", (PyCFunction)FastRelay_take_counters, METH_NOARGS,

@@ -46,6 +46,8 @@ from stunnerd.net.relay import (
 )
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.quota import ClusterQuota
+from stunnerd.route_table.channels import ChannelRoutes
+from stunnerd.route_table.python import ClientRoutes, PythonRoutes
 from stunnerd.turn import effects as fx
 from stunnerd.turn.engine import Policies, TurnEngine
 from stunnerd.turn.policies import UserUsage
@@ -76,13 +78,6 @@ class ListenerSpec:
     tls: TlsPair | None = None
     reuse_port: bool = False  # share the port with other worker processes (SO_REUSEPORT)
     other_relay_ip: str = ""  # a relay address of the other family (dual allocations)
-
-
-def _wire_forms(addr: Address) -> tuple[Any, ...]:
-    """The address tuples asyncio hands us for `addr`: IPv6 sockets add flowinfo and scope id."""
-    if ":" in addr[0]:
-        return (addr, (addr[0], addr[1], 0, 0))
-    return (addr,)
 
 
 class Listener:
@@ -135,7 +130,11 @@ class Listener:
         )
         self._unattributed = new_traffic()  # peers of a policy without named clusters
         # (client address, channel) -> (relay socket, peer, cluster counters): client → peer
-        self.routes: dict[tuple[Any, int], tuple[socket.socket, Address, Traffic]] = {}
+        self.routes: ClientRoutes = {}
+        # every copy of the channel routes (the C relay and the kernel add theirs at start)
+        self.channel_routes = ChannelRoutes(
+            self.relay_for, self.cluster_counts, PythonRoutes(self.routes)
+        )
         self.relays: dict[Address, DatagramRelayProtocol] = {}
         # The IPv6 relay of each dual allocation (RFC 8656 §7.2); `relays` holds its IPv4 one.
         self.dual_relays: dict[Address, DatagramRelayProtocol] = {}
@@ -217,11 +216,7 @@ class Listener:
     def _recount_routes(self) -> None:
         """Routes that survive a policy change may now fall under another cluster."""
         self.recount_tcp_relays()
-        for key, (sock, peer, _old) in list(self.routes.items()):
-            self.routes[key] = (sock, peer, self.cluster_counts(peer))
-        for relay in (*self.relays.values(), *self.dual_relays.values()):
-            for addr, (channel, _old) in list(relay.peer_channels.items()):
-                relay.peer_channels[addr] = (channel, self.cluster_counts((addr[0], addr[1])))
+        self.channel_routes.recount()
 
     def client_slow_path(self, data: bytes, client: Any) -> None:
         """Everything that is not a routed ChannelData frame goes through the engine."""
@@ -265,8 +260,8 @@ class Listener:
         return {
             fx.SendToClient: self._send_to_client,
             fx.SendToPeer: self._send_to_peer,
-            fx.ChannelRouteAdded: self._route_added,
-            fx.ChannelRouteRemoved: self._route_removed,
+            fx.ChannelRouteAdded: self.channel_routes.added,
+            fx.ChannelRouteRemoved: self.channel_routes.removed,
             fx.OpenRelay: self.opener.open,
             fx.ReleasePort: self._release_port,
             fx.CloseRelay: self._close_relay,
@@ -338,25 +333,6 @@ class Listener:
             effect.reason,
         )
 
-    def _route_added(self, effect: fx.ChannelRouteAdded) -> None:
-        relay = self.relay_for(effect.client, effect.peer[0])
-        if relay is None or relay.transport is None:
-            return
-        counts = self.cluster_counts(effect.peer)
-        route = (relay.sock, effect.peer, counts)
-        for client in _wire_forms(effect.client):
-            self.routes[(client, effect.channel)] = route
-        for peer in _wire_forms(effect.peer):
-            relay.peer_channels[peer] = (effect.channel, counts)
-
-    def _route_removed(self, effect: fx.ChannelRouteRemoved) -> None:
-        for client in _wire_forms(effect.client):
-            self.routes.pop((client, effect.channel), None)
-        relay = self.relay_for(effect.client, effect.peer[0])
-        if relay is not None:
-            for peer in _wire_forms(effect.peer):
-                relay.peer_channels.pop(peer, None)
-
     async def open_relay_endpoint(
         self, client: Address, sock: socket.socket
     ) -> DatagramRelayProtocol:
@@ -401,7 +377,7 @@ class Listener:
                 relay.transport.close()
         self.relays.clear()
         self.dual_relays.clear()
-        self.routes.clear()
+        self.channel_routes.clear()
         for held in self.held_ports.values():
             held.close()
         self.held_ports.clear()

@@ -23,12 +23,13 @@ from typing import Any, Protocol
 
 from stunnerd.fastpath import FastPath
 from stunnerd.net.batch import SendBatcher
+from stunnerd.route_table.table import Address as Address
+from stunnerd.route_table.table import PeerChannels
+from stunnerd.route_table.table import Traffic as Traffic
 
 log = logging.getLogger(__name__)
 
-Address = tuple[str, int]
 SendTo = Callable[[bytes, Any], None]
-Traffic = list[int]  # [rx packets, rx bytes, tx packets, tx bytes]
 RX_PKTS, RX_BYTES, TX_PKTS, TX_BYTES = 0, 1, 2, 3
 CHANNEL_HEADER = struct.Struct("!HH").pack
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
@@ -61,33 +62,60 @@ class RelayOwner(Protocol):
         """The listener's own UDP socket (TURN-UDP), for batched sends to clients."""
 
 
-class DatagramRelayProtocol(asyncio.DatagramProtocol):
-    """The relay socket of one allocation; peer → client ChannelData goes out via `client_send`."""
+def _send(via: Any, frame: bytes, client: Address) -> None:
+    via(frame, client)
 
-    __slots__ = ("client", "client_send", "listener", "peer_channels", "sock", "transport")
+
+def _send_padded(via: Any, frame: bytes, client: Address) -> None:
+    pad = -len(frame) % 4
+    via(frame + b"\x00" * pad if pad else frame, client)
+
+
+class DatagramRelayProtocol(asyncio.DatagramProtocol):
+    """The relay socket of one allocation; routed peer datagrams go to the client as ChannelData.
+
+    How a frame reaches the client is set per transport: `deliver(deliver_via, frame, client)`,
+    counted in `tx_counts` where the client sender does not count its own sends.
+    """
+
+    __slots__ = (
+        "client",
+        "deliver",
+        "deliver_via",
+        "listener",
+        "peer_channels",
+        "sock",
+        "transport",
+        "tx_counts",
+    )
 
     def __init__(self, listener: RelayOwner, client: Address, sock: socket.socket) -> None:
         self.listener = listener
         self.client = client
         self.sock = sock  # the raw socket, for batched sends to peers
-        self.client_send: SendTo = listener.client_sender(client)
         # peer address -> (channel number, traffic counters of the peer's cluster)
-        self.peer_channels: dict[Any, tuple[int, Traffic]] = {}
+        self.peer_channels: PeerChannels = {}
         self.transport: asyncio.DatagramTransport | None = None
+        self.deliver: Callable[[Any, bytes, Address], None] = _send
+        self.deliver_via: Any = listener.client_sender(client)
+        self.tx_counts: Traffic = new_traffic()  # the client sender counts these itself
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
         hit = self.peer_channels.get(addr)
-        if hit is not None:
-            n = len(data)
-            counts = hit[1]
-            counts[0] += 1
-            counts[1] += n
-            self.client_send(CHANNEL_HEADER(hit[0], n) + data, self.client)
+        if hit is None:
+            self.listener.peer_slow_path(self.client, addr, data)
             return
-        self.listener.peer_slow_path(self.client, addr, data)
+        n = len(data)
+        counts = hit[1]
+        counts[0] += 1
+        counts[1] += n
+        counts = self.tx_counts
+        counts[2] += 1
+        counts[3] += n + 4
+        self.deliver(self.deliver_via, CHANNEL_HEADER(hit[0], n) + data, self.client)
 
     def error_received(self, exc: Exception) -> None:
         if log.isEnabledFor(logging.DEBUG):
@@ -123,31 +151,17 @@ class FastRelayTransport(asyncio.BaseTransport):
 
 
 class UdpRelayProtocol(DatagramRelayProtocol):
-    """Relay whose client speaks plain UDP: ChannelData to the client goes through the batcher."""
+    """Relay whose client speaks plain UDP: ChannelData to the client goes through the batcher
+    on the listener's socket, counted in the listener's traffic."""
 
-    __slots__ = ("client_sock", "send", "traffic")
+    __slots__ = ()
 
     def __init__(self, listener: RelayOwner, client: Address, sock: socket.socket) -> None:
         super().__init__(listener, client, sock)
-        self.send = listener.batcher.send
         client_sock = listener.client_socket()
         assert client_sock is not None, "a UDP relay belongs to a started TURN-UDP listener"
-        self.client_sock = client_sock
-        self.traffic = listener.traffic
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        hit = self.peer_channels.get(addr)
-        if hit is not None:
-            n = len(data)
-            counts = hit[1]
-            counts[0] += 1
-            counts[1] += n
-            counts = self.traffic
-            counts[2] += 1
-            counts[3] += n + 4
-            self.send(self.client_sock, CHANNEL_HEADER(hit[0], n) + data, self.client)
-            return
-        self.listener.peer_slow_path(self.client, addr, data)
+        self.deliver, self.deliver_via = listener.batcher.send, client_sock
+        self.tx_counts = listener.traffic
 
 
 class StreamRelayProtocol(DatagramRelayProtocol):
@@ -155,18 +169,9 @@ class StreamRelayProtocol(DatagramRelayProtocol):
 
     __slots__ = ()
 
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        hit = self.peer_channels.get(addr)
-        if hit is not None:
-            n = len(data)
-            counts = hit[1]
-            counts[0] += 1
-            counts[1] += n
-            pad = -n % 4
-            frame = CHANNEL_HEADER(hit[0], n) + data
-            self.client_send(frame + b"\x00" * pad if pad else frame, self.client)
-            return
-        self.listener.peer_slow_path(self.client, addr, data)
+    def __init__(self, listener: RelayOwner, client: Address, sock: socket.socket) -> None:
+        super().__init__(listener, client, sock)
+        self.deliver = _send_padded
 
 
 def _relay_host(bind_host: str, family: int) -> tuple[socket.AddressFamily, str]:

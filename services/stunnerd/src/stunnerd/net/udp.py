@@ -1,8 +1,9 @@
 """TURN-UDP: the listener whose clients send plain datagrams, and the client → peer fast path.
 
 Where the C relay (`stunnerd.fastpath`) is built, it reads the listener and relay sockets instead
-of the event loop and relays bound channels itself; the routes below are mirrored into it, and
-what it does not route comes back to `client_slow_path` and the relay protocols.
+of the event loop and relays bound channels itself; the listener's channel routes are mirrored
+into it (and into the kernel offload's maps) as `route_table` tables, and what it does not route
+comes back to `client_slow_path` and the relay protocols.
 
 Also the listener sockets that TURN-UDP and TURN-DTLS share: bound with SO_REUSEPORT when several
 worker processes serve one port, and closed only once the kernel released the port.
@@ -21,6 +22,7 @@ import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from stunnerd.fastpath.table import FastPathRoutes
 from stunnerd.net.binding import allow_both_families
 from stunnerd.net.listener import Listener, ListenerSpec
 from stunnerd.net.relay import (
@@ -34,7 +36,7 @@ from stunnerd.net.relay import (
     tune_udp_socket,
 )
 from stunnerd.offload.manager import OffloadManager
-from stunnerd.turn import effects as fx
+from stunnerd.offload.table import OffloadRoutes
 
 log = logging.getLogger(__name__)
 
@@ -167,11 +169,6 @@ class UdpListener(Listener):
         self._sendto: SendTo | None = None
         self.offload = offload  # the kernel fast path mirrors this listener's channel routes
 
-    async def close(self) -> None:
-        await super().close()
-        if self.offload is not None:
-            self.offload.listener_closed(self.name)
-
     async def start(self) -> None:
         inherited, self.inherited_socket = self.inherited_socket, None
         if self.fastpath is not None:
@@ -186,14 +183,19 @@ class UdpListener(Listener):
                 max_datagram_bytes=self.limits.request.max_udp_datagram_bytes,
             )
             self._sendto = _raw_sendto(sock)
-            return
-        sock, transport, protocol = await open_listener_socket(
-            self.loop, self.spec, lambda: UdpListenerProtocol(self), inherited
-        )
-        self.protocol = protocol
-        self.transport = transport
-        self.sock = sock
-        self._sendto = transport.sendto
+            self.channel_routes.add_table(FastPathRoutes(self.fastpath, sock))
+        else:
+            sock, transport, protocol = await open_listener_socket(
+                self.loop, self.spec, lambda: UdpListenerProtocol(self), inherited
+            )
+            self.protocol = protocol
+            self.transport = transport
+            self.sock = sock
+            self._sendto = transport.sendto
+        if self.offload is not None:
+            listener_addr = (self.spec.bind_host, self.bound_port)
+            table = OffloadRoutes(self.offload, self.name, listener_addr, self.traffic)
+            self.channel_routes.add_table(table)
 
     @property
     def bound_port(self) -> int:
@@ -209,52 +211,6 @@ class UdpListener(Listener):
         relay.connection_made(FastRelayTransport(sock, self.fastpath))
         self.fastpath.watch_relay(sock, self.traffic, relay.datagram_received)
         return relay
-
-    def _route_added(self, effect: fx.ChannelRouteAdded) -> None:
-        super()._route_added(effect)
-        relay = self.relay_for(effect.client, effect.peer[0])
-        if self.offload is not None and not effect.offload:
-            self.offload.channel_removed(self.name, effect.client, effect.channel)
-        elif self.offload is not None and relay is not None and relay.transport is not None:
-            self.offload.channel_added(
-                self.name,
-                effect.client,
-                effect.channel,
-                effect.peer,
-                listener_addr=(self.spec.bind_host, self.bound_port),
-                relay_addr=relay.sock.getsockname()[:2],
-                listener_traffic=self.traffic,
-                cluster_traffic=self.cluster_counts(effect.peer),
-            )
-        if (
-            self.fastpath is not None
-            and self.sock is not None
-            and relay is not None
-            and isinstance(relay.transport, FastRelayTransport)
-        ):
-            counts = self.cluster_counts(effect.peer)
-            self.fastpath.add_route(
-                self.sock, effect.client, effect.channel, relay.sock, effect.peer, counts
-            )
-
-    def _route_removed(self, effect: fx.ChannelRouteRemoved) -> None:
-        if self.offload is not None:
-            self.offload.channel_removed(self.name, effect.client, effect.channel)
-        super()._route_removed(effect)
-        if self.fastpath is not None and self.sock is not None:
-            relay = self.relay_for(effect.client, effect.peer[0])
-            relay_sock = relay.sock if relay is not None else None
-            self.fastpath.remove_route(
-                self.sock, effect.client, effect.channel, relay_sock, effect.peer
-            )
-
-    def _recount_routes(self) -> None:
-        super()._recount_routes()
-        if self.fastpath is None or self.sock is None:
-            return
-        for (client, channel), (relay_sock, peer, counts) in self.routes.items():
-            if relay_sock.fileno() >= 0:
-                self.fastpath.add_route(self.sock, client, channel, relay_sock, peer, counts)
 
     def client_sender(self, client: Address) -> SendTo:
         assert self._sendto is not None

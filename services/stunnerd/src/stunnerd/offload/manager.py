@@ -2,9 +2,10 @@
 
 The sans-IO engine stays the authority. A TURN-UDP listener reports every channel route the
 engine installs or removes (`channel_added` / `channel_removed`, from the `ChannelRouteAdded` /
-`ChannelRouteRemoved` effects); this object mirrors exactly that set into the BPF maps, so the
-kernel relays only what the engine would relay and forgets a channel the moment the engine does
-(expiry, Refresh 0, a reconfig that no longer admits the peer, a listener restart).
+`ChannelRouteRemoved` effects, through its `offload.table.OffloadRoutes`); this object mirrors
+exactly that set into the BPF maps, so the kernel relays only what the engine would relay and
+forgets a channel the moment the engine does (expiry, Refresh 0, a reconfig that no longer admits
+the peer, a listener restart).
 
 It always keeps the wanted set, even with the engine `None`: switching `admin.offload_engine`
 live (None → TC → None) attaches or detaches the program and installs or drops every live
@@ -48,6 +49,13 @@ class _Channel:
     cluster_traffic: Traffic
     entries: ChannelEntries | None = None
     seen: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # to_peer p/b, to_client p/b
+
+    def same_path(self, other: _Channel) -> bool:
+        return (self.peer, self.listener_addr, self.relay_addr) == (
+            other.peer,
+            other.listener_addr,
+            other.relay_addr,
+        )
 
 
 class OffloadManager:
@@ -139,12 +147,17 @@ class OffloadManager:
         cluster_traffic: Traffic,
     ) -> None:
         key = (listener, (client[0], client[1]), channel)
-        old = self.channels.pop(key, None)
-        if old is not None:
-            self._uninstall(old)
         chan = _Channel(
             (peer[0], peer[1]), listener_addr, relay_addr, listener_traffic, cluster_traffic
         )
+        old = self.channels.get(key)
+        settled = old is not None and (old.entries is not None or self.datapath is None)
+        if old is not None and settled and old.same_path(chan):
+            # the same channel counting elsewhere (a policy change): the entries stay
+            old.listener_traffic, old.cluster_traffic = listener_traffic, cluster_traffic
+            return
+        if old is not None:
+            self._uninstall(self.channels.pop(key))
         self.channels[key] = chan
         if self.datapath is not None:
             self._install(key, chan)
