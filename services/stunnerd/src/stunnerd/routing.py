@@ -184,19 +184,6 @@ def cluster_matcher(cluster: ClusterConfig, dns: DnsCache | None) -> ClusterMatc
     return ClusterMatcher(cluster.name, cluster.protocol, (), names, dns)
 
 
-def peer_policy_for(
-    listener: ListenerConfig,
-    config: StunnerConfig,
-    dns: DnsCache | None = None,
-    protected: ProtectedRanges | None = None,
-) -> RoutePeerPolicy:
-    by_name: Mapping[str, ClusterConfig] = {c.name: c for c in config.clusters}
-    matchers = tuple(
-        cluster_matcher(by_name[route], dns) for route in listener.routes if route in by_name
-    )
-    return RoutePeerPolicy(matchers, dns, protected or ProtectedRanges.build())
-
-
 def policies_for(
     listener: ListenerConfig,
     config: StunnerConfig,
@@ -204,9 +191,13 @@ def policies_for(
     protected: ProtectedRanges | None = None,
 ) -> Policies:
     """`protected`: the ranges a route must name explicitly (default: the standard ones)."""
+    by_name: Mapping[str, ClusterConfig] = {c.name: c for c in config.clusters}
+    matchers = tuple(
+        cluster_matcher(by_name[route], dns) for route in listener.routes if route in by_name
+    )
     return Policies(
         authenticator_for(config),
-        peer_policy_for(listener, config, dns, protected),
+        RoutePeerPolicy(matchers, dns, protected or ProtectedRanges.build()),
         UserQuota(max(0, config.admin.user_quota)),
     )
 
