@@ -1,9 +1,11 @@
-"""Fixtures of the unit tests of stunnerd's network edge: a fake loop and fake relay ports."""
+"""Fixtures of the unit tests of stunnerd's network edge: a fake loop, fake relay ports and a
+self-signed certificate for the TLS and DTLS listeners."""
 
 from __future__ import annotations
 
 import pytest
 
+from stunner_common.config import TlsPair, load_tls_pair, self_signed_pair
 from support.fake_listeners import RelayPorts
 from support.fake_net import MockLoop
 
@@ -16,3 +18,8 @@ def loop() -> MockLoop:
 @pytest.fixture
 def ports() -> RelayPorts:
     return RelayPorts()
+
+
+@pytest.fixture(scope="session")
+def pair() -> TlsPair:
+    return load_tls_pair(*self_signed_pair("127.0.0.1"))

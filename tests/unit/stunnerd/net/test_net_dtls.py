@@ -13,7 +13,7 @@ import pytest
 from aioice import stun
 from OpenSSL import SSL
 
-from stunner_common.config import TlsPair, load_tls_pair, self_signed_pair
+from stunner_common.config import TlsPair
 from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.tuning import ServerTuning
 from support import fake_listeners as kit
@@ -21,11 +21,6 @@ from support.fake_listeners import RelayPorts, TurnClient
 from support.fake_net import FakeSocket, MockDatagramTransport, MockLoop
 
 CLIENT = ("192.0.2.10", 40000)
-
-
-@pytest.fixture(scope="module")
-def pair() -> TlsPair:
-    return load_tls_pair(*self_signed_pair("127.0.0.1"))
 
 
 class DtlsPeer:
