@@ -3,6 +3,8 @@ self-signed certificate for the TLS and DTLS listeners."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from stunner_common.config import TlsPair, load_tls_pair, self_signed_pair
@@ -11,8 +13,12 @@ from support.fake_net import MockLoop
 
 
 @pytest.fixture
-def loop() -> MockLoop:
-    return MockLoop()
+def loop() -> Iterator[MockLoop]:
+    """The fake loop; a test that leaves one of its tasks unfinished fails."""
+    loop = MockLoop()
+    yield loop
+    loop.run_ready()
+    assert [task.get_name() for task in loop.tasks if not task.done()] == []
 
 
 @pytest.fixture
