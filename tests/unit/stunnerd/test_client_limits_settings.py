@@ -11,7 +11,7 @@ from stunnerd.turn.guard import RequestLimits
 
 
 def settings_from(env: dict[str, str]) -> ClientLimits:
-    return load_settings(env, config=None, watch=False, turn_uri=None, ident="a/b").client_limits()
+    return load_settings(env, config=None, watch=False, turn_uri=None, ident="a/b").limits
 
 
 def test_defaults_are_the_documented_ones() -> None:

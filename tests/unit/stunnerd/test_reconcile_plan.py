@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from stunner_common.config import StunnerConfig, parse_config
-from stunnerd.reconcile.plan import Plan, plan_reconcile
+from stunnerd.reconcile.plan import plan_reconcile
+from stunnerd.status import Plan
 
 CERT_A = base64.b64encode(
     b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"

@@ -22,11 +22,9 @@ from stunner_common.config import (
     self_signed_pair,
     zero_config,
 )
-from stunnerd.admin.stats import StatsSnapshot
-from stunnerd.reconcile.dataplane import ApplyOutcome, ListenerState
 from stunnerd.reconcile.listeners import ListenerReconciler, ReconcileError
-from stunnerd.reconcile.plan import Plan
 from stunnerd.reconcile.reconciler import Reconciler
+from stunnerd.status import ApplyOutcome, ListenerState, Plan, StatsSnapshot
 
 
 class TableTarget:

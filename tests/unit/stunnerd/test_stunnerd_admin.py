@@ -7,16 +7,17 @@ import json
 import pytest
 
 from stunnerd.admin.endpoint import BindAddress, EndpointError, parse_admin_endpoint
-from stunnerd.admin.health import Lifecycle, health_handler
+from stunnerd.admin.health import health_handler
 from stunnerd.admin.metrics import metrics_handler, metrics_registry
-from stunnerd.admin.stats import (
+from stunnerd.origin.base import ConfigOriginError, OriginSpec, parse_origin, resolve_id
+from stunnerd.status import (
     ClusterStats,
+    Lifecycle,
     ListenerStats,
     StatsSnapshot,
     TrafficStats,
     merge_snapshots,
 )
-from stunnerd.origin.base import ConfigOriginError, OriginSpec, parse_origin, resolve_id
 from stunnerd.workers.pool import WorkerPool
 
 

@@ -13,7 +13,7 @@ def settings(env: dict[str, str]) -> StunnerdSettings:
 
 
 def test_without_a_redis_url_the_quota_counts_per_process() -> None:
-    assert settings({}).quota() is None
+    assert settings({}).quota is None
 
 
 def test_quota_settings_come_from_the_environment() -> None:
@@ -23,7 +23,7 @@ def test_quota_settings_come_from_the_environment() -> None:
             "STUNNERD_QUOTA_REPLICAS": "4",
             "STUNNERD_QUOTA_LEASE_S": "30",
         }
-    ).quota()
+    ).quota
     assert quota == QuotaSettings(
         "redis://u:p@redis:6379/0", replicas=4, timeout_s=0.5, retry_s=5.0, lease_s=30.0
     )

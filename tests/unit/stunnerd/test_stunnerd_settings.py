@@ -93,7 +93,7 @@ def test_network_and_admin_timeouts_come_from_stunnerd_variables_and_reach_the_s
     }
     settings = load_settings(env, config=None, watch=False, turn_uri=None, ident="a/b")
     assert settings.admin_request_timeout_s == 4.0
-    assert settings.server_tuning() == ServerTuning(
+    assert settings.tuning == ServerTuning(
         udp_gso=False,
         fastpath=False,
         dns_refresh_s=1.0,
@@ -104,7 +104,7 @@ def test_network_and_admin_timeouts_come_from_stunnerd_variables_and_reach_the_s
         max_tcp_connections_per_allocation=8,
     )
     defaults = load_settings({}, config=None, watch=False, turn_uri=None, ident="a/b")
-    assert defaults.server_tuning() == ServerTuning()
+    assert defaults.tuning == ServerTuning()
     assert defaults.admin_request_timeout_s == 5.0
 
 

@@ -14,27 +14,28 @@ the environment are read once, in `stunnerd.cli`, into the `StunnerdSettings` pa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from stunner_common.backoff import Backoff
 from stunner_common.cds import token_source
 from stunner_common.config import ConfigError, StunnerConfig
 from stunner_common.turnuri import default_config_from_uri
-from stunnerd.admin.health import Lifecycle
-from stunnerd.admin.servers import AdminServers
+from stunnerd.admin.servers import AdminServers, StatusSources
 from stunnerd.drain import drain
 from stunnerd.origin.base import ConfigOrigin, ConfigOriginError, parse_origin
 from stunnerd.origin.cds import CdsOrigin
 from stunnerd.origin.file import FileOrigin
-from stunnerd.reconcile.dataplane import ApplyOutcome, Dataplane
+from stunnerd.reconcile.dataplane import Dataplane
 from stunnerd.reconcile.reconciler import Reconciler
 from stunnerd.settings import StunnerdSettings
+from stunnerd.status import ApplyOutcome, Lifecycle
 
 if TYPE_CHECKING:
     from stunnerd.quota import ClusterQuota
@@ -43,6 +44,11 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_CONFIG = 1
+
+
+class ConfigExit(Exception):
+    """The first config cannot be served: the message (if any) goes to stderr, the exit status
+    is `EXIT_CONFIG`."""
 
 
 def make_origin(settings: StunnerdSettings, env: Mapping[str, str]) -> ConfigOrigin:
@@ -68,6 +74,12 @@ def make_origin(settings: StunnerdSettings, env: Mapping[str, str]) -> ConfigOri
 
 
 def make_dataplane(settings: StunnerdSettings) -> Dataplane:
+    from stunnerd.offload.datapath import Datapath
+    from stunnerd.offload.libbpf import Libbpf
+
+    # Which libbpf and BPF object the kernel offload loads: one each per process.
+    Libbpf.library = settings.libbpf
+    Datapath.object_file = settings.offload_object
     if settings.udp_thread_num > 1:
         from stunnerd.workers.pool import WorkerPool, WorkerTimeouts
 
@@ -76,10 +88,10 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
             bind_host=settings.bind_host,
             log_spec=settings.log_spec,
             log_format=settings.log_format,
-            tuning=settings.server_tuning(),
-            limits=settings.client_limits(),
+            tuning=settings.tuning,
+            limits=settings.limits,
             relay_addresses=settings.relay_address_list(),
-            quota=settings.quota(),
+            quota=settings.quota,
             node_address=settings.node_address,
             timeouts=WorkerTimeouts(
                 request_s=settings.worker_request_timeout_s,
@@ -95,9 +107,9 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
     return LocalDataplane(
         TurnServer(
             bind_host=settings.bind_host,
-            tuning=settings.server_tuning(),
+            tuning=settings.tuning,
             offload=OffloadManager(),
-            limits=settings.client_limits(),
+            limits=settings.limits,
             relay_addresses=settings.relay_address_list(),
             quota=make_quota(settings),
             node_address=settings.node_address,
@@ -106,13 +118,13 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
 
 
 def make_quota(settings: StunnerdSettings) -> ClusterQuota | None:
-    quota = settings.quota()
-    if quota is None:
+    if settings.quota is None:
         return None
     from stunnerd.quota import ClusterQuota
 
     return ClusterQuota(
-        quota, f"{settings.namespace}/{settings.name}/{socket.gethostname()}-{os.getpid()}"
+        settings.quota,
+        f"{settings.namespace}/{settings.name}/{socket.gethostname()}-{os.getpid()}",
     )
 
 
@@ -126,6 +138,15 @@ class ManagedDataplane:
         self.admin = AdminServers(
             self.lifecycle,
             dataplane.stats,
+            sources=StatusSources(
+                revision=lambda: self.reconciler.revision,
+                epoch=lambda: self.reconciler.epoch,
+                config_counts=lambda: self.reconciler.counts(),
+                listener_states=lambda: self.reconciler.listeners,
+                apply_failures=lambda: self.reconciler.failures,
+                last_rejection=lambda: self.reconciler.last_rejection,
+                extra_status=self._extra_status,
+            ),
             log_override=settings.log_spec,
             refresh=dataplane.refresh,
             health_port=settings.health_port,
@@ -135,51 +156,77 @@ class ManagedDataplane:
             request_timeout_s=settings.admin_request_timeout_s,
         )
         self.reconciler = Reconciler(dataplane, self.admin)
-        self.admin.revision = lambda: self.reconciler.revision
-        self.admin.epoch = lambda: self.reconciler.epoch
-        self.admin.config_counts = self.reconciler.counts
-        self.admin.listener_states = lambda: self.reconciler.listeners
-        self.admin.apply_failures = lambda: self.reconciler.failures
-        self.admin.last_rejection = self._last_rejection
-        self.admin.extra_status = self._extra_status
         self._retry_backoff = Backoff(
             initial_s=settings.listener_retry_min_s, cap_s=settings.listener_retry_max_s
         )
         self._retry_timer: asyncio.TimerHandle | None = None
         self._retry_task: asyncio.Task[None] | None = None
+        self._follow: asyncio.Task[None] | None = None
 
-    def _last_rejection(self) -> dict[str, object] | None:
-        last = self.reconciler.last_rejection
-        if last is None:
-            return None
-        return {
-            "reason": last.reason,
-            "revision": last.revision,
-            "epoch": last.epoch,
-            "at": last.at,
-        }
-
-    def _extra_status(self) -> dict[str, object]:
-        out: dict[str, object] = {}
-        quota_status = getattr(self.dataplane, "quota_status", None)
-        quota = quota_status() if quota_status is not None else None
+    def _extra_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"offload": self.dataplane.offload_status()}
+        quota = self.dataplane.quota_status()
         if quota is not None:
             out["user_quota"] = quota
         workers = self.dataplane.worker_status()
         if workers is not None:
             out["workers"] = workers
-        offload_status = getattr(self.dataplane, "offload_status", None)
-        if offload_status is not None:
-            out["offload"] = offload_status()
-        else:
-            running = self.reconciler.running
-            engine = running.admin.offload_engine if running is not None else "None"
-            out["offload"] = {
-                "engine": engine,
-                "active": False,
-                "reason": "the kernel offload runs only with --udp-thread-num 1",
-            }
         return out
+
+    # ------------------------------------------------------------------ the first config
+
+    async def serve(self, env: Mapping[str, str]) -> None:
+        """Take the first config (a TURN URI's, or the origin's) and follow the origin where it
+        is watched; raises `ConfigExit` when there is nothing to serve."""
+        if self.settings.turn_uri is not None:
+            await self._serve_uri(self.settings.turn_uri)
+            return
+        try:
+            origin = make_origin(self.settings, env)
+        except ConfigOriginError as exc:
+            raise ConfigExit(str(exc)) from exc
+        kind = parse_origin(self.settings.origin).kind
+        if self.settings.watch or kind == "ws":
+            await self._start_health()
+        else:
+            await self._load_once(origin)
+        if self.settings.watch or kind in ("ws", "file"):
+            origin.on_rejected = self.rejected
+            self._follow = asyncio.create_task(self.follow(origin), name="stunnerd-config-watch")
+            self._follow.add_done_callback(_log_unexpected_exit)
+
+    async def _serve_uri(self, uri: str) -> None:
+        try:
+            config = default_config_from_uri(uri)
+        except ConfigError as exc:
+            raise ConfigExit(f"invalid TURN URI: {exc}") from exc
+        if (await self.apply(config)).error is not None:
+            raise ConfigExit("")  # the reconciler logged why
+        self._check_health()
+
+    async def _start_health(self) -> None:
+        """Watch mode: /live answers before the first config names an endpoint."""
+        try:
+            await self.admin.start_health(self.settings.bootstrap_health_endpoint)
+        except OSError as exc:
+            # Probes would fail forever: better a clear exit than a silent pod.
+            raise ConfigExit(str(self.admin.health_error)) from exc
+
+    async def _load_once(self, origin: ConfigOrigin) -> None:
+        try:
+            event = await origin.load()
+        except ConfigOriginError as exc:
+            raise ConfigExit(str(exc)) from exc
+        outcome = await self.apply(event.config, event.revision)
+        if outcome.error is not None:
+            raise ConfigExit(outcome.error)
+        self._check_health()
+
+    def _check_health(self) -> None:
+        if self.admin.health_error:
+            raise ConfigExit(self.admin.health_error)
+
+    # ------------------------------------------------------------------ applying configs
 
     async def apply(
         self, config: StunnerConfig, revision: int | None = None, epoch: str | None = None
@@ -230,9 +277,7 @@ class ManagedDataplane:
         if self._retry_timer is not None:
             self._retry_timer.cancel()
             self._retry_timer = None
-        if self._retry_task is not None and not self._retry_task.done():
-            self._retry_task.cancel()
-            await asyncio.gather(self._retry_task, return_exceptions=True)
+        await _cancel(self._retry_task)
 
     def rejected(self, reason: str, revision: int | None, epoch: str | None) -> None:
         """The origin refused a config as a whole (invalid): counted, reason in /status."""
@@ -249,13 +294,43 @@ class ManagedDataplane:
                 self.reconciler.reject(f"applying the config failed unexpectedly: {exc!r}")
                 log.exception("applying a config failed unexpectedly")
 
+    # ------------------------------------------------------------------ the end
 
-async def dry_run(settings: StunnerdSettings, env: Mapping[str, str] | None = None) -> int:
+    async def drain(self, first: int, signals: asyncio.Queue[int]) -> None:
+        """After the first signal: stop following, then drain within the grace period (shorter
+        for SIGINT); a second signal ends the wait at once."""
+        log.info("%s received: draining", signal.Signals(first).name)
+        await _cancel(self._follow)
+        await self.stop_retrying()
+        grace = self.settings.grace_period_s
+        if first == signal.SIGINT:
+            grace = min(grace, self.settings.sigint_grace_period_s)
+        abort = asyncio.Event()
+        second = asyncio.create_task(_second_signal(signals, abort), name="stunnerd-abort")
+        try:
+            await drain(
+                self.lifecycle,
+                allocations=self.dataplane.allocations,
+                stop_accepting=self.dataplane.stop_accepting,
+                grace_period_s=grace,
+                abort=abort,
+                check_interval_s=self.settings.drain_check_interval_s,
+            )
+        finally:
+            await _cancel(second)
+
+    async def close(self) -> None:
+        await _cancel(self._follow)
+        await self.stop_retrying()
+        await self.admin.close()
+        await self.dataplane.close()
+
+
+async def dry_run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
     """`--dry-run` (upstream's flag): load the config once and check it as an apply would,
     listeners included (addresses, TLS material), without binding a socket."""
     from stunnerd.net.server import ListenerError, TurnServer
 
-    env = os.environ if env is None else env
     try:
         if settings.turn_uri is not None:
             config = default_config_from_uri(settings.turn_uri)
@@ -279,98 +354,47 @@ async def dry_run(settings: StunnerdSettings, env: Mapping[str, str] | None = No
     return EXIT_OK
 
 
-async def run(settings: StunnerdSettings, env: Mapping[str, str] | None = None) -> int:
-    env = os.environ if env is None else env
-    loop = asyncio.get_running_loop()
+async def run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
     dataplane = make_dataplane(settings)
     app = ManagedDataplane(settings, dataplane)
+    try:
+        with _signal_queue() as signals:
+            await dataplane.start()
+            await app.serve(env)
+            await app.drain(await signals.get(), signals)
+    except ConfigExit as exc:
+        if str(exc):
+            print(f"stunnerd: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    finally:
+        await app.close()
+    return EXIT_OK
+
+
+@contextlib.contextmanager
+def _signal_queue() -> Iterator[asyncio.Queue[int]]:
+    """SIGTERM and SIGINT, queued while the block runs."""
+    loop = asyncio.get_running_loop()
     signals: asyncio.Queue[int] = asyncio.Queue()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signals.put_nowait, sig)
-    follow: asyncio.Task[None] | None = None
     try:
-        await dataplane.start()
-        if settings.turn_uri is not None:
-            try:
-                config = default_config_from_uri(settings.turn_uri)
-            except ConfigError as exc:
-                print(f"stunnerd: invalid TURN URI: {exc}", file=sys.stderr)
-                return EXIT_CONFIG
-            if (await app.apply(config)).error is not None:
-                return EXIT_CONFIG
-            if app.admin.health_error:
-                print(f"stunnerd: {app.admin.health_error}", file=sys.stderr)
-                return EXIT_CONFIG
-        else:
-            try:
-                origin = make_origin(settings, env)
-            except ConfigOriginError as exc:
-                print(f"stunnerd: {exc}", file=sys.stderr)
-                return EXIT_CONFIG
-            spec = parse_origin(settings.origin)
-            if settings.watch or spec.kind == "ws":
-                try:
-                    await app.admin.start_health(settings.bootstrap_health_endpoint)
-                except OSError:
-                    # Probes would fail forever: better a clear exit than a silent pod.
-                    print(f"stunnerd: {app.admin.health_error}", file=sys.stderr)
-                    return EXIT_CONFIG
-            else:
-                try:
-                    event = await origin.load()
-                except ConfigOriginError as exc:
-                    print(f"stunnerd: {exc}", file=sys.stderr)
-                    return EXIT_CONFIG
-                outcome = await app.apply(event.config, event.revision)
-                if outcome.error is not None:
-                    print(f"stunnerd: {outcome.error}", file=sys.stderr)
-                    return EXIT_CONFIG
-                if app.admin.health_error:
-                    print(f"stunnerd: {app.admin.health_error}", file=sys.stderr)
-                    return EXIT_CONFIG
-            if settings.watch or spec.kind in ("ws", "file"):
-                origin.on_rejected = app.rejected
-                follow = asyncio.create_task(app.follow(origin), name="stunnerd-config-watch")
-                follow.add_done_callback(_log_unexpected_exit)
-        first = await signals.get()
-        log.info("%s received: draining", signal.Signals(first).name)
-        if follow is not None:
-            follow.cancel()
-            await asyncio.gather(follow, return_exceptions=True)
-        await app.stop_retrying()
-        abort = asyncio.Event()
-        second = asyncio.create_task(_second_signal(signals, abort), name="stunnerd-abort")
-        grace = settings.grace_period_s
-        if first == signal.SIGINT:
-            grace = min(grace, settings.sigint_grace_period_s)
-        try:
-            await drain(
-                app.lifecycle,
-                allocations=dataplane.allocations,
-                stop_accepting=dataplane.stop_accepting,
-                grace_period_s=grace,
-                abort=abort,
-                check_interval_s=settings.drain_check_interval_s,
-            )
-        finally:
-            second.cancel()
-            await asyncio.gather(second, return_exceptions=True)
-        return EXIT_OK
+        yield signals
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        if follow is not None and not follow.done():
-            follow.cancel()
-            await asyncio.gather(follow, return_exceptions=True)
-        await app.stop_retrying()
-        await app.admin.close()
-        await dataplane.close()
 
 
 async def _second_signal(signals: asyncio.Queue[int], abort: asyncio.Event) -> None:
     sig = await signals.get()
     log.warning("%s received again: exiting now", signal.Signals(sig).name)
     abort.set()
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    if task is not None and not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def _log_failed(task: asyncio.Task[None]) -> None:

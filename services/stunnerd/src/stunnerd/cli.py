@@ -9,7 +9,6 @@ Everything below receives what it needs as arguments.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -26,7 +25,7 @@ from stunner_common.turnuri import default_config_from_uri
 from stunnerd.app import EXIT_CONFIG, dry_run, run
 from stunnerd.origin.base import ConfigOriginError, parse_origin
 from stunnerd.origin.k8s import is_k8s_origin, run_with_k8s_origin
-from stunnerd.settings import DEFAULT_GRACE_PERIOD_S, load_settings
+from stunnerd.settings import DEFAULT_GRACE_PERIOD_S, environment, load_settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    env = os.environ if env is None else env
+    env = environment() if env is None else env
     args = build_parser().parse_args(argv)
     configure_logging(args.log_format)
     log_spec = args.log or ("all:DEBUG" if args.verbose else None)

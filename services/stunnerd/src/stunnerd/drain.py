@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from stunnerd.admin.health import Lifecycle
+from stunnerd.status import Lifecycle
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,10 @@ import os
 import socket
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import redis.asyncio as aioredis
+from annotated_types import Ge, Gt
 from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
@@ -75,14 +76,19 @@ the allocation exists already."""
 class QuotaSettings:
     """Where the shared count lives and how a replica behaves without it."""
 
-    redis_url: str
-    replicas: int = 1
+    redis_url: str = ""
+    """Count `admin.user_quota` across replicas in this Redis (`redis://user:pass@host:port/0`);
+    empty: each process counts its own allocations, as upstream."""
+    replicas: Annotated[int, Ge(1)] = 1
     """How many replicas share the Gateway: each one's share without Redis is limit // this."""
-    timeout_s: float = 0.5
-    retry_s: float = 5.0
-    lease_s: float = 0.0
+    timeout_s: Annotated[float, Gt(0)] = 0.5
+    """How long one Redis call may take."""
+    retry_s: Annotated[float, Gt(0)] = 5.0
+    """After Redis failed, how long each replica stays on its share before trying it again."""
+    lease_s: Annotated[float, Ge(0)] = 0.0
     """0: a lease lasts as long as its allocation; otherwise this long, renewed in background."""
-    grace_s: float = 2.0
+    grace_s: Annotated[float, Ge(0)] = 2.0
+    """Added to every lease, for the time between Redis' clock and the allocation's."""
 
     def to_worker_json(self) -> str:
         """Everything but the URL (it may hold a password): a worker reads that from the

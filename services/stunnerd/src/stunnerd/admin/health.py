@@ -12,35 +12,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from stunnerd.admin.http import Response
+from stunnerd.status import Lifecycle
+
+__all__ = ["Lifecycle", "health_handler"]
 
 READY_BODY = b'{"status":200,"message":"READY"}'
 NOT_READY_BODY = b'{"status":503,"message":"stunnerd not ready"}'
-
-
-@dataclass(slots=True)
-class Lifecycle:
-    """The process-wide readiness state the health server reports (`ready`: a listener serves)."""
-
-    ready: bool = False
-    draining: bool = False
-    force_ready: bool = False
-    listeners_changed: list[Callable[[], None]] = field(default_factory=list)
-
-    @property
-    def serving_ready(self) -> bool:
-        if self.force_ready:
-            return self.ready or self.draining
-        return self.ready and not self.draining
-
-    @property
-    def status_word(self) -> str:
-        if self.draining:
-            return "TERMINATING"
-        return "READY" if self.ready else "NOT-READY"
 
 
 def health_handler(

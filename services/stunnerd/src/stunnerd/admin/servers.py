@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -28,12 +29,10 @@ from stunnerd.admin.endpoint import (
     BindAddress,
     parse_admin_endpoint,
 )
-from stunnerd.admin.health import Lifecycle, health_handler
+from stunnerd.admin.health import health_handler
 from stunnerd.admin.http import REQUEST_HEAD_TIMEOUT_S, HttpServer, Response
 from stunnerd.admin.metrics import metrics_handler, metrics_registry
-from stunnerd.admin.stats import StatsSnapshot, TrafficStats
-from stunnerd.reconcile.dataplane import ListenerState
-from stunnerd.reconcile.plan import Plan
+from stunnerd.status import Lifecycle, ListenerState, Plan, Rejection, StatsSnapshot, TrafficStats
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +68,7 @@ def status_document(
     *,
     epoch: str | None = None,
     listener_states: Mapping[str, ListenerState] | None = None,
-    last_rejection: Mapping[str, Any] | None = None,
+    last_rejection: Rejection | None = None,
 ) -> dict[str, Any]:
     """The `/status` body: upstream's shape, secrets redacted, counts and state filled in."""
     doc: dict[str, Any] = {
@@ -79,7 +78,7 @@ def status_document(
         "revision": revision,
         "epoch": epoch,
         "configs": dict(configs or {}),
-        "lastRejection": dict(last_rejection) if last_rejection else None,
+        "lastRejection": last_rejection.to_json() if last_rejection is not None else None,
     }
     if config is None:
         return doc
@@ -158,6 +157,24 @@ class ApplyFailureCollector(Collector):
         yield listeners
 
 
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class StatusSources:
+    """Where `/status` and the apply metrics read what the caller keeps (the reconciler's state
+    and anything the process adds, e.g. workers, offload, quota)."""
+
+    revision: Callable[[], int | None] = _nothing
+    epoch: Callable[[], str | None] = _nothing
+    config_counts: Callable[[], Mapping[str, int]] = dict
+    listener_states: Callable[[], Mapping[str, ListenerState]] = dict
+    apply_failures: Callable[[], Mapping[str, int]] = dict
+    last_rejection: Callable[[], Rejection | None] = _nothing
+    extra_status: Callable[[], Mapping[str, Any]] = dict
+
+
 class AdminServers:
     """Owns the health and metrics servers of one stunnerd process."""
 
@@ -166,6 +183,7 @@ class AdminServers:
         lifecycle: Lifecycle,
         stats: Callable[[], StatsSnapshot],
         *,
+        sources: StatusSources | None = None,
         log_override: str | None = None,
         refresh: Callable[[], Awaitable[None]] | None = None,
         health_port: int | None = None,
@@ -190,34 +208,29 @@ class AdminServers:
         """Why the metrics server is not listening where the config asks (None when it is)."""
         self._log_override = log_override
         self._config: StunnerConfig | None = None
-        self.revision: Callable[[], int | None] = lambda: None
-        self.epoch: Callable[[], str | None] = lambda: None
-        self.config_counts: Callable[[], Mapping[str, int]] = dict
-        self.listener_states: Callable[[], Mapping[str, ListenerState]] = dict
-        self.apply_failures: Callable[[], Mapping[str, int]] = dict
-        self.last_rejection: Callable[[], Mapping[str, Any] | None] = lambda: None
-        self.extra_status: Callable[[], Mapping[str, Any]] = dict
+        self.sources = StatusSources() if sources is None else sources
         self.health: HttpServer | None = None
         self.metrics: HttpServer | None = None
         self._health_at: BindAddress | None = None
         self._metrics_at: BindAddress | None = None
         self._registry = metrics_registry(stats)
         self._registry.register(
-            ApplyFailureCollector(lambda: self.apply_failures(), lambda: self.listener_states())
+            ApplyFailureCollector(self.sources.apply_failures, self.sources.listener_states)
         )
 
     def status(self) -> dict[str, Any]:
+        sources = self.sources
         doc = status_document(
             self._config,
             self._stats(),
             self.lifecycle,
-            self.revision(),
-            self.config_counts(),
-            epoch=self.epoch(),
-            listener_states=self.listener_states(),
-            last_rejection=self.last_rejection(),
+            sources.revision(),
+            sources.config_counts(),
+            epoch=sources.epoch(),
+            listener_states=sources.listener_states(),
+            last_rejection=sources.last_rejection(),
         )
-        doc.update(self.extra_status())
+        doc.update(sources.extra_status())
         if self.health is not None and isinstance(doc.get("admin"), dict):
             # Where the health server really listens (after --bind and a port override).
             host = self.health.host

@@ -9,16 +9,16 @@ peer, sendmmsg of ChannelData to clients) and gives Python only the rest, which 
 the engine as before, except junk the engine would drop unread (`watch_listener`'s
 `max_stun_bytes`), which C drops itself. The tables are fed from the same channel-route effects
 as the Python routes. Counters are kept in C per slot (a listener's or a cluster's `Traffic`
-list) and folded into those lists by `fold()`. `STUNNERD_FASTPATH=0` turns it off.
+list) and folded into those lists by `fold()`. `STUNNERD_FASTPATH=0` turns it off
+(`ServerTuning.fastpath`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -34,13 +34,6 @@ Handler = Callable[[bytes, Any], None]
 
 def available() -> bool:
     return _fastpath is not None
-
-
-def wanted(env: Mapping[str, str] | None = None) -> bool:
-    """Built, and not turned off with STUNNERD_FASTPATH=0."""
-    env = os.environ if env is None else env
-    off = env.get("STUNNERD_FASTPATH", "1").lower() in ("0", "false", "no", "off")
-    return available() and not off
 
 
 class FastPath:

@@ -12,30 +12,32 @@ connections that idle or trickle could exhaust the server without ever sending a
   `preauth_min_bytes_per_s` on average over each `preauth_window_s`: a slow trickle is closed.
 
 Once a connection holds an allocation these no longer apply (media may pause; the allocation's
-lifetime governs). `ClientLimits` bundles them with the engine's `RequestLimits`.
+lifetime governs). `ClientLimits` bundles them with the engine's `RequestLimits`. The bounds
+annotated on each limit are what the settings accept (`STUNNERD_MAX_CONNECTIONS_PER_SOURCE`, ...).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Annotated
+
+from annotated_types import Ge, Gt
 
 from stunnerd.turn.guard import RequestLimits
-
-DEFAULT_MAX_PER_SOURCE = 64
-DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
-DEFAULT_FIRST_MESSAGE_TIMEOUT_S = 10.0
-DEFAULT_PREAUTH_MIN_BYTES_PER_S = 8.0
-DEFAULT_PREAUTH_WINDOW_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
-    max_per_source: int = DEFAULT_MAX_PER_SOURCE
-    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
-    first_message_timeout_s: float = DEFAULT_FIRST_MESSAGE_TIMEOUT_S
-    preauth_min_bytes_per_s: float = DEFAULT_PREAUTH_MIN_BYTES_PER_S
-    preauth_window_s: float = DEFAULT_PREAUTH_WINDOW_S
+    max_per_source: Annotated[int, Ge(0)] = 64
+    """TCP/TLS connections and DTLS sessions per source IP and listener (0: unlimited)."""
+    handshake_timeout_s: Annotated[float, Gt(0)] = 10.0
+    """A TLS or DTLS handshake must finish within this."""
+    first_message_timeout_s: Annotated[float, Gt(0)] = 10.0
+    """A new TCP/TLS/DTLS client must send a complete message within this."""
+    preauth_min_bytes_per_s: Annotated[float, Ge(0)] = 8.0
+    """Until it holds an allocation, a connection sending less than this on average is closed."""
+    preauth_window_s: Annotated[float, Gt(0)] = 10.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,8 +34,8 @@ OBJECT_NAME = "stunner_offload.bpf.o"
 
 
 def default_object_path() -> str:
-    """`STUNNERD_OFFLOAD_OBJECT`, else the object `make setup` builds next to this module."""
-    return os.environ.get("STUNNERD_OFFLOAD_OBJECT") or str(Path(__file__).with_name(OBJECT_NAME))
+    """`Datapath.object_file`, else the object `make setup` builds next to this module."""
+    return Datapath.object_file or str(Path(__file__).with_name(OBJECT_NAME))
 
 
 WILDCARDS = ("", "0.0.0.0")
@@ -117,6 +117,9 @@ def _is_physical(name: str) -> bool:
 
 class Datapath:
     """The loaded object and its attachments; `close()` detaches everything it attached."""
+
+    object_file = ""
+    """The object to load when none is named, set by the command from its settings."""
 
     def __init__(self, object_path: str | None = None) -> None:
         self.obj = BpfObject(object_path or default_object_path())

@@ -62,9 +62,11 @@ class Libbpf:
 
     _instance: Libbpf | None = None
     _lock = threading.Lock()
+    library = ""
+    """The library to load, set by the command from its settings; empty: the system's."""
 
     def __init__(self) -> None:
-        name = os.environ.get("STUNNERD_LIBBPF") or ctypes.util.find_library("bpf") or "libbpf.so.1"
+        name = self.library or ctypes.util.find_library("bpf") or "libbpf.so.1"
         try:
             self.lib = ctypes.CDLL(name, use_errno=True)
         except OSError as exc:

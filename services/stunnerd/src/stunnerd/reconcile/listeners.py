@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from stunner_common.config import ListenerConfig, StunnerConfig, is_zero_config
-from stunnerd.reconcile.dataplane import ListenerState
-from stunnerd.reconcile.plan import Plan, plan_reconcile
+from stunnerd.reconcile.plan import plan_reconcile
+from stunnerd.status import ListenerState, Plan
 
 log = logging.getLogger(__name__)
 

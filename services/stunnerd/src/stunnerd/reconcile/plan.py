@@ -13,66 +13,17 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
 
 from stunner_common.config import ClusterConfig, ListenerConfig, StunnerConfig
+from stunnerd.status import Plan
+
+__all__ = ["Plan", "plan_reconcile"]
 
 HEALTH_OBJECT = "health: default-health"
 METRICS_OBJECT = "metrics: default-metrics"
 OFFLOAD_OBJECT = "offload: default-offload"
 
 TLS_PROTOCOLS = frozenset({"TURN-TLS", "TURN-DTLS"})
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What to do to move the running dataplane from one config to the next.
-
-    Listener names are sorted in every tuple. `restarted` lists the objects upstream reports in
-    its `ErrRestarted` (`"listener: <name>"`, `"cluster: <name>"`, ...); adding or removing an
-    object is not a restart.
-    """
-
-    remove_listeners: tuple[str, ...] = ()
-    restart_listeners: tuple[str, ...] = ()
-    add_listeners: tuple[str, ...] = ()
-    update_listeners: tuple[str, ...] = ()
-    rotate_certs: tuple[str, ...] = ()
-    update_auth: bool = False
-    update_clusters: bool = False
-    update_admin: bool = False
-    rebind_health: bool = False
-    rebind_metrics: bool = False
-    restart_offload: bool = False
-    restarted: tuple[str, ...] = ()
-
-    @property
-    def is_noop(self) -> bool:
-        return self == Plan()
-
-    def describe(self) -> str:
-        """A one-line summary for logs (never includes credentials)."""
-        parts = []
-        for label, names in (
-            ("remove", self.remove_listeners),
-            ("restart", self.restart_listeners),
-            ("add", self.add_listeners),
-            ("update", self.update_listeners),
-            ("rotate-cert", self.rotate_certs),
-        ):
-            if names:
-                parts.append(f"{label} listeners {list(names)}")
-        for label, flag in (
-            ("auth", self.update_auth),
-            ("clusters", self.update_clusters),
-            ("admin", self.update_admin),
-            ("health rebind", self.rebind_health),
-            ("metrics rebind", self.rebind_metrics),
-            ("offload restart", self.restart_offload),
-        ):
-            if flag:
-                parts.append(label)
-        return "; ".join(parts) if parts else "no change"
 
 
 def _decoded(pem_b64: str) -> bytes:
@@ -123,85 +74,99 @@ def _auth_crosses_none(old: StunnerConfig, new: StunnerConfig) -> bool:
     return (old.auth.type == "none") != (new.auth.type == "none")
 
 
-def plan_reconcile(old: StunnerConfig | None, new: StunnerConfig) -> Plan:
-    """Compare the running config (None before the first one) with the desired one."""
+def _listener_actions(
+    before: ListenerConfig, after: ListenerConfig, restart_all: bool
+) -> tuple[str, ...]:
+    """What a listener kept by name needs: restart, or any of rotate (its cert) and update."""
+    if restart_all or listener_needs_restart(before, after):
+        return ("restart",)
+    cert_changed = listener_cert_changed(before, after)
+    if cert_changed and after.protocol not in TLS_PROTOCOLS:
+        return ("update",)  # cert/key on a plain listener are unused; keep the live config in step
+    rotate = ("rotate",) if cert_changed else ()
+    return rotate + (("update",) if listener_in_place_changed(before, after) else ())
+
+
+def _listener_plan(
+    old: StunnerConfig | None, new: StunnerConfig, restart_all: bool
+) -> dict[str, list[str]]:
+    """Listener names (sorted) by action: remove, add, restart, rotate, update."""
     old_listeners = {lst.name: lst for lst in old.listeners} if old is not None else {}
     new_listeners = {lst.name: lst for lst in new.listeners}
+    plan: dict[str, list[str]] = {
+        "remove": sorted(set(old_listeners) - set(new_listeners)),
+        "add": sorted(set(new_listeners) - set(old_listeners)),
+        "restart": [],
+        "rotate": [],
+        "update": [],
+    }
+    for name in sorted(set(old_listeners) & set(new_listeners)):
+        for action in _listener_actions(old_listeners[name], new_listeners[name], restart_all):
+            plan[action].append(name)
+    return plan
 
-    restart_all = old is not None and (
-        old.auth.realm != new.auth.realm or _auth_crosses_none(old, new)
+
+def _restarted_clusters(old: StunnerConfig, new: StunnerConfig) -> list[str]:
+    old_clusters = {c.name: c for c in old.clusters}
+    new_clusters = {c.name: c for c in new.clusters}
+    return [
+        f"cluster: {name}"
+        for name in sorted(set(old_clusters) & set(new_clusters))
+        if cluster_needs_restart(old_clusters[name], new_clusters[name])
+    ]
+
+
+def _admin_changed(old: StunnerConfig, new: StunnerConfig) -> bool:
+    """Name, log level, quota or license: applied in place."""
+    before, after = old.admin, new.admin
+    return (before.name, before.loglevel, before.user_quota, before.license_config) != (
+        after.name,
+        after.loglevel,
+        after.user_quota,
+        after.license_config,
     )
 
-    remove = sorted(set(old_listeners) - set(new_listeners))
-    add = sorted(set(new_listeners) - set(old_listeners))
-    restart: list[str] = []
-    update: list[str] = []
-    rotate: list[str] = []
-    for name in sorted(set(old_listeners) & set(new_listeners)):
-        before, after = old_listeners[name], new_listeners[name]
-        if restart_all or listener_needs_restart(before, after):
-            restart.append(name)
-            continue
-        cert_changed = listener_cert_changed(before, after)
-        if cert_changed and after.protocol in TLS_PROTOCOLS:
-            rotate.append(name)
-        elif cert_changed:
-            # cert/key on a plain listener are unused; keep the live config in step only.
-            update.append(name)
-            continue
-        if listener_in_place_changed(before, after):
-            update.append(name)
 
-    restarted = [f"listener: {name}" for name in restart]
+def _offload_changed(old: StunnerConfig, new: StunnerConfig) -> bool:
+    return (old.admin.offload_engine, tuple(old.admin.offload_interfaces)) != (
+        new.admin.offload_engine,
+        tuple(new.admin.offload_interfaces),
+    )
 
+
+def plan_reconcile(old: StunnerConfig | None, new: StunnerConfig) -> Plan:
+    """Compare the running config (None before the first one) with the desired one."""
     if old is None:
         return Plan(
-            add_listeners=tuple(add),
+            add_listeners=tuple(_listener_plan(None, new, False)["add"]),
             update_auth=True,
             update_clusters=True,
             update_admin=True,
             rebind_health=True,
             rebind_metrics=True,
-            restart_offload=False,
-            restarted=(),
         )
-
-    old_clusters = {c.name: c for c in old.clusters}
-    new_clusters = {c.name: c for c in new.clusters}
-    update_clusters = old_clusters != new_clusters
-    for name in sorted(set(old_clusters) & set(new_clusters)):
-        if cluster_needs_restart(old_clusters[name], new_clusters[name]):
-            restarted.append(f"cluster: {name}")
-
+    restart_all = old.auth.realm != new.auth.realm or _auth_crosses_none(old, new)
+    listeners = _listener_plan(old, new, restart_all)
     rebind_health = old.admin.healthcheck_endpoint != new.admin.healthcheck_endpoint
     rebind_metrics = old.admin.metrics_endpoint != new.admin.metrics_endpoint
-    restart_offload = (old.admin.offload_engine, tuple(old.admin.offload_interfaces)) != (
-        new.admin.offload_engine,
-        tuple(new.admin.offload_interfaces),
+    restart_offload = _offload_changed(old, new)
+    restarted = [f"listener: {name}" for name in listeners["restart"]]
+    restarted += _restarted_clusters(old, new)
+    objects = (
+        (HEALTH_OBJECT, rebind_health),
+        (METRICS_OBJECT, rebind_metrics),
+        (OFFLOAD_OBJECT, restart_offload),
     )
-    if rebind_health:
-        restarted.append(HEALTH_OBJECT)
-    if rebind_metrics:
-        restarted.append(METRICS_OBJECT)
-    if restart_offload:
-        restarted.append(OFFLOAD_OBJECT)
-
-    update_admin = (
-        old.admin.name,
-        old.admin.loglevel,
-        old.admin.user_quota,
-        old.admin.license_config,
-    ) != (new.admin.name, new.admin.loglevel, new.admin.user_quota, new.admin.license_config)
-
+    restarted += [name for name, changed in objects if changed]
     return Plan(
-        remove_listeners=tuple(remove),
-        restart_listeners=tuple(restart),
-        add_listeners=tuple(add),
-        update_listeners=tuple(update),
-        rotate_certs=tuple(rotate),
+        remove_listeners=tuple(listeners["remove"]),
+        restart_listeners=tuple(listeners["restart"]),
+        add_listeners=tuple(listeners["add"]),
+        update_listeners=tuple(listeners["update"]),
+        rotate_certs=tuple(listeners["rotate"]),
         update_auth=old.auth != new.auth,
-        update_clusters=update_clusters,
-        update_admin=update_admin,
+        update_clusters={c.name: c for c in old.clusters} != {c.name: c for c in new.clusters},
+        update_admin=_admin_changed(old, new),
         rebind_health=rebind_health,
         rebind_metrics=rebind_metrics,
         restart_offload=restart_offload,

@@ -21,12 +21,12 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
 from stunner_common.config import StunnerConfig
-from stunnerd.reconcile.dataplane import ApplyOutcome, Dataplane, ListenerState
-from stunnerd.reconcile.plan import Plan, plan_reconcile
+from stunnerd.reconcile.dataplane import Dataplane
+from stunnerd.reconcile.plan import plan_reconcile
+from stunnerd.status import ApplyOutcome, ListenerState, Plan, Rejection
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +36,6 @@ class AdminTarget(Protocol):
 
     async def apply_admin(self, config: StunnerConfig, plan: Plan) -> Mapping[str, str]:
         """Bring the admin surface to `config`; return {cause: reason} of what failed."""
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """The last config refused whole, and why."""
-
-    reason: str
-    revision: int | None = None
-    epoch: str | None = None
-    at: float = 0.0
-    """Seconds since the epoch (wall clock) when it was refused."""
 
 
 class Reconciler:

@@ -6,36 +6,36 @@ challenge budget matters because a challenge is the one answer anyone gets, so a
 forges a victim's address could otherwise turn the server into a reflector; over budget, the
 request is dropped silently (RFC 8489 lets a server ignore requests it will not serve). The
 per-source state is a bounded least-recently-used table: a flood from many addresses evicts old
-entries instead of growing memory.
+entries instead of growing memory. The bounds annotated on each limit are what the settings
+accept (`STUNNERD_MAX_STUN_MESSAGE_BYTES`, ...).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Annotated
 
-DEFAULT_MAX_MESSAGE_BYTES = 1500
-DEFAULT_MAX_UDP_DATAGRAM_BYTES = 9216  # a jumbo frame's payload
-DEFAULT_MAX_ATTRIBUTES = 40
-DEFAULT_CHALLENGE_RATE_PER_S = 100.0
-DEFAULT_CHALLENGE_BURST = 200
+from annotated_types import Ge, Interval
+
 CHALLENGE_SOURCES_MAX = 16384
 
 
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_message_bytes: Annotated[int, Interval(ge=548, le=65555)] = 1500
     """A STUN message larger than this is dropped unread (ChannelData is not limited)."""
-    max_attributes: int = DEFAULT_MAX_ATTRIBUTES
+    max_attributes: Annotated[int, Ge(8)] = 40
     """A request with more attributes is answered 400 without decoding any."""
-    challenge_rate_per_s: float = DEFAULT_CHALLENGE_RATE_PER_S
-    """401/438 answers per source IP and second, on average (0: unlimited)."""
-    challenge_burst: int = DEFAULT_CHALLENGE_BURST
+    challenge_rate_per_s: Annotated[float, Ge(0)] = 100.0
+    """401/438 answers per source IP and second, on average (0: unlimited); over it, requests
+    are dropped."""
+    challenge_burst: Annotated[int, Ge(1)] = 200
     """401/438 answers a source IP may get at once before the rate applies."""
-    max_udp_datagram_bytes: int = DEFAULT_MAX_UDP_DATAGRAM_BYTES
-    """A TURN-UDP listener reads at most this much of a datagram; a longer one (ChannelData
-    included) is dropped. The C relay reads only this much, so a flood of 60 KB datagrams
-    costs a copy of this size each, not of 60 KB."""
+    max_udp_datagram_bytes: Annotated[int, Interval(ge=1500, le=65536)] = 9216
+    """A TURN-UDP listener reads at most this much of a datagram (default: a jumbo frame's
+    payload); a longer one (ChannelData included) is dropped. The C relay reads only this much,
+    so a flood of 60 KB datagrams costs a copy of this size each, not of 60 KB."""
 
 
 class ChallengeBudget:

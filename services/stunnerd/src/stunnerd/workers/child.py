@@ -27,9 +27,10 @@ from stunnerd.net.guard import ClientLimits
 from stunnerd.net.server import TurnServer
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.offload.datapath import Datapath, SharedMaps
-from stunnerd.offload.libbpf import OffloadError
+from stunnerd.offload.libbpf import Libbpf, OffloadError
 from stunnerd.offload.manager import OffloadManager
 from stunnerd.quota import ClusterQuota, QuotaSettings
+from stunnerd.settings import worker_environment
 from stunnerd.workers.local import LocalDataplane
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 from stunnerd.workers.sockets import FdChannel, InheritedSockets
@@ -186,13 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     relay_addresses = tuple(ip for ip in args.relay_addresses.split(",") if ip)
+    env = worker_environment()
+    Libbpf.library = env.libbpf
     quota = None
     if args.quota:
-        # The URL may hold a password: it comes from the environment the supervisor passed on,
-        # never from the command line.
-        settings = QuotaSettings.from_worker_json(
-            args.quota, os.environ.get("STUNNERD_QUOTA_REDIS_URL", "")
-        )
+        settings = QuotaSettings.from_worker_json(args.quota, env.quota_redis_url)
         quota = ClusterQuota(settings, f"{socket.gethostname()}-{os.getpid()}")
     return run_loop(
         serve(
