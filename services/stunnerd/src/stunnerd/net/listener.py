@@ -16,7 +16,8 @@ route is installed, so counting costs a few integer additions per datagram: no l
 no allocation, no lock (each worker process counts its own; the supervisor sums them).
 
 Subclasses provide the client transport: UDP in `udp.py`, TCP/TLS in `stream.py`, DTLS in
-`dtls.py`; the relay sockets and the peer → client half of the fast path are in `relay.py`.
+`dtls.py`; relays are opened by `allocate.RelayOpener`, and the relay sockets and the peer →
+client half of the fast path are in `relay.py`.
 """
 
 from __future__ import annotations
