@@ -1,11 +1,11 @@
 """aioice as an independent TURN peer in tests.
 
 aioice 0.13 cannot build or parse EVEN-PORT, RESERVATION-TOKEN, REQUESTED-ADDRESS-FAMILY and
-UNKNOWN-ATTRIBUTES. stunnerd's codec handles them with its own tables and leaves aioice alone;
-a test whose aioice client speaks them asks for `aioice_knows_turn_attributes`, which teaches
-aioice's tables those attributes for that test only and restores them afterwards. aioice's parser
-also refuses the RFC 6062 methods (Connect, ConnectionBind, ConnectionAttempt): `parse` reads any
-method with aioice's attribute table plus CONNECTION-ID.
+UNKNOWN-ATTRIBUTES. Our codec (`stunner_common.stun`) handles them with its own tables and leaves
+aioice alone; a test whose aioice client speaks them asks for `aioice_knows_turn_attributes`,
+which teaches aioice's tables those attributes for that test only and restores them afterwards.
+aioice's parser also refuses the RFC 6062 methods (Connect, ConnectionBind, ConnectionAttempt):
+`parse` reads any method with aioice's attribute table plus CONNECTION-ID.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from aioice import stun
 
-from stunnerd.turn.codec import EXTRA_ATTRIBUTES
+from stunner_common.stun import EXTRA_ATTRIBUTES
 
 CONNECT, CONNECTION_BIND, CONNECTION_ATTEMPT = 0x000A, 0x000B, 0x000C  # RFC 6062 §6.1
 

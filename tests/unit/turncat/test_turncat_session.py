@@ -15,6 +15,7 @@ import pytest
 from aioice import stun
 
 from stunner_common.auth import long_term_key
+from stunner_common.stun import Method
 from turncat.carrier import FrameSink, TlsOptions
 from turncat.errors import (
     EXIT_PEER_CONNECT_FAILED,
@@ -28,7 +29,7 @@ from turncat.errors import (
 )
 from turncat.session import PeerTransport, TurnSession
 from turncat.settings import TurncatSettings
-from turncat.wire import Method, parse_stun
+from turncat.wire import parse_stun
 
 REALM = "stunner.l7mp.io"
 USER, PASSWORD = "user1", "passwd1"

@@ -6,17 +6,9 @@ import pytest
 from aioice import stun
 
 from stunner_common.auth import long_term_key
-from turncat.wire import (
-    FAMILY_IPV6,
-    LongTermAuth,
-    Method,
-    build_request,
-    encode,
-    error_of,
-    integrity_ok,
-    parse_stun,
-    stun_frame_length,
-)
+from stunner_common.framing import stream_frame_length
+from stunner_common.stun import FAMILY_IPV6, Method, encode
+from turncat.wire import LongTermAuth, build_request, error_of, integrity_ok, parse_stun
 
 
 def test_signed_request_verifies_with_the_long_term_key() -> None:
@@ -93,7 +85,7 @@ def test_responses_of_unknown_methods_parse_with_the_raw_number() -> None:
     assert parsed is not None
     assert parsed.message_method == 0x00D
     assert parsed.method_name == "method 0xd"
-    assert stun_frame_length(raw[:20]) == len(raw)
+    assert stream_frame_length(raw[:20]) == len(raw)
 
 
 def test_a_wrong_fingerprint_or_a_truncated_attribute_is_malformed() -> None:

@@ -14,13 +14,13 @@ to the peer connection with ConnectionBind; after its success response the data 
 carries the peer's bytes as they are. An IPv6 peer gets an IPv6 relay: the Allocate carries
 REQUESTED-ADDRESS-FAMILY IPv6 (RFC 8656 §7.1).
 
-Long-term credentials follow RFC 8489 §9.2: the first request goes unsigned, the 401 brings the
-realm and nonce, every later request is signed; a 438 brings a fresh nonce and a retry. A 401
-to a signed request means the credentials are wrong, and a 403 to a permission or channel means
-the peer is not allowed; both end the session with their own error class.
+Requests, retransmissions and long-term credentials (RFC 8489 §9.2) are `turncat.transactions`';
+the session turns the error answers that are about the peer into their own error class: a 403
+to a permission or channel means the peer is not allowed, a 440/442 that the server does not
+offer the relay asked for, a 446/447 that the TCP peer cannot be reached.
 
-aioice's TURN client is not used, only its STUN codec (via `turncat.wire`): it has no DTLS, no
-CreatePermission, cannot decode Data indications and starts a task per datagram sent.
+aioice's TURN client is not used, only its STUN codec (via `stunner_common.stun`): it has no
+DTLS, no CreatePermission, cannot decode Data indications and starts a task per datagram sent.
 """
 
 from __future__ import annotations
@@ -32,9 +32,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from stunner_common.framing import channel_data, is_channel_data, parse_channel_data
+from stunner_common.stun import (
+    CHANNEL_MIN,
+    FAMILY_IPV6,
+    TRANSPORT_TCP,
+    TRANSPORT_UDP,
+    Class,
+    Message,
+    Method,
+    address_family,
+)
 from turncat.carrier import Carrier, FrameSink, TlsOptions, open_carrier, open_data_connection
 from turncat.errors import (
-    AuthFailedError,
     PeerConnectFailedError,
     PeerForbiddenError,
     TurncatError,
@@ -43,27 +52,13 @@ from turncat.errors import (
     UnsupportedError,
 )
 from turncat.settings import TurncatSettings
+from turncat.transactions import Credentials as Credentials
+from turncat.transactions import Exchange, Transactions
 from turncat.uri import Transport
-from turncat.wire import (
-    CHANNEL_MIN,
-    FAMILY_IPV6,
-    REQUESTED_TRANSPORT_TCP,
-    REQUESTED_TRANSPORT_UDP,
-    Class,
-    LongTermAuth,
-    Message,
-    Method,
-    address_family,
-    build_request,
-    error_of,
-    integrity_ok,
-    parse_stun,
-    stun_frame_length,
-)
+from turncat.wire import parse_stun
 
 log = logging.getLogger(__name__)
 
-Credentials = tuple[str, str]
 CredentialSource = Callable[[], Credentials | None]
 DataCallback = Callable[[bytes], None]
 LostCallback = Callable[[Exception | None], None]
@@ -72,10 +67,8 @@ CarrierOpener = Callable[
 ]
 
 PeerTransport = Literal["udp", "tcp"]
-Exchange = Callable[[Message], Awaitable[Message]]
 DataStream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
-MAX_AUTH_ROUNDS = 4
 DEFAULT_LIFETIME_S = 600
 
 
@@ -105,7 +98,6 @@ class TurnSession:
         self._server = server
         self._peer = (str(ipaddress.ip_address(peer[0])), peer[1])
         self._credentials = credentials
-        self._creds: Credentials | None = None
         self._tls = tls
         self._settings = settings
         self._on_data = on_data
@@ -113,9 +105,7 @@ class TurnSession:
         self.name = name
         self._opener = opener
         self.peer_transport: PeerTransport = peer_transport
-        self._carrier: Carrier | None = None
-        self._auth: LongTermAuth | None = None
-        self._pending: dict[bytes, asyncio.Future[Message]] = {}
+        self._tx = Transactions(server, settings)
         self._channel = CHANNEL_MIN
         self._pad = False
         self._send_frame: Callable[[bytes], None] = _discard
@@ -123,7 +113,6 @@ class TurnSession:
         self._allocated = False
         self._open = False
         self._closing = False
-        self._lost_reported = False
         self.relayed_address: tuple[str, int] | None = None
         self.mapped_address: tuple[str, int] | None = None
         self.lifetime_s = DEFAULT_LIFETIME_S
@@ -137,20 +126,21 @@ class TurnSession:
     async def open(self) -> None:
         """Allocate, permit the peer and bind a channel; raise a `TurncatError` on failure."""
         try:
-            self._carrier = await self._opener(
+            carrier = await self._opener(
                 self._transport_kind,
                 self._server,
                 self,
                 self._tls,
                 self._settings.connect_timeout_s,
             )
-            self._pad = self._carrier.reliable
-            self._send_frame = self._carrier.send
-            self._creds = self._credentials()
+            self._tx.carrier = carrier
+            self._pad = carrier.reliable
+            self._send_frame = carrier.send
+            self._tx.credentials = self._credentials()
             attrs: dict[str, Any] = {
-                "REQUESTED-TRANSPORT": REQUESTED_TRANSPORT_TCP
+                "REQUESTED-TRANSPORT": TRANSPORT_TCP
                 if self.peer_transport == "tcp"
-                else REQUESTED_TRANSPORT_UDP
+                else TRANSPORT_UDP
             }
             if address_family(self._peer[0]) == FAMILY_IPV6:
                 attrs["REQUESTED-ADDRESS-FAMILY"] = FAMILY_IPV6
@@ -202,7 +192,7 @@ class TurnSession:
                 Method.CONNECTION_BIND,
                 {"CONNECTION-ID": connection_id},
                 about_peer=True,
-                exchange=lambda msg: self._stream_exchange(reader, writer, msg),
+                exchange=lambda msg: self._tx.stream_exchange(reader, writer, msg),
             )
         except BaseException:
             writer.close()
@@ -211,30 +201,6 @@ class TurnSession:
             "%s: TCP connection %#x to peer %s:%d bound", self.name, connection_id, *self._peer
         )
         return reader, writer
-
-    async def _stream_exchange(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, msg: Message
-    ) -> Message:
-        """One transaction on a data connection: nothing but STUN flows on it until the
-        ConnectionBind success response (RFC 6062 §4.3), so the answer is the next message."""
-        method = msg.method_name
-        try:
-            async with asyncio.timeout(self._settings.request_timeout_s):
-                writer.write(bytes(msg))
-                await writer.drain()
-                header = await reader.readexactly(20)
-                rest = await reader.readexactly(stun_frame_length(header) - 20)
-        except TimeoutError:
-            raise UnreachableError(
-                f"TURN server {self._server[0]}:{self._server[1]} did not answer {method} "
-                f"within {self._settings.request_timeout_s:g} s"
-            ) from None
-        except (OSError, asyncio.IncompleteReadError) as exc:
-            raise UnreachableError(f"the data connection closed during {method}: {exc}") from None
-        resp = parse_stun(header + rest)
-        if resp is None or resp.transaction_id != msg.transaction_id:
-            raise TurnError(f"{method}: the server answered with something else")
-        return resp
 
     async def close(self) -> None:
         """Stop refreshing, delete the allocation (bounded in time) and close the connection."""
@@ -248,7 +214,8 @@ class TurnSession:
         await self._teardown()
 
     async def _teardown(self) -> None:
-        if self._allocated and self._carrier is not None and not self._lost_reported:
+        carrier = self._tx.carrier
+        if self._allocated and carrier is not None and not self._tx.lost:
             try:
                 async with asyncio.timeout(self._settings.close_timeout_s):
                     await self._request(Method.REFRESH, {"LIFETIME": 0})
@@ -256,9 +223,9 @@ class TurnSession:
             except (TurncatError, TimeoutError) as exc:
                 log.debug("%s: deallocation failed: %s", self.name, exc)
         self._allocated = False
-        if self._carrier is not None:
-            self._carrier.close()
-        self._fail_pending(UnreachableError("session closed"))
+        if carrier is not None:
+            carrier.close()
+        self._tx.fail_pending(UnreachableError("session closed"))
 
     @property
     def is_open(self) -> bool:
@@ -287,9 +254,7 @@ class TurnSession:
             self.dropped += 1
             return
         if msg.message_class in (Class.RESPONSE, Class.ERROR):
-            fut = self._pending.get(msg.transaction_id)
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
+            self._tx.answer_received(msg)
             return
         if msg.message_class == Class.INDICATION and msg.message_method == Method.DATA:
             # RFC 8656 §11.6: a Data indication from anyone but our peer is dropped.
@@ -309,53 +274,16 @@ class TurnSession:
             f"connection to TURN server {self._server[0]}:{self._server[1]} lost"
             + (f": {exc}" if exc else "")
         )
-        self._fail_pending(err)
-        if self._closing or self._lost_reported:
+        self._tx.fail_pending(err)
+        if self._closing or self._tx.lost:
             return
-        self._lost_reported = True
+        self._tx.lost = True
         was_open = self._open
         self._open = False
         if was_open and self._on_lost is not None:
             self._on_lost(exc)
 
     # -- transactions ----------------------------------------------------------------------
-
-    def _fail_pending(self, exc: Exception) -> None:
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(exc)
-
-    async def _exchange(self, msg: Message) -> Message:
-        """Send a request and wait for its answer, retransmitting on UDP (RFC 8489 §6.2.1)."""
-        carrier = self._carrier
-        if carrier is None or self._lost_reported:
-            raise UnreachableError(f"no connection to TURN server {self._server[0]}")
-        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self._pending[msg.transaction_id] = fut
-        data = bytes(msg)
-        method = msg.method_name
-        try:
-            async with asyncio.timeout(self._settings.request_timeout_s):
-                rto = self._settings.initial_rto_s
-                while True:
-                    carrier.send(data)
-                    if carrier.reliable:
-                        return await fut
-                    done, _ = await asyncio.wait({fut}, timeout=rto)
-                    if done:
-                        return fut.result()
-                    rto *= 2
-        except TimeoutError:
-            raise UnreachableError(
-                f"TURN server {self._server[0]}:{self._server[1]} did not answer {method} "
-                f"within {self._settings.request_timeout_s:g} s"
-            ) from None
-        finally:
-            self._pending.pop(msg.transaction_id, None)
-            if not fut.done():
-                fut.cancel()
-            elif not fut.cancelled():
-                fut.exception()  # mark retrieved
 
     async def _request(
         self,
@@ -366,77 +294,45 @@ class TurnSession:
         exchange: Exchange | None = None,
     ) -> Message:
         """A transaction with long-term authentication; raise the matching error on failure."""
-        for _ in range(MAX_AUTH_ROUNDS):
-            resp = await (exchange or self._exchange)(build_request(method, attrs, self._auth))
-            if self._auth is not None and not integrity_ok(resp, self._auth.key):
-                raise AuthFailedError(
-                    f"{method.name} response from the TURN server failed its integrity check"
-                )
-            if resp.message_class == Class.RESPONSE:
-                return resp
-            code, reason = error_of(resp)
-            if code == 401:
-                if self._auth is not None:
-                    raise AuthFailedError(
-                        f"authentication failed: the TURN server rejected user "
-                        f"{self._auth.username!r} in realm {self._auth.realm!r} (401 {reason})",
-                        code,
-                    )
-                self._auth = self._challenge(resp, method)
-                continue
-            if code == 438 and self._auth is not None:
-                nonce = resp.attributes.get("NONCE")
-                realm = resp.attributes.get("REALM", self._auth.realm)
-                if nonce is None or self._creds is None:
-                    break
-                self._auth = LongTermAuth.derive(self._creds[0], self._creds[1], realm, nonce)
-                continue
-            if code == 403 and about_peer:
-                again = (
-                    ": no route admits it any more (was its UDPRoute deleted or changed?)"
-                    if self._open
-                    else ""
-                )
-                raise PeerForbiddenError(
-                    f"peer {self._peer[0]}:{self._peer[1]} is not allowed by the TURN server "
-                    f"({method.name}: 403 {reason}){again}",
-                    code,
-                )
-            if code in (440, 442):
-                wanted = (
-                    "an IPv6 relay"
-                    if code == 440
-                    else f"a {self.peer_transport.upper()} relay (RFC 6062)"
-                )
-                raise UnsupportedError(
-                    f"the TURN server does not offer {wanted}: {method.name} failed with "
-                    f"{code} {reason}",
-                    code,
-                )
-            if code in (446, 447):
-                why = (
-                    "already has a connection to it on this allocation"
-                    if code == 446
-                    else "could not connect to it"
-                )
-                raise PeerConnectFailedError(
-                    f"TCP peer {self._peer[0]}:{self._peer[1]}: the TURN server {why} "
-                    f"({method.name}: {code} {reason})",
-                    code,
-                )
-            raise TurnError(f"{method.name} failed: {code} {reason}", code)
-        raise TurnError(f"{method.name} failed: the server kept asking for credentials")
 
-    def _challenge(self, resp: Message, method: Method) -> LongTermAuth:
-        realm = resp.attributes.get("REALM")
-        nonce = resp.attributes.get("NONCE")
-        if realm is None or nonce is None:
-            raise AuthFailedError(f"{method.name}: 401 without REALM and NONCE")
-        if self._creds is None:
-            raise AuthFailedError(
-                f"the TURN server requires credentials (realm {realm!r}) and none were given"
+        def refused(method: Method, code: int, reason: str) -> TurncatError:
+            return self._refusal(method, code, reason, about_peer=about_peer)
+
+        return await self._tx.request(method, attrs, refused, exchange)
+
+    def _refusal(self, method: Method, code: int, reason: str, *, about_peer: bool) -> TurncatError:
+        """The error for an error answer: about the peer (RFC 8656 §9, §12), the relay asked for
+        (§7.2, RFC 6062 §4.2) or a TCP peer connection (RFC 6062 §4.3), or a plain `TurnError`."""
+        if code == 403 and about_peer:
+            again = ": no route admits it any more (was its UDPRoute deleted or changed?)"
+            return PeerForbiddenError(
+                f"peer {self._peer[0]}:{self._peer[1]} is not allowed by the TURN server "
+                f"({method.name}: 403 {reason}){again if self._open else ''}",
+                code,
             )
-        return LongTermAuth.derive(self._creds[0], self._creds[1], str(realm), nonce)
+        if code in (440, 442):
+            wanted = (
+                "an IPv6 relay"
+                if code == 440
+                else f"a {self.peer_transport.upper()} relay (RFC 6062)"
+            )
+            return UnsupportedError(
+                f"the TURN server does not offer {wanted}: {method.name} failed with "
+                f"{code} {reason}",
+                code,
+            )
+        if code in (446, 447):
+            why = (
+                "already has a connection to it on this allocation"
+                if code == 446
+                else "could not connect to it"
+            )
+            return PeerConnectFailedError(
+                f"TCP peer {self._peer[0]}:{self._peer[1]}: the TURN server {why} "
+                f"({method.name}: {code} {reason})",
+                code,
+            )
+        return TurnError(f"{method.name} failed: {code} {reason}", code)
 
     async def _install_peer(self) -> None:
         peer_attr = {"XOR-PEER-ADDRESS": self._peer}
@@ -497,7 +393,7 @@ class TurnSession:
         exc = task.exception()
         log.warning("%s: refresh failed, dropping the client: %s", self.name, exc)
         self._open = False
-        if not self._lost_reported:
-            self._lost_reported = True
+        if not self._tx.lost:
+            self._tx.lost = True
             if self._on_lost is not None:
                 self._on_lost(exc if isinstance(exc, Exception) else None)
