@@ -26,14 +26,29 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+SERVICE_DOCKERFILE = "services/Dockerfile"
 IMAGES = {
-    "stunnerd": "services/stunnerd/Dockerfile",
-    "cds": "services/cds/Dockerfile",
-    "operator": "services/operator/Dockerfile",
-    "turncat": "services/turncat/Dockerfile",
-    "auth": "services/auth/Dockerfile",
+    "stunnerd": SERVICE_DOCKERFILE,
+    "cds": SERVICE_DOCKERFILE,
+    "operator": SERVICE_DOCKERFILE,
+    "turncat": SERVICE_DOCKERFILE,
+    "auth": SERVICE_DOCKERFILE,
     "redis": "deploy/redis/Dockerfile",
 }
+BUILD_ARGS = {
+    "stunnerd": {
+        "SERVICE": "stunnerd",
+        "COMMAND": "stunnerd",
+        "OFFLOAD": "yes",
+        "RUNTIME_PACKAGES": "libbpf1",
+    },
+    "cds": {"SERVICE": "cds", "COMMAND": "stunner-cds"},
+    "operator": {"SERVICE": "operator", "COMMAND": "stunner-operator"},
+    "turncat": {"SERVICE": "turncat", "COMMAND": "turncat"},
+    "auth": {"SERVICE": "auth", "COMMAND": "stunner-auth"},
+}
+"""What services/Dockerfile builds for each Python service: its folder, its command (the
+entrypoint), and for stunnerd the offload object and libbpf."""
 LOCAL_BASE = "localhost/debian-py:bookworm"
 PIP_KEYS = ("index-url", "extra-index-url", "find-links", "trusted-host", "cert")
 CONTAINERS_CONF = ROOT / "deploy" / "containers.conf"
@@ -154,6 +169,8 @@ def _build(eng: str, env: dict[str, str], names: list[str], tag: str | None) -> 
         if base:
             argv += ["--build-arg", f"BASE_IMAGE={base}"]
         argv += ["--build-arg", f"PIP_CONF={pip_conf(settings)}"]
+        for key, value in BUILD_ARGS.get(name, {}).items():
+            argv += ["--build-arg", f"{key}={value}"]
         if Path(eng).name == "podman":
             argv += [arg for path in mounts for arg in ("-v", f"{path}:{path}:ro")]
         elif mounts:
