@@ -44,6 +44,7 @@
 
 #define FWD_LOCAL 1    /* destination is an address of this host: left to user space */
 #define FWD_HAS_MACS 2 /* smac/dmac/ifindex resolved: XDP may send it */
+#define FWD_PEER_DEV 4 /* ifindex is a veth (or netkit) whose far end is in another namespace */
 
 #define L3_OFF ((int)sizeof(struct ethhdr))
 #define L4_OFF (L3_OFF + (int)sizeof(struct iphdr))
@@ -283,7 +284,9 @@ static __always_inline int tc_rewrite(struct __sk_buff *skb, struct pkt *p, stru
 }
 
 /* With the MAC addresses user space resolved, the frame is finished here and goes straight to
- * the device; without them the kernel's neighbour lookup (and a route lookup) addresses it. */
+ * the device; without them the kernel's neighbour lookup (and a route lookup) addresses it. A
+ * veth's frame goes straight into its far end's ingress (`bpf_redirect_peer`), as if that end
+ * had received it, without the trip through the veth's transmit path and the backlog queue. */
 static __always_inline int tc_send(struct __sk_buff *skb, struct fwd *f)
 {
 	struct ethhdr *eth = (void *)(long)skb->data;
@@ -294,6 +297,8 @@ static __always_inline int tc_send(struct __sk_buff *skb, struct fwd *f)
 		return TC_ACT_SHOT;
 	__builtin_memcpy(eth->h_source, f->smac, ETH_ALEN);
 	__builtin_memcpy(eth->h_dest, f->dmac, ETH_ALEN);
+	if (f->flags & FWD_PEER_DEV)
+		return bpf_redirect_peer(f->ifindex, 0);
 	return bpf_redirect(f->ifindex, 0);
 }
 
