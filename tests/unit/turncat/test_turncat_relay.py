@@ -6,9 +6,10 @@ import asyncio
 from typing import Any
 
 from turncat.errors import AuthFailedError
-from turncat.relay import Tunnel, _UdpClients
+from turncat.relay import Tunnel
 from turncat.session import DataCallback, LostCallback
 from turncat.settings import TurncatSettings
+from turncat.udp_clients import UdpClients
 from turncat.uri import LocalAddress
 
 
@@ -49,7 +50,7 @@ class FakeTransport:
         return default
 
 
-def make(**settings: Any) -> tuple[Tunnel, _UdpClients, list[FakeSession], FakeTransport]:
+def make(**settings: Any) -> tuple[Tunnel, UdpClients, list[FakeSession], FakeTransport]:
     sessions: list[FakeSession] = []
 
     def factory(name: str, on_data: DataCallback, on_lost: LostCallback) -> Any:
@@ -58,7 +59,7 @@ def make(**settings: Any) -> tuple[Tunnel, _UdpClients, list[FakeSession], FakeT
         return s
 
     tunnel = Tunnel(LocalAddress("udp", "127.0.0.1", 1), factory, TurncatSettings(**settings))
-    clients = _UdpClients(tunnel)
+    clients = UdpClients(tunnel)
     tunnel._udp = clients  # what start() does after binding the socket
     transport = FakeTransport()
     clients.connection_made(transport)  # type: ignore[arg-type]

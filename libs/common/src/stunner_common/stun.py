@@ -19,7 +19,7 @@ import hmac
 import ipaddress
 import os
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,14 +83,24 @@ def _unpack_attr_types(data: bytes) -> tuple[int, ...]:
     return tuple(struct.unpack("!H", data[i : i + 2])[0] for i in range(0, len(data) - 1, 2))
 
 
-def _pack_family(value: int) -> bytes:
-    return struct.pack("!B3x", value)
+def _one_octet(name: str, size: int) -> tuple[Callable[[int], bytes], Callable[[bytes], int]]:
+    """Pack and unpack of an attribute whose value is its first octet, in `size` bytes."""
+    unit = "byte" if size == 1 else "bytes"
+
+    def pack(value: int) -> bytes:
+        return struct.pack("!B", value) + bytes(size - 1)
+
+    def unpack(data: bytes) -> int:
+        if len(data) != size:
+            raise ValueError(f"{name} must be {size} {unit}")
+        return int(data[0])
+
+    return pack, unpack
 
 
-def _unpack_family(data: bytes) -> int:
-    if len(data) != 4:
-        raise ValueError("REQUESTED-ADDRESS-FAMILY must be 4 bytes")
-    return int(data[0])
+# RFC 8656 §18.11 (and ADDITIONAL-ADDRESS-FAMILY, §18.12): family, then 3 reserved bytes
+_pack_family, _unpack_family = _one_octet("REQUESTED-ADDRESS-FAMILY", 4)
+_pack_even_port, _unpack_even_port = _one_octet("EVEN-PORT", 1)  # RFC 8656 §18.10: R bit
 
 
 def _pack_address_error(value: tuple[int, int, str]) -> bytes:
@@ -103,16 +113,6 @@ def _unpack_address_error(data: bytes) -> tuple[int, int, str]:
     if len(data) < 4:
         raise ValueError("ADDRESS-ERROR-CODE must be at least 4 bytes")
     return int(data[0]), (data[2] & 0x07) * 100 + data[3], data[4:].decode()
-
-
-def _pack_even_port(value: int) -> bytes:
-    return struct.pack("!B", value)
-
-
-def _unpack_even_port(data: bytes) -> int:
-    if len(data) != 1:
-        raise ValueError("EVEN-PORT must be 1 byte")
-    return int(data[0])
 
 
 EXTRA_ATTRIBUTES: tuple[AttributeEntry, ...] = (

@@ -15,6 +15,7 @@ import logging
 import socket
 import ssl
 import struct
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -127,6 +128,30 @@ async def open_data_connection(
         raise UnreachableError(f"cannot open a data connection to {what}: {exc}") from None
 
 
+CarrierOpener = Callable[
+    [Transport, tuple[str, int], FrameSink, TlsOptions, float], Awaitable[Carrier]
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLink:
+    """How a session reaches its TURN server: transport, address, TLS options and the opener
+    of its carrier (tests pass a fake one)."""
+
+    transport: Transport
+    server: tuple[str, int]
+    tls: TlsOptions
+    opener: CarrierOpener = open_carrier
+
+    async def open(self, sink: FrameSink, timeout_s: float) -> Carrier:
+        return await self.opener(self.transport, self.server, sink, self.tls, timeout_s)
+
+    async def data_connection(
+        self, timeout_s: float
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await open_data_connection(self.transport, self.server, self.tls, timeout_s)
+
+
 def tls_context(tls: TlsOptions) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -141,6 +166,15 @@ def tls_context(tls: TlsOptions) -> ssl.SSLContext:
     return ctx
 
 
+def enlarge_receive_buffer(transport: asyncio.BaseTransport) -> None:
+    """Ask for `UDP_RCVBUF_BYTES` of receive buffer on a UDP socket, so that bursts wait there
+    while the loop is busy (best effort: the kernel may cap it)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RCVBUF_BYTES)
+
+
 class UdpCarrier(asyncio.DatagramProtocol):
     """TURN over a connected UDP socket: one datagram is one frame."""
 
@@ -152,10 +186,7 @@ class UdpCarrier(asyncio.DatagramProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.DatagramTransport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RCVBUF_BYTES)
+        enlarge_receive_buffer(transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
         self._sink.frame_received(data)

@@ -1,43 +1,33 @@
 """The local side of the tunnel: accept local clients and give each its own TURN session.
 
-A UDP client is a source address on the local socket; a TCP client is an accepted connection;
-stdin/stdout is a single client. Each gets a fresh `TurnSession` (its own allocation and its own
-credentials, as upstream turncat does). Datagrams that arrive while a UDP client's allocation is
-being set up wait in a short queue. A TCP client's byte stream is relayed as it is read, one
-datagram per read of at most 1500 bytes, and datagrams from the peer are written back to the
-stream unframed, which is what upstream turncat does too. A UDP client that falls silent for
-`client_idle_timeout_s` is deallocated. With a TCP peer (RFC 6062) a TCP client or stdin gets a
-data connection of its own and bytes are spliced both ways as they are; when one side ends its
-stream the other is half-closed and has `stdin_linger_s` of silence to finish. Every background
-task is owned by the `Tunnel`.
+A UDP client is a source address on the local socket (`turncat.udp_clients`); a TCP client is an
+accepted connection; stdin/stdout is a single client. Each gets a fresh `TurnSession` (its own
+allocation and its own credentials, as upstream turncat does). A TCP client's byte stream is
+relayed as it is read, one datagram per read of at most 1500 bytes, and datagrams from the peer
+are written back to the stream unframed, which is what upstream turncat does too. With a TCP
+peer (RFC 6062) a TCP client or stdin gets a data connection of its own, spliced both ways by
+`turncat.streams`. Every background task is owned by the `Tunnel`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
-import os
-import socket
-import stat
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any, cast
+from typing import Any, BinaryIO
 
-from turncat.carrier import UDP_RCVBUF_BYTES
 from turncat.errors import TurncatError, UnreachableError
 from turncat.session import DataCallback, LostCallback, TurnSession
 from turncat.settings import TurncatSettings
+from turncat.streams import READ_BYTES, Reader, splice, stdin_reader, stdio_stream
+from turncat.udp_clients import CLOSE_SUFFIX, UdpClients
 from turncat.uri import LocalAddress
 
 log = logging.getLogger(__name__)
 
-READ_BYTES = 1500
-STREAM_READ_BYTES = 1 << 16
 TCP_WRITE_LIMIT_BYTES = 1 << 20
-FAILED_CLIENT_HOLDOFF_S = 5.0
-CLOSE_SUFFIX = "-close"
 
 SessionFactory = Callable[[str, DataCallback, LostCallback], TurnSession]
 
@@ -53,9 +43,13 @@ class Tunnel:
         self._settings = settings
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sessions: set[TurnSession] = set()
-        self._udp: _UdpClients | None = None
+        self._udp: UdpClients | None = None
         self._server: asyncio.Server | None = None
         self.bound_address: tuple[str, int] | None = None
+
+    @property
+    def settings(self) -> TurncatSettings:
+        return self._settings
 
     # -- task ownership --------------------------------------------------------------------
 
@@ -92,7 +86,7 @@ class Tunnel:
         try:
             if local.kind == "udp":
                 transport, udp = await loop.create_datagram_endpoint(
-                    lambda: _UdpClients(self),
+                    lambda: UdpClients(self),
                     local_addr=(local.host, local.port),
                     reuse_port=False,
                 )
@@ -189,303 +183,78 @@ class Tunnel:
         After end of input, replies are still printed until the peer is quiet for
         `stdin_linger_s`.
         """
-        reply = asyncio.Event()
-        lost = asyncio.Event()
-        stdout_gone = False
-        out = sys.stdout.buffer
-
-        def on_data(data: bytes) -> None:
-            nonlocal stdout_gone
-            try:
-                out.write(data)
-                out.flush()
-            except OSError as exc:  # stdout closed under us: nobody is reading any more
-                log.info("stdout closed: %s", exc)
-                stdout_gone = True
-                lost.set()
-                return
-            reply.set()
-
-        why: list[str] = []
-
-        def on_lost(exc: Exception | None) -> None:
-            why.append(str(exc) if exc else "closed by the server")
-            lost.set()
-
-        session = self.new_session("stdio", on_data, on_lost)
-        lost_waiter = asyncio.create_task(lost.wait(), name="stdio-lost")
+        stdio = _Stdio(sys.stdout.buffer)
+        linger_s = self._settings.stdin_linger_s
+        session = self.new_session("stdio", stdio.on_data, stdio.on_lost)
+        lost_waiter = asyncio.create_task(stdio.lost.wait(), name="stdio-lost")
         try:
             await session.open()
-            read = await _stdin_reader()
+            read = await stdin_reader()
             if session.peer_transport == "tcp":
-                await _stdio_stream(session, read, out, lost, self._settings.stdin_linger_s)
+                await stdio_stream(await session.connect(), read, stdio.out, stdio.lost, linger_s)
                 return
-            while not lost.is_set():
-                reading = asyncio.create_task(read(), name="stdio-read")
-                await asyncio.wait({reading, lost_waiter}, return_when=asyncio.FIRST_COMPLETED)
-                if not reading.done():
-                    reading.cancel()
-                    await asyncio.gather(reading, return_exceptions=True)
-                    break
-                data = reading.result()
-                if not data:
-                    break
-                session.send(data)
-            while not lost.is_set():
-                reply.clear()
-                try:
-                    async with asyncio.timeout(self._settings.stdin_linger_s):
-                        await reply.wait()
-                except TimeoutError:
-                    break
+            await _send_stdin(session, read, stdio.lost, lost_waiter)
+            await stdio.linger(linger_s)
         finally:
             lost_waiter.cancel()
             await asyncio.gather(lost_waiter, return_exceptions=True)
             await self.end_session(session)
-        if lost.is_set() and not stdout_gone:
-            raise UnreachableError(f"the TURN session was lost: {why[0] if why else 'unknown'}")
+        stdio.raise_if_lost()
 
 
-async def _stdio_stream(
-    session: TurnSession,
-    read: Callable[[], Coroutine[Any, Any, bytes]],
-    out: Any,
-    lost: asyncio.Event,
-    linger_s: float,
+async def _send_stdin(
+    session: TurnSession, read: Reader, lost: asyncio.Event, lost_waiter: asyncio.Task[Any]
 ) -> None:
-    """stdin to a TCP peer and its bytes to stdout, over one RFC 6062 data connection."""
-    peer_reader, peer_writer = await session.connect()
-    flow = _Flow()
-
-    async def upstream() -> None:
-        while data := await read():
-            flow.moved += 1
-            peer_writer.write(data)
-            await peer_writer.drain()
-        with contextlib.suppress(OSError):
-            peer_writer.write_eof()
-
-    async def downstream() -> None:
-        while data := await peer_reader.read(STREAM_READ_BYTES):
-            flow.moved += 1
-            out.write(data)
-            out.flush()
-
-    try:
-        await flow.run(upstream(), downstream(), lost, linger_s)
-    finally:
-        peer_writer.close()
-
-
-async def splice(
-    local: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    peer: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    lost: asyncio.Event,
-    linger_s: float,
-) -> None:
-    """Copy bytes both ways between a local TCP client and a data connection until both ends
-    are done, the TURN session is lost, or one end finished and the other fell silent."""
-    flow = _Flow()
-
-    async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        while data := await src.read(STREAM_READ_BYTES):
-            flow.moved += 1
-            dst.write(data)
-            await dst.drain()
-        with contextlib.suppress(OSError):
-            if dst.can_write_eof():
-                dst.write_eof()
-
-    try:
-        await flow.run(copy(local[0], peer[1]), copy(peer[0], local[1]), lost, linger_s)
-    finally:
-        peer[1].close()
-
-
-class _Flow:
-    """The two directions of a byte stream; `moved` counts reads so silence can be told."""
-
-    def __init__(self) -> None:
-        self.moved = 0
-
-    async def run(
-        self,
-        up: Coroutine[Any, Any, None],
-        down: Coroutine[Any, Any, None],
-        lost: asyncio.Event,
-        linger_s: float,
-    ) -> None:
-        """Run both directions; once one has ended, stop when the other ends, fails, or moves
-        nothing for `linger_s`; stop at once when the session is lost or a direction fails."""
-        halves: set[asyncio.Task[Any]] = {
-            asyncio.create_task(up, name="stream-up"),
-            asyncio.create_task(down, name="stream-down"),
-        }
-        lost_task: asyncio.Task[Any] = asyncio.create_task(lost.wait(), name="stream-lost")
-        try:
-            pending = set(halves)
-            while pending and not lost.is_set():
-                seen = self.moved
-                done, _ = await asyncio.wait(
-                    pending | {lost_task},
-                    timeout=linger_s if len(pending) < len(halves) else None,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                for task in done & halves:
-                    pending.discard(task)
-                    if not task.cancelled() and task.exception() is not None:
-                        log.debug("stream closed: %s", task.exception())
-                        return
-                if not done and self.moved == seen:
-                    return  # one side is done and the other fell silent
-        finally:
-            for task in (*halves, lost_task):
-                task.cancel()
-            await asyncio.gather(*halves, lost_task, return_exceptions=True)
-
-
-async def _stdin_reader() -> Callable[[], Coroutine[Any, Any, bytes]]:
-    """A reader of stdin chunks: a pipe transport for pipes, sockets and terminals, a thread
-    for everything else (regular files, /dev/null), which the event loop cannot poll (uvloop
-    aborts the process on them)."""
-    fd = sys.stdin.fileno()
-    mode = os.fstat(fd).st_mode
-    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)):
-
-        async def read_file() -> bytes:
-            return await asyncio.to_thread(os.read, fd, READ_BYTES)
-
-        return read_file
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 16)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-
-    async def read_pipe() -> bytes:
-        return await reader.read(READ_BYTES)
-
-    return read_pipe
-
-
-class _UdpLink:
-    """One UDP local client: its address, session, pending queue and idle timer."""
-
-    __slots__ = ("addr", "checked", "failed", "idle_handle", "packets", "pending", "session")
-
-    def __init__(self, addr: tuple[str, int], queue_len: int) -> None:
-        self.addr = addr
-        self.session: TurnSession | None = None
-        self.pending: collections.deque[bytes] | None = collections.deque(maxlen=queue_len)
-        self.packets = 0
-        self.checked = 0
-        self.idle_handle: asyncio.TimerHandle | None = None
-        self.failed = False
-
-
-class _UdpClients(asyncio.DatagramProtocol):
-    """The shared local UDP socket: demultiplexes datagrams by source address."""
-
-    def __init__(self, tunnel: Tunnel) -> None:
-        self._tunnel = tunnel
-        self._settings = tunnel._settings
-        self._links: dict[tuple[str, int], _UdpLink] = {}
-        self._transport: asyncio.DatagramTransport | None = None
-        self._loop = asyncio.get_running_loop()
-        self._stopped = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.DatagramTransport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            # Room for bursts from many local clients while the loop is busy relaying.
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RCVBUF_BYTES)
-
-    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
-        link = self._links.get(addr)
-        if link is None:
-            if self._stopped:
-                return
-            link = _UdpLink(addr, self._settings.pending_datagrams)
-            self._links[addr] = link
-            self._tunnel.spawn(self._open(link), name=f"udp:{addr[0]}:{addr[1]}-open")
-        else:
-            if link.failed:
-                return
-            link.packets += 1
-        if link.pending is not None:
-            link.pending.append(data)
-        else:
-            link.session.send(data)  # type: ignore[union-attr]
-
-    async def _open(self, link: _UdpLink) -> None:
-        addr = link.addr
-        name = f"udp:{addr[0]}:{addr[1]}"
-        transport = self._transport
-        assert transport is not None
-
-        def on_data(data: bytes) -> None:
-            transport.sendto(data, addr)
-
-        def on_lost(exc: Exception | None) -> None:
-            self._drop(link, "relay lost")
-
-        session = self._tunnel.new_session(name, on_data, on_lost)
-        link.session = session
-        try:
-            await session.open()
-        except TurncatError as exc:
-            # Hold the address off for a while so a client that keeps sending does not make
-            # us hammer the server with allocations that fail the same way.
-            log.warning("%s: dropping client for %g s: %s", name, FAILED_CLIENT_HOLDOFF_S, exc)
-            link.failed = True
-            link.pending = None
-            link.idle_handle = self._loop.call_later(FAILED_CLIENT_HOLDOFF_S, self._forget, link)
-            await self._tunnel.end_session(session)
+    """stdin to the peer, one datagram per read, until end of input or the session is lost."""
+    while not lost.is_set():
+        reading = asyncio.create_task(read(), name="stdio-read")
+        await asyncio.wait({reading, lost_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not reading.done():
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
             return
-        log.info("%s: new client", name)
-        pending, link.pending = link.pending, None
-        for data in pending or ():
-            session.send(data)
-        self._arm_idle(link)
-
-    def _forget(self, link: _UdpLink) -> None:
-        if self._links.get(link.addr) is link:
-            del self._links[link.addr]
-
-    def _arm_idle(self, link: _UdpLink) -> None:
-        # A packet counter instead of a timestamp keeps the clock off the per-datagram path; a
-        # client is dropped after one to two idle periods of silence.
-        link.checked = link.packets
-        link.idle_handle = self._loop.call_later(
-            self._settings.client_idle_timeout_s, self._check_idle, link
-        )
-
-    def _check_idle(self, link: _UdpLink) -> None:
-        if self._links.get(link.addr) is not link:
+        data = reading.result()
+        if not data:
             return
-        if link.packets == link.checked:
-            self._drop(link, "idle")
-        else:
-            self._arm_idle(link)
+        session.send(data)
 
-    def _drop(self, link: _UdpLink, why: str) -> None:
-        if self._links.get(link.addr) is link:
-            del self._links[link.addr]
-        if link.idle_handle is not None:
-            link.idle_handle.cancel()
-        if link.session is not None:
-            log.info("udp:%s:%s: client %s, deallocating", link.addr[0], link.addr[1], why)
-            name = f"udp:{link.addr[0]}:{link.addr[1]}{CLOSE_SUFFIX}"
-            self._tunnel.spawn(self._tunnel.end_session(link.session), name=name)
 
-    def stop(self) -> None:
-        self._stopped = True
-        for link in list(self._links.values()):
-            if link.idle_handle is not None:
-                link.idle_handle.cancel()
-        self._links.clear()
-        if self._transport is not None:
-            self._transport.close()
+class _Stdio:
+    """stdout as the one local client: the peer's datagrams go there until it is closed."""
 
-    def error_received(self, exc: Exception) -> None:
-        log.debug("local UDP socket: %s", exc)
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.reply = asyncio.Event()
+        self.lost = asyncio.Event()
+        self.stdout_gone = False
+        self.why: list[str] = []
+
+    def on_data(self, data: bytes) -> None:
+        try:
+            self.out.write(data)
+            self.out.flush()
+        except OSError as exc:  # stdout closed under us: nobody is reading any more
+            log.info("stdout closed: %s", exc)
+            self.stdout_gone = True
+            self.lost.set()
+            return
+        self.reply.set()
+
+    def on_lost(self, exc: Exception | None) -> None:
+        self.why.append(str(exc) if exc else "closed by the server")
+        self.lost.set()
+
+    async def linger(self, linger_s: float) -> None:
+        """After end of input: go on until the peer is quiet for `linger_s` (or is lost)."""
+        while not self.lost.is_set():
+            self.reply.clear()
+            try:
+                async with asyncio.timeout(linger_s):
+                    await self.reply.wait()
+            except TimeoutError:
+                return
+
+    def raise_if_lost(self) -> None:
+        if self.lost.is_set() and not self.stdout_gone:
+            why = self.why[0] if self.why else "unknown"
+            raise UnreachableError(f"the TURN session was lost: {why}")

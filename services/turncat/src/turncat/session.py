@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Literal
 
 from stunner_common.framing import channel_data, is_channel_data, parse_channel_data
@@ -42,7 +42,7 @@ from stunner_common.stun import (
     Method,
     address_family,
 )
-from turncat.carrier import Carrier, FrameSink, TlsOptions, open_carrier, open_data_connection
+from turncat.carrier import CarrierOpener, ServerLink, TlsOptions, open_carrier
 from turncat.errors import (
     PeerConnectFailedError,
     PeerForbiddenError,
@@ -52,6 +52,7 @@ from turncat.errors import (
     UnsupportedError,
 )
 from turncat.settings import TurncatSettings
+from turncat.streams import DataStream
 from turncat.transactions import Credentials as Credentials
 from turncat.transactions import Exchange, Transactions
 from turncat.uri import Transport
@@ -62,12 +63,8 @@ log = logging.getLogger(__name__)
 CredentialSource = Callable[[], Credentials | None]
 DataCallback = Callable[[bytes], None]
 LostCallback = Callable[[Exception | None], None]
-CarrierOpener = Callable[
-    [Transport, tuple[str, int], FrameSink, TlsOptions, float], Awaitable[Carrier]
-]
 
 PeerTransport = Literal["udp", "tcp"]
-DataStream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 DEFAULT_LIFETIME_S = 600
 
@@ -94,16 +91,13 @@ class TurnSession:
         opener: CarrierOpener = open_carrier,
         peer_transport: PeerTransport = "udp",
     ) -> None:
-        self._transport_kind = transport
-        self._server = server
+        self._link = ServerLink(transport, server, tls, opener)
         self._peer = (str(ipaddress.ip_address(peer[0])), peer[1])
         self._credentials = credentials
-        self._tls = tls
         self._settings = settings
         self._on_data = on_data
         self._on_lost = on_lost
         self.name = name
-        self._opener = opener
         self.peer_transport: PeerTransport = peer_transport
         self._tx = Transactions(server, settings)
         self._channel = CHANNEL_MIN
@@ -126,13 +120,7 @@ class TurnSession:
     async def open(self) -> None:
         """Allocate, permit the peer and bind a channel; raise a `TurncatError` on failure."""
         try:
-            carrier = await self._opener(
-                self._transport_kind,
-                self._server,
-                self,
-                self._tls,
-                self._settings.connect_timeout_s,
-            )
+            carrier = await self._link.open(self, self._settings.connect_timeout_s)
             self._tx.carrier = carrier
             self._pad = carrier.reliable
             self._send_frame = carrier.send
@@ -167,8 +155,8 @@ class TurnSession:
             self.name,
             self.peer_transport.upper(),
             self.relayed_address,
-            self._transport_kind,
-            *self._server,
+            self._link.transport,
+            *self._link.server,
             *self._peer,
         )
 
@@ -184,9 +172,7 @@ class TurnSession:
         connection_id = resp.attributes.get("CONNECTION-ID")
         if connection_id is None:
             raise TurnError("Connect succeeded without a CONNECTION-ID")
-        reader, writer = await open_data_connection(
-            self._transport_kind, self._server, self._tls, self._settings.connect_timeout_s
-        )
+        reader, writer = await self._link.data_connection(self._settings.connect_timeout_s)
         try:
             await self._request(
                 Method.CONNECTION_BIND,
@@ -271,7 +257,7 @@ class TurnSession:
 
     def carrier_lost(self, exc: Exception | None) -> None:
         err = UnreachableError(
-            f"connection to TURN server {self._server[0]}:{self._server[1]} lost"
+            f"connection to TURN server {self._link.server[0]}:{self._link.server[1]} lost"
             + (f": {exc}" if exc else "")
         )
         self._tx.fail_pending(err)
