@@ -1,4 +1,4 @@
-"""The codec fence over aioice: RFC 5769 vectors, unknown attributes, ChannelData framing."""
+"""The server's codec: RFC 5769 vectors, 400 or drop, Send/Data indications, ChannelData framing."""
 
 from __future__ import annotations
 
@@ -10,31 +10,11 @@ import pytest
 from aioice import stun
 
 from stunnerd.turn import codec
-
-PASSWORD = b"VOkJxbRl1RmTxUk/WvJxBt"
-
-# RFC 5769 §2.1-2.4, byte for byte.
-REQUEST = bytes.fromhex(
-    "000100582112a442b7e7a701bc34d686fa87dfae802200105354554e207465737420636c69656e74"
-    "002400046e0001ff80290008932ff9b151263b36000600096576746a3a68367659202020"
-    "000800149aeaa70cbfd8cb56781ef2b5b2d3f249c1b571a280280004e57a3bcf"
-)
-IPV4_RESPONSE = bytes.fromhex(
-    "0101003c2112a442b7e7a701bc34d686fa87dfae8022000b7465737420766563746f7220"
-    "002000080001a147e112a643000800142b91f599fd9e90c38c7489f92af9ba53f06be7d7"
-    "80280004c07d4c96"
-)
-IPV6_RESPONSE = bytes.fromhex(
-    "010100482112a442b7e7a701bc34d686fa87dfae8022000b7465737420766563746f7220"
-    "002000140002a1470113a9faa5d3f179bc25f4b5bed2b9d900080014a382954e4be67bf1"
-    "1784c97c8292c275bfe3ed4180280004c8fb0b4c"
-)
-LONG_TERM_REQUEST = bytes.fromhex(
-    "000100602112a44278ad3433c6ad72c029da412e00060012e3839ee38388e383aae38383"
-    "e382afe382b900000015001c662f2f3439396b39353464364f4c33346f4c394653547679"
-    "363473410014000b6578616d706c652e6f72670000080014f67024656dd64a3e02b8e071"
-    "2e85c9a28ca89666"
-)
+from support.stun import RFC5769_IPV4_RESPONSE as IPV4_RESPONSE
+from support.stun import RFC5769_IPV6_RESPONSE as IPV6_RESPONSE
+from support.stun import RFC5769_LONG_TERM_REQUEST as LONG_TERM_REQUEST
+from support.stun import RFC5769_PASSWORD as PASSWORD
+from support.stun import RFC5769_REQUEST as REQUEST
 
 
 def test_rfc5769_sample_request_parses_and_its_integrity_verifies() -> None:
