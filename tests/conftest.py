@@ -10,7 +10,17 @@ from pathlib import Path
 import pytest
 
 from support.leaks import assert_no_leaked_tasks
+from support.ports import default_ports_held
 from support.redis_server import RedisServer, redis_server
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _default_ports_taken() -> Iterator[None]:
+    """Tests never use a fixed port: the services' default ports are held for the whole run, so
+    a server a test starts without port 0 or a free port fails here as it would beside `make run`.
+    """
+    with default_ports_held():
+        yield
 
 
 @pytest.fixture

@@ -127,6 +127,7 @@ class Stack:
         full_env = {
             "STUNNER_ADDR": "127.0.0.1",
             "STUNNERD_HEALTH_PORT": str(self.health_port),
+            "STUNNERD_METRICS_PORT": str(free_port()),  # where a config turns metrics on
             **(env or {}),
         }
         self._start("stunnerd", argv, full_env)

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 from aioice.turn import TurnTransport, create_turn_endpoint
 
-from stunner_common.config import self_signed_pair
+from stunner_common.config import DEFAULT_HEALTHCHECK_ENDPOINT, self_signed_pair
 from support.ports import free_port, free_udp_tcp_port
 from support.processes import ServerProcess
 
@@ -91,8 +91,9 @@ class ManagedStunnerd:
     """stunnerd on a config file (default), or with `origin` (e.g. a CDS URL) and `health`.
 
     The health port comes from the config's `healthcheck_endpoint` or from `health` (passed as
-    `STUNNERD_HEALTH_PORT`); without either, `/status` is not reachable and only `wait_listeners`
-    and `stop` apply.
+    `STUNNERD_HEALTH_PORT`); where neither names one (a config without the field, an origin),
+    a free port, never the default 8086. With an empty `healthcheck_endpoint`, `/status` is not
+    reachable and only `wait_listeners` and `stop` apply.
     """
 
     def __init__(
@@ -108,17 +109,21 @@ class ManagedStunnerd:
         self.path = tmp / "stunnerd.json"
         self.config = copy.deepcopy(config or {})
         self.health_port: int | None = None
+        full_env = {**os.environ, **(env or {})}
         if config is not None:
             self.path.write_text(json.dumps(self.config))
-            endpoint = config["admin"].get("healthcheck_endpoint") or ""
+            endpoint = config["admin"].get("healthcheck_endpoint", DEFAULT_HEALTHCHECK_ENDPOINT)
             if endpoint:
                 self.health_port = int(endpoint.rsplit(":", 1)[1])
+        else:
+            # Configs from an origin may name the default metrics port: a free one instead.
+            full_env.setdefault("STUNNERD_METRICS_PORT", str(free_port()))
+        if health is None and (config is None or "healthcheck_endpoint" not in config["admin"]):
+            health = free_port()  # not stunnerd's default, 8086
         if health is not None:
             self.health_port = health
-        argv = [sys.executable, "-m", "stunnerd", "-c", origin or str(self.path)]
-        full_env = {**os.environ, **(env or {})}
-        if health is not None:
             full_env["STUNNERD_HEALTH_PORT"] = str(health)
+        argv = [sys.executable, "-m", "stunnerd", "-c", origin or str(self.path)]
         self.proc = ServerProcess(
             [*argv, "--bind", "127.0.0.1", *args], env=full_env, log_path=tmp / "stunnerd.log"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,7 @@ def test_a_turn_uri_starts_a_relay_that_admits_any_peer(tmp_path: Path) -> None:
     uri = f"turn://{USER}:{PASSWORD}@127.0.0.1:{port}?transport=udp"
     proc = ServerProcess(
         [STUNNERD, uri, "--bind", "127.0.0.1", "--grace-period", "0"],
+        env={**os.environ, "STUNNERD_HEALTH_PORT": "0"},  # not the default 8086
         log_path=tmp_path / "stunnerd.log",
     )
     try:
