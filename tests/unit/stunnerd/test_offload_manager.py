@@ -70,9 +70,14 @@ class RecordingDatapath:
 
     def __init__(self) -> None:
         self.put_calls: list[object] = []
+        self.delete_calls: list[object] = []
 
     def put(self, entries: object) -> None:
         self.put_calls.append(entries)
+
+    def delete(self, entries: object) -> tuple[None, None]:
+        self.delete_calls.append(entries)
+        return None, None
 
 
 @pytest.mark.parametrize(
@@ -104,3 +109,36 @@ def test_channels_involving_ipv6_stay_in_user_space(
     )
     assert recorder.put_calls == []
     assert manager.channels[("l", client, 0x4000)].entries is None
+
+
+def test_a_channel_added_again_on_its_path_keeps_its_entries_and_counts_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """A policy change re-adds every routed channel with its new cluster's counters: the kernel
+    entries stay (no delete and put in between, when the kernel would relay nothing)."""
+    manager = broken(tmp_path)
+    recorder = RecordingDatapath()
+    manager.datapath = recorder  # type: ignore[assignment]
+    listener_counts, before, after = [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]
+
+    def add(cluster: list[int], relay_port: int = 50000) -> None:
+        manager.channel_added(
+            "l",
+            ("::1", 4000),
+            0x4000,
+            ("::1", 5000),
+            listener_addr=("::", 3478),
+            relay_addr=("::", relay_port),
+            listener_traffic=listener_counts,
+            cluster_traffic=cluster,
+        )
+
+    add(before)
+    chan = manager.channels[("l", ("::1", 4000), 0x4000)]
+    chan.entries = installed = object()  # type: ignore[assignment]  # as if in the maps
+    add(after)
+    assert manager.channels[("l", ("::1", 4000), 0x4000)] is chan
+    assert chan.cluster_traffic is after
+    assert (recorder.put_calls, recorder.delete_calls) == ([], [])
+    add(after, relay_port=50002)  # another relay socket: the old entries go
+    assert recorder.delete_calls == [installed]
