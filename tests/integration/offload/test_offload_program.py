@@ -466,4 +466,5 @@ def test_tc_sends_on_the_resolved_macs_without_the_neighbour_table(
     if not partial:
         assert peer["checks"], peer
         assert all(c is True for c in peer["checks"]), peer["checks"]
-    assert driver.channel("counters")["to_peer"][0] == 20
+    counters: Any = driver.channel("counters")
+    assert counters["to_peer"][0] == 20
