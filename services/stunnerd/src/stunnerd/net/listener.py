@@ -196,6 +196,10 @@ class Listener:
         self.apply(self.engine.set_policies(policies, self.loop.time()))
         self._recount_routes()
 
+    @property
+    def bind_host(self) -> str:
+        return self.spec.bind_host
+
     def cluster_counts(self, peer: Address) -> Traffic:
         """The counters of the cluster that admits `peer` (created on first use)."""
         name = self.engine.policies.peers.cluster_of(peer[0], peer[1])

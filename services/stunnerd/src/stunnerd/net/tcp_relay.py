@@ -19,17 +19,45 @@ import asyncio
 import contextlib
 import logging
 import socket
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from stunnerd.net.relay import RX_BYTES, RX_PKTS, TX_BYTES, TX_PKTS, Address, Traffic
 from stunnerd.net.tasks import TaskSet
 from stunnerd.turn import effects as fx
+from stunnerd.turn.engine import TurnEngine
 from stunnerd.turn.tcp_connections import CONNECT_TIMEOUT_S
 
-if TYPE_CHECKING:
-    from stunnerd.net.stream import StreamClientProtocol, StreamListener
-
 log = logging.getLogger(__name__)
+
+
+class DataConnection(Protocol):
+    """A client's connection that ConnectionBind made a data connection (RFC 6062 §4.4):
+    a `stunnerd.net.stream.StreamClientProtocol`."""
+
+    transport: Any  # asyncio.Transport | None; uvloop's is no subclass
+    traffic: Traffic
+    peer_link: PeerLink | None
+
+
+class RelayListener(Protocol):
+    """What the TCP relays need from their stream listener (`stunnerd.net.stream`)."""
+
+    name: str
+    loop: asyncio.AbstractEventLoop
+    engine: TurnEngine
+    closed: bool
+
+    @property
+    def bind_host(self) -> str: ...
+
+    @property
+    def clients(self) -> Mapping[Address, DataConnection]: ...
+
+    def apply(self, effects: list[fx.Effect]) -> None: ...
+
+    def cluster_counts(self, peer: Address) -> Traffic: ...
+
 
 RELAY_BACKLOG = 128
 
@@ -60,7 +88,7 @@ class PeerLink(asyncio.Protocol):
         self.client = client  # the allocation (its control connection)
         self.connection_id = 0
         self.transport: asyncio.Transport | None = None
-        self.data: StreamClientProtocol | None = None
+        self.data: DataConnection | None = None
         self.counts: Traffic = [0, 0, 0, 0]
         self.peer: Address = ("", 0)
 
@@ -118,7 +146,7 @@ class PeerLink(asyncio.Protocol):
 class TcpRelays:
     """The TCP relays, peer connections and pending connects of one stream listener."""
 
-    def __init__(self, listener: StreamListener) -> None:
+    def __init__(self, listener: RelayListener) -> None:
         self.listener = listener
         self.loop = listener.loop
         self.servers: dict[Address, asyncio.Server] = {}  # by allocation
@@ -131,7 +159,7 @@ class TcpRelays:
     def open(self, effect: fx.OpenRelay) -> None:
         listener = self.listener
         try:
-            sock = bind_tcp_relay(listener.spec.bind_host, effect.family)
+            sock = bind_tcp_relay(listener.bind_host, effect.family)
             sock.listen(RELAY_BACKLOG)
         except OSError as exc:
             log.warning("listener %s: cannot open a TCP relay: %s", listener.name, exc)
@@ -200,7 +228,7 @@ class TcpRelays:
                 raise OSError("the allocation's relay is gone")
             relay_port = int(server.sockets[0].getsockname()[1])
             family = 6 if ":" in effect.peer[0] else 4
-            sock = bind_tcp_relay(listener.spec.bind_host, family, relay_port)
+            sock = bind_tcp_relay(listener.bind_host, family, relay_port)
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT_S):
                     await self.loop.sock_connect(sock, effect.peer)
