@@ -92,7 +92,7 @@ def test_network_and_admin_timeouts_come_from_stunnerd_variables_and_reach_the_s
         "STUNNERD_MAX_TCP_CONNECTIONS_PER_ALLOCATION": "8",
     }
     settings = load_settings(env, config=None, watch=False, turn_uri=None, ident="a/b")
-    assert settings.admin_request_timeout_s == 4.0
+    assert settings.admin.request_timeout_s == 4.0
     assert settings.tuning == ServerTuning(
         udp_gso=False,
         fastpath=False,
@@ -105,7 +105,7 @@ def test_network_and_admin_timeouts_come_from_stunnerd_variables_and_reach_the_s
     )
     defaults = load_settings({}, config=None, watch=False, turn_uri=None, ident="a/b")
     assert defaults.tuning == ServerTuning()
-    assert defaults.admin_request_timeout_s == 5.0
+    assert defaults.admin.request_timeout_s == 5.0
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@ from stunnerd.origin.cds import CdsOrigin
 from stunnerd.origin.file import FileOrigin
 from stunnerd.reconcile.dataplane import Dataplane
 from stunnerd.reconcile.reconciler import Reconciler
+from stunnerd.reconcile.retry import ListenerRetry
 from stunnerd.settings import StunnerdSettings
 from stunnerd.status import ApplyOutcome, Lifecycle
 
@@ -147,20 +148,18 @@ class ManagedDataplane:
                 last_rejection=lambda: self.reconciler.last_rejection,
                 extra_status=self._extra_status,
             ),
+            settings=settings.admin,
             log_override=settings.log_spec,
             refresh=dataplane.refresh,
-            health_port=settings.health_port,
-            metrics_port=settings.metrics_port,
             bind_host=settings.bind_host,
-            refresh_timeout_s=settings.stats_refresh_timeout_s,
-            request_timeout_s=settings.admin_request_timeout_s,
         )
         self.reconciler = Reconciler(dataplane, self.admin)
-        self._retry_backoff = Backoff(
-            initial_s=settings.listener_retry_min_s, cap_s=settings.listener_retry_max_s
+        self._retry = ListenerRetry(
+            self.reconciler,
+            Backoff(initial_s=settings.listener_retry_min_s, cap_s=settings.listener_retry_max_s),
+            on_outcome=self._applied,
+            stopped=lambda: self.lifecycle.draining,
         )
-        self._retry_timer: asyncio.TimerHandle | None = None
-        self._retry_task: asyncio.Task[None] | None = None
         self._follow: asyncio.Task[None] | None = None
 
     def _extra_status(self) -> dict[str, Any]:
@@ -243,41 +242,10 @@ class ManagedDataplane:
                 print(f"stunnerd: listener {name} ready on port {port}", flush=True)
         if not self.lifecycle.draining:
             self.lifecycle.ready = self.reconciler.serving > 0
-        self._schedule_retry()
-
-    def _schedule_retry(self) -> None:
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
-            self._retry_timer = None
-        attempt = self.reconciler.retry_attempt()
-        if attempt is None or self.lifecycle.draining:
-            return
-        delay_s = self._retry_backoff.delay_s(attempt)
-        self._retry_timer = asyncio.get_running_loop().call_later(delay_s, self._start_retry)
-
-    def _start_retry(self) -> None:
-        self._retry_timer = None
-        if self._retry_task is None or self._retry_task.done():
-            self._retry_task = asyncio.create_task(self._retry(), name="stunnerd-listener-retry")
-            self._retry_task.add_done_callback(_log_failed)
-
-    async def _retry(self) -> None:
-        if self.lifecycle.draining:
-            return
-        try:
-            outcome = await self.reconciler.retry()
-        except Exception:
-            log.exception("retrying the listeners left out failed unexpectedly")
-            self._schedule_retry()
-            return
-        if outcome is not None:
-            self._applied(outcome)
+        self._retry.schedule()
 
     async def stop_retrying(self) -> None:
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
-            self._retry_timer = None
-        await _cancel(self._retry_task)
+        await self._retry.stop()
 
     def rejected(self, reason: str, revision: int | None, epoch: str | None) -> None:
         """The origin refused a config as a whole (invalid): counted, reason in /status."""
@@ -395,11 +363,6 @@ async def _cancel(task: asyncio.Task[None] | None) -> None:
     if task is not None and not task.done():
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-
-
-def _log_failed(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("task %s failed: %r", task.get_name(), task.exception())
 
 
 def _log_unexpected_exit(task: asyncio.Task[None]) -> None:

@@ -78,24 +78,24 @@ class ProtectedRanges:
         everything.sort(key=lambda item: -item[0].prefixlen)
         return cls(tuple(everything))
 
+    def _range_of(self, ip: str) -> tuple[Network, str] | None:
+        addr = normalize(ip)
+        if addr is None:
+            return None
+        return next(
+            (item for item in self.ranges if addr.version == item[0].version and addr in item[0]),
+            None,
+        )
+
     def guard_of(self, ip: str) -> Network | None:
         """The most specific protected range holding `ip`, or None for an ordinary peer."""
-        addr = normalize(ip)
-        if addr is None:
-            return None
-        for net, _ in self.ranges:
-            if addr.version == net.version and addr in net:
-                return net
-        return None
+        found = self._range_of(ip)
+        return found[0] if found is not None else None
 
     def describe(self, ip: str) -> str | None:
-        addr = normalize(ip)
-        if addr is None:
-            return None
-        for net, what in self.ranges:
-            if addr.version == net.version and addr in net:
-                return what
-        return None
+        """What the protected range holding `ip` is ("loopback", ...), or None."""
+        found = self._range_of(ip)
+        return found[1] if found is not None else None
 
 
 def inside(prefix: Network, guard: Network) -> bool:

@@ -8,8 +8,8 @@ given) and `STUNNER_NODENAME`. Every duration is in seconds and its name ends in
 
 The settings of the process itself are declared below. The groups it hands down whole are
 declared once, in the layer that uses them, as frozen dataclasses whose fields carry their
-default, their bounds (annotated) and their docstring: `ServerTuning`, `ClientLimits` and
-`QuotaSettings`. A `Group` only says which flat setting each field is read from;
+default, their bounds (annotated) and their docstring: `ServerTuning`, `ClientLimits`,
+`QuotaSettings` and `AdminSettings`. A `Group` only says which flat setting each field is read from;
 the flat settings are validated in one pass (an error names the variable's setting, e.g.
 `quota_replicas`), then the groups are built. This module is the only reader of the environment
 in stunnerd: everything below receives what it needs as arguments.
@@ -29,8 +29,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from pydantic_settings.sources.utils import parse_env_vars
 
 from stunner_common.config import DEFAULT_HEALTHCHECK_ENDPOINT
-from stunner_common.probe_http import REQUEST_HEAD_TIMEOUT_S
-from stunnerd.admin.servers import REFRESH_TIMEOUT_S
+from stunnerd.admin.servers import AdminSettings
 from stunnerd.drain import DRAIN_CHECK_INTERVAL_S
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
@@ -97,6 +96,13 @@ LIMITS = Group(
     },
 )
 QUOTA = Group(QuotaSettings, prefix="quota_", renamed={"timeout_s": "quota_redis_timeout_s"})
+ADMIN = Group(
+    AdminSettings,
+    renamed={
+        "request_timeout_s": "admin_request_timeout_s",
+        "refresh_timeout_s": "stats_refresh_timeout_s",
+    },
+)
 
 
 class ProcessSettings(BaseSettings):
@@ -137,14 +143,6 @@ class ProcessSettings(BaseSettings):
     file_poll_interval_s: float = Field(0.2, gt=0)
     bootstrap_health_endpoint: str = DEFAULT_HEALTHCHECK_ENDPOINT
     """Where /live answers in watch mode before the first config names an endpoint."""
-    health_port: int | None = Field(None, ge=0, le=65535)
-    """Serve health checks on this port whatever the config says (several on one host)."""
-    metrics_port: int | None = Field(None, ge=0, le=65535)
-    """Serve metrics on this port whatever the config says, when the config enables them."""
-    admin_request_timeout_s: float = Field(REQUEST_HEAD_TIMEOUT_S, gt=0)
-    """How long the health and metrics servers wait for a request head (and for a reply to go)."""
-    stats_refresh_timeout_s: float = Field(REFRESH_TIMEOUT_S, gt=0)
-    """How long a scrape waits for fresh counters (from the workers) before serving the last."""
     drain_check_interval_s: float = Field(DRAIN_CHECK_INTERVAL_S, gt=0)
     worker_request_timeout_s: float = Field(30.0, gt=0)
     worker_stats_timeout_s: float = Field(2.0, gt=0)
@@ -185,6 +183,8 @@ class StunnerdSettings(ProcessSettings):
     """What bounds unauthenticated clients, at every listener."""
     quota: QuotaSettings | None = None
     """The cluster-wide user quota; None: each process counts its own allocations."""
+    admin: AdminSettings = AdminSettings()
+    """How the health and metrics servers listen."""
 
     def relay_address_list(self) -> tuple[str, ...]:
         return relay_address_list(self.relay_addresses)
@@ -193,7 +193,7 @@ class StunnerdSettings(ProcessSettings):
 _FlatSettings: type[ProcessSettings] = create_model(
     "StunnerdSettings",
     __base__=ProcessSettings,
-    **{**TUNING.settings(), **LIMITS.settings(), **QUOTA.settings()},
+    **{**TUNING.settings(), **LIMITS.settings(), **QUOTA.settings(), **ADMIN.settings()},
 )
 """What the environment and the flags set: the process's settings and each group's, flat."""
 
@@ -207,6 +207,7 @@ def _from_flat(flat: ProcessSettings) -> StunnerdSettings:
             "tuning": TUNING.build(values),
             "limits": LIMITS.build(values),
             "quota": quota if quota.redis_url else None,
+            "admin": ADMIN.build(values),
         }
     )
 

@@ -227,26 +227,23 @@ class Plan:
 
     def describe(self) -> str:
         """A one-line summary for logs (never includes credentials)."""
-        parts = []
-        for label, names in (
-            ("remove", self.remove_listeners),
-            ("restart", self.restart_listeners),
-            ("add", self.add_listeners),
-            ("update", self.update_listeners),
-            ("rotate-cert", self.rotate_certs),
-        ):
-            if names:
-                parts.append(f"{label} listeners {list(names)}")
-        for label, flag in (
-            ("auth", self.update_auth),
-            ("clusters", self.update_clusters),
-            ("admin", self.update_admin),
-            ("health rebind", self.rebind_health),
-            ("metrics rebind", self.rebind_metrics),
-            ("offload restart", self.restart_offload),
-        ):
-            if flag:
-                parts.append(label)
+        listeners = {
+            "remove": self.remove_listeners,
+            "restart": self.restart_listeners,
+            "add": self.add_listeners,
+            "update": self.update_listeners,
+            "rotate-cert": self.rotate_certs,
+        }
+        flags = {
+            "auth": self.update_auth,
+            "clusters": self.update_clusters,
+            "admin": self.update_admin,
+            "health rebind": self.rebind_health,
+            "metrics rebind": self.rebind_metrics,
+            "offload restart": self.restart_offload,
+        }
+        parts = [f"{label} listeners {list(names)}" for label, names in listeners.items() if names]
+        parts += [label for label, flag in flags.items() if flag]
         return "; ".join(parts) if parts else "no change"
 
 

@@ -16,8 +16,9 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+from annotated_types import Gt, Interval
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -30,13 +31,11 @@ from stunnerd.admin.endpoint import (
     parse_admin_endpoint,
 )
 from stunnerd.admin.health import health_handler
-from stunnerd.admin.http import REQUEST_HEAD_TIMEOUT_S, HttpServer, Response
+from stunnerd.admin.http import REQUEST_HEAD_TIMEOUT_S, Handler, HttpServer, Response
 from stunnerd.admin.metrics import metrics_handler, metrics_registry
 from stunnerd.status import Lifecycle, ListenerState, Plan, Rejection, StatsSnapshot, TrafficStats
 
 log = logging.getLogger(__name__)
-
-REFRESH_TIMEOUT_S = 2.0
 
 
 def _traffic(t: TrafficStats, measured: bool) -> dict[str, dict[str, int]] | None:
@@ -175,6 +174,41 @@ class StatusSources:
     extra_status: Callable[[], Mapping[str, Any]] = dict
 
 
+@dataclass(frozen=True, slots=True)
+class AdminSettings:
+    """How the health and metrics servers listen, whatever the config says (the settings
+    `STUNNERD_HEALTH_PORT`, `STUNNERD_METRICS_PORT`, `STUNNERD_ADMIN_REQUEST_TIMEOUT_S` and
+    `STUNNERD_STATS_REFRESH_TIMEOUT_S`)."""
+
+    health_port: Annotated[int, Interval(ge=0, le=65535)] | None = None
+    """Serve health checks on this port whatever the config says (several on one host)."""
+    metrics_port: Annotated[int, Interval(ge=0, le=65535)] | None = None
+    """Serve metrics on this port whatever the config says, when the config enables them."""
+    request_timeout_s: Annotated[float, Gt(0)] = REQUEST_HEAD_TIMEOUT_S
+    """How long the servers wait for a request head (and for a reply to go)."""
+    refresh_timeout_s: Annotated[float, Gt(0)] = 2.0
+    """How long a scrape waits for fresh counters (from the workers) before serving the last."""
+
+
+def _url(server: HttpServer, path: str = "") -> str:
+    host = f"[{server.host}]" if ":" in server.host else server.host
+    return f"http://{host}:{server.bound_port}{path}"
+
+
+async def _listen(
+    name: str, at: BindAddress, handler: Handler, request_timeout_s: float
+) -> HttpServer:
+    """A started admin server; an OSError says `<name> server cannot listen on <at>: <why>`."""
+    server = HttpServer(name, at.host, at.port, handler, request_timeout_s=request_timeout_s)
+    try:
+        await server.start()
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        why = f"{name} server cannot listen on {at.host}:{at.port}: {reason}"
+        raise OSError(exc.errno, why) from exc
+    return server
+
+
 class AdminServers:
     """Owns the health and metrics servers of one stunnerd process."""
 
@@ -183,22 +217,18 @@ class AdminServers:
         lifecycle: Lifecycle,
         stats: Callable[[], StatsSnapshot],
         *,
+        settings: AdminSettings = AdminSettings(),
         sources: StatusSources | None = None,
         log_override: str | None = None,
         refresh: Callable[[], Awaitable[None]] | None = None,
-        health_port: int | None = None,
-        metrics_port: int | None = None,
         bind_host: str | None = None,
-        refresh_timeout_s: float = REFRESH_TIMEOUT_S,
-        request_timeout_s: float = REQUEST_HEAD_TIMEOUT_S,
     ) -> None:
-        self._refresh_timeout_s = refresh_timeout_s
-        self._request_timeout_s = request_timeout_s
+        self.settings = settings
         self.lifecycle = lifecycle
+        self.sources = StatusSources() if sources is None else sources
         self._stats = stats
         self._refresh = refresh
-        self._health_port = health_port
-        self._metrics_port = metrics_port
+        self._log_override = log_override
         # Where a wildcard admin endpoint binds: the listeners' --bind host unless that is a
         # wildcard too, so that `--bind 127.0.0.1` keeps every socket on loopback.
         self._bind_host = None if bind_host in (None, "", "0.0.0.0", "::") else bind_host
@@ -206,9 +236,7 @@ class AdminServers:
         """Why the health server is not listening where it should (None when it is)."""
         self.metrics_error: str | None = None
         """Why the metrics server is not listening where the config asks (None when it is)."""
-        self._log_override = log_override
         self._config: StunnerConfig | None = None
-        self.sources = StatusSources() if sources is None else sources
         self.health: HttpServer | None = None
         self.metrics: HttpServer | None = None
         self._health_at: BindAddress | None = None
@@ -231,38 +259,38 @@ class AdminServers:
             last_rejection=sources.last_rejection(),
         )
         doc.update(sources.extra_status())
-        if self.health is not None and isinstance(doc.get("admin"), dict):
-            # Where the health server really listens (after --bind and a port override).
-            host = self.health.host
-            host = f"[{host}]" if ":" in host else host
-            doc["admin"]["healthcheck_endpoint"] = f"http://{host}:{self.health.bound_port}"
-        if isinstance(doc.get("admin"), dict):
+        admin = doc.get("admin")
+        if isinstance(admin, dict):
+            # Where the servers really listen (after --bind and a port override), and why not.
+            if self.health is not None:
+                admin["healthcheck_endpoint"] = _url(self.health)
             if self.metrics is not None and self._metrics_at is not None:
-                host = self.metrics.host
-                host = f"[{host}]" if ":" in host else host
-                doc["admin"]["metrics_endpoint"] = (
-                    f"http://{host}:{self.metrics.bound_port}{self._metrics_at.path}"
-                )
+                admin["metrics_endpoint"] = _url(self.metrics, self._metrics_at.path)
             if self.metrics_error is not None:
-                doc["admin"]["metrics_error"] = self.metrics_error
+                admin["metrics_error"] = self.metrics_error
             if self.health_error is not None:
-                doc["admin"]["health_error"] = self.health_error
+                admin["health_error"] = self.health_error
         return doc
 
-    def _on_bind_host(self, at: BindAddress | None) -> BindAddress | None:
-        if at is not None and self._bind_host is not None and at.host in ("", "0.0.0.0", "::"):
-            return BindAddress(self._bind_host, at.port, at.path)
+    def _bind(
+        self, endpoint: str | None, default_port: int, port: int | None
+    ) -> BindAddress | None:
+        """Where a server listens: the config's endpoint, the port setting over its port, the
+        --bind host over a wildcard host."""
+        at = parse_admin_endpoint(endpoint, default_port)
+        if at is None:
+            return None
+        if port is not None:
+            at = BindAddress(at.host, port, at.path)
+        if self._bind_host is not None and at.host in ("", "0.0.0.0", "::"):
+            at = BindAddress(self._bind_host, at.port, at.path)
         return at
-
-    def _health_bind(self, endpoint: str | None) -> BindAddress | None:
-        at = parse_admin_endpoint(endpoint, DEFAULT_HEALTH_PORT)
-        if at is not None and self._health_port is not None:
-            at = BindAddress(at.host, self._health_port, at.path)
-        return self._on_bind_host(at)
 
     async def start_health(self, endpoint: str | None) -> None:
         """Bring the health server up before any config (watch mode bootstrap)."""
-        await self._rebind_health(self._health_bind(endpoint))
+        await self._rebind_health(
+            self._bind(endpoint, DEFAULT_HEALTH_PORT, self.settings.health_port)
+        )
 
     async def apply_admin(self, config: StunnerConfig, plan: Plan) -> Mapping[str, str]:
         """Bring both servers and the log level to `config`; return {cause: reason} of the
@@ -270,12 +298,13 @@ class AdminServers:
         self._config = config
         apply_log_spec(self._log_override or config.admin.loglevel)
         failed: dict[str, str] = {}
-        health_at = self._health_bind(config.admin.healthcheck_endpoint)
-        metrics_at = self._on_bind_host(
-            parse_admin_endpoint(config.admin.metrics_endpoint, DEFAULT_METRICS_PORT)
+        admin = config.admin
+        health_at = self._bind(
+            admin.healthcheck_endpoint, DEFAULT_HEALTH_PORT, self.settings.health_port
         )
-        if metrics_at is not None and self._metrics_port is not None:
-            metrics_at = BindAddress(metrics_at.host, self._metrics_port, metrics_at.path)
+        metrics_at = self._bind(
+            admin.metrics_endpoint, DEFAULT_METRICS_PORT, self.settings.metrics_port
+        )
         if health_at != self._health_at or (self.health is None and health_at is not None):
             try:
                 await self._rebind_health(health_at)
@@ -288,47 +317,41 @@ class AdminServers:
         return failed
 
     async def _rebind_health(self, at: BindAddress | None) -> None:
-        if self.health is not None:
-            await self.health.close()
-            self.health = None
+        await self._close_health()
         self._health_at = at
-        self.health_error = None
-        if at is not None:
-            handler = self._refreshing(health_handler(self.lifecycle, self.status), "/status")
-            server = HttpServer(
-                "health", at.host, at.port, handler, request_timeout_s=self._request_timeout_s
-            )
-            try:
-                await server.start()
-            except OSError as exc:
-                reason = os.strerror(exc.errno) if exc.errno else str(exc)
-                self.health_error = f"health server cannot listen on {at.host}:{at.port}: {reason}"
-                raise OSError(exc.errno, self.health_error) from exc
-            self.health = server
+        if at is None:
+            return
+        handler = self._refreshing(health_handler(self.lifecycle, self.status), "/status")
+        try:
+            self.health = await _listen("health", at, handler, self.settings.request_timeout_s)
+        except OSError as exc:
+            self.health_error = exc.strerror
+            raise
 
     async def _rebind_metrics(self, at: BindAddress | None) -> None:
+        await self._close_metrics()
+        self._metrics_at = at
+        if at is None:
+            return
+        handler = self._refreshing(metrics_handler(self._registry, at.path), None)
+        try:
+            self.metrics = await _listen("metrics", at, handler, self.settings.request_timeout_s)
+        except OSError as exc:
+            # TURN goes on without metrics: the config is applied, /status says why not.
+            self.metrics_error = (
+                f"{exc.strerror} (set STUNNERD_METRICS_PORT or another admin.metrics_endpoint)"
+            )
+            log.error("%s", self.metrics_error)
+
+    async def _close_health(self) -> None:
+        if self.health is not None:
+            await self.health.close()
+        self.health, self.health_error = None, None
+
+    async def _close_metrics(self) -> None:
         if self.metrics is not None:
             await self.metrics.close()
-            self.metrics = None
-        self._metrics_at = at
-        self.metrics_error = None
-        if at is not None:
-            handler = self._refreshing(metrics_handler(self._registry, at.path), None)
-            server = HttpServer(
-                "metrics", at.host, at.port, handler, request_timeout_s=self._request_timeout_s
-            )
-            try:
-                await server.start()
-            except OSError as exc:
-                # TURN goes on without metrics: the config is applied, /status says why not.
-                reason = os.strerror(exc.errno) if exc.errno else str(exc)
-                self.metrics_error = (
-                    f"metrics server cannot listen on {at.host}:{at.port}: {reason}"
-                    " (set STUNNERD_METRICS_PORT or another admin.metrics_endpoint)"
-                )
-                log.error("%s", self.metrics_error)
-                return
-            self.metrics = server
+        self.metrics, self.metrics_error = None, None
 
     def _refreshing(
         self, handler: Callable[[str], Response], only_path: str | None
@@ -338,7 +361,7 @@ class AdminServers:
         async def handle(path: str) -> Response:
             if self._refresh is not None and (only_path is None or path == only_path):
                 try:
-                    async with asyncio.timeout(self._refresh_timeout_s):
+                    async with asyncio.timeout(self.settings.refresh_timeout_s):
                         await self._refresh()
                 except TimeoutError:
                     log.warning("stats refresh timed out; serving the last known counters")

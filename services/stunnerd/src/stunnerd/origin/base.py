@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import urlsplit
 
+from stunner_common.config import ConfigError, parse_config
+
 if TYPE_CHECKING:
     from stunner_common.config import StunnerConfig
 
@@ -34,6 +36,18 @@ class ConfigEvent:
     origin: str
     revision: int | None = None
     epoch: str | None = None
+
+
+def loaded_event(
+    text: str | bytes, env: Mapping[str, str] | None, origin: str, invalid: str
+) -> ConfigEvent:
+    """The config a one-shot load read; one that does not validate is a `ConfigOriginError`
+    saying `invalid` (the origin's words for it) and why."""
+    try:
+        config = parse_config(text, env=env)
+    except ConfigError as exc:
+        raise ConfigOriginError(f"{invalid}: {exc}") from exc
+    return ConfigEvent(config, origin)
 
 
 Rejected = Callable[[str, int | None, str | None], None]

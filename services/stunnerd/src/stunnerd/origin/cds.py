@@ -35,7 +35,13 @@ from stunner_common.cds import (
     TokenSource,
 )
 from stunner_common.config import ConfigError, is_zero_config, parse_config, zero_config
-from stunnerd.origin.base import ConfigEvent, ConfigOriginError, Rejected, ignore_rejection
+from stunnerd.origin.base import (
+    ConfigEvent,
+    ConfigOriginError,
+    Rejected,
+    ignore_rejection,
+    loaded_event,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +150,8 @@ class CdsOrigin:
             raise ConfigOriginError(f"CDS {self.http_url()} unreachable: {exc}") from exc
         except CdsHttpError as exc:
             raise ConfigOriginError(f"CDS {self.http_url()}: {exc}") from exc
-        try:
-            config = parse_config(body, env=self._env)
-        except ConfigError as exc:
-            raise ConfigOriginError(f"CDS {self.http_url()} sent an invalid config: {exc}") from exc
-        return ConfigEvent(config, self.http_url())
+        url = self.http_url()
+        return loaded_event(body, self._env, url, f"CDS {url} sent an invalid config")
 
     # --- watch ------------------------------------------------------------------------------
 

@@ -16,7 +16,13 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from stunner_common.config import ConfigError, is_zero_config, parse_config
-from stunnerd.origin.base import ConfigEvent, ConfigOriginError, Rejected, ignore_rejection
+from stunnerd.origin.base import (
+    ConfigEvent,
+    ConfigOriginError,
+    Rejected,
+    ignore_rejection,
+    loaded_event,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +66,7 @@ class FileOrigin:
             text = self.path.read_text()
         except OSError as exc:
             raise ConfigOriginError(f"cannot read config file {self.path}: {exc}") from exc
-        try:
-            config = parse_config(text, env=self._env)
-        except ConfigError as exc:
-            raise ConfigOriginError(f"invalid config file {self.path}: {exc}") from exc
-        return ConfigEvent(config, self.name)
+        return loaded_event(text, self._env, self.name, f"invalid config file {self.path}")
 
     async def watch(self) -> AsyncIterator[ConfigEvent]:
         seen: _Signature | None = None
