@@ -13,6 +13,11 @@ wake-up), then calls `poll()` until all are relayed. callgrind counts only insid
 user-space cost of the relay itself: draining, route lookups, framing and the send calls.
 `--module DIR` imports `_fastpath` from DIR instead (a build of a changed `_fastpath.c`), to set
 two builds side by side.
+
+A STUN Binding request is counted both ways: answered in C (`answer_binding`, where the build
+has it; `BINDINGS` requests per round from the same clients, counted inside `FastRelay_poll`)
+and by the engine in Python (`TurnEngine.handle_client`, the whole process counted for two
+numbers of requests: the difference per request is the engine's cost, start-up cancelled out).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 from types import ModuleType
 
 FLOWS = int(os.environ.get("BENCH_FASTPATH_FLOWS", "200"))
+ENGINE_REQUESTS = (200, 1200)
 ROUNDS = int(os.environ.get("BENCH_FASTPATH_ROUNDS", "20"))
 PAYLOAD = 160
 CHANNEL = 0x4000
@@ -68,6 +74,42 @@ def _drain(socks: list[socket.socket]) -> int:
     return got
 
 
+def _binding_request(i: int) -> bytes:
+    return struct.pack("!HHI", 0x0001, 0, 0x2112A442) + i.to_bytes(12, "big")
+
+
+def drive_bindings(module_dir: str | None) -> dict[str, int]:
+    """Binding requests answered in C: one per client per round."""
+    fp = _module(module_dir)
+    relay = fp.FastRelay()
+    listener = _udp()
+    relay.watch(listener.fileno(), fp.LISTENER, 0, 4096)
+    relay.answer_binding(listener.fileno(), b"stunnerd")
+    clients = [_udp() for _ in range(FLOWS)]
+    polls = 0
+    for r in range(ROUNDS):
+        target = relay.stats()["answered"] + FLOWS
+        for i, client in enumerate(clients):
+            client.sendto(_binding_request(r * FLOWS + i), listener.getsockname())
+        while relay.stats()["answered"] < target:
+            select.select([relay.fileno()], [], [], 1.0)
+            relay.poll()
+            polls += 1
+        _drain(clients)
+    return {"answered": int(relay.stats()["answered"]), "polls": polls}
+
+
+def drive_engine(count: int) -> dict[str, int]:
+    """`count` Binding requests through the engine, as the Python path answers them."""
+    from stunnerd.turn.engine import TurnEngine
+
+    engine = TurnEngine(relay_ip="127.0.0.1", nonce_secret=b"k" * 32)
+    answered = 0
+    for i in range(count):
+        answered += len(engine.handle_client(_binding_request(i), ("127.0.0.1", 40000), 0.0))
+    return {"answered": answered}
+
+
 def drive(module_dir: str | None) -> dict[str, int]:
     fp = _module(module_dir)
     relay = fp.FastRelay()
@@ -101,12 +143,15 @@ def drive(module_dir: str | None) -> dict[str, int]:
     return {"relayed": int(stats["relayed"]), "missed": int(stats["missed"]), "polls": polls}
 
 
-def _callgrind(module_dir: str | None) -> tuple[int, dict[str, int]]:
+def _callgrind(module_dir: str | None, *drive: str) -> tuple[int, dict[str, int]]:
+    """callgrind's instruction total for one driver run (inside COLLECT unless it drives the
+    engine), and the driver's own report."""
     with tempfile.TemporaryDirectory(prefix="bench-fastpath-") as tmp:
         out = Path(tmp) / "callgrind.out"
+        collect = [] if "--engine" in drive else [f"--toggle-collect={COLLECT}"]
         argv = [
-            "valgrind", "--tool=callgrind", f"--toggle-collect={COLLECT}",
-            f"--callgrind-out-file={out}", sys.executable, "-m", "bench.bench_fastpath", "--drive",
+            "valgrind", "--tool=callgrind", *collect, f"--callgrind-out-file={out}",
+            sys.executable, "-m", "bench.bench_fastpath", "--drive", *drive,
         ]  # fmt: skip
         if module_dir:
             argv += ["--module", module_dir]
@@ -122,9 +167,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_fastpath")
     parser.add_argument("--drive", action="store_true", help="run the driver itself")
     parser.add_argument("--module", help="import _fastpath from this directory")
+    parser.add_argument("--bindings", action="store_true", help="drive Binding requests in C")
+    parser.add_argument("--engine", type=int, help="drive this many Bindings through the engine")
     args = parser.parse_args(argv if argv is not None else [])
     if args.drive:
-        print(json.dumps(drive(args.module)), flush=True)
+        if args.engine is not None:
+            result = drive_engine(args.engine)
+        else:
+            result = drive_bindings(args.module) if args.bindings else drive(args.module)
+        print(json.dumps(result), flush=True)
         return
     if not shutil.which("valgrind"):
         print("bench fastpath: valgrind not installed; skipped")
@@ -138,6 +189,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"INSTRUCTIONS fastpath per relayed packet = {ir / relayed:.0f}  (in {COLLECT})")
     print(f"{relayed / max(1, result['polls']):.1f} packets per poll")
+    report_bindings(args.module)
+
+
+def report_bindings(module_dir: str | None) -> None:
+    """Instructions per Binding request, in C where the build answers them, and in the engine."""
+    low, high = (_callgrind(None, "--engine", str(n))[0] for n in ENGINE_REQUESTS)
+    engine = (high - low) / (ENGINE_REQUESTS[1] - ENGINE_REQUESTS[0])
+    print(f"INSTRUCTIONS binding engine per request = {engine:.0f}  (Python, whole process)")
+    if not hasattr(_module(module_dir).FastRelay, "answer_binding"):
+        print("this build does not answer Binding in C")
+        return
+    ir, result = _callgrind(module_dir, "--bindings")
+    in_c = ir / max(1, result["answered"])
+    print(f"INSTRUCTIONS binding fastpath per request = {in_c:.0f}  (in {COLLECT})")
+    print(f"RATIO instructions_per_binding fastpath/engine = {in_c / engine:.3f}")
 
 
 if __name__ == "__main__":
