@@ -9,10 +9,15 @@ import httpx
 import pytest
 
 from stunner_common.config import StunnerConfig, parse_config
-from stunnerd.admin.health import Lifecycle
 from stunnerd.admin.servers import AdminServers
-from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, TrafficStats
-from stunnerd.reconcile.plan import Plan
+from stunnerd.status import (
+    ClusterStats,
+    Lifecycle,
+    ListenerStats,
+    Plan,
+    StatsSnapshot,
+    TrafficStats,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
+import stunnerd
 from stunnerd.app import make_origin
 from stunnerd.cli import build_parser
 from stunnerd.origin.base import ConfigOriginError
@@ -161,3 +165,27 @@ def test_a_listener_advertises_the_first_relay_address_of_the_other_family() -> 
     assert other_relay_address("10.0.0.5", extra) == "fd00::5"
     assert other_relay_address("fd00::5", extra) == "10.0.0.5"
     assert other_relay_address("127.0.0.1", ("10.0.0.5",)) == ""
+
+
+def _environment_reads(path: Path) -> list[int]:
+    """Lines of `path` that touch `os.environ`/`os.getenv` or import them from os."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("environ", "environb", "getenv")
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        ) or (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "os"
+            and any(alias.name in ("environ", "environb", "getenv") for alias in node.names)
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_settings_module_reads_the_environment() -> None:
+    root = Path(stunnerd.__file__).parent
+    reads = {str(path.relative_to(root)): _environment_reads(path) for path in root.rglob("*.py")}
+    assert {name: lines for name, lines in reads.items() if lines}.keys() == {"settings.py"}

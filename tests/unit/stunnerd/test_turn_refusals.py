@@ -17,8 +17,8 @@ from aioice import stun
 
 from stunner_common.config import parse_config
 from stunnerd.admin.metrics import metrics_registry
-from stunnerd.admin.stats import ListenerStats, StatsSnapshot, merge_snapshots
 from stunnerd.routing import policies_for
+from stunnerd.status import ListenerStats, StatsSnapshot, merge_snapshots
 from stunnerd.turn import effects as fx
 from stunnerd.turn.engine import TurnEngine
 from stunnerd.turn.refusals import RefusalLog

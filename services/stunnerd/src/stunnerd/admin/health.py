@@ -17,8 +17,6 @@ from typing import Any
 from stunnerd.admin.http import Response
 from stunnerd.status import Lifecycle
 
-__all__ = ["Lifecycle", "health_handler"]
-
 READY_BODY = b'{"status":200,"message":"READY"}'
 NOT_READY_BODY = b'{"status":503,"message":"stunnerd not ready"}'
 

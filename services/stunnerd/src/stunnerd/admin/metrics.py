@@ -16,7 +16,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from stunnerd.admin.http import Response
-from stunnerd.admin.stats import StatsSnapshot
+from stunnerd.status import StatsSnapshot
 
 
 class StunnerCollector(Collector):

@@ -9,9 +9,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from stunner_common.config import StunnerConfig
-from stunnerd.status import ApplyOutcome, ListenerState, StatsSnapshot
-
-__all__ = ["ApplyOutcome", "Dataplane", "ListenerState"]
+from stunnerd.status import ApplyOutcome, StatsSnapshot
 
 
 class Dataplane(Protocol):

@@ -17,8 +17,6 @@ import binascii
 from stunner_common.config import ClusterConfig, ListenerConfig, StunnerConfig
 from stunnerd.status import Plan
 
-__all__ = ["Plan", "plan_reconcile"]
-
 HEALTH_OBJECT = "health: default-health"
 METRICS_OBJECT = "metrics: default-metrics"
 OFFLOAD_OBJECT = "offload: default-offload"

@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from stunner_common.config import StunnerConfig
-from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, TrafficStats
 from stunnerd.net.server import TurnServer
-from stunnerd.reconcile.dataplane import ApplyOutcome
 from stunnerd.reconcile.listeners import ListenerReconciler, ReconcileError
+from stunnerd.status import ApplyOutcome, ClusterStats, ListenerStats, StatsSnapshot, TrafficStats
 from stunnerd.turn.policies import UserQuota
 
 log = logging.getLogger(__name__)

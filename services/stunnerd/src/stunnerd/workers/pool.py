@@ -24,13 +24,19 @@ from typing import Any
 
 from stunner_common.config import StunnerConfig
 from stunner_common.logs import LogFormat
-from stunnerd.admin.stats import ClusterStats, ListenerStats, StatsSnapshot, merge_snapshots
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.offload.manager import OffloadManager
 from stunnerd.quota import QuotaSettings
-from stunnerd.reconcile.dataplane import ApplyOutcome, ListenerState
 from stunnerd.reconcile.listeners import failure_cause
+from stunnerd.status import (
+    ApplyOutcome,
+    ClusterStats,
+    ListenerState,
+    ListenerStats,
+    StatsSnapshot,
+    merge_snapshots,
+)
 from stunnerd.workers.sockets import (
     SocketGroups,
     config_keys,

@@ -22,10 +22,10 @@ from typing import Annotated, Any
 from annotated_types import Ge, Gt
 
 from stunner_common.logs import LogFormat
-from stunnerd.admin.stats import StatsSnapshot
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.quota import QuotaSettings
+from stunnerd.status import StatsSnapshot
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 from stunnerd.workers.sockets import FdChannel, new_nonce_key
 
