@@ -12,7 +12,12 @@ import pytest
 from aioice import stun
 
 from stunnerd.turn import effects as fx
-from stunnerd.turn.allocation import CHANNEL_LIFETIME_S, DEFAULT_LIFETIME_S, PERMISSION_LIFETIME_S
+from stunnerd.turn.allocation import (
+    CHANNEL_LIFETIME_S,
+    DEFAULT_LIFETIME_S,
+    PERMISSION_LIFETIME_S,
+    AllocationState,
+)
 from stunnerd.turn.engine import Policies, TurnEngine
 from stunnerd.turn.guard import RequestLimits
 from stunnerd.turn.policies import (
@@ -721,6 +726,46 @@ def test_a_new_turn_rest_secret_revokes_but_an_expired_username_does_not() -> No
     assert effects == [fx.ChannelRouteAdded(client.addr, 0x4001, PEER, offload=False)]
 
 
+def test_an_allocation_goes_pending_active_revoked_active_and_is_gone_after_refresh_zero() -> None:
+    engine = make_engine()
+    client = Client(engine)
+    client.allocate()  # learn the nonce
+    client.request(stun.Method.REFRESH, {"LIFETIME": 0})
+    assert engine.state_of(client.addr) is None
+    raw = client.build(stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24})
+    engine.handle_client(raw, client.addr, T0)
+    assert engine.state_of(client.addr) is AllocationState.PENDING
+    assert client.addr not in engine.allocations  # nothing relays before the relay is open
+    engine.relay_opened(client.addr, 50001, T0)
+    assert engine.state_of(client.addr) is AllocationState.ACTIVE
+    revoking = Policies(
+        StaticAuthenticator(REALM, "user1", "changed"), AllowAllPeers(), UserQuota()
+    )
+    engine.set_policies(revoking, T0 + 1)
+    assert engine.state_of(client.addr) is AllocationState.REVOKED
+    engine.set_policies(static_policies(), T0 + 2)
+    assert engine.state_of(client.addr) is AllocationState.ACTIVE
+    alloc = engine.allocations[client.addr]
+    client.request(stun.Method.REFRESH, {"LIFETIME": 0}, T0 + 3)
+    assert alloc.state is AllocationState.DELETED
+    assert engine.state_of(client.addr) is None
+
+
+def test_a_pending_allocate_of_a_client_that_left_is_aborted_and_its_relay_closed() -> None:
+    engine = make_engine()
+    client = Client(engine)
+    client.allocate()
+    client.request(stun.Method.REFRESH, {"LIFETIME": 0})
+    raw = client.build(stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24})
+    engine.handle_client(raw, client.addr, T0)
+    assert engine.client_closed(client.addr, T0) == []
+    assert engine.state_of(client.addr) is None
+    assert engine.relay_opened(client.addr, 50001, T0) == [
+        fx.CloseRelay(client.addr),
+        fx.AllocationAborted(client.addr),
+    ]
+
+
 def test_another_user_cannot_refresh_someone_elses_allocation() -> None:
     auth = EphemeralAuthenticator(REALM, "s")
     engine = make_engine(Policies(auth, AllowAllPeers(), UserQuota()))
@@ -855,7 +900,7 @@ def test_deadlines_of_deleted_allocations_do_not_pile_up_under_churn() -> None:
         client.allocate()
         client.request(stun.Method.REFRESH, {"LIFETIME": 0})
     assert engine.allocation_count == 1
-    assert len(engine._deadlines) <= 1100
+    assert len(engine.table.deadlines) <= 1100
     assert engine.next_deadline() is not None
     assert fx.AllocationDeleted(first.addr, "user1", "expired") in engine.tick(T0 + 601)
 

@@ -2,12 +2,15 @@
 
 Plain slotted classes (not dataclasses) because the engine mutates them on every refresh and the
 edge reads `Channel.peer` when it installs a ChannelData route. The lifetimes are RFC 8656's
-defaults; `lifetime()` is the §7.2 rule for a requested LIFETIME.
+defaults; `lifetime()` is the §7.2 rule for a requested LIFETIME. Which state an allocation is
+in, and how it moves between them, is `stunnerd.turn.table`'s business.
 """
 
 from __future__ import annotations
 
+import enum
 import ipaddress
+from dataclasses import dataclass
 
 from stunnerd.turn.effects import Address
 
@@ -15,6 +18,31 @@ DEFAULT_LIFETIME_S = 600
 MAX_LIFETIME_S = 3600
 PERMISSION_LIFETIME_S = 300
 CHANNEL_LIFETIME_S = 600
+
+
+class AllocationState(enum.Enum):
+    """Where an allocation stands; the transitions are `table.AllocationTable`'s."""
+
+    PENDING = "pending"  # authenticated Allocate, waiting for the edge to open its relay
+    ACTIVE = "active"  # relaying
+    REVOKED = "revoked"  # relaying, but the config no longer grants its credentials
+    DELETED = "deleted"  # gone: refreshed to 0, expired, its client gone, or shut down
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """An authenticated Allocate in state PENDING: what the answer needs once the relay is open."""
+
+    transaction_id: bytes
+    user_id: str
+    key: bytes
+    lifetime_s: int
+    family: int
+    reserve_next: bool = False
+    username: str = ""
+    tcp: bool = False  # RFC 6062: a TCP relay
+    additional: int = 0  # a dual allocation's second family (RFC 8656 §7.2)
+    refused: int = 0  # a dual allocation's family this listener has no relay address for
 
 
 class Channel:
@@ -41,7 +69,7 @@ class Allocation:
         "peer_channels",
         "permissions",
         "relay",
-        "revoked",
+        "state",
         "tcp",
         "user_id",
         "username",
@@ -63,7 +91,7 @@ class Allocation:
         self.user_id = user_id
         self.key = key
         self.username = username  # as the Allocate sent it
-        self.revoked = False  # the config no longer grants its credentials: not offloaded
+        self.state = AllocationState.ACTIVE
         self.relay = relay
         self.family = family
         self.additional = additional

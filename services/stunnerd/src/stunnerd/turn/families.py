@@ -21,6 +21,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stunnerd.turn.errors import AddressFamilyNotSupportedError, BadRequestError
+
 FAMILY_CODES = {0x01: 4, 0x02: 6}
 """REQUESTED-/ADDITIONAL-ADDRESS-FAMILY values (RFC 8656 §18.11) → IP version."""
 
@@ -32,37 +34,34 @@ class FamilyChoice:
     refused: int = 0  # 6 when a dual allocation cannot get its IPv6 relay (ADDRESS-ERROR-CODE)
 
 
-@dataclass(frozen=True, slots=True)
-class FamilyRefusal:
-    code: int
-    reason: str
-
-
 def choose_families(
     attrs: Mapping[str, Any], relay_families: Collection[int], own_family: int
-) -> FamilyChoice | FamilyRefusal:
-    """The relay families for an Allocate with `attrs`, given the families the listener serves."""
+) -> FamilyChoice:
+    """The relay families for an Allocate with `attrs`, given the families the listener serves.
+
+    Raises `BadRequestError` or `AddressFamilyNotSupportedError`.
+    """
     requested = attrs.get("REQUESTED-ADDRESS-FAMILY")
     additional = attrs.get("ADDITIONAL-ADDRESS-FAMILY")
     if additional is not None:
         if requested is not None:
-            return FamilyRefusal(400, "REQUESTED-ADDRESS-FAMILY with ADDITIONAL-ADDRESS-FAMILY")
+            raise BadRequestError("REQUESTED-ADDRESS-FAMILY with ADDITIONAL-ADDRESS-FAMILY")
         if "RESERVATION-TOKEN" in attrs:
-            return FamilyRefusal(400, "RESERVATION-TOKEN with ADDITIONAL-ADDRESS-FAMILY")
+            raise BadRequestError("RESERVATION-TOKEN with ADDITIONAL-ADDRESS-FAMILY")
         if attrs.get("EVEN-PORT", 0) & 0x80:
-            return FamilyRefusal(400, "EVEN-PORT with R bit and ADDITIONAL-ADDRESS-FAMILY")
+            raise BadRequestError("EVEN-PORT with R bit and ADDITIONAL-ADDRESS-FAMILY")
         if FAMILY_CODES.get(additional) != 6:
-            return FamilyRefusal(400, "ADDITIONAL-ADDRESS-FAMILY must be IPv6")
+            raise BadRequestError("ADDITIONAL-ADDRESS-FAMILY must be IPv6")
         if 4 not in relay_families:
-            return FamilyRefusal(440, "Address Family not Supported")
+            raise AddressFamilyNotSupportedError()
         if 6 not in relay_families:
             return FamilyChoice(4, refused=6)
         return FamilyChoice(4, additional=6)
     if requested is not None:
         if "RESERVATION-TOKEN" in attrs:
-            return FamilyRefusal(400, "RESERVATION-TOKEN with REQUESTED-ADDRESS-FAMILY")
+            raise BadRequestError("RESERVATION-TOKEN with REQUESTED-ADDRESS-FAMILY")
         wanted = FAMILY_CODES.get(requested)
         if wanted is None or wanted not in relay_families:
-            return FamilyRefusal(440, "Address Family not Supported")
+            raise AddressFamilyNotSupportedError()
         return FamilyChoice(wanted)
     return FamilyChoice(own_family)

@@ -1,132 +1,91 @@
-"""The TURN methods a `TurnEngine` answers once a request is authenticated (RFC 8656 §7 to §11).
+"""The TURN methods on UDP relays, once a request is authenticated (RFC 8656 §7 to §11).
 
-Allocate, Refresh, CreatePermission and ChannelBind, and the bookkeeping they share: installing
-permissions and channels with their deadlines, keeping the ChannelData routes in step
-(`ChannelRouteAdded/Removed` are emitted here and only here), deleting an allocation, and
-answering (every answer to a request goes through the retransmission cache). `TurnEngine`
-inherits these (through `RelayLifecycle`, which adds the relay handshake and timers) and adds
-dispatch and peer traffic; the state they share is declared on `TurnMethods` so each part
-type-checks on its own.
+Allocate (both halves: the request, then the edge's `relay_opened` or `relay_failed`), Refresh,
+CreatePermission and ChannelBind. Each handler checks the request in its RFC's order and raises a
+`TurnError` at the first refusal (the engine answers it); what it changes, it changes through the
+`AllocationTable`, and what it answers goes through the `Answerer`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stunnerd.turn import codec
 from stunnerd.turn.allocation import (
-    CHANNEL_LIFETIME_S,
-    PERMISSION_LIFETIME_S,
     Allocation,
-    Channel,
+    Pending,
     family_of,
     lifetime,
     unmapped,
     unmapped_address,
 )
+from stunnerd.turn.answers import Answerer
 from stunnerd.turn.auth import AuthenticatedRequest
-from stunnerd.turn.codec import Class
+from stunnerd.turn.codec import FAMILY_IPV4, FAMILY_IPV6, Method
 from stunnerd.turn.effects import (
     Address,
-    AllocationDeleted,
+    AllocationAborted,
+    AllocationCreated,
     AllocationRefreshed,
-    ChannelRouteAdded,
-    ChannelRouteRemoved,
-    CloseRelay,
     Effect,
     OpenRelay,
-    SendToClient,
 )
-from stunnerd.turn.families import FAMILY_CODES, FamilyRefusal, choose_families
-from stunnerd.turn.policies import UserUsage
-from stunnerd.turn.reservations import Reservations
-from stunnerd.turn.retransmit import RetransmitCache
-from stunnerd.turn.tcp_connections import PeerConnections, transport_refusal
-from stunnerd.turn.timers import DeadlineKind, Deadlines
-
-if TYPE_CHECKING:
-    from stunnerd.turn.engine import Policies
-
-
-@dataclass(frozen=True, slots=True)
-class Pending:
-    """An authenticated Allocate waiting for the edge to open its relay socket."""
-
-    transaction_id: bytes
-    user_id: str
-    key: bytes
-    lifetime_s: int
-    family: int
-    reserve_next: bool = False
-    username: str = ""
-    tcp: bool = False  # RFC 6062: a TCP relay
-    additional: int = 0  # a dual allocation's second family (RFC 8656 §7.2)
-    refused: int = 0  # a dual allocation's family this listener has no relay address for
+from stunnerd.turn.errors import (
+    AllocationMismatchError,
+    AllocationQuotaReachedError,
+    BadRequestError,
+    ForbiddenError,
+    InsufficientCapacityError,
+    PeerAddressFamilyMismatchError,
+    TurnError,
+)
+from stunnerd.turn.families import FAMILY_CODES, FamilyChoice, choose_families
+from stunnerd.turn.policies import Policies
+from stunnerd.turn.table import AllocationTable
+from stunnerd.turn.tcp_connections import check_transport
 
 
-class TurnMethods:
-    """The request handlers; the state below is set up by `TurnEngine.__init__`."""
+class AllocationHandlers:
+    """Allocate, Refresh, CreatePermission, ChannelBind over one listener's allocation table."""
 
-    relay_family: int
-    stream: bool
-    tcp_relays: bool  # this engine may open TCP relays (RFC 6062)
-    relay_ips: dict[int, str]  # family -> advertised relay IP
-    software: str | None
-    policies: Policies
-    usage: UserUsage
-    allocations: dict[Address, Allocation]
-    _pending: dict[Address, Pending]
-    _cache: RetransmitCache
-    _deadlines: Deadlines
-    _reservations: Reservations
-    _tcp: PeerConnections
+    __slots__ = ("answers", "relay_family", "stream", "table", "tcp_relays")
 
-    def _allocate(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:
-        """RFC 8656 §7.2."""
+    def __init__(
+        self,
+        table: AllocationTable,
+        answers: Answerer,
+        *,
+        relay_family: int,
+        stream: bool,
+        tcp_relays: bool,
+    ) -> None:
+        self.table = table
+        self.answers = answers
+        self.relay_family = relay_family  # the listener's own family
+        self.stream = stream  # a TCP or TLS listener
+        self.tcp_relays = tcp_relays  # RFC 6062 allocations may be made here
+
+    # ------------------------------------------------------------------ Allocate
+
+    def allocate(
+        self, req: AuthenticatedRequest, policies: Policies, now: float, out: list[Effect]
+    ) -> None:
+        """RFC 8656 §7.2: checked here, answered once the edge opened the relay."""
         client, msg = req.client, req.message
-        if client in self._pending:
-            if self._pending[client].transaction_id != msg.transaction_id:
-                self._fail(req, 437, "Allocation Mismatch", now, out)
-            return
-        if client in self.allocations:
-            self._fail(req, 437, "Allocation Mismatch", now, out)
-            return
+        table = self.table
+        pending = table.pending.get(client)
+        if pending is not None:
+            if pending.transaction_id != msg.transaction_id:
+                raise AllocationMismatchError()
+            return  # a retransmission: its answer will come
+        if client in table.active:
+            raise AllocationMismatchError()
         attrs = msg.attributes
-        transport = attrs.get("REQUESTED-TRANSPORT")
-        if transport is None:
-            self._fail(req, 400, "Missing REQUESTED-TRANSPORT", now, out)
-            return
-        refusal = transport_refusal(
-            transport, attrs, stream=self.stream, tcp_relays=self.tcp_relays
-        )
-        if refusal is not None:
-            self._fail(req, refusal[0], refusal[1], now, out)
-            return
-        tcp = transport & 0xFF000000 == codec.TRANSPORT_TCP
-        families = choose_families(attrs, self.relay_ips, self.relay_family)
-        if isinstance(families, FamilyRefusal):
-            self._fail(req, families.code, families.reason, now, out)
-            return
-        if tcp and (families.additional or families.refused):
-            self._fail(req, 400, "ADDITIONAL-ADDRESS-FAMILY with a TCP relay", now, out)
-            return
-        reserved_port = 0
-        if "RESERVATION-TOKEN" in attrs:
-            if "EVEN-PORT" in attrs or "REQUESTED-ADDRESS-FAMILY" in attrs:
-                self._fail(req, 400, "RESERVATION-TOKEN with EVEN-PORT or family", now, out)
-                return
-            if not self._reservations.valid(attrs["RESERVATION-TOKEN"], now):
-                self._fail(req, 508, "Insufficient Capacity (no such reservation)", now, out)
-                return
-        if not self.policies.quota.allows(req.user_id, self.usage.counts):
-            self._fail(req, 486, "Allocation Quota Reached", now, out)
-            return
-        if "RESERVATION-TOKEN" in attrs:
-            reserved_port = self._reservations.claim(attrs["RESERVATION-TOKEN"])
+        tcp, families = self._relay_kind(attrs)
+        reserved_port = self._reserved_port(attrs, req.user_id, policies, now)
         even = attrs.get("EVEN-PORT")
         reserve_next = even is not None and bool(even & 0x80)
-        self._pending[client] = Pending(
+        pending = Pending(
             msg.transaction_id,
             req.user_id,
             req.key,
@@ -138,6 +97,7 @@ class TurnMethods:
             families.additional,
             families.refused,
         )
+        table.begin(client, pending)
         out.append(
             OpenRelay(
                 client,
@@ -148,206 +108,157 @@ class TurnMethods:
                 tcp,
                 families.additional,
                 req.user_id,
-                self._pending[client].lifetime_s,
+                pending.lifetime_s,
             )
         )
 
-    def _refresh(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:
+    def _relay_kind(self, attrs: dict[str, Any]) -> tuple[bool, FamilyChoice]:
+        """Whether the relay is TCP (RFC 6062) and its address families (RFC 8656 §7.2)."""
+        transport = attrs.get("REQUESTED-TRANSPORT")
+        if transport is None:
+            raise BadRequestError("Missing REQUESTED-TRANSPORT")
+        tcp = check_transport(transport, attrs, stream=self.stream, tcp_relays=self.tcp_relays)
+        families = choose_families(attrs, self.table.relay_ips, self.relay_family)
+        if tcp and (families.additional or families.refused):
+            raise BadRequestError("ADDITIONAL-ADDRESS-FAMILY with a TCP relay")
+        return tcp, families
+
+    def _reserved_port(
+        self, attrs: dict[str, Any], user_id: str, policies: Policies, now: float
+    ) -> int:
+        """The user's quota (486), and the port held under a RESERVATION-TOKEN (0: none)."""
+        token = attrs.get("RESERVATION-TOKEN")
+        reservations = self.table.reservations
+        if token is not None:
+            if "EVEN-PORT" in attrs or "REQUESTED-ADDRESS-FAMILY" in attrs:
+                raise BadRequestError("RESERVATION-TOKEN with EVEN-PORT or family")
+            if not reservations.valid(token, now):
+                raise InsufficientCapacityError("Insufficient Capacity (no such reservation)")
+        if not policies.quota.allows(user_id, self.table.usage.counts):
+            raise AllocationQuotaReachedError()
+        return reservations.claim(token) if token is not None else 0
+
+    def relay_opened(
+        self, client: Address, port: int, now: float, reserved_port: int, additional_port: int
+    ) -> list[Effect]:
+        """The second half of Allocate: the relay is open, the allocation ACTIVE; answer."""
+        out: list[Effect] = []
+        opened = self.table.open(client, port, now, reserved_port, additional_port)
+        if opened is None:
+            self.table.orphaned(client, reserved_port, out)
+            return out
+        pending, alloc = opened
+        attrs: list[tuple[str, Any]] = [("XOR-RELAYED-ADDRESS", alloc.relay)]
+        if alloc.additional is not None:
+            attrs.append(("XOR-RELAYED-ADDRESS", alloc.additional))
+        if pending.refused:
+            code = FAMILY_IPV6 if pending.refused == 6 else FAMILY_IPV4
+            attrs.append(("ADDRESS-ERROR-CODE", (code, 440, "Address Family not Supported")))
+        attrs.append(("LIFETIME", pending.lifetime_s))
+        attrs.append(("XOR-MAPPED-ADDRESS", unmapped_address(client)))
+        if reserved_port:
+            attrs.append(("RESERVATION-TOKEN", self.table.hold_port(client, reserved_port, now)))
+        self.answers.success(
+            out, client, Method.ALLOCATE, pending.transaction_id, attrs, key=pending.key, now=now
+        )
+        out.append(
+            AllocationCreated(
+                client, pending.user_id, alloc.relay, pending.lifetime_s, alloc.additional
+            )
+        )
+        return out
+
+    def relay_failed(self, client: Address, now: float, error: TurnError) -> list[Effect]:
+        """The edge could not open the relay of a pending Allocate: answer `error`."""
+        out: list[Effect] = []
+        pending = self.table.abort(client)
+        if pending is None:
+            return out
+        self.answers.error(
+            out, client, Method.ALLOCATE, pending.transaction_id, error, key=pending.key, now=now
+        )
+        out.append(AllocationAborted(client))
+        return out
+
+    # ------------------------------------------------------------------ on an allocation
+
+    def refresh(
+        self, req: AuthenticatedRequest, policies: Policies, now: float, out: list[Effect]
+    ) -> None:
         """RFC 8656 §7.3: LIFETIME 0 deletes, otherwise the allocation is extended."""
-        alloc = self._owned_allocation(req, now, out)
-        if alloc is None:
-            return
+        alloc = self.table.owned(req, now, out)
         attrs = req.message.attributes
         family_code = attrs.get("REQUESTED-ADDRESS-FAMILY")
         if family_code is not None and FAMILY_CODES.get(family_code) not in alloc.families:
-            self._fail(req, 443, "Peer Address Family Mismatch", now, out)
-            return
+            raise PeerAddressFamilyMismatchError()
         requested = attrs.get("LIFETIME")
         if requested == 0:
-            self._delete(alloc, "refresh", out)
+            self.table.delete(alloc, "refresh", out)
             granted = 0
         else:
             granted = lifetime(requested)
-            alloc.expires = now + granted
-            self._deadlines.schedule(alloc.expires, DeadlineKind.ALLOCATION, alloc.client, None)
+            self.table.refresh(alloc, granted, now)
             out.append(AllocationRefreshed(alloc.client, alloc.user_id, granted))
         self._succeed(req, {"LIFETIME": granted}, now, out)
 
-    def _create_permission(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:
+    def create_permission(
+        self, req: AuthenticatedRequest, policies: Policies, now: float, out: list[Effect]
+    ) -> None:
         """RFC 8656 §9: every XOR-PEER-ADDRESS must be acceptable or nothing is installed."""
-        alloc = self._owned_allocation(req, now, out)
-        if alloc is None:
-            return
+        alloc = self.table.owned(req, now, out)
         peers = [unmapped_address(peer) for peer in req.peers]
         if not peers:
-            self._fail(req, 400, "Missing XOR-PEER-ADDRESS", now, out)
-            return
+            raise BadRequestError("Missing XOR-PEER-ADDRESS")
         for ip, _port in peers:
             if family_of(ip) not in alloc.families:
-                self._fail(req, 443, "Peer Address Family Mismatch", now, out)
-                return
-            if not self.policies.peers.admits_ip(ip):
-                self._fail(req, 403, "Forbidden (peer not admitted by any route)", now, out)
-                return
+                raise PeerAddressFamilyMismatchError()
+            if not policies.peers.admits_ip(ip):
+                raise ForbiddenError()
         for ip, _port in peers:
-            self._install_permission(alloc, ip, now)
-        self._sync_routes(alloc, now, out)
+            self.table.install_permission(alloc, ip, now)
+        self.table.sync_routes(alloc, policies.peers, now, out)
         self._succeed(req, {}, now, out)
 
-    def _channel_bind(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:
+    def channel_bind(
+        self, req: AuthenticatedRequest, policies: Policies, now: float, out: list[Effect]
+    ) -> None:
         """RFC 8656 §11.2: bind or refresh; a channel and a peer are bound one to one."""
-        alloc = self._owned_allocation(req, now, out)
-        if alloc is None:
-            return
+        alloc = self.table.owned(req, now, out)
         if alloc.tcp:
-            self._fail(req, 400, "Bad Request (no channels on a TCP allocation)", now, out)
-            return
-        attrs = req.message.attributes
-        number = attrs.get("CHANNEL-NUMBER")
-        peer = attrs.get("XOR-PEER-ADDRESS")
-        if number is None or not codec.CHANNEL_MIN <= number <= codec.CHANNEL_MAX:
-            self._fail(req, 400, "Bad or missing CHANNEL-NUMBER", now, out)
-            return
-        if peer is None:
-            self._fail(req, 400, "Missing XOR-PEER-ADDRESS", now, out)
-            return
-        peer = (unmapped(peer[0]), peer[1])
-        if family_of(peer[0]) not in alloc.families:
-            self._fail(req, 443, "Peer Address Family Mismatch", now, out)
-            return
+            raise BadRequestError("Bad Request (no channels on a TCP allocation)")
+        number, peer = _channel_and_peer(req.message.attributes, alloc)
         existing = alloc.channels.get(number)
         if existing is not None and existing.peer != peer:
-            self._fail(req, 400, "Channel already bound to another peer", now, out)
-            return
+            raise BadRequestError("Channel already bound to another peer")
         other = alloc.peer_channels.get(peer)
         if other is not None and other.number != number:
-            self._fail(req, 400, "Peer already bound to another channel", now, out)
-            return
-        if not self.policies.peers.admits(peer[0], peer[1]):
+            raise BadRequestError("Peer already bound to another channel")
+        if not policies.peers.admits(peer[0], peer[1]):
             # a channel names a transport address, so the port must fall in an admitting
             # cluster's range too (CreatePermission carries no port and checks the IP only)
-            self._fail(req, 403, "Forbidden (peer not admitted by any route)", now, out)
-            return
-        channel = existing or Channel(number, peer, 0.0)
-        channel.expires = now + CHANNEL_LIFETIME_S
-        alloc.channels[number] = channel
-        alloc.peer_channels[peer] = channel
-        self._deadlines.schedule(channel.expires, DeadlineKind.CHANNEL, alloc.client, number)
-        self._install_permission(alloc, peer[0], now)
-        self._sync_routes(alloc, now, out)
+            raise ForbiddenError()
+        self.table.bind_channel(alloc, number, peer, now)
+        self.table.sync_routes(alloc, policies.peers, now, out)
         self._succeed(req, {}, now, out)
-
-    # ------------------------------------------------------------------ helpers
-
-    def _owned_allocation(
-        self, req: AuthenticatedRequest, now: float, out: list[Effect]
-    ) -> Allocation | None:
-        """The client's allocation if this user made it (upstream §3.5), else answer 437."""
-        alloc = self.allocations.get(req.client)
-        if alloc is None or alloc.user_id != req.user_id or alloc.expires <= now:
-            self._fail(req, 437, "Allocation Mismatch", now, out)
-            return None
-        if alloc.revoked:  # authenticated under the config in force: granted again
-            alloc.key, alloc.username = req.key, req.username
-            self._set_revoked(alloc, False, out)
-        return alloc
-
-    def _install_permission(self, alloc: Allocation, ip: str, now: float) -> None:
-        expires = now + PERMISSION_LIFETIME_S
-        alloc.permissions[ip] = expires
-        self._deadlines.schedule(expires, DeadlineKind.PERMISSION, alloc.client, ip)
-
-    def _sync_routes(self, alloc: Allocation, now: float, out: list[Effect]) -> None:
-        peers = self.policies.peers
-        for channel in alloc.channels.values():
-            ip, port = channel.peer
-            perm = alloc.permissions.get(ip)
-            wanted = (
-                channel.expires > now and perm is not None and perm > now and peers.admits(ip, port)
-            )
-            if wanted != channel.routed:
-                channel.routed = wanted
-                if wanted:
-                    out.append(
-                        ChannelRouteAdded(
-                            alloc.client, channel.number, channel.peer, not alloc.revoked
-                        )
-                    )
-                else:
-                    out.append(ChannelRouteRemoved(alloc.client, channel.number, channel.peer))
-
-    def _set_revoked(self, alloc: Allocation, revoked: bool, out: list[Effect]) -> None:
-        """Mark the allocation's credentials withdrawn (or granted again) and tell the edge which
-        of its routed channels may be offloaded."""
-        if revoked == alloc.revoked:
-            return
-        alloc.revoked = revoked
-        for channel in alloc.channels.values():
-            if channel.routed:
-                out.append(
-                    ChannelRouteAdded(alloc.client, channel.number, channel.peer, not revoked)
-                )
-
-    def _delete(self, alloc: Allocation, reason: str, out: list[Effect]) -> None:
-        for channel in alloc.channels.values():
-            if channel.routed:
-                channel.routed = False
-                out.append(ChannelRouteRemoved(alloc.client, channel.number, channel.peer))
-        if alloc.tcp:
-            self._tcp.drop_allocation(alloc.client, out)
-        del self.allocations[alloc.client]
-        self.usage.remove(alloc.user_id)
-        self._deadlines.compact(self.allocations, len(self._reservations))
-        out.append(CloseRelay(alloc.client))
-        out.append(AllocationDeleted(alloc.client, alloc.user_id, reason))
 
     def _succeed(
         self, req: AuthenticatedRequest, attrs: dict[str, Any], now: float, out: list[Effect]
     ) -> None:
         msg = req.message
-        answer = codec.encode(
-            msg.message_method,
-            Class.RESPONSE,
-            msg.transaction_id,
-            attrs,
-            key=req.key,
-            software=self.software,
+        self.answers.success(
+            out, req.client, msg.message_method, msg.transaction_id, attrs, key=req.key, now=now
         )
-        self._answer(out, req.client, msg, answer, now)
 
-    def _fail(
-        self, req: AuthenticatedRequest, code: int, reason: str, now: float, out: list[Effect]
-    ) -> None:
-        msg = req.message
-        answer = codec.error_response(
-            msg.message_method,
-            msg.transaction_id,
-            code,
-            reason,
-            key=req.key,
-            software=self.software,
-        )
-        self._answer(out, req.client, msg, answer, now)
 
-    def _reply_error(
-        self,
-        out: list[Effect],
-        client: Address,
-        msg: codec.Message,
-        code: int,
-        reason: str,
-        now: float,
-    ) -> None:
-        answer = codec.error_response(
-            msg.message_method, msg.transaction_id, code, reason, software=self.software
-        )
-        self._answer(out, client, msg, answer, now)
-
-    def _answer(
-        self, out: list[Effect], client: Address, msg: codec.Message, answer: bytes, now: float
-    ) -> None:
-        self._cache.remember(client, msg.transaction_id, answer, now)
-        out.append(SendToClient(client, answer))
-
-    def _send(self, out: list[Effect], client: Address, data: bytes) -> None:
-        out.append(SendToClient(client, data))
+def _channel_and_peer(attrs: dict[str, Any], alloc: Allocation) -> tuple[int, Address]:
+    """ChannelBind's CHANNEL-NUMBER (RFC 8656 §12) and XOR-PEER-ADDRESS, or a `TurnError`."""
+    number = attrs.get("CHANNEL-NUMBER")
+    peer = attrs.get("XOR-PEER-ADDRESS")
+    if number is None or not codec.CHANNEL_MIN <= number <= codec.CHANNEL_MAX:
+        raise BadRequestError("Bad or missing CHANNEL-NUMBER")
+    if peer is None:
+        raise BadRequestError("Missing XOR-PEER-ADDRESS")
+    peer = (unmapped(peer[0]), peer[1])
+    if family_of(peer[0]) not in alloc.families:
+        raise PeerAddressFamilyMismatchError()
+    return number, peer

@@ -156,6 +156,15 @@ class UserQuota:
         return self.limit <= 0 or usage.get(user_id, 0) < self.limit
 
 
+@dataclass(frozen=True, slots=True)
+class Policies:
+    """What one listener's engine is told to enforce; swapped whole by `TurnEngine.set_policies`."""
+
+    authenticator: Authenticator
+    peers: PeerPolicy
+    quota: UserQuota
+
+
 class UserUsage:
     """Live allocation counts per user id, shared by every listener of the process."""
 

@@ -90,7 +90,7 @@ def integrity_offset(data: bytes) -> int:
 def scan(data: bytes, head: Header, max_attributes: int = MAX_ATTRIBUTES) -> Scan:
     """Walk the attribute headers; StunBadRequestError for a request that is malformed or over
     `max_attributes` (worth a short 400), StunDecodeError for anything else."""
-    username = realm = nonce = None
+    username = realm = nonce = None  # the first of each counts
     integrity_at = -1
     unknown: list[int] = []
     pos, end, count = HEADER_LENGTH, len(data), 0
@@ -102,18 +102,15 @@ def scan(data: bytes, head: Header, max_attributes: int = MAX_ATTRIBUTES) -> Sca
         stop = pos + 4 + attr_len
         if stop > end:
             _bad(head, "attribute overruns the message")
-        if integrity_at >= 0:
-            if attr_type != _FINGERPRINT:
-                _bad(head, "only FINGERPRINT may follow MESSAGE-INTEGRITY")
-        elif attr_type == _USERNAME:
-            if username is None:
-                username = _bounded(head, data, pos + 4, stop, MAX_USERNAME_BYTES, "USERNAME")
-        elif attr_type == _REALM:
-            if realm is None:
-                realm = _bounded(head, data, pos + 4, stop, MAX_REALM_BYTES, "REALM")
-        elif attr_type == _NONCE:
-            if nonce is None:
-                nonce = _bounded(head, data, pos + 4, stop, MAX_NONCE_BYTES, "NONCE")
+        # a FINGERPRINT after MESSAGE-INTEGRITY matches none of the branches below
+        if integrity_at >= 0 and attr_type != _FINGERPRINT:
+            _bad(head, "only FINGERPRINT may follow MESSAGE-INTEGRITY")
+        elif attr_type == _USERNAME and username is None:
+            username = _bounded(head, data, pos + 4, stop, MAX_USERNAME_BYTES, "USERNAME")
+        elif attr_type == _REALM and realm is None:
+            realm = _bounded(head, data, pos + 4, stop, MAX_REALM_BYTES, "REALM")
+        elif attr_type == _NONCE and nonce is None:
+            nonce = _bounded(head, data, pos + 4, stop, MAX_NONCE_BYTES, "NONCE")
         elif attr_type == _INTEGRITY:
             if attr_len != 20:
                 _bad(head, "MESSAGE-INTEGRITY must be 20 bytes")

@@ -20,7 +20,10 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
+from stunnerd.turn.allocation import unmapped
+from stunnerd.turn.codec import Method, TcpMethod
 from stunnerd.turn.effects import Address
+from stunnerd.turn.policies import PeerPolicy
 
 log = logging.getLogger("stunnerd.refusals")
 
@@ -111,3 +114,42 @@ class RefusalLog:
             self.interval_s,
             codes,
         )
+
+
+def method_name(method: int) -> str:
+    """``ALLOCATE``, ``CREATE_PERMISSION``, ``CONNECT``, ... for a STUN method number."""
+    for enum in (Method, TcpMethod):
+        try:
+            return str(enum(method).name)
+        except ValueError:
+            continue
+    return f"method 0x{method:03x}"
+
+
+def forbidden_detail(peers: PeerPolicy, requested: tuple[Address, ...]) -> str:
+    """Which peer a 403 was about and which routes were considered (for the log)."""
+    refused = [p for p in requested if not peers.admits(unmapped(p[0]), p[1])]
+    shown = refused or list(requested)
+    where = ", ".join(_where((unmapped(p[0]), p[1])) for p in shown)
+    clusters = getattr(peers, "clusters", None)
+    if clusters is None:
+        routes = type(peers).__name__
+    elif not clusters:
+        routes = "none: the listener has no route"
+    else:
+        routes = "; ".join(
+            f"{c.name} ({c.protocol}: "
+            f"{', '.join([*map(str, c.endpoints), *c.dns_names]) or 'no endpoints'})"
+            for c in clusters
+        )
+    guard = getattr(getattr(peers, "protected", None), "guard_of", None)
+    ranges = sorted(
+        {str(net) for ip, _ in shown if guard is not None and (net := guard(unmapped(ip)))}
+    )
+    protected = (
+        f"; the peer is in protected range {', '.join(ranges)}: a route must name it exactly"
+        if ranges
+        else ""
+    )
+    peer = where or "none"
+    return f"peer {peer} is admitted by no route (routes considered: {routes}){protected}"

@@ -17,6 +17,7 @@ from typing import Any
 
 from stunnerd.turn import codec
 from stunnerd.turn.effects import Address, ClosePeerConnection, Effect
+from stunnerd.turn.errors import BadRequestError, UnsupportedTransportError
 
 CONNECT_TIMEOUT_S = 30.0  # RFC 6062 §5.2: "at least 30 seconds"
 BIND_TIMEOUT_S = 30.0  # RFC 6062 §5.4
@@ -130,23 +131,28 @@ class PeerConnections:
                 return self._next_id
 
 
-def transport_refusal(
+def check_transport(
     transport: int, attrs: dict[str, Any], *, stream: bool, tcp_relays: bool
-) -> tuple[int, str] | None:
-    """The error an Allocate's REQUESTED-TRANSPORT earns, or None when it can be served.
+) -> bool:
+    """Whether an Allocate's REQUESTED-TRANSPORT asks for a TCP relay; a `TurnError` if it
+    cannot be served.
 
     UDP relays everywhere; TCP relays (RFC 6062 §5.1) only on a stream control connection and
     only where this process may serve them, and never with EVEN-PORT or RESERVATION-TOKEN.
     """
     protocol = transport & 0xFF000000
     if protocol == codec.TRANSPORT_UDP:
-        return None
+        return False
     if protocol != codec.TRANSPORT_TCP:
-        return 442, "Unsupported Transport Protocol"
+        raise UnsupportedTransportError()
     if not stream:
-        return 442, "Unsupported Transport Protocol (TCP relays need a TCP or TLS listener)"
+        raise UnsupportedTransportError(
+            "Unsupported Transport Protocol (TCP relays need a TCP or TLS listener)"
+        )
     if not tcp_relays:
-        return 442, "Unsupported Transport Protocol (TCP relays need a single worker process)"
+        raise UnsupportedTransportError(
+            "Unsupported Transport Protocol (TCP relays need a single worker process)"
+        )
     if "EVEN-PORT" in attrs or "RESERVATION-TOKEN" in attrs:
-        return 400, "Bad Request (EVEN-PORT or RESERVATION-TOKEN with a TCP relay)"
-    return None
+        raise BadRequestError("Bad Request (EVEN-PORT or RESERVATION-TOKEN with a TCP relay)")
+    return True

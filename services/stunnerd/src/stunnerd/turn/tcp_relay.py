@@ -1,7 +1,7 @@
 """TURN-TCP relays (RFC 6062): Connect, ConnectionBind, ConnectionAttempt, as engine decisions.
 
 A client on a TCP or TLS listener allocates with REQUESTED-TRANSPORT TCP (the transport check is
-`tcp_connections.transport_refusal`); its relayed address is a listening TCP socket the edge
+`tcp_connections.check_transport`); its relayed address is a listening TCP socket the edge
 opens like a UDP relay. Then:
 
 * Connect (§5.2) on the control connection: the peer must be admitted by the routes (as for
@@ -23,19 +23,28 @@ closing) closes its peer connections, and so does a route change that no longer 
 
 from __future__ import annotations
 
-from stunnerd.turn import codec
 from stunnerd.turn.allocation import family_of
+from stunnerd.turn.answers import Answerer
 from stunnerd.turn.auth import AuthenticatedRequest
-from stunnerd.turn.codec import Class, TcpMethod
+from stunnerd.turn.codec import TcpMethod
 from stunnerd.turn.effects import (
     Address,
     BindPeerConnection,
     ClosePeerConnection,
     ConnectPeer,
     Effect,
-    SendToClient,
 )
-from stunnerd.turn.methods import TurnMethods
+from stunnerd.turn.errors import (
+    BadRequestError,
+    ConnectionAlreadyExistsError,
+    ConnectionFailureError,
+    ForbiddenError,
+    InsufficientCapacityError,
+    PeerAddressFamilyMismatchError,
+    WrongCredentialsError,
+)
+from stunnerd.turn.policies import PeerPolicy, Policies
+from stunnerd.turn.table import AllocationTable
 from stunnerd.turn.tcp_connections import (
     BIND_TIMEOUT_S,
     CONNECT_TIMEOUT_S,
@@ -45,43 +54,45 @@ from stunnerd.turn.tcp_connections import (
 from stunnerd.turn.timers import DeadlineKind
 
 
-class TcpRelayMethods(TurnMethods):
-    """The RFC 6062 handlers and edge reports; state set up by `TurnEngine.__init__`."""
+class TcpRelayHandlers:
+    """The RFC 6062 requests and edge reports over one listener's allocations and connections."""
 
-    max_tcp_connections: int
-    _indications: int
+    __slots__ = ("answers", "connections", "max_connections", "stream", "table")
+
+    def __init__(
+        self, table: AllocationTable, answers: Answerer, *, stream: bool, max_connections: int
+    ) -> None:
+        self.table = table
+        self.connections = table.connections
+        self.answers = answers
+        self.stream = stream
+        self.max_connections = max_connections  # peer connections per TCP allocation
 
     # ------------------------------------------------------------------ requests
 
-    def _connect(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:
+    def connect(
+        self, req: AuthenticatedRequest, policies: Policies, now: float, out: list[Effect]
+    ) -> None:
         """RFC 6062 §5.2."""
-        alloc = self._owned_allocation(req, now, out)
-        if alloc is None:
-            return
+        alloc = self.table.owned(req, now, out)
         if not alloc.tcp:
-            self._fail(req, 400, "Bad Request (Connect on a UDP allocation)", now, out)
-            return
+            raise BadRequestError("Bad Request (Connect on a UDP allocation)")
         if len(req.peers) != 1:
-            self._fail(req, 400, "Bad Request (one XOR-PEER-ADDRESS expected)", now, out)
-            return
+            raise BadRequestError("Bad Request (one XOR-PEER-ADDRESS expected)")
         peer = req.peers[0]
         if family_of(peer[0]) != alloc.family:
-            self._fail(req, 443, "Peer Address Family Mismatch", now, out)
-            return
-        existing = self._tcp.to_peer(alloc.client, peer)
+            raise PeerAddressFamilyMismatchError()
+        existing = self.connections.to_peer(alloc.client, peer)
         if existing is not None:
             if existing.transaction_id == req.message.transaction_id:
                 return  # the same Connect again while it is under way: its answer will come
-            self._fail(req, 446, "Connection Already Exists", now, out)
-            return
-        if not self.policies.peers.admits(peer[0], peer[1]):
-            self._fail(req, 403, "Forbidden (peer not admitted by any route)", now, out)
-            return
-        if self._tcp.count(alloc.client) >= self.max_tcp_connections:
-            self._fail(req, 508, "Insufficient Capacity (too many peer connections)", now, out)
-            return
-        self._install_permission(alloc, peer[0], now)
-        conn = self._tcp.add(
+            raise ConnectionAlreadyExistsError()
+        if not policies.peers.admits(peer[0], peer[1]):
+            raise ForbiddenError()
+        if self.connections.count(alloc.client) >= self.max_connections:
+            raise InsufficientCapacityError("Insufficient Capacity (too many peer connections)")
+        self.table.install_permission(alloc, peer[0], now)
+        conn = self.connections.add(
             alloc.client,
             peer,
             ConnectionState.CONNECTING,
@@ -89,31 +100,29 @@ class TcpRelayMethods(TurnMethods):
             req.message.transaction_id,
             req.key,
         )
-        self._deadlines.schedule(
-            conn.deadline, DeadlineKind.TCP_CONNECTION, alloc.client, conn.connection_id
-        )
+        self._schedule(conn)
         out.append(ConnectPeer(alloc.client, conn.connection_id, peer))
 
-    def _connection_bind(self, req: AuthenticatedRequest, now: float, out: list[Effect]) -> None:
+    def connection_bind(
+        self, req: AuthenticatedRequest, policies: Policies, now: float, out: list[Effect]
+    ) -> None:
         """RFC 6062 §5.4: on a new connection, signed by the user of the allocation."""
         if not self.stream:
-            reason = "Bad Request (ConnectionBind needs a TCP or TLS connection)"
-            self._fail(req, 400, reason, now, out)
-            return
-        if req.client in self.allocations or req.client in self._pending:
-            self._fail(req, 400, "Bad Request (ConnectionBind on a control connection)", now, out)
-            return
+            raise BadRequestError("Bad Request (ConnectionBind needs a TCP or TLS connection)")
+        if self.table.state_of(req.client) is not None:
+            raise BadRequestError("Bad Request (ConnectionBind on a control connection)")
         connection_id = req.message.attributes.get("CONNECTION-ID")
-        conn = self._tcp.by_id.get(connection_id) if connection_id is not None else None
+        conn = self.connections.by_id.get(connection_id) if connection_id is not None else None
         if conn is None or conn.state is not ConnectionState.WAITING_BIND or conn.deadline <= now:
-            self._fail(req, 400, "Bad Request (unknown or expired CONNECTION-ID)", now, out)
-            return
-        alloc = self.allocations.get(conn.client)
+            raise BadRequestError("Bad Request (unknown or expired CONNECTION-ID)")
+        alloc = self.table.active.get(conn.client)
         if alloc is None or alloc.user_id != req.user_id:
-            self._fail(req, 441, "Wrong Credentials", now, out)
-            return
+            raise WrongCredentialsError()
         conn.state = ConnectionState.BOUND
-        self._succeed(req, {}, now, out)
+        msg = req.message
+        self.answers.success(
+            out, req.client, msg.message_method, msg.transaction_id, {}, key=req.key, now=now
+        )
         out.append(BindPeerConnection(req.client, conn.connection_id))
 
     # ------------------------------------------------------------------ edge reports
@@ -121,119 +130,104 @@ class TcpRelayMethods(TurnMethods):
     def peer_connected(self, connection_id: int, now: float) -> list[Effect]:
         """The edge's outgoing connection succeeded: answer the Connect, await the bind."""
         out: list[Effect] = []
-        conn = self._tcp.by_id.get(connection_id)
+        conn = self.connections.by_id.get(connection_id)
         if conn is None or conn.state is not ConnectionState.CONNECTING:
             out.append(ClosePeerConnection(connection_id))
             return out
-        alloc = self.allocations.get(conn.client)
-        if alloc is None:
-            self._tcp.remove(connection_id)
+        if conn.client not in self.table.active:
+            self.connections.remove(connection_id)
             out.append(ClosePeerConnection(connection_id))
             return out
         conn.state = ConnectionState.WAITING_BIND
         conn.deadline = now + BIND_TIMEOUT_S
-        self._deadlines.schedule(
-            conn.deadline, DeadlineKind.TCP_CONNECTION, conn.client, connection_id
+        self._schedule(conn)
+        self.answers.success(
+            out,
+            conn.client,
+            TcpMethod.CONNECT,
+            conn.transaction_id,
+            {"CONNECTION-ID": connection_id},
+            key=conn.key,
+            now=now,
         )
-        self._answer_connect(conn, {"CONNECTION-ID": connection_id}, now, out)
         return out
 
     def peer_connect_failed(self, connection_id: int, now: float) -> list[Effect]:
         """The edge could not connect to the peer: 447 (RFC 6062 §5.2)."""
         out: list[Effect] = []
-        conn = self._tcp.by_id.get(connection_id)
+        conn = self.connections.by_id.get(connection_id)
         if conn is not None and conn.state is ConnectionState.CONNECTING:
-            self._tcp.remove(connection_id)
+            self.connections.remove(connection_id)
             self._connect_failed(conn, now, out)
         return out
 
-    def peer_arrived(self, client: Address, peer: Address, now: float) -> tuple[int, list[Effect]]:
+    def peer_arrived(
+        self, client: Address, peer: Address, peers: PeerPolicy, now: float
+    ) -> tuple[int, list[Effect]]:
         """A peer connected to `client`'s relayed address (RFC 6062 §5.3).
 
         Returns the new connection id (0: refused, close it) and the ConnectionAttempt.
         """
         out: list[Effect] = []
-        alloc = self.allocations.get(client)
+        alloc = self.table.active.get(client)
         if alloc is None or not alloc.tcp or alloc.expires <= now:
             return 0, out
         expires = alloc.permissions.get(peer[0])
-        if expires is None or expires <= now or not self.policies.peers.admits(peer[0], peer[1]):
+        if expires is None or expires <= now or not peers.admits(peer[0], peer[1]):
             return 0, out
-        if self._tcp.count(client) >= self.max_tcp_connections:
+        if self.connections.count(client) >= self.max_connections:
             return 0, out
-        conn = self._tcp.add(client, peer, ConnectionState.WAITING_BIND, now + BIND_TIMEOUT_S)
-        self._deadlines.schedule(
-            conn.deadline, DeadlineKind.TCP_CONNECTION, client, conn.connection_id
+        conn = self.connections.add(
+            client, peer, ConnectionState.WAITING_BIND, now + BIND_TIMEOUT_S
         )
-        attempt = codec.encode(
+        self._schedule(conn)
+        self.answers.indication(
+            out,
+            client,
             TcpMethod.CONNECTION_ATTEMPT,
-            Class.INDICATION,
-            self._next_indication_id(),
             {"XOR-PEER-ADDRESS": peer, "CONNECTION-ID": conn.connection_id},
-            software=self.software,
         )
-        out.append(SendToClient(client, attempt))
         return conn.connection_id, out
 
     def peer_connection_closed(self, connection_id: int, now: float) -> list[Effect]:
         """The edge saw a peer connection (or its data connection) end: forget it."""
         out: list[Effect] = []
-        conn = self._tcp.remove(connection_id)
+        conn = self.connections.remove(connection_id)
         if conn is not None and conn.state is ConnectionState.CONNECTING:
             self._connect_failed(conn, now, out)
         return out
 
-    @property
-    def tcp_connection_count(self) -> int:
-        return len(self._tcp)
+    # ------------------------------------------------------------------ the clock, the routes
 
-    # ------------------------------------------------------------------ helpers
-
-    def _next_indication_id(self) -> bytes:
-        """Indications need a transaction id; uniqueness is all that matters (RFC 8489 §6)."""
-        self._indications += 1
-        return self._indications.to_bytes(12, "big")
-
-    def _tcp_deadline(self, connection_id: int, now: float, out: list[Effect]) -> None:
+    def expire(self, connection_id: int, now: float, out: list[Effect]) -> None:
         """A connect (§5.2) or bind (§5.4) timeout: close whatever has not moved on."""
-        conn = self._tcp.by_id.get(connection_id)
+        conn = self.connections.by_id.get(connection_id)
         if conn is None or conn.state is ConnectionState.BOUND or conn.deadline > now:
             return
-        self._tcp.remove(connection_id)
+        self.connections.remove(connection_id)
         out.append(ClosePeerConnection(connection_id))
         if conn.state is ConnectionState.CONNECTING:
             self._connect_failed(conn, now, out)
 
-    def _sync_tcp_connections(self, client: Address, out: list[Effect]) -> None:
+    def sync(self, client: Address, peers: PeerPolicy, out: list[Effect]) -> None:
         """After a route change: close the connections to peers no route admits any more."""
-        peers = self.policies.peers
-        for conn in list(self._tcp.of(client).values()):
+        for conn in list(self.connections.of(client).values()):
             if not peers.admits(conn.peer[0], conn.peer[1]):
-                self._tcp.remove(conn.connection_id)
+                self.connections.remove(conn.connection_id)
                 out.append(ClosePeerConnection(conn.connection_id))
 
-    def _connect_failed(self, conn: PeerConnection, now: float, out: list[Effect]) -> None:
-        answer = codec.error_response(
-            TcpMethod.CONNECT,
-            conn.transaction_id,
-            447,
-            "Connection Timeout or Failure",
-            key=conn.key,
-            software=self.software,
+    def _schedule(self, conn: PeerConnection) -> None:
+        self.table.deadlines.schedule(
+            conn.deadline, DeadlineKind.TCP_CONNECTION, conn.client, conn.connection_id
         )
-        self._cache.remember(conn.client, conn.transaction_id, answer, now)
-        out.append(SendToClient(conn.client, answer))
 
-    def _answer_connect(
-        self, conn: PeerConnection, attrs: dict[str, int], now: float, out: list[Effect]
-    ) -> None:
-        answer = codec.encode(
+    def _connect_failed(self, conn: PeerConnection, now: float, out: list[Effect]) -> None:
+        self.answers.error(
+            out,
+            conn.client,
             TcpMethod.CONNECT,
-            Class.RESPONSE,
             conn.transaction_id,
-            attrs,
+            ConnectionFailureError(),
             key=conn.key,
-            software=self.software,
+            now=now,
         )
-        self._cache.remember(conn.client, conn.transaction_id, answer, now)
-        out.append(SendToClient(conn.client, answer))
