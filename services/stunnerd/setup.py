@@ -11,6 +11,7 @@ setup(
         Extension(
             "stunnerd._fastpath",
             ["src/stunnerd/fastpath/_fastpath.c"],
+            depends=["src/stunnerd/fastpath/binding.h"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         )

@@ -7,7 +7,8 @@ extension `stunnerd._fastpath` instead: the loop watches one epoll descriptor, a
 drains every ready socket with recvmmsg, relays the datagrams of bound channels (sendto to the
 peer, sendmmsg of ChannelData to clients) and gives Python only the rest, which goes through
 the engine as before, except junk the engine would drop unread (`watch_listener`'s
-`max_stun_bytes`), which C drops itself. The tables are fed from the same channel-route effects
+`max_stun_bytes`), which C drops itself, and plain STUN Binding requests, which C answers as the
+engine would (`answer_binding`). The tables are fed from the same channel-route effects
 as the Python routes. Counters are kept in C per slot (a listener's or a cluster's `Traffic`
 list) and folded into those lists by `fold()`. `STUNNERD_FASTPATH=0` turns it off
 (`ServerTuning.fastpath`).
@@ -80,6 +81,13 @@ class FastPath:
             max_stun_bytes,
             max_datagram_bytes,
         )
+
+    def answer_binding(self, sock: socket.socket, software: str | None) -> None:
+        """Answer plain STUN Binding requests on a watched listener in C, with the bytes the
+        engine would send (XOR-MAPPED-ADDRESS, `software` as SOFTWARE, FINGERPRINT). A Binding
+        request the engine would not answer with plain success (a comprehension-required
+        attribute, more than a few attributes) still reaches the handler (fastpath/binding.h)."""
+        self.relay.answer_binding(sock.fileno(), (software or "").encode())
 
     def watch_relay(self, sock: socket.socket, counts: list[int], handler: Handler) -> None:
         """Read an allocation's relay socket here; datagrams sent on to clients count in the

@@ -34,10 +34,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "binding.h"
+
 #define BATCH 64
 #define BUF_BYTES 65536
 #define MAX_EVENTS 256
 #define DRAIN_ROUNDS 8 /* recvmmsg calls per ready socket per poll, for fairness */
+#define POLL_PASSES 4  /* epoll_waits per poll while each fills MAX_EVENTS */
 
 enum { KIND_NONE = 0, KIND_LISTENER = 1, KIND_RELAY = 2 };
 enum { RX_PKTS = 0, RX_BYTES = 1, TX_PKTS = 2, TX_BYTES = 3 };
@@ -71,6 +74,9 @@ typedef struct {
     int slot; /* listener counters: rx on a listener, tx to clients for a relay */
     uint32_t max_stun; /* listener: STUN messages larger than this are dropped; 0: no filter */
     uint32_t max_datagram; /* listener: read at most this much, drop longer; 0: BUF_BYTES */
+    int binding;           /* listener: plain Binding requests are answered here */
+    uint8_t *software;     /* ... with this SOFTWARE (software_len bytes, none when 0) */
+    size_t software_len;
 } FdInfo;
 
 typedef struct {
@@ -87,6 +93,8 @@ typedef struct {
     struct iovec rx_iov[BATCH];
     struct sockaddr_storage rx_addr[BATCH];
     uint8_t *rx_buf;
+    size_t rx_read_bytes; /* the iov_len every slot is armed with */
+    int rx_used;          /* slots the last recvmmsg wrote to */
     /* peer -> client sends, batched per listener fd */
     struct mmsghdr tx[BATCH];
     struct iovec tx_iov[BATCH];
@@ -94,7 +102,7 @@ typedef struct {
     uint8_t *tx_buf;
     int tx_count;
     int tx_fd;
-    uint64_t relayed, missed, dropped;
+    uint64_t relayed, missed, dropped, answered;
 } FastRelay;
 
 /* ------------------------------------------------------------------ keys and tables */
@@ -120,14 +128,20 @@ static int key_from_sockaddr(Key *k, int fd, uint16_t channel, const struct sock
     return -1;
 }
 
+_Static_assert(sizeof(Key) <= 32, "a key hashes as four 64-bit words");
+
+/* Four multiply-xor rounds over the key's words and a final avalanche (the low bits pick the
+ * slot): a few instructions per lookup, where a byte-at-a-time hash cost ~150. */
 static uint64_t key_hash(const Key *k) {
-    const uint8_t *p = (const uint8_t *)k;
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < sizeof(*k); i++) {
-        h ^= p[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
+    uint64_t w[4] = {0, 0, 0, 0};
+    memcpy(w, k, sizeof(*k));
+    uint64_t h = (w[0] ^ 0x9E3779B97F4A7C15ULL) * 0xC2B2AE3D27D4EB4FULL;
+    h = (h ^ w[1] ^ (h >> 29)) * 0xC2B2AE3D27D4EB4FULL;
+    h = (h ^ w[2] ^ (h >> 29)) * 0xC2B2AE3D27D4EB4FULL;
+    h = (h ^ w[3] ^ (h >> 29)) * 0xC2B2AE3D27D4EB4FULL;
+    h ^= h >> 32;
+    h *= 0xFF51AFD7ED558CCDULL;
+    return h ^ (h >> 29);
 }
 
 static Entry *table_find(Table *t, const Key *k) {
@@ -308,6 +322,22 @@ static void flush_tx(FastRelay *self) {
     self->tx_count = 0;
 }
 
+/* The next slot of the sendmmsg batch to `out_fd`, the batch sent first when it is full or
+ * for another socket. */
+static inline int tx_slot(FastRelay *self, int out_fd) {
+    if (self->tx_count > 0 && (self->tx_fd != out_fd || self->tx_count == BATCH))
+        flush_tx(self);
+    self->tx_fd = out_fd;
+    return self->tx_count++;
+}
+
+static void forget_binding(FdInfo *info) {
+    PyMem_Free(info->software);
+    info->software = NULL;
+    info->software_len = 0;
+    info->binding = 0;
+}
+
 static int miss(PyObject *out, int fd, const uint8_t *data, size_t len,
                 const struct sockaddr_storage *from) {
     PyObject *addr = addr_tuple(from);
@@ -323,13 +353,19 @@ static int miss(PyObject *out, int fd, const uint8_t *data, size_t len,
 
 /* ------------------------------------------------------------------ the hot path */
 
-/* One recvmmsg of up to BATCH datagrams, each read into at most `read_bytes`. */
+/* One recvmmsg of up to BATCH datagrams, each read into at most `read_bytes`. The kernel
+ * rewrites only the address lengths of the datagrams it returned: only those are re-armed
+ * (all of them when the read size changes), not BATCH slots per call. */
 static inline int receive(FastRelay *self, int fd, size_t read_bytes) {
-    for (int i = 0; i < BATCH; i++) {
+    int rearm = self->rx_read_bytes == read_bytes ? self->rx_used : BATCH;
+    for (int i = 0; i < rearm; i++) {
         self->rx_iov[i].iov_len = read_bytes;
         self->rx[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_storage);
     }
-    return recvmmsg(fd, self->rx, BATCH, MSG_DONTWAIT, NULL);
+    self->rx_read_bytes = read_bytes;
+    int got = recvmmsg(fd, self->rx, BATCH, MSG_DONTWAIT, NULL);
+    self->rx_used = got > 0 ? got : 1;
+    return got;
 }
 
 /* What the engine would read at all: ChannelData, or a STUN header it accepts (RFC 8489 §5). */
@@ -341,6 +377,22 @@ static inline int engine_reads(const uint8_t *d, size_t size, uint32_t max_stun)
     if (d[4] != 0x21 || d[5] != 0x12 || d[6] != 0xA4 || d[7] != 0x42)
         return 0;
     return ((size_t)d[2] << 8 | d[3]) + 20 == size;
+}
+
+/* A plain Binding request (see binding.h), answered through the listener's sendmmsg batch. */
+static void answer_binding(FastRelay *self, int fd, const uint8_t *req,
+                           const struct sockaddr_storage *from) {
+    FdInfo *info = &self->fds[fd];
+    int j = tx_slot(self, fd);
+    size_t n = binding_answer(self->tx_iov[j].iov_base, req, from, info->software,
+                              info->software_len);
+    self->tx_iov[j].iov_len = n;
+    socklen_t len = from->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                : sizeof(struct sockaddr_in);
+    memcpy(&self->tx_addr[j], from, len);
+    self->tx[j].msg_hdr.msg_namelen = len;
+    count(self, info->slot, TX_PKTS, n);
+    self->answered++;
 }
 
 static int drain_listener(FastRelay *self, int fd, PyObject *out) {
@@ -359,6 +411,10 @@ static int drain_listener(FastRelay *self, int fd, PyObject *out) {
             if (self->rx[i].msg_hdr.msg_flags & MSG_TRUNC ||
                 (max_stun > 0 && !engine_reads(d, size, max_stun))) {
                 self->dropped++;
+                continue;
+            }
+            if (d[0] == 0x00 && self->fds[fd].binding && plain_binding(d, size)) {
+                answer_binding(self, fd, d, &self->rx_addr[i]);
                 continue;
             }
             if (size >= 4 && d[0] >= 0x40 && d[0] <= 0x7F) {
@@ -409,10 +465,7 @@ static int drain_relay(FastRelay *self, int fd, PyObject *out) {
             }
             count(self, e->slot, RX_PKTS, size);
             count(self, self->fds[fd].slot, TX_PKTS, size + 4);
-            if (self->tx_count > 0 && (self->tx_fd != e->out_fd || self->tx_count == BATCH))
-                flush_tx(self);
-            int j = self->tx_count++;
-            self->tx_fd = e->out_fd;
+            int j = tx_slot(self, e->out_fd);
             uint8_t *frame = self->tx_iov[j].iov_base;
             frame[0] = (uint8_t)(e->channel >> 8);
             frame[1] = (uint8_t)(e->channel & 0xFF);
@@ -430,11 +483,9 @@ static int drain_relay(FastRelay *self, int fd, PyObject *out) {
     return 0;
 }
 
-static PyObject *FastRelay_poll(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
+/* Drain every socket one epoll_wait reports ready; how many it reported, or -1 on an error. */
+static int drain_ready(FastRelay *self, PyObject *out) {
     struct epoll_event events[MAX_EVENTS];
-    PyObject *out = PyList_New(0);
-    if (out == NULL)
-        return NULL;
     int n = epoll_wait(self->epfd, events, MAX_EVENTS, 0);
     for (int i = 0; i < n; i++) {
         int fd = events[i].data.fd;
@@ -445,11 +496,27 @@ static PyObject *FastRelay_poll(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
             rc = drain_listener(self, fd, out);
         else if (self->fds[fd].kind == KIND_RELAY)
             rc = drain_relay(self, fd, out);
-        if (rc < 0) {
+        if (rc < 0)
+            return -1;
+    }
+    return n;
+}
+
+/* Up to POLL_PASSES epoll_waits while each reports a full MAX_EVENTS: under load one wake-up of
+ * the event loop serves more sockets, and the Python around it runs less often per packet. */
+static PyObject *FastRelay_poll(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (int pass = 0; pass < POLL_PASSES; pass++) {
+        int n = drain_ready(self, out);
+        if (n < 0) {
             flush_tx(self);
             Py_DECREF(out);
             return NULL;
         }
+        if (n < MAX_EVENTS)
+            break;
     }
     if (self->tx_count > 0)
         flush_tx(self);
@@ -473,10 +540,35 @@ static PyObject *FastRelay_watch(FastRelay *self, PyObject *args) {
     if (epoll_ctl(self->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 &&
         (errno != EEXIST || epoll_ctl(self->epfd, EPOLL_CTL_MOD, fd, &ev) < 0))
         return PyErr_SetFromErrno(PyExc_OSError);
+    forget_binding(&self->fds[fd]); /* a new socket under a reused number */
     self->fds[fd].kind = (uint8_t)kind;
     self->fds[fd].slot = slot;
     self->fds[fd].max_stun = kind == KIND_LISTENER ? (uint32_t)max_stun : 0;
     self->fds[fd].max_datagram = kind == KIND_LISTENER ? (uint32_t)max_datagram : 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *FastRelay_answer_binding(FastRelay *self, PyObject *args) {
+    int fd;
+    const char *software;
+    Py_ssize_t software_len;
+    if (!PyArg_ParseTuple(args, "iy#", &fd, &software, &software_len))
+        return NULL;
+    if (fd < 0 || (size_t)fd >= self->nfds || self->fds[fd].kind != KIND_LISTENER ||
+        software_len > MAX_SOFTWARE) {
+        PyErr_SetString(PyExc_ValueError, "not a watched listener, or SOFTWARE too long");
+        return NULL;
+    }
+    FdInfo *info = &self->fds[fd];
+    forget_binding(info);
+    if (software_len > 0) {
+        info->software = PyMem_Malloc((size_t)software_len);
+        if (info->software == NULL)
+            return PyErr_NoMemory();
+        memcpy(info->software, software, (size_t)software_len);
+        info->software_len = (size_t)software_len;
+    }
+    info->binding = 1;
     Py_RETURN_NONE;
 }
 
@@ -498,6 +590,7 @@ static PyObject *FastRelay_unwatch(FastRelay *self, PyObject *args) {
     if (fd >= 0 && (size_t)fd < self->nfds && self->fds[fd].kind != KIND_NONE) {
         epoll_ctl(self->epfd, EPOLL_CTL_DEL, fd, NULL); /* fails harmlessly if already closed */
         self->fds[fd].kind = KIND_NONE;
+        forget_binding(&self->fds[fd]);
     }
     return FastRelay_forget(self, args);
 }
@@ -608,9 +701,10 @@ static PyObject *FastRelay_fileno(FastRelay *self, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *FastRelay_stats(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
-    return Py_BuildValue("{sKsKsKsnsn}", "relayed", (unsigned long long)self->relayed, "missed",
+    return Py_BuildValue("{sKsKsKsKsnsn}", "relayed", (unsigned long long)self->relayed, "missed",
                          (unsigned long long)self->missed, "dropped",
-                         (unsigned long long)self->dropped, "client_routes",
+                         (unsigned long long)self->dropped, "answered",
+                         (unsigned long long)self->answered, "client_routes",
                          (Py_ssize_t)self->clients.used, "peer_routes",
                          (Py_ssize_t)self->peers.used);
 }
@@ -659,6 +753,8 @@ static void FastRelay_dealloc(FastRelay *self) {
         close(self->epfd);
     PyMem_Free(self->clients.entries);
     PyMem_Free(self->peers.entries);
+    for (size_t fd = 0; fd < self->nfds; fd++)
+        PyMem_Free(self->fds[fd].software);
     PyMem_Free(self->fds);
     PyMem_Free(self->counters);
     PyMem_Free(self->rx_buf);
@@ -681,6 +777,10 @@ static PyMethodDef FastRelay_methods[] = {
      "dropped in C, and one with a datagram limit reads no more than that of a datagram."},
     {"unwatch", (PyCFunction)FastRelay_unwatch, METH_VARARGS,
      "unwatch(fd): stop watching fd and forget every route through it."},
+    {"answer_binding", (PyCFunction)FastRelay_answer_binding, METH_VARARGS,
+     "answer_binding(listener_fd, software): answer plain STUN Binding requests on this "
+     "listener here, as the engine would (SOFTWARE: bytes, empty for none); the rest still "
+     "comes back from poll()."},
     {"forget", (PyCFunction)FastRelay_forget, METH_VARARGS,
      "forget(fd): forget every route through fd, still watching it."},
 #define ROUTE_ENTRY(op, side, doc)                                                             \
@@ -724,6 +824,7 @@ static struct PyModuleDef fastpath_module = {
 };
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
+    crc_init();
     if (PyType_Ready(&FastRelayType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&fastpath_module);

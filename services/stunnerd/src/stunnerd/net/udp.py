@@ -182,6 +182,7 @@ class UdpListener(Listener):
                 max_stun_bytes=self.limits.request.max_message_bytes,
                 max_datagram_bytes=self.limits.request.max_udp_datagram_bytes,
             )
+            self.fastpath.answer_binding(sock, self.engine.software)
             self._sendto = _raw_sendto(sock)
             self.channel_routes.add_table(FastPathRoutes(self.fastpath, sock))
         else:
