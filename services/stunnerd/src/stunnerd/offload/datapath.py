@@ -59,6 +59,20 @@ def _macs(route: routes.Route) -> tuple[bytes, bytes] | None:
     return (smac, dmac) if smac and dmac else None
 
 
+def _fwd(src: Address, dst: Address, route: routes.Route, channel: int = 0) -> Fwd:
+    macs = _macs(route)
+    peer_dev = macs is not None and routes.peer_in_other_namespace(route.ifindex)
+    return fwd(
+        src,
+        dst,
+        ifindex=route.ifindex,
+        local=route.local,
+        channel=channel,
+        macs=macs,
+        peer_dev=peer_dev,
+    )
+
+
 def channel_entries(
     client: Address,
     listener: Address,
@@ -74,22 +88,9 @@ def channel_entries(
     relay_ip = to_peer.src if relay[0] in WILDCARDS else relay[0]
     return ChannelEntries(
         client_key=client_key(client, listener[1], channel),
-        to_peer=fwd(
-            (relay_ip, relay[1]),
-            peer,
-            ifindex=to_peer.ifindex,
-            local=to_peer.local,
-            macs=_macs(to_peer),
-        ),
+        to_peer=_fwd((relay_ip, relay[1]), peer, to_peer),
         peer_key=peer_key(peer, relay[1]),
-        to_client=fwd(
-            (listener_ip, listener[1]),
-            client,
-            ifindex=to_client.ifindex,
-            local=to_client.local,
-            channel=channel,
-            macs=_macs(to_client),
-        ),
+        to_client=_fwd((listener_ip, listener[1]), client, to_client, channel),
     )
 
 

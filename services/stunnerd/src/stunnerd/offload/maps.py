@@ -13,7 +13,9 @@ import socket
 
 Address = tuple[str, int]
 FWD_LOCAL = 1  # the destination is an address of this host: that direction stays in user space
-FWD_HAS_MACS = 2  # smac/dmac resolved: XDP may send it
+FWD_HAS_MACS = 2  # smac/dmac resolved: XDP may send it, TC sends it without a neighbour lookup
+FWD_PEER_DEV = 4  # ifindex is a veth (netkit) with its far end in another namespace: TC hands
+# the frame straight to that end (bpf_redirect_peer)
 # Addresses are byte arrays, not `c_char` ones: ctypes stores a `c_char` array only up to its
 # first zero byte, which would turn 10.0.0.5 into 10.0.0.0 and a MAC 00:… into zeros.
 _IP4 = ctypes.c_ubyte * 4
@@ -92,14 +94,16 @@ def fwd(
     local: bool,
     channel: int = 0,
     macs: tuple[bytes, bytes] | None = None,
+    peer_dev: bool = False,
 ) -> Fwd:
+    flags = (FWD_LOCAL if local else 0) | (FWD_HAS_MACS if macs else 0)
     value = Fwd(
         src_ip=_ip4(src[0]),
         dst_ip=_ip4(dst[0]),
         src_port=socket.htons(src[1]),
         dst_port=socket.htons(dst[1]),
         channel=channel,
-        flags=(FWD_LOCAL if local else 0) | (FWD_HAS_MACS if macs else 0),
+        flags=flags | (FWD_PEER_DEV if macs and peer_dev else 0),
         ifindex=ifindex,
     )
     if macs:

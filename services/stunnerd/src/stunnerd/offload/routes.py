@@ -2,9 +2,10 @@
 
 The BPF program writes packets that this host would have sent from a UDP socket, so it needs
 what the socket layer would have chosen: the source address, the egress interface and, for XDP,
-the MAC addresses of this end and of the next hop. TC leaves the next hop to
-`bpf_redirect_neigh`; XDP takes the neighbour entry from `/proc/net/arp` and passes packets to
-user space while there is none (the user-space relay's own traffic resolves it).
+the MAC addresses of this end and of the next hop, from `/proc/net/arp`: with them TC sends
+with `bpf_redirect` (a veth whose far end is in another namespace, `peer_in_other_namespace`:
+`bpf_redirect_peer`), without them with `bpf_redirect_neigh`; XDP passes packets to user space
+while there are none (the user-space relay's own traffic resolves them).
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ from pathlib import Path
 NETLINK_ROUTE = 0
 RTM_NEWROUTE = 24
 RTM_GETROUTE = 26
+RTM_GETLINK, RTM_NEWLINK = 18, 16
+IFLA_LINKINFO, IFLA_INFO_KIND, IFLA_LINK_NETNSID = 18, 1, 37
+PEER_DEVICE_KINDS = (b"veth", b"netkit")
 NLMSG_ERROR = 2
 NLM_F_REQUEST = 1
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PREFSRC = 1, 4, 5, 7
 RTN_UNICAST, RTN_LOCAL = 1, 2
 _NLMSG = struct.Struct("=IHHII")
+_IFINFOMSG = struct.Struct("=BxHiII")
 _RTMSG = struct.Struct("=BBBBBBBBI")
 _RTATTR = struct.Struct("=HH")
 NETLINK_TIMEOUT_S = 1.0
@@ -45,6 +50,14 @@ class Route:
         return self.gateway or self.dst
 
 
+def _ask(msg: bytes) -> bytes:
+    """One netlink request to the kernel's routing side, and its answer."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as sock:
+        sock.settimeout(NETLINK_TIMEOUT_S)
+        sock.sendto(msg, (0, 0))
+        return sock.recv(65536)
+
+
 def _attr(kind: int, data: bytes) -> bytes:
     length = _RTATTR.size + len(data)
     return _RTATTR.pack(length, kind) + data + b"\0" * (-length % 4)
@@ -57,10 +70,7 @@ def lookup(dst: str) -> Route:
     body = _RTMSG.pack(socket.AF_INET, 32, 0, 0, 0, 0, 0, 0, 0)
     body += _attr(RTA_DST, socket.inet_aton(dst))
     msg = _NLMSG.pack(_NLMSG.size + len(body), RTM_GETROUTE, NLM_F_REQUEST, 1, 0) + body
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as sock:
-        sock.settimeout(NETLINK_TIMEOUT_S)
-        sock.sendto(msg, (0, 0))
-        reply = sock.recv(65536)
+    reply = _ask(msg)
     length, kind, _flags, _seq, _pid = _NLMSG.unpack_from(reply)
     if kind == NLMSG_ERROR:
         code = -struct.unpack_from("=i", reply, _NLMSG.size)[0]
@@ -68,14 +78,7 @@ def lookup(dst: str) -> Route:
     if kind != RTM_NEWROUTE:
         raise RouteError(f"unexpected netlink answer {kind} for {dst}")
     rt_type = _RTMSG.unpack_from(reply, _NLMSG.size)[7]
-    pos = _NLMSG.size + _RTMSG.size
-    attrs: dict[int, bytes] = {}
-    while pos + _RTATTR.size <= length:
-        alen, akind = _RTATTR.unpack_from(reply, pos)
-        if alen < _RTATTR.size:
-            break
-        attrs[akind] = reply[pos + _RTATTR.size : pos + alen]
-        pos += (alen + 3) & ~3
+    attrs = _attrs(reply, _NLMSG.size + _RTMSG.size, length)
     if rt_type not in (RTN_UNICAST, RTN_LOCAL) or RTA_OIF not in attrs:
         raise RouteError(f"{dst}: route type {rt_type} is not offloaded")
     src = socket.inet_ntoa(attrs[RTA_PREFSRC]) if RTA_PREFSRC in attrs else _source_for(dst)
@@ -87,6 +90,37 @@ def lookup(dst: str) -> Route:
         local=rt_type == RTN_LOCAL,
         gateway=gateway,
     )
+
+
+def _attrs(buf: bytes, pos: int, end: int) -> dict[int, bytes]:
+    """Netlink attributes from `pos` to `end`, by type (the last of a repeated type)."""
+    attrs: dict[int, bytes] = {}
+    while pos + _RTATTR.size <= end:
+        alen, akind = _RTATTR.unpack_from(buf, pos)
+        if alen < _RTATTR.size:
+            break
+        attrs[akind & 0x7FFF] = buf[pos + _RTATTR.size : pos + alen]  # without NLA_F_NESTED
+        pos += (alen + 3) & ~3
+    return attrs
+
+
+def peer_in_other_namespace(ifindex: int) -> bool:
+    """Whether the interface is a veth (or netkit) whose other end lives in another network
+    namespace, as `ip -d link` shows by `link-netnsid`: the TC program may then hand frames
+    straight to that end (`bpf_redirect_peer`)."""
+    body = _IFINFOMSG.pack(socket.AF_UNSPEC, 0, ifindex, 0, 0)
+    msg = _NLMSG.pack(_NLMSG.size + len(body), RTM_GETLINK, NLM_F_REQUEST, 1, 0) + body
+    try:
+        reply = _ask(msg)
+    except OSError:
+        return False
+    length, kind = _NLMSG.unpack_from(reply)[:2]
+    if kind != RTM_NEWLINK:
+        return False
+    attrs = _attrs(reply, _NLMSG.size + _IFINFOMSG.size, length)
+    info = attrs.get(IFLA_LINKINFO, b"")
+    link_kind = _attrs(info, 0, len(info)).get(IFLA_INFO_KIND, b"").rstrip(b"\0")
+    return link_kind in PEER_DEVICE_KINDS and IFLA_LINK_NETNSID in attrs
 
 
 def _source_for(dst: str) -> str:
