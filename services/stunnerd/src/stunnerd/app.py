@@ -82,7 +82,7 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
     Libbpf.library = settings.libbpf
     Datapath.object_file = settings.offload_object
     if settings.udp_thread_num > 1:
-        from stunnerd.workers.pool import WorkerPool, WorkerTimeouts
+        from stunnerd.workers.pool import WorkerPool
 
         return WorkerPool(
             settings.udp_thread_num,
@@ -94,12 +94,7 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
             relay_addresses=settings.relay_address_list(),
             quota=settings.quota,
             node_address=settings.node_address,
-            timeouts=WorkerTimeouts(
-                request_s=settings.worker_request_timeout_s,
-                stats_s=settings.worker_stats_timeout_s,
-                stop_s=settings.worker_stop_timeout_s,
-                restart_delay_s=settings.worker_restart_delay_s,
-            ),
+            timeouts=settings.worker_timeouts,
         )
     from stunnerd.net.server import TurnServer
     from stunnerd.offload.manager import OffloadManager

@@ -9,10 +9,10 @@ given) and `STUNNER_NODENAME`. Every duration is in seconds and its name ends in
 The settings of the process itself are declared below. The groups it hands down whole are
 declared once, in the layer that uses them, as frozen dataclasses whose fields carry their
 default, their bounds (annotated) and their docstring: `ServerTuning`, `ClientLimits`,
-`QuotaSettings` and `AdminSettings`. A `Group` only says which flat setting each field is read from;
-the flat settings are validated in one pass (an error names the variable's setting, e.g.
-`quota_replicas`), then the groups are built. This module is the only reader of the environment
-in stunnerd: everything below receives what it needs as arguments.
+`QuotaSettings`, `AdminSettings` and `WorkerTimeouts`. A `Group` only says which flat setting
+each field is read from; the flat settings are validated in one pass (an error names the
+variable's setting, e.g. `quota_replicas`), then the groups are built. This module is the only
+reader of the environment in stunnerd: everything below receives what it needs as arguments.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.origin.base import DEFAULT_ORIGIN, resolve_id
 from stunnerd.quota import QuotaSettings
+from stunnerd.workers.worker import WorkerTimeouts
 
 DEFAULT_GRACE_PERIOD_S = 3600.0
 DEFAULT_SIGINT_GRACE_PERIOD_S = 5.0
@@ -96,6 +97,15 @@ LIMITS = Group(
     },
 )
 QUOTA = Group(QuotaSettings, prefix="quota_", renamed={"timeout_s": "quota_redis_timeout_s"})
+WORKER_TIMEOUTS = Group(
+    WorkerTimeouts,
+    renamed={
+        "request_s": "worker_request_timeout_s",
+        "stats_s": "worker_stats_timeout_s",
+        "stop_s": "worker_stop_timeout_s",
+        "restart_delay_s": "worker_restart_delay_s",
+    },
+)
 ADMIN = Group(
     AdminSettings,
     renamed={
@@ -144,10 +154,6 @@ class ProcessSettings(BaseSettings):
     bootstrap_health_endpoint: str = DEFAULT_HEALTHCHECK_ENDPOINT
     """Where /live answers in watch mode before the first config names an endpoint."""
     drain_check_interval_s: float = Field(DRAIN_CHECK_INTERVAL_S, gt=0)
-    worker_request_timeout_s: float = Field(30.0, gt=0)
-    worker_stats_timeout_s: float = Field(2.0, gt=0)
-    worker_stop_timeout_s: float = Field(10.0, gt=0)
-    worker_restart_delay_s: float = Field(0.5, ge=0)
     libbpf: str = ""
     """The libbpf shared library the kernel offload loads; empty: the system's `libbpf.so.1`."""
     offload_object: str = ""
@@ -185,6 +191,8 @@ class StunnerdSettings(ProcessSettings):
     """The cluster-wide user quota; None: each process counts its own allocations."""
     admin: AdminSettings = AdminSettings()
     """How the health and metrics servers listen."""
+    worker_timeouts: WorkerTimeouts = WorkerTimeouts()
+    """How long the supervisor waits on its worker processes (`--udp-thread-num`)."""
 
     def relay_address_list(self) -> tuple[str, ...]:
         return relay_address_list(self.relay_addresses)
@@ -193,7 +201,13 @@ class StunnerdSettings(ProcessSettings):
 _FlatSettings: type[ProcessSettings] = create_model(
     "StunnerdSettings",
     __base__=ProcessSettings,
-    **{**TUNING.settings(), **LIMITS.settings(), **QUOTA.settings(), **ADMIN.settings()},
+    **{
+        **TUNING.settings(),
+        **LIMITS.settings(),
+        **QUOTA.settings(),
+        **ADMIN.settings(),
+        **WORKER_TIMEOUTS.settings(),
+    },
 )
 """What the environment and the flags set: the process's settings and each group's, flat."""
 
@@ -208,6 +222,7 @@ def _from_flat(flat: ProcessSettings) -> StunnerdSettings:
             "limits": LIMITS.build(values),
             "quota": quota if quota.redis_url else None,
             "admin": ADMIN.build(values),
+            "worker_timeouts": WORKER_TIMEOUTS.build(values),
         }
     )
 
