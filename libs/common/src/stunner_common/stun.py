@@ -70,6 +70,8 @@ class Method(enum.IntEnum):
 
 TCP_METHODS = frozenset({Method.CONNECT, Method.CONNECTION_BIND, Method.CONNECTION_ATTEMPT})
 KNOWN_METHODS = frozenset(int(m) for m in Method)
+_METHOD_BY_NUMBER: dict[int, Method] = {int(m): m for m in Method}  # faster than Method(n)
+_CLASS_BY_BITS: dict[int, Class] = {int(c): c for c in Class}
 
 
 # -- the attributes aioice lacks -------------------------------------------------------------
@@ -289,8 +291,8 @@ def parse(data: bytes, *, known_methods_only: bool = False) -> Parsed:
     if walk.error is not None:
         raise StunFormatError(walk.error, msg_type, tid)
     message = Message(
-        Method(method) if method in KNOWN_METHODS else method,
-        Class(msg_type & 0x0110),
+        _METHOD_BY_NUMBER.get(method, method),
+        _CLASS_BY_BITS[msg_type & 0x0110],
         tid,
         walk.attributes,
         walk.integrity_data,
