@@ -54,7 +54,7 @@ Rejected = Callable[[str, int | None, str | None], None]
 """Told of a config an origin refused as a whole: (reason, revision, epoch)."""
 
 
-def ignore_rejection(reason: str, revision: int | None, epoch: str | None) -> None:
+def ignore_rejection(reason: str, revision: int | None, epoch: str | None, /) -> None:
     return None
 
 

@@ -35,13 +35,7 @@ from stunner_common.cds import (
     TokenSource,
 )
 from stunner_common.config import ConfigError, is_zero_config, parse_config, zero_config
-from stunnerd.origin.base import (
-    ConfigEvent,
-    ConfigOriginError,
-    Rejected,
-    ignore_rejection,
-    loaded_event,
-)
+from stunnerd.origin.base import ConfigEvent, ConfigOriginError, ignore_rejection, loaded_event
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +93,7 @@ class CdsOrigin:
         self._suppress_delete = suppress_delete
         # Delta-protocol state: the raw config as the server holds it, kept across reconnects.
         self._state = DeltaState()
-        self.on_rejected: Rejected = ignore_rejection
+        self.on_rejected = ignore_rejection
 
     @property
     def ident(self) -> str:

@@ -16,13 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from stunner_common.config import ConfigError, is_zero_config, parse_config
-from stunnerd.origin.base import (
-    ConfigEvent,
-    ConfigOriginError,
-    Rejected,
-    ignore_rejection,
-    loaded_event,
-)
+from stunnerd.origin.base import ConfigEvent, ConfigOriginError, ignore_rejection, loaded_event
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +49,7 @@ class FileOrigin:
         self._suppress_delete = suppress_delete
         self.skipped = 0
         """File versions seen but not emitted (empty, unreadable, invalid or a delete)."""
-        self.on_rejected: Rejected = ignore_rejection
+        self.on_rejected = ignore_rejection
 
     @property
     def name(self) -> str:
