@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,17 @@ from stunnerd.cli import build_parser
 from stunnerd.origin.base import ConfigOriginError
 from stunnerd.origin.cds import CdsOrigin
 from stunnerd.origin.file import FileOrigin
-from stunnerd.settings import StunnerdSettings, load_settings
+from stunnerd.settings import (
+    ADMIN,
+    LIMITS,
+    QUOTA,
+    TUNING,
+    WORKER_TIMEOUTS,
+    Group,
+    ProcessSettings,
+    StunnerdSettings,
+    load_settings,
+)
 
 
 def test_the_origin_flag_beats_the_environment_which_beats_the_default() -> None:
@@ -189,3 +200,45 @@ def test_only_the_settings_module_reads_the_environment() -> None:
     root = Path(stunnerd.__file__).parent
     reads = {str(path.relative_to(root)): _environment_reads(path) for path in root.rglob("*.py")}
     assert {name: lines for name, lines in reads.items() if lines}.keys() == {"settings.py"}
+
+
+GROUPS: dict[str, Group[Any]] = {
+    "tuning": TUNING,
+    "limits": LIMITS,
+    "quota": QUOTA,
+    "admin": ADMIN,
+    "worker_timeouts": WORKER_TIMEOUTS,
+}
+
+
+def _load(env: dict[str, str]) -> StunnerdSettings:
+    return load_settings(env, config=None, watch=False, turn_uri=None, ident="a/b")
+
+
+def _other_value(default: Any) -> Any:
+    """A valid value that is not the default, as the environment would spell it."""
+    if default is None:
+        return "1234"
+    if isinstance(default, bool):
+        return "0" if default else "1"
+    if isinstance(default, str):
+        return "redis://h:6379/0"
+    return str(default + 1)
+
+
+def test_each_group_field_has_a_variable_of_its_own() -> None:
+    names = [name for group in GROUPS.values() for name in group.settings()]
+    assert len(names) == len(set(names))
+    assert not set(names) & set(ProcessSettings.model_fields)
+
+
+@pytest.mark.parametrize(
+    ("attr", "setting"),
+    [(attr, name) for attr, group in GROUPS.items() for name in group.settings()],
+)
+def test_every_group_field_is_read_from_its_variable(attr: str, setting: str) -> None:
+    _, default = GROUPS[attr].settings()[setting]
+    base = {"STUNNERD_QUOTA_REDIS_URL": "redis://base:6379/0"} if attr == "quota" else {}
+    env = {**base, f"STUNNERD_{setting.upper()}": _other_value(default)}
+    built = getattr(_load(env), attr)
+    assert built != getattr(_load(base), attr)
