@@ -56,7 +56,7 @@ class Group(Generic[G]):
         """(field name, annotation, default) of each field of `cls`."""
         hints = get_type_hints(self.cls, include_extras=True)
         return [
-            (f.name, hints[f.name], f.default)
+            (f.name, hints[f.name], _default(f))
             for f in dataclasses.fields(self.cls)  # type: ignore[arg-type]
         ]
 
@@ -85,6 +85,12 @@ class Group(Generic[G]):
             for name, hint, _ in self._fields()
         }
         return self.cls(**kwargs)
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 TUNING = Group(ServerTuning)
