@@ -76,16 +76,25 @@ def report_kernel_path(runs: Runs, bpf_insns: int) -> None:
                 f"{load}: offloaded: BPF program {_span(ns)} ns per relayed packet "
                 f"({_span(runs_per)} runs each; {bpf_insns} instructions xlated)"
             )
-        for (name, each), series in runs.items():
-            if each != load:
-                continue
-            counts = [r.insns_per_packet for r in series]
-            shown = (
-                _span([c for c in counts if c is not None])
-                if all(c is not None for c in counts)
-                else "n/a (no hardware counter)"
-            )
-            print(f"{load}: {name}: instructions per relayed packet (machine) {shown}")
+        _instructions(runs, load)
+
+
+def _instructions(runs: Runs, load: str) -> None:
+    """Machine-wide instructions per relayed packet for each mode, where perf counted them."""
+    counted = {
+        name: [c for c in (r.insns_per_packet for r in series) if c is not None]
+        for (name, each), series in runs.items()
+        if each == load
+    }
+    if not any(counted.values()):
+        print(
+            f"{load}: instructions per relayed packet: no hardware counter here (the C fast "
+            "path's own: `python -m bench fastpath`, callgrind)"
+        )
+        return
+    for name, counts in counted.items():
+        shown = _span(counts) if counts else "n/a"
+        print(f"{load}: {name}: instructions per relayed packet (machine) {shown}")
 
 
 def _coturn_ratios(runs: Runs, load: str, prefix: str) -> None:
