@@ -20,14 +20,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import ValidationError
-
 from stunner_common import logs
 from stunner_common.cli import (
     CDS_ADDR_ENV,
     DEFAULT_CDS_ADDRESS,
     add_version_argument,
-    validation_message,
 )
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.runtime import run as run_loop
@@ -35,15 +32,14 @@ from turncat.carrier import TlsOptions
 from turncat.cds import cds_endpoint, kube_options, resolve_k8s
 from turncat.errors import (
     EXIT_BAD_INPUT,
-    EXIT_FAILURE,
     EXIT_OK,
     BadInputError,
-    TurncatError,
     UnreachableError,
+    exit_status,
 )
 from turncat.relay import Tunnel
 from turncat.session import CredentialSource, DataCallback, LostCallback, TurnSession
-from turncat.settings import TurncatSettings, process_environment
+from turncat.settings import TurncatSettings, load_settings, process_environment
 from turncat.uri import K8sTarget, LocalAddress, parse_local, parse_peer, parse_server
 
 log = logging.getLogger(__name__)
@@ -270,23 +266,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ca and not os.path.isfile(args.ca):
         print(f"turncat: CA file {args.ca!r} does not exist", file=sys.stderr)
         return EXIT_BAD_INPUT
-    try:
+
+    def body() -> int:
         configure_logging("all:DEBUG" if args.verbose else args.log)
-        try:
-            settings = TurncatSettings()
-        except ValidationError as exc:
-            raise BadInputError(f"invalid TURNCAT_* setting: {validation_message(exc)}") from None
-        run_loop(run(args, settings))
-    except TurncatError as exc:
-        print(f"turncat: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
+        run_loop(run(args, load_settings()))
         return EXIT_OK
-    except Exception as exc:
-        log.debug("unexpected failure", exc_info=True)
-        print(f"turncat: unexpected error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
+
+    return exit_status("turncat", body, interrupted=EXIT_OK)
 
 
 __all__ = ["EXIT_BAD_INPUT", "add_kube_arguments", "build_parser", "main"]

@@ -7,6 +7,12 @@ turns it into one line on stderr and a distinct exit code.
 
 from __future__ import annotations
 
+import logging
+import sys
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
@@ -73,3 +79,19 @@ class PeerConnectFailedError(TurnError):
     Already Exists)."""
 
     exit_code = EXIT_PEER_CONNECT_FAILED
+
+
+def exit_status(prog: str, body: Callable[[], int], *, interrupted: int) -> int:
+    """Run a command's `body` and turn how it ends into the exit status: a `TurncatError` as one
+    line on stderr and its code, Ctrl-C as `interrupted`, anything else as one line and 1."""
+    try:
+        return body()
+    except TurncatError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return interrupted
+    except Exception as exc:
+        log.debug("unexpected failure", exc_info=True)
+        print(f"{prog}: unexpected error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE

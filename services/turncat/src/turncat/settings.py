@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from stunner_common.cli import validation_message
+from turncat.errors import BadInputError
 
 OPERATOR_ADDR_ENV = "STUNNER_OPERATOR_ADDR"
 
@@ -57,3 +60,11 @@ def process_environment() -> dict[str, str]:
     `CDS_TOKEN[_FILE]`, `CDS_SERVER_NAMESPACE`, `KUBECONFIG`, `HOME` and `PATH` for a
     kubeconfig's credential plugin): the only place turncat and stunnerctl read it."""
     return dict(os.environ)
+
+
+def load_settings() -> TurncatSettings:
+    """The settings from the environment; an invalid value is bad input, said in one line."""
+    try:
+        return TurncatSettings()
+    except ValidationError as exc:
+        raise BadInputError(f"invalid TURNCAT_* setting: {validation_message(exc)}") from None

@@ -31,15 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
-
 from stunner_common import logs
 from stunner_common.cds import CdsClient, CdsHttpError, CdsUnreachableError
 from stunner_common.cds.client import CdsAddressError
 from stunner_common.cli import (
     CDS_ADDR_ENV,
     add_version_argument,
-    validation_message,
 )
 from stunner_common.config import ConfigError, StunnerConfig, parse_config
 from stunner_common.kube_forward import KubeApi
@@ -65,9 +62,14 @@ from turncat.errors import (
     EXIT_OK,
     BadInputError,
     LookupFailedError,
-    TurncatError,
+    exit_status,
 )
-from turncat.settings import OPERATOR_ADDR_ENV, TurncatSettings, process_environment
+from turncat.settings import (
+    OPERATOR_ADDR_ENV,
+    TurncatSettings,
+    load_settings,
+    process_environment,
+)
 
 log = logging.getLogger(__name__)
 
@@ -388,7 +390,8 @@ async def run_with(args: argparse.Namespace, client: CdsClient, cds: Lookup) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+
+    def body() -> int:
         spec = "all:DEBUG" if _option(args, "verbose", False) else _option(args, "log", "all:WARN")
         if not parse_log_spec(spec):
             raise BadInputError(f"invalid log spec {spec!r}: expected scope:LEVEL[,...]")
@@ -399,20 +402,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ca = _option(args, "ca", None)
         if ca and not os.path.isfile(ca):
             raise BadInputError(f"CA file {ca!r} does not exist")
-        try:
-            settings = TurncatSettings()
-        except ValidationError as exc:
-            raise BadInputError(f"invalid TURNCAT_* setting: {validation_message(exc)}") from None
-        return int(run_loop(run(args, settings)))
-    except TurncatError as exc:
-        print(f"stunnerctl: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return EXIT_FAILURE
-    except Exception as exc:
-        log.debug("unexpected failure", exc_info=True)
-        print(f"stunnerctl: unexpected error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return int(run_loop(run(args, load_settings())))
+
+    return exit_status("stunnerctl", body, interrupted=EXIT_FAILURE)
 
 
 if __name__ == "__main__":
