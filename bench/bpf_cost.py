@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.offload_probe import xlated_insns
 from stunnerd.offload.datapath import PROG_TC, default_object_path
-from stunnerd.offload.libbpf import BpfMap, BpfObject, Libbpf, OffloadError
+from stunnerd.offload.libbpf import BpfMap, BpfObject, Libbpf, OffloadError, run_program
 from stunnerd.offload.maps import client_key, fwd, peer_key
 
 REPEAT = 1000
@@ -34,28 +34,6 @@ CHANNEL = 0x4001
 CLIENT, LISTENER = ("10.0.0.2", 40000), ("10.0.0.1", 3478)
 RELAY, PEER = ("10.0.1.1", 49170), ("10.0.1.2", 50000)
 MACS = (b"\x02\x00\x00\x00\x00\x01", b"\x02\x00\x00\x00\x00\x02")
-
-
-class _TestRunOpts(ctypes.Structure):
-    """libbpf's `struct bpf_test_run_opts` (its own size first)."""
-
-    _fields_ = [
-        ("sz", ctypes.c_size_t),
-        ("data_in", ctypes.c_void_p),
-        ("data_out", ctypes.c_void_p),
-        ("data_size_in", ctypes.c_uint32),
-        ("data_size_out", ctypes.c_uint32),
-        ("ctx_in", ctypes.c_void_p),
-        ("ctx_out", ctypes.c_void_p),
-        ("ctx_size_in", ctypes.c_uint32),
-        ("ctx_size_out", ctypes.c_uint32),
-        ("retval", ctypes.c_uint32),
-        ("repeat", ctypes.c_int),
-        ("duration", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("batch_size", ctypes.c_uint32),
-    ]
 
 
 def _csum(data: bytes) -> int:
@@ -91,28 +69,9 @@ def fill_cycle(obj: BpfObject) -> None:
 
 
 def ns_per_run(prog_fd: int, frame: bytes) -> tuple[float, int]:
-    """The least ns per run over CALLS calls of REPEAT runs, and the last call's return value."""
-    lib = Libbpf.get().lib
-    run = lib.bpf_prog_test_run_opts
-    run.restype, run.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_TestRunOpts)]
-    data_in = ctypes.create_string_buffer(frame, len(frame))
-    data_out = ctypes.create_string_buffer(2048)
-    samples = []
-    retval = 0
-    for _ in range(CALLS):
-        opts = _TestRunOpts(
-            sz=ctypes.sizeof(_TestRunOpts),
-            data_in=ctypes.cast(data_in, ctypes.c_void_p),
-            data_out=ctypes.cast(data_out, ctypes.c_void_p),
-            data_size_in=len(frame),
-            data_size_out=len(data_out),
-            repeat=REPEAT,
-        )
-        if run(prog_fd, ctypes.byref(opts)):
-            raise OffloadError(f"BPF_PROG_TEST_RUN failed (errno {ctypes.get_errno()})")
-        samples.append(opts.duration)
-        retval = opts.retval
-    return min(samples), retval
+    """The least ns per run over CALLS calls of REPEAT runs, and the last call's verdict."""
+    runs = [run_program(prog_fd, frame, REPEAT) for _ in range(CALLS)]
+    return min(r.ns_per_run for r in runs), runs[-1].verdict
 
 
 def _prog_id(prog_fd: int) -> int:

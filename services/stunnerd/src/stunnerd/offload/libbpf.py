@@ -15,6 +15,7 @@ import errno as errno_mod
 import os
 import threading
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 BPF_TC_INGRESS = 1
@@ -52,6 +53,17 @@ class _TcHook(_Opts):
 class _TcOpts(_Opts):
     _fields_ = [("sz", ctypes.c_size_t), ("prog_fd", _INT), ("flags", _U32), ("prog_id", _U32)]
     _fields_ += [("handle", _U32), ("priority", _U32), ("_pad", _U32)]
+
+
+class _TestRunOpts(_Opts):
+    """`struct bpf_test_run_opts`."""
+
+    _fields_ = [("sz", ctypes.c_size_t), ("data_in", ctypes.c_void_p)]
+    _fields_ += [("data_out", ctypes.c_void_p), ("data_size_in", _U32)]
+    _fields_ += [("data_size_out", _U32), ("ctx_in", ctypes.c_void_p)]
+    _fields_ += [("ctx_out", ctypes.c_void_p), ("ctx_size_in", _U32), ("ctx_size_out", _U32)]
+    _fields_ += [("retval", _U32), ("repeat", _INT), ("duration", _U32), ("flags", _U32)]
+    _fields_ += [("cpu", _U32), ("batch_size", _U32)]
 
 
 _PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
@@ -111,6 +123,7 @@ class Libbpf:
             "btf__type_by_id": (vp, [vp, u32]),
             "btf__name_by_offset": (ctypes.c_char_p, [vp, u32]),
             "btf__resolve_size": (ctypes.c_longlong, [vp, u32]),
+            "bpf_prog_test_run_opts": (i, [i, ctypes.POINTER(_TestRunOpts)]),
         }
         for fn, (restype, argtypes) in sigs.items():
             f = getattr(lib, fn)
@@ -223,6 +236,32 @@ class BpfMap:
                 return out
             out.append(nxt)
             prev = nxt
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramRun:
+    verdict: int  # the program's return value (TC_ACT_*, XDP_*)
+    ns_per_run: int  # the kernel's clock around its loop, per run
+    packet: bytes  # the packet as the last run left it
+
+
+def run_program(prog_fd: int, packet: bytes, repeat: int = 1) -> ProgramRun:
+    """Run a loaded program on `packet` in the kernel (BPF_PROG_TEST_RUN), `repeat` times on
+    the same buffer; nothing is sent, whatever the verdict. For tests and benchmarks."""
+    bpf = Libbpf.get()
+    data_in = ctypes.create_string_buffer(packet, len(packet))
+    data_out = ctypes.create_string_buffer(len(packet) + 256)
+    opts = _TestRunOpts(
+        data_in=ctypes.cast(data_in, ctypes.c_void_p),
+        data_out=ctypes.cast(data_out, ctypes.c_void_p),
+        data_size_in=len(packet),
+        data_size_out=len(data_out),
+        repeat=repeat,
+    )
+    rc = bpf.lib.bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts))
+    if rc:
+        raise bpf.error("BPF_PROG_TEST_RUN", rc)
+    return ProgramRun(opts.retval, opts.duration, data_out.raw[: opts.data_size_out])
 
 
 def prog_name(prog_id: int) -> str | None:
