@@ -94,6 +94,16 @@ def channel_entries(
     )
 
 
+def same_way(a: ChannelEntries, b: ChannelEntries) -> bool:
+    """Whether two channels' entries send alike (the same keys, addresses, interfaces, MAC
+    addresses and flags), whatever they counted."""
+    sends = Fwd.pad.offset  # everything before the owner tag and the counters
+    return bytes(a.client_key) + bytes(a.peer_key) == bytes(b.client_key) + bytes(b.peer_key) and (
+        bytes(a.to_peer)[:sends],
+        bytes(a.to_client)[:sends],
+    ) == (bytes(b.to_peer)[:sends], bytes(b.to_client)[:sends])
+
+
 @dataclass(frozen=True, slots=True)
 class Counters:
     packets: int

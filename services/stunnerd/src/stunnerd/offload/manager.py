@@ -16,17 +16,27 @@ shows `{"engine": ..., "active": false, "reason": ...}` and user space relays ev
 
 `poll()` (every `POLL_INTERVAL_S`, and before every status read) adds the kernel's per-entry
 packet and byte counts to the same traffic counters the user-space relay feeds, so the
-`stunner_listener_*` and `stunner_cluster_*` metrics cover both paths.
+`stunner_listener_*` and `stunner_cluster_*` metrics cover both paths. Every `PATH_REFRESH_S` it
+also works out each channel's way out again and rewrites the entries whose way changed: a
+neighbour resolved since the channel was installed (XDP can then relay it, TC skips the
+neighbour lookup), another MAC address behind the same IP address, another route.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stunnerd.offload.datapath import ChannelEntries, Counters, Datapath, channel_entries
+from stunnerd.offload.datapath import (
+    ChannelEntries,
+    Counters,
+    Datapath,
+    channel_entries,
+    same_way,
+)
 from stunnerd.offload.libbpf import OffloadError
 from stunnerd.offload.routes import RouteError
 
@@ -36,6 +46,7 @@ Address = tuple[str, int]
 Traffic = list[int]  # [rx packets, rx bytes, tx packets, tx bytes], as net.listener keeps them
 ENGINES = ("None", "TC", "XDP", "Auto")
 POLL_INTERVAL_S = 2.0
+PATH_REFRESH_S = 30.0
 CHANNEL_HEADER_BYTES = 4
 ChannelId = tuple[str, Address, int]  # listener name, client address, channel number
 
@@ -71,6 +82,7 @@ class OffloadManager:
         self.channels: dict[ChannelId, _Channel] = {}
         self.packets = 0  # relayed by the kernel since start, both directions
         self.bytes = 0
+        self._paths_checked = time.monotonic()
 
     @property
     def active(self) -> bool:
@@ -178,6 +190,8 @@ class OffloadManager:
             entries = channel_entries(
                 client, chan.listener_addr, number, chan.peer, chan.relay_addr
             )
+            if chan.entries is not None and same_way(entries, chan.entries):
+                return
             self.datapath.put(entries)
         except (RouteError, OffloadError, OSError) as exc:
             if log.isEnabledFor(logging.DEBUG):
@@ -198,6 +212,12 @@ class OffloadManager:
         """Fold what the kernel counted since the last poll into the traffic counters."""
         if self.datapath is None:
             return
+        now = time.monotonic()
+        if now - self._paths_checked >= PATH_REFRESH_S:
+            self._paths_checked = now
+            for key, chan in self.channels.items():
+                if chan.entries is not None:
+                    self._install(key, chan)  # rewritten only where the way out changed
         dp = self.datapath
         for chan in self.channels.values():
             if chan.entries is not None:
