@@ -95,6 +95,12 @@ class TableDataplane:
     def worker_status(self) -> None:
         return None
 
+    def offload_status(self) -> dict[str, Any]:
+        return {}
+
+    def quota_status(self) -> dict[str, Any] | None:
+        return None
+
     async def allocations(self) -> int:
         return 0
 
