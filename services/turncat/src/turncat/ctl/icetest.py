@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import struct
@@ -59,6 +60,73 @@ async def resolve_address(host: str, port: int, family: int = socket.AF_UNSPEC) 
     return str(infos[0][4][0]), int(infos[0][4][1])
 
 
+class _Echoes:
+    """Numbered probes out, their echoes matched back by run tag and number."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.tag = os.urandom(8)
+        self.sent = 0
+        self.sent_at: dict[int, float] = {}
+        self.rtts: list[float] = []
+        self.all_back = asyncio.Event()
+
+    @staticmethod
+    def clock() -> float:
+        return time.perf_counter()  # uvloop's loop.time() has millisecond steps: too coarse
+
+    def probe(self, number: int) -> bytes:
+        self.sent_at[number] = self.clock()
+        self.sent += 1
+        return PROBE.pack(self.tag, number)
+
+    def on_data(self, data: bytes) -> None:
+        if len(data) != PROBE.size:
+            return
+        got_tag, number = PROBE.unpack(data)
+        started = self.sent_at.pop(number, None) if got_tag == self.tag else None
+        if started is not None:
+            self.rtts.append(self.clock() - started)
+            if len(self.rtts) == self.count:
+                self.all_back.set()
+
+    def summary(self, max_loss: float, error: str | None) -> dict[str, Any]:
+        rtts = sorted(self.rtts)
+        loss = round(1 - len(rtts) / self.sent, 4) if self.sent else 1.0
+        return {
+            "sent": self.sent,
+            "received": len(rtts),
+            "loss": loss,
+            "rtt_p50_ms": round(percentile(rtts, 0.50) * 1000, 3) if rtts else None,
+            "rtt_p99_ms": round(percentile(rtts, 0.99) * 1000, 3) if rtts else None,
+            "ok": error is None and bool(rtts) and loss <= max_loss,
+            "error": error,
+        }
+
+
+def _session(
+    config: StunnerConfig,
+    listener: ListenerConfig,
+    peer: tuple[str, int],
+    server: tuple[str, int],
+    host: str,
+    tls: TlsOptions,
+    settings: TurncatSettings,
+    echoes: _Echoes,
+) -> TurnSession:
+    transport = TRANSPORT_BY_PROTOCOL[listener.protocol]
+    return TurnSession(
+        transport=transport,
+        server=server,
+        peer=peer,
+        credentials=credential_source(config),
+        tls=tls if tls.sni or _is_ip(host) else TlsOptions(tls.insecure, host, tls.ca_file),
+        settings=settings,
+        on_data=echoes.on_data,
+        name=f"icetest {listener.name}",
+    )
+
+
 async def probe_listener(
     config: StunnerConfig,
     listener: ListenerConfig,
@@ -78,30 +146,9 @@ async def probe_listener(
         "protocol": listener.protocol,
         "server": None,
         "peer": f"{peer[0]}:{peer[1]}",
-        "sent": 0,
-        "received": 0,
-        "loss": 1.0,
-        "rtt_p50_ms": None,
-        "rtt_p99_ms": None,
-        "ok": False,
-        "error": None,
     }
-    clock = time.perf_counter  # uvloop's loop.time() has millisecond steps: too coarse for RTTs
-    tag = os.urandom(8)
-    sent_at: dict[int, float] = {}
-    rtts: list[float] = []
-    all_back = asyncio.Event()
-
-    def on_data(data: bytes) -> None:
-        if len(data) != PROBE.size:
-            return
-        got_tag, number = PROBE.unpack(data)
-        started = sent_at.pop(number, None) if got_tag == tag else None
-        if started is not None:
-            rtts.append(clock() - started)
-            if len(rtts) == count:
-                all_back.set()
-
+    echoes = _Echoes(count)
+    error: str | None = None
     session: TurnSession | None = None
     try:
         transport = TRANSPORT_BY_PROTOCOL.get(listener.protocol)
@@ -110,42 +157,21 @@ async def probe_listener(
         host, port = listener_target(listener)
         result["server"] = f"{transport}://{host}:{port}"
         server = await resolve_address(host, port)
-        session = TurnSession(
-            transport=transport,
-            server=server,
-            peer=peer,
-            credentials=credential_source(config),
-            tls=tls if tls.sni or _is_ip(host) else TlsOptions(tls.insecure, host, tls.ca_file),
-            settings=settings,
-            on_data=on_data,
-            name=f"icetest {listener.name}",
-        )
+        session = _session(config, listener, peer, server, host, tls, settings, echoes)
         await session.open()
         for number in range(count):
-            sent_at[number] = clock()
-            session.send(PROBE.pack(tag, number))
-            result["sent"] += 1
+            session.send(echoes.probe(number))
             if number + 1 < count:
                 await asyncio.sleep(interval_s)
-        try:
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait_s):
-                await all_back.wait()
-        except TimeoutError:
-            pass
+                await echoes.all_back.wait()
     except TurncatError as exc:
-        result["error"] = str(exc)
+        error = str(exc)
     finally:
         if session is not None:
             await session.close()
-    rtts.sort()
-    result["received"] = len(rtts)
-    if result["sent"]:
-        result["loss"] = round(1 - len(rtts) / result["sent"], 4)
-    if rtts:
-        result["rtt_p50_ms"] = round(percentile(rtts, 0.50) * 1000, 3)
-        result["rtt_p99_ms"] = round(percentile(rtts, 0.99) * 1000, 3)
-    result["ok"] = result["error"] is None and bool(rtts) and result["loss"] <= max_loss
-    return result
+    return result | echoes.summary(max_loss, error)
 
 
 def _is_ip(host: str) -> bool:
