@@ -4,56 +4,21 @@ Import from here: `StunnerConfig` and its parts, `parse_config` / `load_config_f
 `parse_endpoint`, `zero_config` / `is_zero_config`, `load_tls_pair`, and the `ConfigError` tree.
 """
 
+from stunner_common.config import model
 from stunner_common.config.derived import is_zero_config, zero_config
 from stunner_common.config.endpoint import MAX_PORT, Endpoint, parse_endpoint
 from stunner_common.config.errors import ConfigError, ConfigParseError, ConfigValidationError
-from stunner_common.config.model import (
-    API_VERSION,
-    DEFAULT_HEALTHCHECK_ENDPOINT,
-    DEFAULT_LOGLEVEL,
-    DEFAULT_PORT,
-    DEFAULT_REALM,
-    DEFAULT_STUNNER_NAME,
-    TLS_PROTOCOLS,
-    AdminConfig,
-    AuthConfig,
-    AuthType,
-    ClusterConfig,
-    ClusterProtocol,
-    ClusterType,
-    LicenseConfig,
-    ListenerConfig,
-    ListenerProtocol,
-    OffloadEngine,
-    StunnerConfig,
-)
+from stunner_common.config.model import *  # noqa: F403  (its __all__: the models and defaults)
 from stunner_common.config.parse import expand_env_vars, load_config_file, parse_config
 from stunner_common.config.tls import TlsPair, load_tls_pair, self_signed_pair
 
 __all__ = [
-    "API_VERSION",
-    "DEFAULT_HEALTHCHECK_ENDPOINT",
-    "DEFAULT_LOGLEVEL",
-    "DEFAULT_PORT",
-    "DEFAULT_REALM",
-    "DEFAULT_STUNNER_NAME",
+    *model.__all__,
     "MAX_PORT",
-    "TLS_PROTOCOLS",
-    "AdminConfig",
-    "AuthConfig",
-    "AuthType",
-    "ClusterConfig",
-    "ClusterProtocol",
-    "ClusterType",
     "ConfigError",
     "ConfigParseError",
     "ConfigValidationError",
     "Endpoint",
-    "LicenseConfig",
-    "ListenerConfig",
-    "ListenerProtocol",
-    "OffloadEngine",
-    "StunnerConfig",
     "TlsPair",
     "expand_env_vars",
     "is_zero_config",
