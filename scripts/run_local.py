@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -481,6 +482,168 @@ def operator_ports(alloc: PortAllocator, args: argparse.Namespace) -> tuple[int,
     return out[0], out[1]
 
 
+@dataclass(frozen=True)
+class StackPorts:
+    """The ports main picks beside the flags' (operator health and metrics, media echo)."""
+
+    health: int
+    metrics: int
+    media: int
+
+
+def reserve_ports(args: argparse.Namespace, alloc: PortAllocator, redis_url: str) -> StackPorts:
+    """Every port the stack binds, checked before anything starts (one message for all)."""
+    wanted = [
+        ("CDS", args.cds_port, TCP, "--cds-port"),
+        ("auth service", args.auth_port, TCP, "--auth-port"),
+        ("UDP echo backend", args.echo_port, UDP, "--echo-port"),
+    ]
+    if not redis_url:
+        wanted.append(("Redis", args.redis_port, TCP, "--redis-port"))
+    problems = port_problems(alloc, [(w, p, k, f"move it with {flag}") for w, p, k, flag in wanted])
+    ports = StackPorts(0, 0, 0)
+    try:
+        health_port, metrics_port = operator_ports(alloc, args)
+        ports = StackPorts(health_port, metrics_port, alloc.allocate("media echo", args.media_port))
+    except PortError as exc:
+        problems.append(str(exc))
+    check_ports(problems)
+    return ports
+
+
+def start_services(
+    stack: Stack, rundir: Path, args: argparse.Namespace, ports: StackPorts, redis_url: str
+) -> OperatorLog:
+    """Redis (unless REDIS_URL), the echo backends, the operator, the CDS and the auth service."""
+    if redis_url:
+        operator_url = cds_url = redis_url
+    else:
+        operator_url, cds_url = start_redis(stack, rundir, args.redis_port)
+    stack.start(
+        "udp-echo", [str(BIN / "python"), "scripts/udp_echo.py", "--port", str(args.echo_port)]
+    )
+    stack.start(
+        "stunner-operator",
+        [
+            str(BIN / "stunner-operator"),
+            "--manifests",
+            args.manifests,
+            "--health-address",
+            f"127.0.0.1:{ports.health}",
+            "--metrics-address",
+            f"127.0.0.1:{ports.metrics}",
+        ],
+        {"REDIS_URL": operator_url},
+    )
+    operator_log = OperatorLog(rundir / "stunner-operator.log")
+    stack.start(
+        "stunner-cds",
+        [str(BIN / "stunner-cds"), "--host", "127.0.0.1", "--port", str(args.cds_port)],
+        {"REDIS_URL": cds_url},
+    )
+    if not wait_tcp(args.cds_port):
+        raise SystemExit(f"stunner-cds did not start: see {rundir / 'stunner-cds.log'}")
+    stack.start(
+        "stunner-auth",
+        [
+            str(BIN / "stunner-auth"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(args.auth_port),
+            "--cds-server-address",
+            f"http://127.0.0.1:{args.cds_port}",
+        ],
+        # The browser call's page fetches /ice from the media echo's origin.
+        {"AUTH_CORS_ORIGINS": f"http://127.0.0.1:{ports.media},http://localhost:{ports.media}"},
+    )
+    ice = f"http://127.0.0.1:{args.auth_port}/ice?service=turn&iceTransportPolicy=relay"
+    stack.start(
+        "media-echo",
+        [
+            str(BIN / "python"),
+            "scripts/media_echo.py",
+            "--port",
+            str(ports.media),
+            "--ice-url",
+            ice,
+        ],
+    )
+    return operator_log
+
+
+def wait_for_gateways(
+    stack: Stack, rundir: Path, gateways: Gateways, operator_log: OperatorLog
+) -> None:
+    """Until the operator's first Gateways run (20 s at most), or say why none does."""
+    deadline = time.monotonic() + 20
+    while not gateways.ports and time.monotonic() < deadline:
+        if failed := stack.exited():
+            raise SystemExit(f"{failed} exited: see {rundir / (failed + '.log')}")
+        gateways.sync()
+        time.sleep(0.2)
+    for line in operator_log.poll():
+        print(f"  {line}")
+    if not gateways.ports and not gateways.reported:
+        raise SystemExit(f"the operator rendered no Gateway: see {rundir / 'stunner-operator.log'}")
+
+
+def print_welcome(
+    args: argparse.Namespace, rundir: Path, ports: StackPorts, gateways: Gateways, redis_url: str
+) -> None:
+    """The table of what runs where, and two commands to try."""
+    cds_addr = f"127.0.0.1:{args.cds_port}"
+    rows = [row for gw in gateways.running for row in gateways.rows(gw)]
+    gateways.metrics_changes()  # the table shows them
+    rows += [
+        ("CDS", f"http://{cds_addr}/api/v1/configs"),
+        ("CDS metrics", f"http://{cds_addr}/metrics"),
+        ("auth service", f"http://127.0.0.1:{args.auth_port}/ice?service=turn"),
+        ("operator", f"http://127.0.0.1:{ports.health}/gateways  /healthz  /readyz"),
+        ("operator metrics", f"http://127.0.0.1:{ports.metrics}/metrics"),
+        (
+            "Redis",
+            f"127.0.0.1:{args.redis_port} (users and passwords in {rundir}/redis.conf)"
+            if not redis_url
+            else "REDIS_URL",
+        ),
+        ("UDP echo backend", f"udp://127.0.0.1:{args.echo_port}"),
+        ("browser call (WebRTC echo)", f"http://127.0.0.1:{ports.media}/"),
+        ("logs", str(rundir)),
+    ]
+    print(f"\nGateways: {', '.join(gateways.running) or 'none running yet'}")
+    print_table(rows)
+    uris = turn_uris(gateways.configs[gateways.running[0]]) if gateways.running else []
+    first = uris[0] if uris else "turn:127.0.0.1:3478"
+    print(
+        f"Try: {BIN}/turncat - '{first.replace('turn:', 'turn://user-1:pass-1@', 1)}' "
+        f"udp://127.0.0.1:{args.echo_port}"
+    )
+    ctl = [str(BIN / "stunnerctl")]
+    if args.cds_port != DEFAULT_CDS_PORT:
+        ctl += ["--cds", cds_addr]
+    if ports.health != 8081:
+        ctl += ["--operator", f"127.0.0.1:{ports.health}"]
+    print(f"     {' '.join(ctl)} status")
+
+
+def follow(stack: Stack, gateways: Gateways, operator_log: OperatorLog) -> str:
+    """Report Gateway and metrics changes until a process of the stack exits; its name."""
+    while (failed := stack.exited()) is None:
+        added, removed = gateways.sync()
+        for gw in removed:
+            print(f"Gateway {gw} left the manifests: its stunnerd is stopped")
+        for gw in added:
+            print(f"Gateway {gw} appeared: a stunnerd serves it")
+            print_table(gateways.rows(gw))
+        for gw, url in gateways.metrics_changes():
+            print(f"stunnerd {gw} metrics: {url or 'off'}")
+        for line in operator_log.poll():
+            print(f"  {line}")
+        time.sleep(0.5)
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if isinstance(sys.stdout, io.TextIOWrapper):
@@ -493,138 +656,18 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _interrupt)
     redis_url = os.environ.get("REDIS_URL", "")
     alloc = PortAllocator()
-    wanted = [
-        ("CDS", args.cds_port, TCP, "--cds-port"),
-        ("auth service", args.auth_port, TCP, "--auth-port"),
-        ("UDP echo backend", args.echo_port, UDP, "--echo-port"),
-    ]
-    if not redis_url:
-        wanted.append(("Redis", args.redis_port, TCP, "--redis-port"))
-    problems = port_problems(alloc, [(w, p, k, f"move it with {flag}") for w, p, k, flag in wanted])
-    try:
-        health_port, metrics_port = operator_ports(alloc, args)
-        media_port = alloc.allocate("media echo", args.media_port)
-    except PortError as exc:
-        problems.append(str(exc))
-    check_ports(problems)
+    ports = reserve_ports(args, alloc, redis_url)
     base.mkdir(parents=True, exist_ok=True)
     rundir = new_rundir(base)
     (base / PIDFILE).write_text(f"{os.getpid()}\n")
     stack = Stack(rundir)
     print("Starting the local STUNner stack (Ctrl-C or `make stop` to stop)")
     try:
-        if redis_url:
-            operator_url = cds_url = redis_url
-        else:
-            operator_url, cds_url = start_redis(stack, rundir, args.redis_port)
-        stack.start(
-            "udp-echo", [str(BIN / "python"), "scripts/udp_echo.py", "--port", str(args.echo_port)]
-        )
-        stack.start(
-            "stunner-operator",
-            [
-                str(BIN / "stunner-operator"),
-                "--manifests",
-                args.manifests,
-                "--health-address",
-                f"127.0.0.1:{health_port}",
-                "--metrics-address",
-                f"127.0.0.1:{metrics_port}",
-            ],
-            {"REDIS_URL": operator_url},
-        )
-        operator_log = OperatorLog(rundir / "stunner-operator.log")
-        stack.start(
-            "stunner-cds",
-            [str(BIN / "stunner-cds"), "--host", "127.0.0.1", "--port", str(args.cds_port)],
-            {"REDIS_URL": cds_url},
-        )
-        if not wait_tcp(args.cds_port):
-            raise SystemExit(f"stunner-cds did not start: see {rundir / 'stunner-cds.log'}")
-        cds_addr = f"127.0.0.1:{args.cds_port}"
-        stack.start(
-            "stunner-auth",
-            [
-                str(BIN / "stunner-auth"),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(args.auth_port),
-                "--cds-server-address",
-                f"http://{cds_addr}",
-            ],
-            # The browser call's page fetches /ice from the media echo's origin.
-            {"AUTH_CORS_ORIGINS": f"http://127.0.0.1:{media_port},http://localhost:{media_port}"},
-        )
-        ice = f"http://127.0.0.1:{args.auth_port}/ice?service=turn&iceTransportPolicy=relay"
-        stack.start(
-            "media-echo",
-            [
-                str(BIN / "python"),
-                "scripts/media_echo.py",
-                "--port",
-                str(media_port),
-                "--ice-url",
-                ice,
-            ],
-        )
+        operator_log = start_services(stack, rundir, args, ports, redis_url)
         gateways = Gateways(stack, alloc, args.cds_port, args.health_port, args.metrics_port)
-        deadline = time.monotonic() + 20
-        while not gateways.ports and time.monotonic() < deadline:
-            if failed := stack.exited():
-                raise SystemExit(f"{failed} exited: see {rundir / (failed + '.log')}")
-            gateways.sync()
-            time.sleep(0.2)
-        for line in operator_log.poll():
-            print(f"  {line}")
-        if not gateways.ports and not gateways.reported:
-            raise SystemExit(
-                f"the operator rendered no Gateway: see {rundir / 'stunner-operator.log'}"
-            )
-        rows = [row for gw in gateways.running for row in gateways.rows(gw)]
-        gateways.metrics_changes()  # the table shows them
-        rows += [
-            ("CDS", f"http://{cds_addr}/api/v1/configs"),
-            ("CDS metrics", f"http://{cds_addr}/metrics"),
-            ("auth service", f"http://127.0.0.1:{args.auth_port}/ice?service=turn"),
-            ("operator", f"http://127.0.0.1:{health_port}/gateways  /healthz  /readyz"),
-            ("operator metrics", f"http://127.0.0.1:{metrics_port}/metrics"),
-            (
-                "Redis",
-                f"127.0.0.1:{args.redis_port} (users and passwords in {rundir}/redis.conf)"
-                if not redis_url
-                else "REDIS_URL",
-            ),
-            ("UDP echo backend", f"udp://127.0.0.1:{args.echo_port}"),
-            ("browser call (WebRTC echo)", f"http://127.0.0.1:{media_port}/"),
-            ("logs", str(rundir)),
-        ]
-        print(f"\nGateways: {', '.join(gateways.running) or 'none running yet'}")
-        print_table(rows)
-        uris = turn_uris(gateways.configs[gateways.running[0]]) if gateways.running else []
-        first = uris[0] if uris else "turn:127.0.0.1:3478"
-        print(
-            f"Try: {BIN}/turncat - '{first.replace('turn:', 'turn://user-1:pass-1@', 1)}' "
-            f"udp://127.0.0.1:{args.echo_port}"
-        )
-        ctl = [str(BIN / "stunnerctl")]
-        if args.cds_port != DEFAULT_CDS_PORT:
-            ctl += ["--cds", cds_addr]
-        if health_port != 8081:
-            ctl += ["--operator", f"127.0.0.1:{health_port}"]
-        print(f"     {' '.join(ctl)} status")
-        while (failed := stack.exited()) is None:
-            added, removed = gateways.sync()
-            for gw in removed:
-                print(f"Gateway {gw} left the manifests: its stunnerd is stopped")
-            for gw in added:
-                print(f"Gateway {gw} appeared: a stunnerd serves it")
-                print_table(gateways.rows(gw))
-            for gw, url in gateways.metrics_changes():
-                print(f"stunnerd {gw} metrics: {url or 'off'}")
-            for line in operator_log.poll():
-                print(f"  {line}")
-            time.sleep(0.5)
+        wait_for_gateways(stack, rundir, gateways, operator_log)
+        print_welcome(args, rundir, ports, gateways, redis_url)
+        failed = follow(stack, gateways, operator_log)
         print(f"{failed} exited: see {rundir / (failed + '.log')}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
