@@ -112,6 +112,15 @@ def _enum_field(
     return field_validator(field, mode="before")(check)
 
 
+def _or_default(field: str, default: str) -> Any:
+    """A validator that reads an empty string field as ``default``."""
+
+    def check(cls: type, value: str) -> str:
+        return value or default
+
+    return field_validator(field, mode="after")(check)
+
+
 def _name_field(what: str) -> Any:
     """A validator that refuses an empty ``name`` (``missing name in <what> configuration``)."""
 
@@ -142,15 +151,8 @@ class AdminConfig(_Model):
     offload_interfaces: tuple[StrictStr, ...] = ()
     license_config: LicenseConfig | None = None
 
-    @field_validator("name", mode="after")
-    @classmethod
-    def _default_name(cls, value: str) -> str:
-        return value or DEFAULT_STUNNER_NAME
-
-    @field_validator("loglevel", mode="after")
-    @classmethod
-    def _default_loglevel(cls, value: str) -> str:
-        return value or DEFAULT_LOGLEVEL
+    _default_name = _or_default("name", DEFAULT_STUNNER_NAME)
+    _default_loglevel = _or_default("loglevel", DEFAULT_LOGLEVEL)
 
     @field_validator("metrics_endpoint", mode="after")
     @classmethod
@@ -193,10 +195,7 @@ class AuthConfig(_Model):
         "type", "static", _AUTH_TYPES, "unknown authentication type", fold="none"
     )
 
-    @field_validator("realm", mode="after")
-    @classmethod
-    def _default_realm(cls, value: str) -> str:
-        return value or DEFAULT_REALM
+    _default_realm = _or_default("realm", DEFAULT_REALM)
 
     @field_validator("credentials", mode="after")
     @classmethod
