@@ -10,8 +10,8 @@ render read, so the engine knows exactly which renders an event can change.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 from stunner_common.crds import (
     EndpointSlice,
@@ -158,30 +158,26 @@ class ObjectStore:
         return touched
 
     def _index(self, key: ObjKey, obj: K8sObject) -> None:
-        if isinstance(obj, UDPRoute | UDPRouteV1A2):
-            for parent in route_parent_keys(obj):
-                self._routes_of[parent].add(key)
-        elif isinstance(obj, EndpointSlice):
-            self._slices_of[(key[1], obj.service_name)].add(key[2])
-        elif isinstance(obj, Service):
-            rel = related_gateway(obj)
-            if rel is not None:
-                self._services_of[rel].add((key[1], key[2]))
-        elif isinstance(obj, Gateway):
-            self._gateways_of_class[obj.spec.gateway_class_name].add((key[1], key[2]))
+        self._update_indexes(key, obj, set.add)
 
     def _unindex(self, key: ObjKey, obj: K8sObject) -> None:
+        self._update_indexes(key, obj, set.discard)
+
+    def _update_indexes(
+        self, key: ObjKey, obj: K8sObject, op: Callable[[set[Any], Any], None]
+    ) -> None:
+        """Add ``obj`` to (``set.add``) or remove it from (``set.discard``) the indexes."""
         if isinstance(obj, UDPRoute | UDPRouteV1A2):
             for parent in route_parent_keys(obj):
-                self._routes_of[parent].discard(key)
+                op(self._routes_of[parent], key)
         elif isinstance(obj, EndpointSlice):
-            self._slices_of[(key[1], obj.service_name)].discard(key[2])
+            op(self._slices_of[(key[1], obj.service_name)], key[2])
         elif isinstance(obj, Service):
             rel = related_gateway(obj)
             if rel is not None:
-                self._services_of[rel].discard((key[1], key[2]))
+                op(self._services_of[rel], (key[1], key[2]))
         elif isinstance(obj, Gateway):
-            self._gateways_of_class[obj.spec.gateway_class_name].discard((key[1], key[2]))
+            op(self._gateways_of_class[obj.spec.gateway_class_name], (key[1], key[2]))
 
 
 class View:
