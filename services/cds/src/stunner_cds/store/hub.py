@@ -11,7 +11,10 @@ A v2 resume (``since``) is honoured only in the epoch the client names; a snapsh
 queued in revision order, so a client cut off half-way resumes from the last one it got without
 missing any. When the store's history is lost (``reset``), every v2 watcher is closed: its
 revisions mean nothing any more, and it comes back for a full snapshot of the new epoch. v1
-watchers, which never see revisions, just get what changed.
+watchers, which never see revisions, just get what changed. A store rolled back within its epoch
+(an older copy came back) keeps that epoch's name until the publisher's next write renumbers it,
+but its revisions were given out twice: no resume in that epoch is honoured any more, so a client
+that had seen a revision the rolled-back store gives out again gets the whole snapshot.
 """
 
 from __future__ import annotations
@@ -170,6 +173,8 @@ class Hub:
         self._all: set[Watcher] = set()
         self._by_namespace: dict[str, set[Watcher]] = {}
         self._by_id: dict[str, set[Watcher]] = {}
+        self._unresumable_epoch: str | None = None
+        """An epoch whose store was rolled back: its revisions no longer name one state."""
 
     # --- subscriptions -------------------------------------------------------------------------
 
@@ -197,6 +202,7 @@ class Hub:
             mode is Mode.V2
             and since is not None
             and epoch == mirror.epoch
+            and epoch != self._unresumable_epoch
             and 0 <= since <= mirror.rev
         )
         if delta:
@@ -310,6 +316,8 @@ class Hub:
         watchers a store reset closed (see ``ConfigMirror.is_reset``)."""
         closed = 0
         if self.mirror.is_reset(snapshot):
+            if snapshot.epoch == self.mirror.epoch:
+                self._unresumable_epoch = snapshot.epoch
             closed = self.reset(f"config store reset (epoch {snapshot.epoch or 'none'}): resync")
         self.publish(self.mirror.load(snapshot))
         return closed
