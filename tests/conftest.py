@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -16,9 +17,14 @@ from support.redis_server import RedisServer, redis_server
 
 @pytest.fixture(scope="session", autouse=True)
 def _default_ports_taken() -> Iterator[None]:
-    """Tests never use a fixed port: the services' default ports are held for the whole run, so
-    a server a test starts without port 0 or a free port fails here as it would beside `make run`.
+    """Tests never use a fixed port: under CI (``CI`` set, as `.ci/run` does) the services'
+    default ports are held for the whole run, so a server a test starts without port 0 or a free
+    port fails there as it would beside `make run`. On a developer's machine they are left free:
+    `make run` must still start while a test run is going on.
     """
+    if not os.environ.get("CI") and not os.environ.get("STUNNER_TEST_HOLD_DEFAULT_PORTS"):
+        yield
+        return
     with default_ports_held():
         yield
 
