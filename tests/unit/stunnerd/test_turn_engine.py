@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from aioice import stun
 
+from stunnerd.net.adopt import allocation_of, record_of
 from stunnerd.turn import effects as fx
 from stunnerd.turn.allocation import (
     CHANNEL_LIFETIME_S,
@@ -1010,3 +1011,69 @@ def test_unknown_attributes_in_a_signed_request_get_420_after_authentication() -
     assert reply is not None
     assert code(reply) == 420
     assert reply.attributes["UNKNOWN-ATTRIBUTES"] == (0x7FFE,)
+
+
+# --------------------------------------------------------------------------- adoption
+
+
+def adopted_copy(engine: TurnEngine, client: Client, now: float, **kw: Any) -> TurnEngine:
+    """A fresh engine (a dead worker's replacement) that adopted `client`'s allocation from
+    its journal record; the client talks to it from now on."""
+    record = record_of(engine.allocations[client.addr], now)
+    fresh = make_engine(**kw)
+    assert fresh.adopt(allocation_of(record, now))
+    client.engine = fresh
+    return fresh
+
+
+def test_an_adopted_allocation_carries_on_with_its_channel_lifetimes_and_quota() -> None:
+    engine, client = allocated()
+    assert bind(client, PEER, 0x4001).message_class == stun.Class.RESPONSE
+    later = T0 + 10.0
+    fresh = adopted_copy(engine, client, later, policies=static_policies(quota=1))
+    assert fresh.state_of(client.addr) is AllocationState.ACTIVE
+    # Nothing is routed until the edge has the relay open and asks for the routes.
+    assert fresh.handle_client(b"\x40\x01\x00\x02hi", client.addr, later) == []
+    assert routes(fresh.announce(client.addr, later)) == [
+        fx.ChannelRouteAdded(client.addr, 0x4001, PEER)
+    ]
+    assert fresh.handle_client(b"\x40\x01\x00\x02hi", client.addr, later) == [
+        fx.SendToPeer(client.addr, PEER, b"hi")
+    ]
+    # Requests go on under the nonce the client has (the key is shared): no 437.
+    refresh = client.request(stun.Method.REFRESH, {"LIFETIME": 600}, later)
+    assert refresh.message_class == stun.Class.RESPONSE
+    assert bind(client, ("10.0.0.6", 7000), 0x4002, later).message_class == stun.Class.RESPONSE
+    # The user's quota counts the adopted allocation.
+    other = Client(fresh, addr=("203.0.113.8", 40001))
+    assert code(other.allocate(later)) == 486
+    # Lifetimes run from when they were granted, not from the adoption.
+    expired = fresh.tick(T0 + PERMISSION_LIFETIME_S + 1)
+    assert fx.ChannelRouteRemoved(client.addr, 0x4001, PEER) in expired
+    assert not fresh.adopt(allocation_of(record_of(fresh.allocations[client.addr], later), later))
+
+
+def test_an_adopted_allocation_whose_credentials_the_config_no_longer_grants_is_revoked() -> None:
+    engine, client = allocated()
+    bind(client, PEER, 0x4001)
+    changed = Policies(StaticAuthenticator(REALM, "user1", "other"), AllowAllPeers(), UserQuota())
+    fresh = adopted_copy(engine, client, T0, policies=changed)
+    assert routes(fresh.announce(client.addr, T0)) == [
+        fx.ChannelRouteAdded(client.addr, 0x4001, PEER, offload=False)
+    ]
+    assert fresh.state_of(client.addr) is AllocationState.REVOKED
+
+
+def test_records_carry_seconds_left_and_drop_what_expired() -> None:
+    engine, client = allocated()
+    bind(client, PEER, 0x4001)
+    record = record_of(engine.allocations[client.addr], T0 + 100)
+    assert record.expires_in_s == DEFAULT_LIFETIME_S - 100
+    assert record.permissions == {PEER[0]: PERMISSION_LIFETIME_S - 100}
+    assert [(c.number, c.expires_in_s) for c in record.channels] == [
+        (0x4001, CHANNEL_LIFETIME_S - 100)
+    ]
+    alloc = allocation_of(record, 5.0)
+    assert alloc.expires == 5.0 + DEFAULT_LIFETIME_S - 100
+    late = record_of(engine.allocations[client.addr], T0 + PERMISSION_LIFETIME_S + 1)
+    assert late.permissions == {}

@@ -119,7 +119,7 @@ def _channel_doc(ch: ChannelRecord) -> dict[str, Any]:
     return {"number": ch.number, "peer": list(ch.peer), "expires_in_s": ch.expires_in_s}
 
 
-def _allocation_doc(alloc: AllocationRecord) -> dict[str, Any]:
+def allocation_doc(alloc: AllocationRecord) -> dict[str, Any]:
     return {
         "client": list(alloc.client),
         "user_id": alloc.user_id,
@@ -141,7 +141,7 @@ def encode_state(state: HandoffState) -> bytes:
         "version": VERSION,
         "nonce_key": state.nonce_key.hex(),
         "listeners": [
-            {"name": lst.name, "allocations": [_allocation_doc(a) for a in lst.allocations]}
+            {"name": lst.name, "allocations": [allocation_doc(a) for a in lst.allocations]}
             for lst in state.listeners
         ],
     }
@@ -161,7 +161,7 @@ def _channel(doc: Any, where: str) -> ChannelRecord:
     )
 
 
-def _allocation(doc: Any, where: str) -> AllocationRecord:
+def read_allocation(doc: Any, where: str) -> AllocationRecord:
     if not isinstance(doc, dict):
         raise HandoffFormatError(f"{where}: expected an object")
     family = doc.get("family")
@@ -200,7 +200,7 @@ def _listener(doc: Any, where: str) -> ListenerRecord:
         raise HandoffFormatError(f"{where}.allocations: expected a list")
     return ListenerRecord(
         _text(doc.get("name"), f"{where}.name"),
-        tuple(_allocation(a, f"{where}.allocations[{i}]") for i, a in enumerate(allocations)),
+        tuple(read_allocation(a, f"{where}.allocations[{i}]") for i, a in enumerate(allocations)),
     )
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from stunner_common.config import TlsPair
 from stunnerd.fastpath import FastPath
+from stunnerd.net import adopt
 from stunnerd.net.allocate import RelayOpener
 from stunnerd.net.batch import SendBatcher
 from stunnerd.net.guard import ClientLimits
@@ -89,6 +90,10 @@ class Listener:
 
     allocations_are_connections = False
     """TURN-UDP has no connections of its own: there a client holding an allocation is one."""
+
+    journaled = False
+    """Whether its allocations can outlive the process (TURN-UDP: nothing but the relay socket
+    and the state hold them; a stream or DTLS client's connection dies with the process)."""
 
     def __init__(
         self,
@@ -153,6 +158,10 @@ class Listener:
         # The cluster-wide user quota, set by the server before start.
         self.quota: ClusterQuota | None = None
         self.opener = RelayOpener(self, spec.bind_host)
+        # Where allocations are journaled (a worker's supervisor), and the relay sockets of
+        # allocations adopted from another process until `start` opens them (`net.adopt`).
+        self.journal: adopt.AllocationJournal | None = None
+        self.adopted: dict[Address, tuple[socket.socket, socket.socket | None]] = {}
         self._handlers = self._effect_handlers()
 
     # -------------------------------------------------------------- subclass hooks
@@ -225,13 +234,16 @@ class Listener:
 
     def client_slow_path(self, data: bytes, client: Any) -> None:
         """Everything that is not a routed ChannelData frame goes through the engine."""
+        address = (client[0], client[1])
         try:
-            effects = self.engine.handle_client(data, (client[0], client[1]), self.loop.time())
+            effects = self.engine.handle_client(data, address, self.loop.time())
         except Exception:  # the engine must never take the listener down
             log.exception("listener %s: engine failed on a client message", self.name)
             return
         if effects:
             self.apply(effects)
+        if self.journal is not None and adopt.is_request(data):
+            adopt.journal(self, address)  # what the request changed is kept
 
     def peer_slow_path(self, client: Address, peer: Any, data: bytes) -> None:
         addr = (peer[0], peer[1])
@@ -319,6 +331,8 @@ class Listener:
             f" and [{effect.additional[0]}]:{effect.additional[1]}" if effect.additional else "",
             effect.lifetime_s,
         )
+        if self.journal is not None:
+            adopt.journal(self, effect.client, created=True)
 
     def _allocation_refreshed(self, effect: fx.AllocationRefreshed) -> None:
         self.opener.renew_lease(effect.client, effect.lifetime_s)
@@ -330,6 +344,8 @@ class Listener:
         if self.allocations_are_connections:
             self.connections = max(0, self.connections - 1)
         self.opener.release_lease(effect.client)
+        if self.journal is not None:
+            adopt.forget(self, effect.client)
         log.info(
             "listener %s: allocation for %s (user %s) deleted: %s",
             self.name,
@@ -377,6 +393,11 @@ class Listener:
             self._timer.cancel()
             self._timer = None
         await self.opener.tasks.cancel_all()
+        for own, dual in self.adopted.values():
+            own.close()
+            if dual is not None:
+                dual.close()
+        self.adopted.clear()
         for relay in (*self.relays.values(), *self.dual_relays.values()):
             if relay.transport is not None:
                 relay.transport.close()

@@ -25,11 +25,13 @@ import stunnerd.fastpath
 from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
 from stunner_common.turnuri import NODE_ADDRESS_PLACEHOLDER
 from stunnerd.fastpath import FastPath
+from stunnerd.handoff.state import AllocationRecord, HandoffState
+from stunnerd.net.adopt import AllocationJournal, take_over
 from stunnerd.net.batch import SendBatcher, gso_supported
 from stunnerd.net.binding import SocketKey, listener_bind_host, socket_kind
 from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.guard import ClientLimits
-from stunnerd.net.listener import Listener, ListenerSpec, Traffic, new_traffic
+from stunnerd.net.listener import Address, Listener, ListenerSpec, Traffic, new_traffic
 from stunnerd.net.stream import StreamListener
 from stunnerd.net.tasks import log_unexpected_exit
 from stunnerd.net.tuning import ServerTuning
@@ -116,8 +118,13 @@ class TurnServer:
         relay_addresses: Sequence[str] = (),
         quota: ClusterQuota | None = None,
         node_address: str = "",
+        journal: AllocationJournal | None = None,
     ) -> None:
         self.bind_host = bind_host
+        # Where TURN-UDP allocations are journaled (a worker's supervisor), and allocations
+        # handed over by another process, by listener, until that listener starts (`net.adopt`).
+        self.journal = journal
+        self.adoptions: dict[str, tuple[list[AllocationRecord], dict[Address, socket.socket]]] = {}
         # This node's address, for listeners with the node-address placeholder.
         self.node_address = node_address
         # The cluster-wide user quota (Redis leases); None: `user_quota` counts in this process.
@@ -208,6 +215,11 @@ class TurnServer:
         spec = self._spec(listener)
         policies = policies_for(listener, config, self.dns, self.protected(config))
         running = self._build(spec, policies)
+        if running.journaled:
+            running.journal = self.journal
+            handed = self.adoptions.pop(listener.name, None)
+            if handed is not None:
+                take_over(running, *handed)
         if self.socket_source is not None:
             key = SocketKey(socket_kind(spec.protocol), spec.bind_host, spec.port)
             running.inherited_socket = self.socket_source(key)
@@ -230,6 +242,20 @@ class TurnServer:
             f" and {spec.other_relay_ip}" if spec.other_relay_ip else "",
         )
 
+    def adopt(self, state: HandoffState, sockets: Sequence[socket.socket]) -> None:
+        """Allocations another process made, with their relay sockets in the order the state
+        names them: each listener carries its own on when it starts (`net.adopt`)."""
+        if len(sockets) != len(state.relay_addresses()):
+            raise ValueError(f"{len(sockets)} relay sockets for {len(state.relay_addresses())}")
+        relays = iter(sockets)
+        for lst in state.listeners:
+            records, by_relay = self.adoptions.setdefault(lst.name, ([], {}))
+            for record in lst.allocations:
+                records.append(record)
+                by_relay[record.relay] = next(relays)
+                if record.additional is not None:
+                    by_relay[record.additional] = next(relays)
+
     async def remove_listener(self, name: str) -> None:
         running = self.listeners.pop(name, None)
         if running is not None:
@@ -249,6 +275,10 @@ class TurnServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._dns_task
             self._dns_task = None
+        for _records, unused in self.adoptions.values():
+            for sock in unused.values():
+                sock.close()
+        self.adoptions.clear()
         for name in list(self.listeners):
             await self.remove_listener(name)
         if self.offload is not None:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from stunnerd.fastpath.table import FastPathRoutes
+from stunnerd.net.adopt import open_adopted
 from stunnerd.net.binding import allow_both_families
 from stunnerd.net.listener import Listener, ListenerSpec
 from stunnerd.net.relay import (
@@ -159,6 +160,7 @@ class UdpListenerProtocol(ClosingDatagramProtocol):
 class UdpListener(Listener):
     stream = False
     allocations_are_connections = True
+    journaled = True
     relay_class = UdpRelayProtocol
 
     def __init__(self, *args: Any, offload: OffloadManager | None = None, **kwargs: Any) -> None:
@@ -170,33 +172,40 @@ class UdpListener(Listener):
         self.offload = offload  # the kernel fast path mirrors this listener's channel routes
 
     async def start(self) -> None:
+        """Serve the listener's socket; allocations adopted from another process (`net.adopt`)
+        get their relays and routes before the first datagram is read, so none of their
+        ChannelData waiting in the socket's queue meets a listener without its route."""
         inherited, self.inherited_socket = self.inherited_socket, None
-        if self.fastpath is not None:
-            # The C relay reads the socket and drops junk; what it does not route comes to
-            # the engine.
-            self.sock = sock = inherited or bind_listener_socket(self.spec)
-            self.fastpath.watch_listener(
-                sock,
-                self.traffic,
-                self.client_slow_path,
-                max_stun_bytes=self.limits.request.max_message_bytes,
-                max_datagram_bytes=self.limits.request.max_udp_datagram_bytes,
-            )
-            self.fastpath.answer_binding(sock, self.engine.software)
-            self._sendto = _raw_sendto(sock)
-            self.channel_routes.add_table(FastPathRoutes(self.fastpath, sock))
-        else:
-            sock, transport, protocol = await open_listener_socket(
-                self.loop, self.spec, lambda: UdpListenerProtocol(self), inherited
-            )
-            self.protocol = protocol
-            self.transport = transport
-            self.sock = sock
-            self._sendto = transport.sendto
-        if self.offload is not None:
-            listener_addr = (self.spec.bind_host, self.bound_port)
-            table = OffloadRoutes(self.offload, self.name, listener_addr, self.traffic)
-            self.channel_routes.add_table(table)
+        self.sock = sock = inherited or bind_listener_socket(self.spec)
+        self._sendto = _raw_sendto(sock)
+        try:
+            if self.fastpath is not None:
+                # The C relay reads the socket and drops junk; what it does not route comes to
+                # the engine.
+                self.fastpath.watch_listener(
+                    sock,
+                    self.traffic,
+                    self.client_slow_path,
+                    max_stun_bytes=self.limits.request.max_message_bytes,
+                    max_datagram_bytes=self.limits.request.max_udp_datagram_bytes,
+                )
+                self.fastpath.answer_binding(sock, self.engine.software)
+                self.channel_routes.add_table(FastPathRoutes(self.fastpath, sock))
+            if self.offload is not None:
+                listener_addr = (self.spec.bind_host, self.bound_port)
+                table = OffloadRoutes(self.offload, self.name, listener_addr, self.traffic)
+                self.channel_routes.add_table(table)
+            await open_adopted(self)
+            if self.fastpath is None:
+                self.transport, self.protocol = await self.loop.create_datagram_endpoint(
+                    lambda: UdpListenerProtocol(self), sock=sock
+                )
+                self._sendto = self.transport.sendto
+        except BaseException:
+            if self.fastpath is None and self.transport is None:  # else `close` releases it
+                self.sock = self._sendto = None
+                sock.close()
+            raise
 
     @property
     def bound_port(self) -> int:

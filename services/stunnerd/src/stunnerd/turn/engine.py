@@ -338,6 +338,22 @@ class TurnEngine:
         when the cluster-wide quota refused it)."""
         return self._udp.relay_failed(client, now, TurnError(code, reason))
 
+    def adopt(self, alloc: Allocation) -> bool:
+        """Carry on an allocation another process made (a worker that died, a stunnerd that
+        handed off); the edge holds its relay. False: the client already has one here."""
+        return self.table.adopt(alloc)
+
+    def announce(self, client: Address, now: float) -> list[Effect]:
+        """The routes of an adopted allocation, once the edge has its relay open; its
+        credentials are checked against the config in force (REVOKED where it no longer grants
+        them)."""
+        out: list[Effect] = []
+        alloc = self.allocations.get(client)
+        if alloc is not None:
+            self.table.set_revoked(alloc, not self._still_authorized(alloc), out)
+            self.table.sync_routes(alloc, self.policies.peers, now, out)
+        return out
+
     def client_closed(self, client: Address, now: float) -> list[Effect]:
         """A stream client went away: its allocation goes with it (RFC 8656 §3.1)."""
         out: list[Effect] = []

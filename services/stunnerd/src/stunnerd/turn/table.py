@@ -25,6 +25,9 @@ address, on stream transports the edge's name for the connection) and is in one 
   the deadline heap; permissions and channels are installed here, and a channel is *routed*
   while it is bound, its peer IP has a live permission and the peer policy admits the peer. Every
   route change is announced (`ChannelRouteAdded/Removed`) by `sync_routes` and only there.
+* ACTIVE by adoption (None → ACTIVE, `adopt`): an allocation another process made and handed
+  over with its relay socket (a worker that died, a stunnerd handing off); it arrives with its
+  permissions and channels, none of them routed until `sync_routes` announces them.
 * REVOKED: still in `active` and relaying, as upstream does, until a Refresh fails and it expires;
   its routed channels are announced again with `offload=False` so they leave the kernel fast path.
 * DELETED: out of `active`; its routes are removed, its RFC 6062 peer connections closed, and
@@ -139,6 +142,25 @@ class AllocationTable:
         out.append(AllocationAborted(client))
         if reserved_port:
             out.append(ReleasePort(reserved_port))
+
+    def adopt(self, alloc: Allocation) -> bool:
+        """None → ACTIVE "adopted": an allocation made elsewhere, relay and all (False: the
+        client has one here already). Its channels start unrouted: `sync_routes` announces them."""
+        client = alloc.client
+        if client in self.active or client in self.pending:
+            return False
+        alloc.state = AllocationState.ACTIVE
+        self.active[client] = alloc
+        self.usage.add(alloc.user_id)
+        schedule = self.deadlines.schedule
+        schedule(alloc.expires, DeadlineKind.ALLOCATION, client, None)
+        for ip, expires in alloc.permissions.items():
+            schedule(expires, DeadlineKind.PERMISSION, client, ip)
+        for channel in alloc.channels.values():
+            channel.routed = False
+            alloc.peer_channels[channel.peer] = channel
+            schedule(channel.expires, DeadlineKind.CHANNEL, client, channel.number)
+        return True
 
     def abort(self, client: Address) -> Pending | None:
         """PENDING → gone, without a relay (the edge failed, the client left)."""

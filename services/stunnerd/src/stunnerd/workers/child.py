@@ -22,6 +22,7 @@ from stunner_common.config import ConfigError, parse_config
 from stunner_common.loglevel import apply_log_spec
 from stunner_common.logs import LOG_FORMATS, configure_logging
 from stunner_common.runtime import run as run_loop
+from stunnerd.handoff.state import HandoffFormatError, decode_state
 from stunnerd.net.binding import SocketKey
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.server import TurnServer
@@ -31,6 +32,7 @@ from stunnerd.offload.libbpf import Libbpf, OffloadError
 from stunnerd.offload.manager import OffloadManager
 from stunnerd.quota import ClusterQuota, QuotaSettings
 from stunnerd.settings import worker_environment
+from stunnerd.workers.journal import JournalWriter
 from stunnerd.workers.local import LocalDataplane
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 from stunnerd.workers.sockets import FdChannel, InheritedSockets
@@ -52,6 +54,7 @@ async def handle(
             inherited.drain()
             keys = message.get("sockets", ())
             inherited.retain(SocketKey(str(k), str(h), int(p)) for k, h, p in keys)
+            adopt_journaled(dataplane, message.get("adopt"), inherited.take_relays())
         try:
             config = parse_config(str(message["config"]), expand_env=False)
         except (ConfigError, KeyError) as exc:
@@ -80,6 +83,25 @@ async def handle(
     else:
         reply["error"] = f"unknown op {op!r}"
     return reply
+
+
+def adopt_journaled(dataplane: LocalDataplane, document: Any, relays: list[socket.socket]) -> None:
+    """A dead predecessor's journaled allocations and their relay sockets: each listener
+    carries its own on as it starts (`net.adopt`). A document that cannot be read is logged and
+    its sockets closed: those clients get 437 and allocate again."""
+    if document is None:
+        for sock in relays:
+            sock.close()
+        return
+    try:
+        state = decode_state(str(document).encode())
+        dataplane.server.adopt(state, relays)
+    except (HandoffFormatError, ValueError) as exc:
+        log.error("the journaled allocations cannot be adopted: %s", exc)
+        for sock in relays:
+            sock.close()
+        return
+    log.info("adopting %d journaled allocation(s)", state.allocation_count())
 
 
 def shared_maps(inherited: InheritedSockets) -> Callable[[], Datapath]:
@@ -138,6 +160,7 @@ async def serve(
             quota=quota,
             node_address=node_address,
             offload=OffloadManager(shared_maps(inherited)),
+            journal=JournalWriter(inherited.channel),
         )
     dataplane = LocalDataplane(server)
     log.info("worker %d ready (pid %d)", index, os.getpid())

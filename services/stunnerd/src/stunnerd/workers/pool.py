@@ -43,6 +43,7 @@ from stunnerd.workers.sockets import (
     listener_key,
     new_nonce_key,
     send_offload,
+    send_relays,
     send_sockets,
 )
 from stunnerd.workers.worker import (
@@ -136,33 +137,54 @@ class WorkerPool:
                         await asyncio.sleep(self.timeouts.restart_delay_s)
 
     async def _restart(self, worker: Worker) -> None:
+        """Start a dead worker again; it carries on the allocations it journaled (`journal`).
+
+        The kernel offload keeps relaying their channels meanwhile: the new incarnation writes
+        its entries under a new owner tag, and the old tag's leftovers (channels of allocations
+        that expired while no worker ran) are removed once it has.
+        """
         await worker.stop()
-        if self.offload.datapath is not None:
-            gone = self.offload.datapath.forget_owner(worker.index + 1)
-            log.info("offload: removed %d kernel entries of worker %d", gone, worker.index)
+        old_owner, worker.owner = worker.owner, worker.owner + len(self.workers)
         await asyncio.sleep(self.timeouts.restart_delay_s)
         await worker.start()
         async with self._lock:
             running = self._bound(self.running)
             if running is not None:
-                await self._apply_one(worker, running)
+                await self._apply_one(worker, running, adopt=True)
+            else:
+                worker.journal.close()
             if self.draining:
                 await worker.request({"op": "drain"}, self.timeouts.request_s)
+        if self.offload.datapath is not None:
+            gone = self.offload.datapath.forget_owner(old_owner)
+            log.info("offload: removed %d kernel entries of worker %d", gone, worker.index)
 
-    async def _apply_one(self, worker: Worker, config: StunnerConfig) -> dict[str, Any]:
+    async def _apply_one(
+        self, worker: Worker, config: StunnerConfig, *, adopt: bool = False
+    ) -> dict[str, Any]:
+        """Give `worker` the config with its sockets; with `adopt`, also the allocations it
+        journaled before it died, and their relay sockets."""
         keys = sorted(config_keys(config, self.bind_host))
-        message = {"op": "apply", "config": config.canonical_json(), "sockets": keys}
+        message: dict[str, Any] = {
+            "op": "apply",
+            "config": config.canonical_json(),
+            "sockets": keys,
+        }
         try:
             if worker.channel is None:
                 raise WorkerError(f"worker {worker.index} is not running")
             try:
                 send_sockets(worker.channel, self.sockets.of_worker(worker.index, keys))
+                if adopt:
+                    names = (lst.name for lst in config.listeners)
+                    message["adopt"], relays = worker.journal.handover(names, self.nonce_key)
+                    send_relays(worker.channel, relays)
                 datapath = self.offload.datapath
                 send_offload(
                     worker.channel,
                     datapath.map_fds() if datapath is not None else None,
                     dict(self.offload.modes),
-                    worker.index + 1,
+                    worker.owner,
                     str(self.offload.status().get("reason", "")),
                 )
             except OSError as exc:
@@ -345,5 +367,7 @@ class WorkerPool:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
         await asyncio.gather(*(w.stop() for w in self.workers))
+        for worker in self.workers:
+            worker.journal.close()
         self.sockets.close()
         self.offload.close()  # detach: nothing is relayed in the kernel without the workers

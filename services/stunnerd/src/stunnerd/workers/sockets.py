@@ -16,7 +16,7 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from stunner_common.config import ListenerConfig, StunnerConfig
@@ -142,9 +142,14 @@ class FdChannel:
         return cls(socket.socket(fileno=fd))
 
     def send(self, message: dict[str, Any], fd: int | None = None) -> None:
+        self.send_many(message, () if fd is None else (fd,))
+
+    def send_many(self, message: dict[str, Any], fds: Sequence[int]) -> int:
+        """One message with its fds (duplicated into the peer); the bytes it took."""
         data = json.dumps(message, separators=(",", ":")).encode()
         self.sock.settimeout(CHANNEL_TIMEOUT_S)
-        socket.send_fds(self.sock, [data], [] if fd is None else [fd])
+        socket.send_fds(self.sock, [data], list(fds))
+        return len(data)
 
     def receive(self, *, block: bool) -> tuple[dict[str, Any], socket.socket | None] | None:
         """The next message and its socket, or None when nothing is queued (`block=False`)."""
@@ -177,6 +182,9 @@ class InheritedSockets:
         self.channel = channel
         self.sockets: dict[SocketKey, socket.socket] = {}
         self.nonce_key: bytes | None = None
+        # Relay sockets of the allocations a dead predecessor journaled, in the order the
+        # adoption document that follows them names them (`take_relays`).
+        self.relay_sockets: list[socket.socket] = []
         # The supervisor's offload maps (by name), their attach modes and this worker's owner
         # tag, or why there are none.
         self.offload_fds: dict[str, int] = {}
@@ -209,6 +217,8 @@ class InheritedSockets:
         elif message.get("op") == "offload_off":
             self._close_offload()
             self.offload_reason = str(message.get("reason") or "offload is off")
+        elif message.get("op") == "relay_socket" and sock is not None:
+            self.relay_sockets.append(sock)
         elif message.get("op") == "socket" and sock is not None:
             key = SocketKey(str(message["kind"]), str(message["host"]), int(message["port"]))
             old = self.sockets.pop(key, None)
@@ -222,6 +232,11 @@ class InheritedSockets:
         keep = set(keys)
         for key in [k for k in self.sockets if k not in keep]:
             self.sockets.pop(key).close()
+
+    def take_relays(self) -> list[socket.socket]:
+        """The relay sockets received since the last call (the caller owns them)."""
+        taken, self.relay_sockets = self.relay_sockets, []
+        return taken
 
     def take(self, key: SocketKey) -> socket.socket | None:
         """A duplicate of the socket for this listener (the listener owns and closes it)."""
@@ -240,6 +255,8 @@ class InheritedSockets:
 
     def close(self) -> None:
         self.retain(())
+        for sock in self.take_relays():
+            sock.close()
         self._close_offload()
         self.channel.close()
 
@@ -258,6 +275,12 @@ def send_offload(
 def send_sockets(channel: FdChannel, entries: list[tuple[SocketKey, int]]) -> None:
     for key, fd in entries:
         channel.send({"op": "socket", "kind": key.kind, "host": key.host, "port": key.port}, fd)
+
+
+def send_relays(channel: FdChannel, fds: Iterable[int]) -> None:
+    """Relay sockets for the worker to adopt, in the order its adoption document names them."""
+    for fd in fds:
+        channel.send({"op": "relay_socket"}, fd)
 
 
 def new_nonce_key() -> bytes:

@@ -26,6 +26,7 @@ from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.quota import QuotaSettings
 from stunnerd.status import StatsSnapshot
+from stunnerd.workers.journal import Journal
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
 from stunnerd.workers.sockets import FdChannel, new_nonce_key
 
@@ -103,6 +104,10 @@ class Worker:
         self._reader: asyncio.Task[None] | None = None
         self.stats = StatsSnapshot()
         self.exited = asyncio.Event()
+        # Its TURN-UDP allocations as it journals them, kept across its restarts (`journal`).
+        self.journal = Journal()
+        self.owner = index + 1
+        """The tag of the kernel offload entries this incarnation writes."""
 
     @property
     def pid(self) -> int | None:
@@ -110,8 +115,7 @@ class Worker:
 
     async def start(self) -> None:
         self.exited.clear()
-        if self.channel is not None:
-            self.channel.close()
+        self._close_channel()
         self.channel, theirs = FdChannel.pair()
         try:
             self.proc = await asyncio.create_subprocess_exec(
@@ -126,6 +130,9 @@ class Worker:
         finally:
             theirs.close()
         self.channel.send({"op": "nonce_key", "key": (self.nonce_key or new_nonce_key()).hex()})
+        asyncio.get_running_loop().add_reader(
+            self.channel.sock.fileno(), self.journal.read, self.channel
+        )
         self._reader = asyncio.create_task(self._read(), name=f"stunnerd-worker-{self.index}")
 
     async def _read(self) -> None:
@@ -187,6 +194,13 @@ class Worker:
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
         self.proc = None
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
+        self._close_channel()
+
+    def _close_channel(self) -> None:
+        """Close the socket channel, after reading what the worker journaled last."""
+        channel, self.channel = self.channel, None
+        if channel is None:
+            return
+        asyncio.get_running_loop().remove_reader(channel.sock.fileno())
+        self.journal.read(channel)
+        channel.close()
