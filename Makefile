@@ -28,7 +28,8 @@ $(BPF_OBJ): $(BPF_SRC)
 	clang $(BPF_CFLAGS) -c $< -o $@
 
 $(STAMP): requirements-dev.txt $(foreach p,$(PACKAGES),$(p)/pyproject.toml) \
-		services/stunnerd/setup.py services/stunnerd/src/stunnerd/fastpath/_fastpath.c
+		services/stunnerd/setup.py services/stunnerd/src/stunnerd/fastpath/_fastpath.c \
+		$(wildcard services/stunnerd/src/stunnerd/fastpath/*.h)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(foreach p,$(PACKAGES),-e $(p)) -r requirements-dev.txt

@@ -11,7 +11,11 @@ setup(
         Extension(
             "stunnerd._fastpath",
             ["src/stunnerd/fastpath/_fastpath.c"],
-            depends=["src/stunnerd/fastpath/binding.h"],
+            depends=[
+                "src/stunnerd/fastpath/binding.h",
+                "src/stunnerd/fastpath/relay.h",
+                "src/stunnerd/fastpath/routes.h",
+            ],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         )
