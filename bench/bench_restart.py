@@ -1,0 +1,201 @@
+"""What keeping allocations across a worker crash costs, and how long a crash is felt.
+
+Two parts, loopback only and bounded:
+
+* The journal, in process: a worker's `JournalWriter` and the supervisor's `Journal` over a real
+  socket pair (`FdChannel`), for `ALLOCATIONS` allocations with one permission and one channel
+  each: bytes per journaled change (a new allocation with its relay socket, a refresh), CPU per
+  change on each side (`time.process_time`), and the supervisor's memory per allocation
+  (tracemalloc, plus the one relay fd it holds).
+* The restart window, end to end: stunnerd with 4 workers, `FLOWS` aioice clients each sending
+  a numbered datagram every `INTERVAL_S` through a channel to an echo peer; one worker is killed
+  with SIGKILL, `ROUNDS` times. Reported per kill: the window (kill until the replacement serves
+  the listener in `/status`), datagrams lost (of those sent in the window) and the longest
+  silence any client saw. Also the supervisor's CPU per journaled request (Refreshes), from
+  /proc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import resource
+import signal
+import socket
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+from stunnerd.net.adopt import record_of
+from stunnerd.turn.allocation import Allocation, Channel
+from stunnerd.workers.journal import Journal, JournalWriter
+from stunnerd.workers.sockets import FdChannel
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
+
+from support.echo import udp_echo  # noqa: E402
+from support.stunnerd_process import (  # noqa: E402
+    ManagedStunnerd,
+    base_config,
+    health_port,
+    listener_ports,
+)
+from support.turn_flows import Flow, open_flows, send_steadily  # noqa: E402
+
+ALLOCATIONS = 1000
+REFRESHES = 5
+END_TO_END_REFRESHES = 25
+FLOWS = 20
+INTERVAL_S = 0.02
+ROUNDS = 3
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def allocation(i: int, now: float) -> Allocation:
+    alloc = Allocation(
+        ("203.0.113.7", 10000 + i), "user1", b"k" * 16, ("192.0.2.1", 40000 + i), 4, now + 600
+    )
+    alloc.permissions["10.0.0.5"] = now + 300
+    alloc.channels[0x4001] = Channel(0x4001, ("10.0.0.5", 7000), now + 600)
+    return alloc
+
+
+def journal_cost() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * ALLOCATIONS)), hard))
+    ours, theirs = FdChannel.pair()
+    writer, journal = JournalWriter(FdChannel(theirs)), Journal()
+    now = time.monotonic()
+    allocs = [allocation(i, now) for i in range(ALLOCATIONS)]
+    relays = []
+    for _ in allocs:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        relays.append(sock)
+    try:
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        send = recv = 0.0
+        for alloc, sock in zip(allocs, relays, strict=True):
+            t0 = time.process_time()
+            writer.changed("a", record_of(alloc, now), [sock.fileno()])
+            t1 = time.process_time()
+            journal.read(ours)
+            send, recv = send + t1 - t0, recv + time.process_time() - t1
+        created_bytes = journal.received_bytes / ALLOCATIONS
+        gc.collect()
+        memory = (tracemalloc.get_traced_memory()[0] - base) / ALLOCATIONS
+        tracemalloc.stop()
+        print(
+            f"journal, new allocation: {created_bytes:.0f} B per message (+1 fd); worker "
+            f"{send * 1e6 / ALLOCATIONS:.1f} us, supervisor {recv * 1e6 / ALLOCATIONS:.1f} us CPU; "
+            f"supervisor memory {memory:.0f} B per allocation (+1 fd)"
+        )
+        before, send, recv = journal.received_bytes, 0.0, 0.0
+        for _ in range(REFRESHES):
+            for alloc in allocs:
+                t0 = time.process_time()
+                writer.changed("a", record_of(alloc, now), ())
+                t1 = time.process_time()
+                journal.read(ours)
+                send, recv = send + t1 - t0, recv + time.process_time() - t1
+        n = REFRESHES * ALLOCATIONS
+        print(
+            f"journal, change (refresh, permission, channel): "
+            f"{(journal.received_bytes - before) / n:.0f} B per message; worker "
+            f"{send * 1e6 / n:.1f} us, supervisor {recv * 1e6 / n:.1f} us CPU"
+        )
+    finally:
+        journal.close()
+        for sock in relays:
+            sock.close()
+        ours.close()
+        theirs.close()
+
+
+def own_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+async def kill_one(
+    server: ManagedStunnerd, flows: list[Flow], peer: tuple[str, int], i: int
+) -> None:
+    index = (i + 1) % 4
+    status = await server.status()
+    victim = status["workers"][index]
+    stop = asyncio.Event()
+    sender = asyncio.create_task(send_steadily(flows, peer, stop, INTERVAL_S))
+    for flow in flows:
+        flow.sent.clear()
+        flow.receiver.seen.clear()
+    try:
+        await asyncio.sleep(0.5)
+        killed = time.monotonic()
+        os.kill(victim["pid"], signal.SIGKILL)
+        await server.wait_status(
+            lambda s: (
+                s["workers"][index]["pid"] not in (None, victim["pid"])
+                and all(w["listeners"] == 1 for w in s["workers"])
+            ),
+            "the replacement to serve",
+        )
+        back = time.monotonic()
+        await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await sender
+    await asyncio.sleep(1.0)
+    window = sum(1 for f in flows for t in f.sent.values() if killed <= t <= back)
+    lost = sum(len(f.lost()) for f in flows)
+    gap = max(f.receiver.longest_gap(killed - 0.5) for f in flows)
+    print(
+        f"kill {i + 1}: worker {victim['index']} held {victim['allocations']} of {len(flows)}; "
+        f"window {back - killed:.2f} s; lost {lost} of {window} sent in it; longest gap {gap:.2f} s"
+    )
+
+
+async def restart_window(tmp: Path) -> None:
+    ports = listener_ports("a")
+    server = ManagedStunnerd(tmp, base_config(health_port(), ports), "--udp-thread-num", "4")
+    flows: list[Flow] = []
+    try:
+        async with udp_echo() as echo:
+            # The backlog of the window arrives in one burst: room for it at the echo peer.
+            assert echo.protocol.transport is not None
+            sock = echo.protocol.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            await server.ready()
+            flows = await open_flows(FLOWS, ports["a"])
+            await asyncio.gather(*(flow.bind(echo.addr) for flow in flows))
+            pid = server.proc.proc.pid
+            before = own_cpu_s(pid)
+            for _ in range(END_TO_END_REFRESHES):
+                assert await asyncio.gather(*(flow.refresh() for flow in flows)) == [0] * FLOWS
+            spent = own_cpu_s(pid) - before
+            print(
+                f"supervisor CPU per journaled Refresh (all it did meanwhile, /proc ticks): "
+                f"{spent * 1e6 / (END_TO_END_REFRESHES * FLOWS):.0f} us"
+            )
+            for i in range(ROUNDS):
+                await kill_one(server, flows, echo.addr, i)
+    finally:
+        for flow in flows:
+            flow.abandon()
+        await server.close()
+
+
+def main() -> None:
+    journal_cost()
+    with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp:
+        asyncio.run(restart_window(Path(tmp)))
+
+
+if __name__ == "__main__":
+    main()
