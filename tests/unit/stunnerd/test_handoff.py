@@ -29,6 +29,7 @@ from stunnerd.handoff.state import (
     HandoffFormatError,
     HandoffState,
     ListenerRecord,
+    SocketRecord,
     decode_state,
     encode_state,
 )
@@ -55,6 +56,7 @@ STATE = HandoffState(
         ListenerRecord("ns/gw/tcp"),
     ),
     nonce_key=b"\x01" * 32,
+    sockets=(SocketRecord("udp", "127.0.0.1", 3478), SocketRecord("tcp", "::", 3479)),
 )
 
 
@@ -62,6 +64,7 @@ def test_the_state_document_round_trips() -> None:
     assert decode_state(encode_state(STATE)) == STATE
     assert STATE.allocation_count() == 1
     assert STATE.relay_addresses() == [("127.0.0.1", 50000), ("::1", 50002)]
+    assert STATE.fd_count() == 4  # the listener sockets, then the relay sockets
 
 
 def _doc() -> dict[str, object]:
@@ -85,6 +88,8 @@ def _doc() -> dict[str, object]:
             lambda d: d["listeners"][0]["allocations"][0]["permissions"].update({"1.2.3.4": -1}),
             "non-negative",
         ),
+        (lambda d: d.update(sockets=[["sctp", "127.0.0.1", 1]]), "expected [kind, host, port]"),
+        (lambda d: d.update(sockets=[["udp", "127.0.0.1", -1]]), "sockets[0]"),
     ],
 )
 def test_a_document_that_cannot_be_taken_says_why(change: object, says: str) -> None:
@@ -269,3 +274,25 @@ async def test_a_peer_of_another_user_is_refused_and_changes_nothing(folder: Pat
     finally:
         await server.close()
         source.close()
+
+
+async def test_an_old_process_leaves_the_socket_its_successor_listens_on(folder: Path) -> None:
+    """The successor binds the same path before the old process exits: the old one's close
+    must not unlink the successor's socket."""
+    path = folder / "stunnerd.sock"
+    old, new = Source(0), Source(0)
+    first, second = HandoffServer(path, old), HandoffServer(path, new)
+    await first.start()
+    try:
+        await second.start()  # replaces the path, as a successor does once it serves
+        await first.close()
+        assert path.exists()
+        received = await asyncio.to_thread(take_over, path, [VERSION])
+        assert received is not None
+        received.refuse("only checking who answers")
+        assert new.asked == [VERSION]
+        assert old.asked == []
+    finally:
+        await first.close()
+        await second.close()
+    assert not path.exists()

@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stunner_common.backoff import Backoff
@@ -39,7 +40,9 @@ from stunnerd.settings import StunnerdSettings
 from stunnerd.status import ApplyOutcome, Lifecycle
 
 if TYPE_CHECKING:
+    from stunnerd.handoff.channel import HandoffServer
     from stunnerd.quota import ClusterQuota
+    from stunnerd.workers.handoff import Successor
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +77,7 @@ def make_origin(settings: StunnerdSettings, env: Mapping[str, str]) -> ConfigOri
     )
 
 
-def make_dataplane(settings: StunnerdSettings) -> Dataplane:
+def make_dataplane(settings: StunnerdSettings, successor: Successor | None = None) -> Dataplane:
     from stunnerd.offload.datapath import Datapath
     from stunnerd.offload.libbpf import Libbpf
 
@@ -100,17 +103,46 @@ def make_dataplane(settings: StunnerdSettings) -> Dataplane:
     from stunnerd.offload.manager import OffloadManager
     from stunnerd.workers.local import LocalDataplane
 
-    return LocalDataplane(
-        TurnServer(
-            bind_host=settings.bind_host,
-            tuning=settings.tuning,
-            offload=OffloadManager(),
-            limits=settings.limits,
-            relay_addresses=settings.relay_address_list(),
-            quota=make_quota(settings),
-            node_address=settings.node_address,
-        )
+    server = TurnServer(
+        bind_host=settings.bind_host,
+        tuning=settings.tuning,
+        offload=OffloadManager(),
+        limits=settings.limits,
+        relay_addresses=settings.relay_address_list(),
+        quota=make_quota(settings),
+        node_address=settings.node_address,
+        nonce_key=successor.state.nonce_key if successor is not None else None,
+        socket_source=successor.sockets.take if successor is not None else None,
     )
+    if successor is not None:
+        server.adopt(successor.state, successor.relays)
+    return LocalDataplane(server)
+
+
+async def take_over(settings: StunnerdSettings) -> Successor | None:
+    """With `STUNNERD_HANDOFF_SOCKET`: the sockets and allocations of a stunnerd running there,
+    or None when none runs; `ConfigExit` when it refuses or the handoff fails (it goes on)."""
+    if not settings.handoff_socket or settings.udp_thread_num > 1:
+        return None
+    from stunnerd.handoff.channel import HandoffError
+    from stunnerd.workers.handoff import Successor, take
+
+    try:
+        taken = await asyncio.to_thread(take, Path(settings.handoff_socket))
+    except HandoffError as exc:
+        raise ConfigExit(f"handoff from the running stunnerd failed, it serves on: {exc}") from exc
+    if taken is None:
+        return None
+    return Successor(*taken)
+
+
+async def serve_handoff(settings: StunnerdSettings, dataplane: Dataplane) -> HandoffServer | None:
+    """Listen for a successor at `STUNNERD_HANDOFF_SOCKET` (a single process only)."""
+    if not settings.handoff_socket:
+        return None
+    from stunnerd.workers.handoff import listen
+
+    return await listen(Path(settings.handoff_socket), dataplane)
 
 
 def make_quota(settings: StunnerdSettings) -> ClusterQuota | None:
@@ -318,20 +350,65 @@ async def dry_run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
 
 
 async def run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
-    dataplane = make_dataplane(settings)
+    try:
+        successor = await take_over(settings)
+    except ConfigExit as exc:
+        print(f"stunnerd: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    dataplane = make_dataplane(settings, successor)
     app = ManagedDataplane(settings, dataplane)
+    handoff: HandoffServer | None = None
     try:
         with _signal_queue() as signals:
             await dataplane.start()
-            await app.serve(env)
-            await app.drain(await signals.get(), signals)
+            await _serve_first(app, env, successor)
+            handoff = await serve_handoff(settings, dataplane)
+            first = await _signal_or_handoff(signals, handoff)
+            if first is not None:
+                await app.drain(first, signals)
     except ConfigExit as exc:
         if str(exc):
             print(f"stunnerd: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     finally:
+        if handoff is not None:
+            await handoff.close()
         await app.close()
     return EXIT_OK
+
+
+async def _serve_first(
+    app: ManagedDataplane, env: Mapping[str, str], successor: Successor | None
+) -> None:
+    """The first config; a process that took over answers the old one how it went."""
+    try:
+        await app.serve(env)
+    except BaseException as exc:
+        if successor is not None:
+            successor.refuse(str(exc) or "the first config did not apply")
+        raise
+    if successor is not None:
+        successor.confirm()
+
+
+async def _signal_or_handoff(
+    signals: asyncio.Queue[int], handoff: HandoffServer | None
+) -> int | None:
+    """The first signal, or None once a successor serves on what this process handed over."""
+    if handoff is None:
+        return await signals.get()
+    waits = [
+        asyncio.ensure_future(signals.get()),
+        asyncio.ensure_future(handoff.handed_over.wait()),
+    ]
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    if waits[0] in done:
+        return int(waits[0].result())
+    log.info("handoff: the new process serves; exiting")
+    return None
 
 
 @contextlib.contextmanager

@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes sharing each listener port with SO_REUSEPORT (0 or 1: one)",
     )
     parser.add_argument(
+        "--handoff-socket",
+        default=None,
+        help="take over a running stunnerd's sockets and allocations at this Unix socket, "
+        "and listen there for a successor (single process only)",
+    )
+    parser.add_argument(
         "--grace-period",
         type=float,
         default=DEFAULT_GRACE_PERIOD_S,
@@ -126,6 +132,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             force_ready=args.force_ready_status,
             bind_host=args.bind,
             cds_token_file=args.cds_token_file,
+            handoff_socket=args.handoff_socket,
         )
         # A malformed origin or TURN URI is a usage error, said before anything starts.
         parse_origin(settings.origin)

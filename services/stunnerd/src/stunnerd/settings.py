@@ -164,6 +164,10 @@ class ProcessSettings(BaseSettings):
     """The libbpf shared library the kernel offload loads; empty: the system's `libbpf.so.1`."""
     offload_object: str = ""
     """The offload's BPF object file; empty: the one `make setup` builds in `stunnerd.offload`."""
+    handoff_socket: str = ""
+    """Hot handoff (single process): a stunnerd started with the path of a running one's
+    socket takes over its TURN-UDP sockets and allocations; every stunnerd listens there for
+    its successor. Empty: off."""
 
     @field_validator("relay_addresses", mode="after")
     @classmethod
@@ -277,6 +281,7 @@ def load_settings(
     force_ready: bool = False,
     bind_host: str | None = None,
     cds_token_file: str | None = None,
+    handoff_socket: str | None = None,
 ) -> StunnerdSettings:
     """Flags (None: not given) over `env` over the defaults; raises ValueError or
     `ConfigOriginError` (a bad `--id`) with a message for the user."""
@@ -299,6 +304,7 @@ def load_settings(
         "grace_period_s": grace_period_s,
         "bind_host": bind_host,
         "cds_token_file": cds_token_file,
+        "handoff_socket": handoff_socket,
     }
     values.update({key: value for key, value in flags.items() if value is not None})
     return _from_flat(_FlatSettings.model_validate(values))

@@ -161,6 +161,7 @@ class HandoffServer:
     refused_peers: int = 0
     _sock: socket.socket | None = None
     _busy: bool = False
+    _inode: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def start(self) -> None:
@@ -177,6 +178,7 @@ class HandoffServer:
             sock.close()
             raise
         self._sock = sock
+        self._inode = self.path.stat().st_ino
         asyncio.get_running_loop().add_reader(sock.fileno(), self._accept)
         log.info("handoff socket listening at %s", self.path)
 
@@ -252,8 +254,10 @@ class HandoffServer:
             asyncio.get_running_loop().remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
+            # The process that took over may listen at the same path by now: leave its socket.
             with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+                if self.path.stat().st_ino == self._inode:
+                    self.path.unlink()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -64,13 +64,28 @@ class ListenerRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class SocketRecord:
+    """A listener socket sent beside the document: what it is bound to (`net.binding.SocketKey`)."""
+
+    kind: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
 class HandoffState:
     listeners: tuple[ListenerRecord, ...] = ()
     nonce_key: bytes = b""
     """The key nonces are minted with: a nonce given before the handoff stays valid after."""
+    sockets: tuple[SocketRecord, ...] = ()
+    """Listener sockets, sent before the relay sockets."""
 
     def allocation_count(self) -> int:
         return sum(len(lst.allocations) for lst in self.listeners)
+
+    def fd_count(self) -> int:
+        """The fds that travel with the document: listener sockets, then relay sockets."""
+        return len(self.sockets) + len(self.relay_addresses())
 
     def relay_addresses(self) -> list[Address]:
         """Every relay socket the document names, in order."""
@@ -140,6 +155,7 @@ def encode_state(state: HandoffState) -> bytes:
         "format": FORMAT,
         "version": VERSION,
         "nonce_key": state.nonce_key.hex(),
+        "sockets": [[sock.kind, sock.host, sock.port] for sock in state.sockets],
         "listeners": [
             {"name": lst.name, "allocations": [allocation_doc(a) for a in lst.allocations]}
             for lst in state.listeners
@@ -223,7 +239,18 @@ def decode_state(data: bytes, readable: Sequence[int] = tuple(READABLE_VERSIONS)
     listeners = doc.get("listeners")
     if not isinstance(listeners, list):
         raise HandoffFormatError("listeners: expected a list")
+    sockets = doc.get("sockets", [])
+    if not isinstance(sockets, list):
+        raise HandoffFormatError("sockets: expected a list")
     return HandoffState(
         listeners=tuple(_listener(lst, f"listeners[{i}]") for i, lst in enumerate(listeners)),
         nonce_key=_hex(doc.get("nonce_key", ""), "nonce_key"),
+        sockets=tuple(_socket(item, f"sockets[{i}]") for i, item in enumerate(sockets)),
     )
+
+
+def _socket(value: Any, where: str) -> SocketRecord:
+    if not isinstance(value, list) or len(value) != 3 or value[0] not in ("udp", "tcp"):
+        raise HandoffFormatError(f"{where}: expected [kind, host, port], got {value!r}")
+    host, port = _address(value[1:], where)
+    return SocketRecord(str(value[0]), host, port)

@@ -162,6 +162,7 @@ class Listener:
         # allocations adopted from another process until `start` opens them (`net.adopt`).
         self.journal: adopt.AllocationJournal | None = None
         self.adopted: dict[Address, tuple[socket.socket, socket.socket | None]] = {}
+        self.frozen = False  # requests are left to the process a handoff goes to
         self._handlers = self._effect_handlers()
 
     # -------------------------------------------------------------- subclass hooks
@@ -234,6 +235,8 @@ class Listener:
 
     def client_slow_path(self, data: bytes, client: Any) -> None:
         """Everything that is not a routed ChannelData frame goes through the engine."""
+        if self.frozen and adopt.is_request(data):
+            return  # a handoff is being prepared: the client retransmits to the next process
         address = (client[0], client[1])
         try:
             effects = self.engine.handle_client(data, address, self.loop.time())

@@ -1,0 +1,125 @@
+"""Hot handoff: a second stunnerd started with a running one's handoff socket takes over its
+TURN-UDP sockets and allocations; the clients relaying through it carry on, and the old process
+exits. A successor that cannot read the state is refused and the old one serves on."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from stunnerd.handoff.channel import HandoffRefusedError, take_over
+from support.echo import UdpEcho, udp_echo
+from support.stunnerd_process import ManagedStunnerd, base_config, health_port, listener_ports
+from support.turn_flows import STEP_TIMEOUT_S, Flow, open_flows, send_steadily
+
+pytestmark = pytest.mark.integration
+
+FLOWS = 20
+SEND_INTERVAL_S = 0.05
+
+
+@pytest.fixture
+async def echo() -> AsyncIterator[UdpEcho]:
+    """The echo peer, with room for the burst a paused relay sends at once."""
+    async with udp_echo() as peer:
+        assert peer.protocol.transport is not None
+        sock = peer.protocol.transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        yield peer
+
+
+def stunnerd(tmp: Path, name: str, ports: dict[str, int], handoff: Path) -> ManagedStunnerd:
+    """A single-process stunnerd on the shared listener ports, with its own health port."""
+    home = tmp / name
+    home.mkdir()
+    config = base_config(health_port(), ports)
+    return ManagedStunnerd(home, config, "--handoff-socket", str(handoff), health=health_port())
+
+
+async def test_a_successor_takes_over_every_allocation_and_no_client_notices(
+    tmp_path: Path, echo: UdpEcho
+) -> None:
+    ports = listener_ports("a")
+    handoff = tmp_path / "handoff" / "stunnerd.sock"
+    old = stunnerd(tmp_path, "old", ports, handoff)
+    new: ManagedStunnerd | None = None
+    flows: list[Flow] = []
+    try:
+        await old.ready()
+        flows = await open_flows(FLOWS, ports["a"])
+        await asyncio.gather(*(flow.bind(echo.addr) for flow in flows))
+        stop = asyncio.Event()
+        sender = asyncio.create_task(send_steadily(flows, echo.addr, stop, SEND_INTERVAL_S))
+        try:
+            await asyncio.sleep(0.5)
+            started = time.monotonic()
+            new = stunnerd(tmp_path, "new", ports, handoff)
+            code = await asyncio.to_thread(old.proc.proc.wait, STEP_TIMEOUT_S)
+            gone = time.monotonic()
+            await asyncio.sleep(1.0)
+        finally:
+            stop.set()
+            await sender
+        await asyncio.sleep(1.0)
+        assert code == 0
+        assert "handoff: the new process serves; exiting" in old.log()
+        lost = sum(len(flow.lost()) for flow in flows)
+        gap = max(flow.receiver.longest_gap(started) for flow in flows)
+        sent = sum(1 for f in flows for t in f.sent.values() if started <= t <= gone)
+        print(
+            f"handoff: old exited {gone - started:.2f} s after the new one started; lost {lost} "
+            f"of {sent} datagrams sent meanwhile; longest gap of a client {gap:.2f} s"
+        )
+        assert lost <= sent
+        codes = await asyncio.gather(*(flow.refresh() for flow in flows))
+        assert codes == [0] * FLOWS
+        status = await new.wait_status(
+            lambda s: s["allocationCount"] == FLOWS, "every allocation in the new process"
+        )
+        assert status["status"] == "READY"
+        # A new permission and channel on each adopted allocation, to another peer.
+        async with udp_echo() as second:
+            for flow in flows:
+                flow.receiver.first.clear()
+                flow.receiver.seen.pop(0, None)
+            await asyncio.gather(*(flow.bind(second.addr) for flow in flows))
+        assert "Allocation Mismatch" not in new.log()
+        assert handoff.exists(), "the new process listens for its own successor"
+    finally:
+        for flow in flows:
+            flow.abandon()
+        if new is not None:
+            await new.close()
+        await old.close()
+
+
+async def test_a_successor_that_cannot_read_the_state_is_refused_and_nothing_is_lost(
+    tmp_path: Path, echo: UdpEcho
+) -> None:
+    ports = listener_ports("a")
+    handoff = tmp_path / "handoff" / "stunnerd.sock"
+    old = stunnerd(tmp_path, "old", ports, handoff)
+    flows: list[Flow] = []
+    try:
+        await old.ready()
+        flows = await open_flows(4, ports["a"])
+        await asyncio.gather(*(flow.bind(echo.addr) for flow in flows))
+        with pytest.raises(HandoffRefusedError, match="state version 1"):
+            await asyncio.to_thread(take_over, handoff, [99])
+        assert old.proc.alive()
+        codes = await asyncio.gather(*(flow.refresh() for flow in flows))
+        assert codes == [0] * len(flows)
+        for flow in flows:
+            flow.receiver.first.clear()
+            flow.receiver.seen.pop(0, None)
+        await asyncio.gather(*(flow.bind(echo.addr) for flow in flows))
+        assert (await old.status())["allocationCount"] == len(flows)
+    finally:
+        for flow in flows:
+            flow.abandon()
+        await old.close()
