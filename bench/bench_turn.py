@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,16 +252,18 @@ def ours_vs_upstream(load: str, per_packet: dict[str, float]) -> None:
             )
 
 
-def main() -> None:
-    turnserver = shutil.which("turnserver") or "/usr/bin/turnserver"
-    for tool in ("turnutils_uclient", "turnutils_peer"):
-        if shutil.which(tool) is None:
-            print(f"bench turn: {tool} (coturn) is not installed; skipped")
-            return
-    if not os.access(turnserver, os.X_OK):
-        print("bench turn: turnserver (coturn) is not installed; skipped")
-        return
-    stunnerd = str(Path(sys.executable).with_name("stunnerd"))
+@dataclass
+class Results:
+    """Every scenario's runs, per server."""
+
+    alloc: dict[str, tuple[float, float]]
+    runs: dict[str, list[Run]]
+    paced_runs: dict[str, list[Run]]
+    indications: dict[str, Run]
+
+
+def measure(turnserver: str, stunnerd: str) -> Results:
+    """Start coturn, our stunnerd (with and without GSO) and upstream's; run every scenario."""
     with tempfile.TemporaryDirectory(prefix="bench-turn-") as tmp_name:
         tmp = Path(tmp_name)
         peer_port, coturn_port = free_port(), free_port()
@@ -322,17 +324,27 @@ def main() -> None:
                 for name, (pid, port) in servers.items()
                 if name != "no-gso"
             }
+    return Results(alloc, runs, paced_runs, indications)
+
+
+def print_runs(series: Iterable[Run], name: str) -> None:
+    for r in series:
+        print(
+            f"{name:<9} {r.round_trips:>11} {r.lost_pct:>7.3f} {r.rt_per_s:>9.0f} "
+            f"{r.cpu_s:>7.2f} {r.us_per_packet:>7.2f}"
+        )
+
+
+def report(results: Results) -> None:
+    alloc, runs = results.alloc, results.runs
+    paced_runs, indications = results.paced_runs, results.indications
     print(
         f"ChannelData flood: uclient -m {SESSIONS} -c -z 0 -l 100 -n {MESSAGES}, "
         f"{ROUNDS} alternating rounds"
     )
     print(f"{'server':<9} {'round trips':>11} {'loss %':>7} {'rt/s':>9} {'CPU s':>7} {'µs/pkt':>7}")
     for name, series in runs.items():
-        for r in series:
-            print(
-                f"{name:<9} {r.round_trips:>11} {r.lost_pct:>7.3f} {r.rt_per_s:>9.0f} "
-                f"{r.cpu_s:>7.2f} {r.us_per_packet:>7.2f}"
-            )
+        print_runs(series, name)
     med = {name: statistics.median(r.us_per_packet for r in s) for name, s in runs.items()}
     rate = {name: statistics.median(r.rt_per_s for r in s) for name, s in runs.items()}
     print(
@@ -349,11 +361,7 @@ def main() -> None:
         f"-n {PACED_MESSAGES} (about {per_s} round trips/s, little to batch)"
     )
     for name, series in paced_runs.items():
-        for r in series:
-            print(
-                f"{name:<9} {r.round_trips:>11} {r.lost_pct:>7.3f} {r.rt_per_s:>9.0f} "
-                f"{r.cpu_s:>7.2f} {r.us_per_packet:>7.2f}"
-            )
+        print_runs(series, name)
     paced = {n: statistics.median(r.us_per_packet for r in s) for n, s in paced_runs.items()}
     paced_ratio = paced["stunnerd"] / paced["coturn"]
     plain_ratio = paced["no-gso"] / paced["coturn"]
@@ -364,10 +372,7 @@ def main() -> None:
         f"Send/Data indications: uclient -s -m {SESSIONS} -c -z 0 -l 100 -n {INDICATION_MESSAGES}"
     )
     for name, r in indications.items():
-        print(
-            f"{name:<9} {r.round_trips:>11} {r.lost_pct:>7.3f} {r.rt_per_s:>9.0f} "
-            f"{r.cpu_s:>7.2f} {r.us_per_packet:>7.2f}"
-        )
+        print_runs([r], name)
     ind_ratio = indications["stunnerd"].us_per_packet / indications["coturn"].us_per_packet
     print(f"RATIO indications cpu_per_packet stunnerd/coturn = {ind_ratio:.2f}")
     ours_vs_upstream("indications", {n: r.us_per_packet for n, r in indications.items()})
@@ -389,6 +394,19 @@ def main() -> None:
                 f"RATIO cpu_per_allocation ours/upstream = {alloc['stunnerd'][0] / alloc_ms:.2f}  "
                 f"(upstream: stunnerd v1.2.1 --udp-thread-num {name.removeprefix('upstream x')})"
             )
+
+
+def main() -> None:
+    turnserver = shutil.which("turnserver") or "/usr/bin/turnserver"
+    for tool in ("turnutils_uclient", "turnutils_peer"):
+        if shutil.which(tool) is None:
+            print(f"bench turn: {tool} (coturn) is not installed; skipped")
+            return
+    if not os.access(turnserver, os.X_OK):
+        print("bench turn: turnserver (coturn) is not installed; skipped")
+        return
+    stunnerd = str(Path(sys.executable).with_name("stunnerd"))
+    report(measure(turnserver, stunnerd))
 
 
 if __name__ == "__main__":
