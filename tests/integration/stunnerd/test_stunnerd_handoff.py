@@ -33,20 +33,24 @@ async def echo() -> AsyncIterator[UdpEcho]:
         yield peer
 
 
-def stunnerd(tmp: Path, name: str, ports: dict[str, int], handoff: Path) -> ManagedStunnerd:
-    """A single-process stunnerd on the shared listener ports, with its own health port."""
+def stunnerd(
+    tmp: Path, name: str, ports: dict[str, int], handoff: Path, workers: int = 0
+) -> ManagedStunnerd:
+    """A stunnerd on the shared listener ports, with its own health port."""
     home = tmp / name
     home.mkdir()
     config = base_config(health_port(), ports)
-    return ManagedStunnerd(home, config, "--handoff-socket", str(handoff), health=health_port())
+    args = ["--handoff-socket", str(handoff), "--udp-thread-num", str(workers)]
+    return ManagedStunnerd(home, config, *args, health=health_port())
 
 
+@pytest.mark.parametrize("workers", [0, 4], ids=["one-process", "4-workers"])
 async def test_a_successor_takes_over_every_allocation_and_no_client_notices(
-    tmp_path: Path, echo: UdpEcho
+    tmp_path: Path, echo: UdpEcho, workers: int
 ) -> None:
     ports = listener_ports("a")
     handoff = tmp_path / "handoff" / "stunnerd.sock"
-    old = stunnerd(tmp_path, "old", ports, handoff)
+    old = stunnerd(tmp_path, "old", ports, handoff, workers)
     new: ManagedStunnerd | None = None
     flows: list[Flow] = []
     try:
@@ -58,7 +62,7 @@ async def test_a_successor_takes_over_every_allocation_and_no_client_notices(
         try:
             await asyncio.sleep(0.5)
             started = time.monotonic()
-            new = stunnerd(tmp_path, "new", ports, handoff)
+            new = stunnerd(tmp_path, "new", ports, handoff, workers)
             code = await asyncio.to_thread(old.proc.proc.wait, STEP_TIMEOUT_S)
             gone = time.monotonic()
             await asyncio.sleep(1.0)
@@ -72,8 +76,8 @@ async def test_a_successor_takes_over_every_allocation_and_no_client_notices(
         gap = max(flow.receiver.longest_gap(started) for flow in flows)
         sent = sum(1 for f in flows for t in f.sent.values() if started <= t <= gone)
         print(
-            f"handoff: old exited {gone - started:.2f} s after the new one started; lost {lost} "
-            f"of {sent} datagrams sent meanwhile; longest gap of a client {gap:.2f} s"
+            f"handoff ({workers} workers): old exited {gone - started:.2f} s after the new one "
+            f"started; lost {lost} of {sent} datagrams sent meanwhile; longest gap {gap:.2f} s"
         )
         assert lost <= sent
         codes = await asyncio.gather(*(flow.refresh() for flow in flows))

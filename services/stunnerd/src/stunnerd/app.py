@@ -87,7 +87,7 @@ def make_dataplane(settings: StunnerdSettings, successor: Successor | None = Non
     if settings.udp_thread_num > 1:
         from stunnerd.workers.pool import WorkerPool
 
-        return WorkerPool(
+        pool = WorkerPool(
             settings.udp_thread_num,
             bind_host=settings.bind_host,
             log_spec=settings.log_spec,
@@ -98,7 +98,13 @@ def make_dataplane(settings: StunnerdSettings, successor: Successor | None = Non
             quota=settings.quota,
             node_address=settings.node_address,
             timeouts=settings.worker_timeouts,
+            nonce_key=successor.state.nonce_key if successor is not None else None,
         )
+        if successor is not None:
+            from stunnerd.workers.pool_handoff import seed
+
+            seed(pool, successor.state, successor.listener_socks, successor.relays)
+        return pool
     from stunnerd.net.server import TurnServer
     from stunnerd.offload.manager import OffloadManager
     from stunnerd.workers.local import LocalDataplane
@@ -122,18 +128,16 @@ def make_dataplane(settings: StunnerdSettings, successor: Successor | None = Non
 async def take_over(settings: StunnerdSettings) -> Successor | None:
     """With `STUNNERD_HANDOFF_SOCKET`: the sockets and allocations of a stunnerd running there,
     or None when none runs; `ConfigExit` when it refuses or the handoff fails (it goes on)."""
-    if not settings.handoff_socket or settings.udp_thread_num > 1:
+    if not settings.handoff_socket:
         return None
     from stunnerd.handoff.channel import HandoffError
-    from stunnerd.workers.handoff import Successor, take
+    from stunnerd.workers.handoff import successor_at
 
+    workers = settings.udp_thread_num if settings.udp_thread_num > 1 else 0
     try:
-        taken = await asyncio.to_thread(take, Path(settings.handoff_socket))
+        return await successor_at(Path(settings.handoff_socket), workers)
     except HandoffError as exc:
         raise ConfigExit(f"handoff from the running stunnerd failed, it serves on: {exc}") from exc
-    if taken is None:
-        return None
-    return Successor(*taken)
 
 
 async def serve_handoff(settings: StunnerdSettings, dataplane: Dataplane) -> HandoffServer | None:

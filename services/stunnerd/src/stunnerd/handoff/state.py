@@ -61,6 +61,8 @@ class AllocationRecord:
 class ListenerRecord:
     name: str
     allocations: tuple[AllocationRecord, ...] = ()
+    worker: int = 0
+    """The worker process that holds these allocations (0 in a single process)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,10 @@ class HandoffState:
     nonce_key: bytes = b""
     """The key nonces are minted with: a nonce given before the handoff stays valid after."""
     sockets: tuple[SocketRecord, ...] = ()
-    """Listener sockets, sent before the relay sockets."""
+    """Listener sockets, sent before the relay sockets; with worker processes, the members of
+    each listener's SO_REUSEPORT group in worker order."""
+    workers: int = 0
+    """The worker processes of the sender (0: a single process)."""
 
     def allocation_count(self) -> int:
         return sum(len(lst.allocations) for lst in self.listeners)
@@ -156,8 +161,13 @@ def encode_state(state: HandoffState) -> bytes:
         "version": VERSION,
         "nonce_key": state.nonce_key.hex(),
         "sockets": [[sock.kind, sock.host, sock.port] for sock in state.sockets],
+        "workers": state.workers,
         "listeners": [
-            {"name": lst.name, "allocations": [allocation_doc(a) for a in lst.allocations]}
+            {
+                "name": lst.name,
+                "worker": lst.worker,
+                "allocations": [allocation_doc(a) for a in lst.allocations],
+            }
             for lst in state.listeners
         ],
     }
@@ -217,6 +227,7 @@ def _listener(doc: Any, where: str) -> ListenerRecord:
     return ListenerRecord(
         _text(doc.get("name"), f"{where}.name"),
         tuple(read_allocation(a, f"{where}.allocations[{i}]") for i, a in enumerate(allocations)),
+        int(_number(doc.get("worker", 0), f"{where}.worker")),
     )
 
 
@@ -246,6 +257,7 @@ def decode_state(data: bytes, readable: Sequence[int] = tuple(READABLE_VERSIONS)
         listeners=tuple(_listener(lst, f"listeners[{i}]") for i, lst in enumerate(listeners)),
         nonce_key=_hex(doc.get("nonce_key", ""), "nonce_key"),
         sockets=tuple(_socket(item, f"sockets[{i}]") for i, item in enumerate(sockets)),
+        workers=int(_number(doc.get("workers", 0), "workers")),
     )
 
 

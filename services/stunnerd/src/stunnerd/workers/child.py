@@ -78,6 +78,9 @@ async def handle(
         reply["user_quota"] = dataplane.quota_status()
     elif op == "drain":
         await dataplane.stop_accepting()
+    elif op == "freeze":  # a handoff is being prepared: requests are left to the next process
+        for listener in dataplane.server.listeners.values():
+            listener.frozen = bool(message.get("frozen"))
     elif op == "ping":
         pass
     else:

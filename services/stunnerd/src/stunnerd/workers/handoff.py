@@ -17,6 +17,7 @@ DTLS listeners are not handed over: the new process binds them once the old one 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from stunnerd.handoff.channel import (
     HandoffError,
     HandoffRefusedError,
     HandoffServer,
+    HandoffSource,
     Offer,
     Received,
     take_over,
@@ -44,6 +46,8 @@ from stunnerd.net.binding import SocketKey
 from stunnerd.net.server import TurnServer
 from stunnerd.net.udp import UdpListener
 from stunnerd.workers.local import LocalDataplane
+from stunnerd.workers.pool import WorkerPool
+from stunnerd.workers.pool_handoff import PoolHandoffSource
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +133,15 @@ class HandedSockets:
 
 
 async def listen(path: Path, dataplane: object) -> HandoffServer | None:
-    """Listen for a successor at `path`; None (logged) in worker mode or when it cannot."""
-    if not isinstance(dataplane, LocalDataplane):
-        log.warning("handoff: not available with --udp-thread-num > 1; no handoff socket")
+    """Listen for a successor at `path`; None (logged) when it cannot."""
+    source: HandoffSource
+    if isinstance(dataplane, LocalDataplane):
+        source = LocalHandoffSource(dataplane.server)
+    elif isinstance(dataplane, WorkerPool):
+        source = PoolHandoffSource(dataplane)
+    else:
         return None
-    server = HandoffServer(path, LocalHandoffSource(dataplane.server))
+    server = HandoffServer(path, source)
     try:
         await server.start()
     except (OSError, HandoffError) as exc:
@@ -169,7 +177,12 @@ class Successor:
         socks = [socket.socket(fileno=fd) for fd in received.fds]
         received.fds = []
         count = len(state.sockets)
-        self.sockets = HandedSockets(state.sockets, socks[:count])
+        self.listener_socks = socks[:count]
+        """In worker mode, the members of each listener's group (the new pool owns them)."""
+        single = state.workers == 0
+        self.sockets = HandedSockets(
+            state.sockets if single else (), self.listener_socks if single else ()
+        )
         self.relays = socks[count:]
         """The relay sockets, in the order the state names them (`TurnServer.adopt`)."""
 
@@ -187,3 +200,21 @@ class Successor:
         """This process cannot serve: the old one goes on."""
         self.received.refuse(reason)
         self.sockets.close()
+
+
+async def successor_at(path: Path, workers: int) -> Successor | None:
+    """What a stunnerd running at `path` hands over, for a process of `workers` worker
+    processes (0: a single one); None when none runs there. Raises HandoffError (the old
+    process serves on): refused, failed, or run with another number of workers."""
+    taken = await asyncio.to_thread(take, path)
+    if taken is None:
+        return None
+    successor = Successor(*taken)
+    if successor.state.workers != workers:
+        reason = (
+            f"the running stunnerd has {successor.state.workers or 1} worker process(es), this "
+            f"one {workers or 1}: start it with the same --udp-thread-num"
+        )
+        successor.refuse(reason)
+        raise HandoffRefusedError(reason)
+    return successor

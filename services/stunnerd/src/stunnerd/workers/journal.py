@@ -128,11 +128,12 @@ class Journal:
             for fd in fds:
                 os.close(fd)
 
-    def handover(
-        self, listeners: Iterable[str], nonce_key: bytes, now: float | None = None
-    ) -> tuple[str, list[int]]:
-        """The live entries of `listeners` as a handoff document, and their relay sockets' fds
-        in the order it names them; entries that expired or lost their listener are dropped."""
+    def live(
+        self, listeners: Iterable[str], worker: int = 0, now: float | None = None
+    ) -> tuple[list[dict[str, Any]], list[int]]:
+        """The live entries of `listeners` as the handoff document's listener objects, and
+        their relay sockets' fds in the order they name them; entries that expired or lost
+        their listener are dropped (and their sockets closed)."""
         now = time.monotonic() if now is None else now
         keep = set(listeners)
         by_listener: dict[str, list[dict[str, Any]]] = {}
@@ -144,11 +145,20 @@ class Journal:
                 continue
             by_listener.setdefault(key[0], []).append(doc)
             fds.extend(sock.fileno() for sock in entry.sockets)
+        docs = [{"name": n, "worker": worker, "allocations": a} for n, a in by_listener.items()]
+        return docs, fds
+
+    def handover(
+        self, listeners: Iterable[str], nonce_key: bytes, now: float | None = None
+    ) -> tuple[str, list[int]]:
+        """The live entries of `listeners` as a handoff document for a replacement worker, and
+        the fds of their relay sockets in the order it names them."""
+        docs, fds = self.live(listeners, now=now)
         document = {
             "format": FORMAT,
             "version": VERSION,
             "nonce_key": nonce_key.hex(),
-            "listeners": [{"name": n, "allocations": a} for n, a in by_listener.items()],
+            "listeners": docs,
         }
         return json.dumps(document, separators=(",", ":")), fds
 

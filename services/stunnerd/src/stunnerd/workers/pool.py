@@ -75,12 +75,13 @@ class WorkerPool:
         relay_addresses: tuple[str, ...] = (),
         quota: QuotaSettings | None = None,
         node_address: str = "",
+        nonce_key: bytes | None = None,
     ) -> None:
         if count < 1:
             raise ValueError("a worker pool needs at least one worker")
         self.timeouts = timeouts
         self.bind_host = bind_host
-        self.nonce_key = new_nonce_key()
+        self.nonce_key = nonce_key if nonce_key is not None else new_nonce_key()
         self.sockets = SocketGroups(count)
         self.workers = [
             Worker(
@@ -150,7 +151,7 @@ class WorkerPool:
         async with self._lock:
             running = self._bound(self.running)
             if running is not None:
-                await self._apply_one(worker, running, adopt=True)
+                await self._apply_one(worker, running)
             else:
                 worker.journal.close()
             if self.draining:
@@ -159,11 +160,10 @@ class WorkerPool:
             gone = self.offload.datapath.forget_owner(old_owner)
             log.info("offload: removed %d kernel entries of worker %d", gone, worker.index)
 
-    async def _apply_one(
-        self, worker: Worker, config: StunnerConfig, *, adopt: bool = False
-    ) -> dict[str, Any]:
-        """Give `worker` the config with its sockets; with `adopt`, also the allocations it
-        journaled before it died, and their relay sockets."""
+    async def _apply_one(self, worker: Worker, config: StunnerConfig) -> dict[str, Any]:
+        """Give `worker` the config with its sockets; the first config of a (re)started worker
+        also carries the allocations journaled before (by its dead predecessor, or handed over
+        by the stunnerd this one took over from) and their relay sockets."""
         keys = sorted(config_keys(config, self.bind_host))
         message: dict[str, Any] = {
             "op": "apply",
@@ -175,10 +175,11 @@ class WorkerPool:
                 raise WorkerError(f"worker {worker.index} is not running")
             try:
                 send_sockets(worker.channel, self.sockets.of_worker(worker.index, keys))
-                if adopt:
+                if worker.fresh:
                     names = (lst.name for lst in config.listeners)
                     message["adopt"], relays = worker.journal.handover(names, self.nonce_key)
                     send_relays(worker.channel, relays)
+                    worker.fresh = False
                 datapath = self.offload.datapath
                 send_offload(
                     worker.channel,

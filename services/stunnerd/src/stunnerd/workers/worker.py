@@ -108,6 +108,8 @@ class Worker:
         self.journal = Journal()
         self.owner = index + 1
         """The tag of the kernel offload entries this incarnation writes."""
+        self.fresh = True
+        """Started and not yet given a config: the next one carries its journaled allocations."""
 
     @property
     def pid(self) -> int | None:
@@ -115,6 +117,7 @@ class Worker:
 
     async def start(self) -> None:
         self.exited.clear()
+        self.fresh = True
         self._close_channel()
         self.channel, theirs = FdChannel.pair()
         try:
