@@ -127,3 +127,31 @@ async def test_a_successor_that_cannot_read_the_state_is_refused_and_nothing_is_
         for flow in flows:
             flow.abandon()
         await old.close()
+
+
+async def test_a_successor_with_another_worker_count_is_refused_and_the_old_one_serves_on(
+    tmp_path: Path, echo: UdpEcho
+) -> None:
+    ports = listener_ports("a")
+    handoff = tmp_path / "handoff" / "stunnerd.sock"
+    old = stunnerd(tmp_path, "old", ports, handoff)
+    flows: list[Flow] = []
+    try:
+        await old.ready()
+        flows = await open_flows(4, ports["a"])
+        await asyncio.gather(*(flow.bind(echo.addr) for flow in flows))
+        new = stunnerd(tmp_path, "new", ports, handoff, workers=2)
+        code = await asyncio.to_thread(new.proc.proc.wait, STEP_TIMEOUT_S)
+        assert code == 1
+        assert "start it with the same --udp-thread-num" in new.log()
+        assert old.proc.alive()
+        assert await asyncio.gather(*(flow.refresh() for flow in flows)) == [0] * len(flows)
+        for flow in flows:
+            flow.receiver.first.clear()
+            flow.receiver.seen.pop(0, None)
+        await asyncio.gather(*(flow.bind(echo.addr) for flow in flows))
+        assert (await old.status())["allocationCount"] == len(flows)
+    finally:
+        for flow in flows:
+            flow.abandon()
+        await old.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -107,3 +108,23 @@ def test_the_handover_ages_the_records_and_drops_the_expired_and_the_unconfigure
     assert state.nonce_key == b"n" * 32
     assert len(fds) == 1
     assert len(journal) == 1
+
+
+def test_a_dual_allocation_keeps_both_relay_sockets_and_needs_both(
+    channel: tuple[JournalWriter, FdChannel, Journal],
+) -> None:
+    writer, ours, journal = channel
+    dual = replace(record(), additional=("2001:db8::1", 50002))
+    with relay_socket() as v4, relay_socket() as v6:
+        writer.changed("a", dual, [v4.fileno(), v6.fileno()])
+        journal.read(ours)
+    document, fds = journal.handover(["a"], b"n" * 32)
+    assert len(fds) == 2
+    (alloc,) = decode_state(document.encode()).listeners[0].allocations
+    assert alloc.additional == ("2001:db8::1", 50002)
+    # An entry that lost one of its sockets cannot be adopted: it is dropped.
+    (entry,) = journal.entries.values()
+    entry.sockets.pop().close()
+    document, fds = journal.handover(["a"], b"n" * 32)
+    assert fds == []
+    assert len(journal) == 0
