@@ -49,7 +49,10 @@ STATE = HandoffState(
                     expires_in_s=512.5,
                     additional=("::1", 50002),
                     permissions={"10.0.0.1": 250.0},
-                    channels=(ChannelRecord(0x4000, ("10.0.0.1", 9000), 590.0),),
+                    channels=(
+                        ChannelRecord(0x4000, ("10.0.0.1", 9000), 590.0),
+                        ChannelRecord(0x7FFF, ("10.0.0.1", 9001), 590.0),  # RFC 5766's range
+                    ),
                 ),
             ),
         ),
@@ -82,6 +85,10 @@ def _doc() -> dict[str, object]:
         (lambda d: d["listeners"][0]["allocations"][0].update(key="zz"), "not hexadecimal"),
         (
             lambda d: d["listeners"][0]["allocations"][0]["channels"][0].update(number=7),
+            "not a channel number",
+        ),
+        (
+            lambda d: d["listeners"][0]["allocations"][0]["channels"][0].update(number=0x8000),
             "not a channel number",
         ),
         (

@@ -178,8 +178,9 @@ def _channel(doc: Any, where: str) -> ChannelRecord:
     if not isinstance(doc, dict):
         raise HandoffFormatError(f"{where}: expected an object")
     number = doc.get("number")
-    if not isinstance(number, int) or not 0x4000 <= number <= 0x4FFF:
-        raise HandoffFormatError(f"{where}.number: not a channel number (RFC 8656 §12)")
+    # 0x4000-0x7FFF, as stunnerd binds them: RFC 5766 clients still use the upper half.
+    if not isinstance(number, int) or not 0x4000 <= number <= 0x7FFF:
+        raise HandoffFormatError(f"{where}.number: not a channel number (RFC 5766 §11)")
     return ChannelRecord(
         number,
         _address(doc.get("peer"), f"{where}.peer"),
