@@ -128,3 +128,17 @@ def test_a_dual_allocation_keeps_both_relay_sockets_and_needs_both(
     document, fds = journal.handover(["a"], b"n" * 32)
     assert fds == []
     assert len(journal) == 0
+
+
+def test_a_record_the_replacement_could_not_read_is_left_out_alone(
+    channel: tuple[JournalWriter, FdChannel, Journal],
+) -> None:
+    writer, ours, journal = channel
+    with relay_socket() as good, relay_socket() as bad:
+        writer.changed("a", record(), [good.fileno()])
+        writer.changed("a", replace(record(), client=("203.0.113.8", 1), family=5), [bad.fileno()])
+        journal.read(ours)
+    document, fds = journal.handover(["a"], b"n" * 32)
+    (alloc,) = decode_state(document.encode()).listeners[0].allocations
+    assert alloc.client == CLIENT
+    assert len(fds) == 1

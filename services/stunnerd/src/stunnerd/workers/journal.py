@@ -28,7 +28,9 @@ from stunnerd.handoff.state import (
     FORMAT,
     VERSION,
     AllocationRecord,
+    HandoffFormatError,
     allocation_doc,
+    read_allocation,
 )
 from stunnerd.net.relay import Address
 from stunnerd.workers.sockets import MAX_MESSAGE_BYTES, FdChannel
@@ -140,7 +142,7 @@ class Journal:
         fds: list[int] = []
         for key, entry in list(self.entries.items()):
             doc = _aged(entry, now - entry.at)
-            if key[0] not in keep or doc is None:
+            if key[0] not in keep or doc is None or not _readable(doc, key):
                 self.entries.pop(key).close()
                 continue
             by_listener.setdefault(key[0], []).append(doc)
@@ -166,6 +168,16 @@ class Journal:
         for entry in self.entries.values():
             entry.close()
         self.entries.clear()
+
+
+def _readable(doc: dict[str, Any], key: tuple[str, Address]) -> bool:
+    """Whether the replacement can read the record: one it cannot is left out, not the lot."""
+    try:
+        read_allocation(doc, f"{key[0]} {key[1]}")
+    except HandoffFormatError as exc:
+        log.warning("journal: allocation left out: %s", exc)
+        return False
+    return True
 
 
 def _address(value: Any) -> Address:
