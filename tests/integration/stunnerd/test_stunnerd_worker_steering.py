@@ -106,6 +106,9 @@ async def test_a_killed_worker_s_clients_carry_on_on_its_replacement(
         )
         victim = status["workers"][1]
         assert victim["allocations"] > 0, status["workers"]
+        assert [w["journaled"] for w in status["workers"]] == [
+            w["allocations"] for w in status["workers"]
+        ]
         others = {w["index"]: w["pid"] for w in status["workers"] if w is not victim}
 
         stop = asyncio.Event()

@@ -322,12 +322,14 @@ class WorkerPool:
         return out
 
     def worker_status(self) -> list[dict[str, Any]]:
-        """Per-worker process ids, allocation and listener counts (from the last refresh)."""
+        """Per-worker process ids, allocation and listener counts (from the last refresh), and
+        the allocations the supervisor holds in its journal."""
         return [
             {
                 "index": w.index,
                 "pid": w.pid,
                 "allocations": w.stats.allocations,
+                "journaled": len(w.journal),  # what its replacement would carry on
                 "listeners": len(w.stats.listeners),
             }
             for w in self.workers
