@@ -7,7 +7,9 @@ spreads clients over the workers by 5-tuple hash, and since the group never chan
 listener stays configured, a client always lands on the same worker, whatever workers start, die
 or restart. A config is applied to every worker; if any worker fails, the workers that took it are
 sent the previous config again, so they never disagree for longer than one apply. A worker that
-dies is restarted with the config in force. Counters come from a `stats` request to each worker.
+dies is restarted with the config in force and the TURN-UDP allocations it journaled here
+(`journal`), which it adopts before it reads: its clients carry on. Counters come from a `stats`
+request to each worker.
 
 A dead worker's last snapshot must not stand in for its replacement: until the new process has
 taken the config and answered a `stats` request, it reports nothing (no listeners, no
