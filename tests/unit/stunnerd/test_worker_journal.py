@@ -142,3 +142,16 @@ def test_a_record_the_replacement_could_not_read_is_left_out_alone(
     (alloc,) = decode_state(document.encode()).listeners[0].allocations
     assert alloc.client == CLIENT
     assert len(fds) == 1
+
+
+def test_a_record_too_large_for_one_message_is_not_sent_and_the_journal_goes_on(
+    channel: tuple[JournalWriter, FdChannel, Journal],
+) -> None:
+    writer, ours, journal = channel
+    many = {f"10.{i // 65536}.{i // 256 % 256}.{i % 256}": 300.0 for i in range(4000)}
+    with relay_socket() as big, relay_socket() as small:
+        with pytest.raises(OSError, match="too large"):
+            writer.changed("a", replace(record(), permissions=many), [big.fileno()])
+        writer.changed("a", record(client=("203.0.113.8", 1)), [small.fileno()])
+        journal.read(ours)
+    assert [key[1] for key in journal.entries] == [("203.0.113.8", 1)]

@@ -107,7 +107,14 @@ class Journal:
                 return
             self.received += 1
             self.received_bytes += len(data)
-            self.take(json.loads(data), fds)
+            try:
+                self.take(json.loads(data), fds)
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                # e.g. a record over MAX_MESSAGE_BYTES (thousands of permissions), cut short:
+                # that allocation is not kept across a crash; the others are.
+                log.warning("journal: unreadable message from the worker left out: %r", exc)
+                for fd in fds:
+                    os.close(fd)
 
     def take(self, message: dict[str, Any], fds: Sequence[int]) -> None:
         op = message.get("op")

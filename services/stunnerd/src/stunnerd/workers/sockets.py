@@ -13,6 +13,7 @@ carries the nonce key, so every worker, and every incarnation of it, honours the
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -145,8 +146,14 @@ class FdChannel:
         self.send_many(message, () if fd is None else (fd,))
 
     def send_many(self, message: dict[str, Any], fds: Sequence[int]) -> int:
-        """One message with its fds (duplicated into the peer); the bytes it took."""
+        """One message with its fds (duplicated into the peer); the bytes it took.
+
+        A message the peer could not read whole (over `MAX_MESSAGE_BYTES`) is not sent:
+        OSError (EMSGSIZE).
+        """
         data = json.dumps(message, separators=(",", ":")).encode()
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise OSError(errno.EMSGSIZE, f"a message of {len(data)} bytes is too large")
         self.sock.settimeout(CHANNEL_TIMEOUT_S)
         socket.send_fds(self.sock, [data], list(fds))
         return len(data)
