@@ -18,7 +18,7 @@ def test_a_worker_writes_its_log_in_the_format_it_was_given(log_format: str) -> 
     argv = [
         sys.executable,
         "-m",
-        "stunnerd.workers.child",
+        "stunnerd.worker_main",
         "--index",
         "3",
         "--bind",

@@ -141,14 +141,14 @@ def test_a_timeout_that_is_not_positive_is_refused(name: str) -> None:
 def test_a_worker_process_gets_the_supervisors_tuning_limits_and_log_format() -> None:
     from stunnerd.net.guard import ClientLimits, ConnectionLimits
     from stunnerd.net.tuning import ServerTuning
-    from stunnerd.workers.child import build_parser
+    from stunnerd.worker_main import build_parser
     from stunnerd.workers.pool import Worker
 
     tuning = ServerTuning(udp_gso=False, client_idle_timeout_s=7.5, socket_close_timeout_s=0.25)
     limits = ClientLimits(connection=ConnectionLimits(max_per_source=3))
     worker = Worker(2, "127.0.0.1", None, log_format="json", tuning=tuning, limits=limits)
     argv = worker._argv
-    assert argv[1:3] == ["-m", "stunnerd.workers.child"]
+    assert argv[1:3] == ["-m", "stunnerd.worker_main"]
     args = build_parser().parse_args(argv[3:])
     assert (args.index, args.bind, args.log_format) == (2, "127.0.0.1", "json")
     assert ServerTuning.from_json(args.tuning) == tuning

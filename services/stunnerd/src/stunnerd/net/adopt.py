@@ -22,14 +22,12 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from stunnerd.handoff.state import AllocationRecord, ChannelRecord
+from stunnerd.net.allocate import RelayHost
 from stunnerd.net.relay import Address
 from stunnerd.turn.allocation import Allocation, Channel
-
-if TYPE_CHECKING:
-    from stunnerd.net.listener import Listener
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +40,18 @@ class AllocationJournal(Protocol):
 
     def deleted(self, listener: str, client: Address) -> None:
         """The allocation is gone: its relay sockets can be closed."""
+
+
+class Listener(RelayHost, Protocol):
+    """What journaling and adopting need of a listener (`stunnerd.net.listener.Listener`)."""
+
+    journal: AllocationJournal | None
+    adopted: dict[Address, tuple[socket.socket, socket.socket | None]]
+    allocations_are_connections: bool
+    connections: int
+
+    def client_closed(self, client: Address) -> None:
+        """The client is gone (its allocation ends)."""
 
 
 def record_of(alloc: Allocation, now: float) -> AllocationRecord:

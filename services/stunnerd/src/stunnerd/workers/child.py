@@ -1,6 +1,7 @@
 """A worker process: one `LocalDataplane` whose sockets share their ports with the other workers.
 
-Started by `WorkerPool` as `python -m stunnerd.workers.child`; it obeys requests on stdin and
+Started by `WorkerPool` as `python -m stunnerd.worker_main` (its edge, which reads the command
+line and the environment); it obeys requests on stdin and
 answers on stdout (see `protocol`). Logs go to stderr, which the supervisor shares, in the
 supervisor's format (`--log-format`, text or JSON) with the worker's tag. The worker
 exits when stdin closes, so it never outlives its supervisor.
@@ -8,11 +9,9 @@ exits when stdin closes, so it never outlives its supervisor.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -20,18 +19,15 @@ from typing import Any
 
 from stunner_common.config import ConfigError, parse_config
 from stunner_common.loglevel import apply_log_spec
-from stunner_common.logs import LOG_FORMATS, configure_logging
-from stunner_common.runtime import run as run_loop
 from stunnerd.handoff.state import HandoffFormatError, decode_state
 from stunnerd.net.binding import SocketKey
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.server import TurnServer
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.offload.datapath import Datapath, SharedMaps
-from stunnerd.offload.libbpf import Libbpf, OffloadError
+from stunnerd.offload.libbpf import OffloadError
 from stunnerd.offload.manager import OffloadManager
-from stunnerd.quota import ClusterQuota, QuotaSettings
-from stunnerd.settings import worker_environment
+from stunnerd.quota import ClusterQuota
 from stunnerd.workers.journal import JournalWriter
 from stunnerd.workers.local import LocalDataplane
 from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
@@ -183,56 +179,3 @@ async def serve(
             inherited.close()
         w_transport.close()
     return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stunnerd-worker")
-    parser.add_argument("--index", type=int, default=0)
-    parser.add_argument("--bind", default="0.0.0.0")
-    parser.add_argument("--log", default=None, help="log spec that overrides the config's")
-    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text")
-    parser.add_argument("--tuning", default=None, help="ServerTuning as JSON (default: defaults)")
-    parser.add_argument("--limits", default=None, help="ClientLimits as JSON (default: defaults)")
-    parser.add_argument("--relay-addresses", default="", help="comma-separated relay IPs")
-    parser.add_argument(
-        "--fd-channel", type=int, default=None, help="Unix socket carrying listener sockets"
-    )
-    parser.add_argument("--quota", default=None, help="QuotaSettings as JSON, without the URL")
-    parser.add_argument("--node-address", default="", help="the node's address (placeholder)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    limits = ClientLimits.from_json(args.limits) if args.limits else ClientLimits()
-    tuning = ServerTuning.from_json(args.tuning) if args.tuning else ServerTuning()
-    configure_logging(args.log_format, tag=f"worker-{args.index}")
-    apply_log_spec(args.log or "all:INFO")
-    # The supervisor owns the lifecycle (drain, grace period); a terminal's Ctrl-C or a signal
-    # to the process group must not kill the workers under it. A worker ends when stdin closes.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    relay_addresses = tuple(ip for ip in args.relay_addresses.split(",") if ip)
-    env = worker_environment()
-    Libbpf.library = env.libbpf
-    quota = None
-    if args.quota:
-        settings = QuotaSettings.from_worker_json(args.quota, env.quota_redis_url)
-        quota = ClusterQuota(settings, f"{socket.gethostname()}-{os.getpid()}")
-    return run_loop(
-        serve(
-            args.index,
-            args.bind,
-            args.log,
-            tuning,
-            limits,
-            args.fd_channel,
-            relay_addresses,
-            quota,
-            args.node_address,
-        )
-    )
-
-
-if __name__ == "__main__":
-    sys.exit(main())

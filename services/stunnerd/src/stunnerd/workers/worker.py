@@ -1,7 +1,7 @@
 """One worker process of a multi-process stunnerd, and the requests in flight to it.
 
 The supervisor (`stunnerd.workers.pool.WorkerPool`) starts each worker as
-`python -m stunnerd.workers.child` with its settings on the command line, hands it the nonce key
+`python -m stunnerd.worker_main` with its settings on the command line, hands it the nonce key
 and its listener sockets over a Unix socket pair (`stunnerd.workers.sockets.FdChannel`), and
 talks to it with one JSON object per line on its stdin and stdout (`stunnerd.workers.protocol`):
 each request carries an `id` that the reply repeats, and every request has a deadline. A worker
@@ -80,7 +80,7 @@ class Worker:
         self._argv = [
             sys.executable,
             "-m",
-            "stunnerd.workers.child",
+            "stunnerd.worker_main",
             "--index",
             str(index),
             "--bind",

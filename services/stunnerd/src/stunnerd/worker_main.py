@@ -1,0 +1,77 @@
+"""A worker process's edge: its command line and environment, then `stunnerd.workers.child`.
+
+`WorkerPool` starts each worker as `python -m stunnerd.worker_main` with its settings on the
+command line (as JSON) and the secrets it needs (the cluster-wide quota's Redis URL) in its
+environment, read here through `stunnerd.settings` as the supervisor's are in `stunnerd.cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+
+from stunner_common.loglevel import apply_log_spec
+from stunner_common.logs import LOG_FORMATS, configure_logging
+from stunner_common.runtime import run as run_loop
+from stunnerd.net.guard import ClientLimits
+from stunnerd.net.tuning import ServerTuning
+from stunnerd.offload.libbpf import Libbpf
+from stunnerd.quota import ClusterQuota, QuotaSettings
+from stunnerd.settings import worker_environment
+from stunnerd.workers.child import serve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stunnerd-worker")
+    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--bind", default="0.0.0.0")
+    parser.add_argument("--log", default=None, help="log spec that overrides the config's")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text")
+    parser.add_argument("--tuning", default=None, help="ServerTuning as JSON (default: defaults)")
+    parser.add_argument("--limits", default=None, help="ClientLimits as JSON (default: defaults)")
+    parser.add_argument("--relay-addresses", default="", help="comma-separated relay IPs")
+    parser.add_argument(
+        "--fd-channel", type=int, default=None, help="Unix socket carrying listener sockets"
+    )
+    parser.add_argument("--quota", default=None, help="QuotaSettings as JSON, without the URL")
+    parser.add_argument("--node-address", default="", help="the node's address (placeholder)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    limits = ClientLimits.from_json(args.limits) if args.limits else ClientLimits()
+    tuning = ServerTuning.from_json(args.tuning) if args.tuning else ServerTuning()
+    configure_logging(args.log_format, tag=f"worker-{args.index}")
+    apply_log_spec(args.log or "all:INFO")
+    # The supervisor owns the lifecycle (drain, grace period); a terminal's Ctrl-C or a signal
+    # to the process group must not kill the workers under it. A worker ends when stdin closes.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    relay_addresses = tuple(ip for ip in args.relay_addresses.split(",") if ip)
+    env = worker_environment()
+    Libbpf.library = env.libbpf
+    quota = None
+    if args.quota:
+        settings = QuotaSettings.from_worker_json(args.quota, env.quota_redis_url)
+        quota = ClusterQuota(settings, f"{socket.gethostname()}-{os.getpid()}")
+    return run_loop(
+        serve(
+            args.index,
+            args.bind,
+            args.log,
+            tuning,
+            limits,
+            args.fd_channel,
+            relay_addresses,
+            quota,
+            args.node_address,
+        )
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
