@@ -61,6 +61,8 @@ class DataplaneSpec(K8sModel):
     enable_metrics_endpoint: bool = False
     offload_engine: str = "None"
     offload_interfaces: tuple[str, ...] = ()
+    handoff: bool = False
+    """Hot handoff between a node's old and new stunnerd pod (ours; DaemonSet, host network)."""
 
 
 class Dataplane(K8sObject):

@@ -22,6 +22,12 @@ from stunner_operator.render.annotations import (
     port_map,
 )
 from stunner_operator.render.families import dual_stack_env, ip_families
+from stunner_operator.render.handoff import (
+    add_handoff,
+    handoff_enabled,
+    handoff_env,
+    handoff_problems,
+)
 from stunner_operator.render.options import RenderOptions, cds_server_uri
 
 WORKLOAD_KINDS = ("Deployment", "DaemonSet")
@@ -59,12 +65,14 @@ def workload_kind(dataplane: Dataplane) -> str:
 
 def dataplane_problems(dataplane: Dataplane) -> list[str]:
     kind = dataplane.spec.dataplane_resource
+    problems = handoff_problems(dataplane, workload_kind(dataplane))
     if kind and kind not in WORKLOAD_KINDS:
-        return [
+        problems.insert(
+            0,
             f"Dataplane {dataplane.metadata.name}: dataplaneResource {kind!r} is not "
-            "Deployment or DaemonSet; rendering a Deployment"
-        ]
-    return []
+            "Deployment or DaemonSet; rendering a Deployment",
+        )
+    return problems
 
 
 def container_ports(gw: Gateway, annotations: dict[str, str]) -> list[dict[str, Any]]:
@@ -174,6 +182,8 @@ def render_deployment(
     pod_annotations[RELATED_GATEWAY_NAME] = f"{ns}/{name}"
     container = _container(gw, dataplane, kind, annotations, options)
     pod_spec = _pod_spec(dataplane, container)
+    if handoff_enabled(dataplane, kind):
+        add_handoff(pod_spec, dataplane)
     selector_labels = {
         APP_LABEL: APP_VALUE,
         RELATED_GATEWAY_NAME: name,
@@ -214,10 +224,11 @@ def _rollout(kind: str, dataplane: Dataplane) -> dict[str, Any]:
     if kind == "DaemonSet":
         # A new pod starts before the old one stops (maxSurge, DaemonSets since Kubernetes
         # 1.25), so a node keeps a ready stunnerd through a rollout. On the host network two
-        # pods cannot hold one host port: the old pod goes first there.
+        # pods cannot hold one host port: the old pod goes first there, unless the new one
+        # takes the old one's sockets over (handoff; its pods declare no host ports).
         rolling = (
             {"maxSurge": 0, "maxUnavailable": 1}
-            if dp.host_network
+            if dp.host_network and not handoff_enabled(dataplane, kind)
             else {"maxSurge": 1, "maxUnavailable": 0}
         )
         return {"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": rolling}}
@@ -244,6 +255,7 @@ def _container(
         *cds_token_env(dataplane, options),
         *quota_env(dataplane, kind, options),
         *(dual_stack_env() if ip_families(gw, annotations).dual_stack else ()),
+        *(handoff_env(ns, name) if handoff_enabled(dataplane, kind) else ()),
         *(dict(e) for e in dp.env),
     ]
     # With an offload engine stunnerd loads BPF and attaches it to the pod's interfaces; only

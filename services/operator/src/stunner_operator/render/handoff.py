@@ -1,0 +1,94 @@
+"""The hot handoff between stunnerd pods on one node (the Dataplane's ``handoff``, our field).
+
+A DaemonSet on the host network with a surge rollout starts the new pod on the node beside the
+old one; the two find each other through a Unix socket in a hostPath directory, and the new
+stunnerd takes over the old one's sockets and allocations (services/stunnerd/README.md, "Hot
+handoff"). The old one then idles until its pod is deleted, so its container is not restarted.
+
+stunnerd accepts a peer only under its own uid, and only in a directory no other user may write:
+both pods run as one uid, and a root init container (the same image) makes the host directory
+that uid's, mode 0700; a hostPath volume is not subject to ``fsGroup``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stunner_common.crds import Dataplane
+
+HANDOFF_DIR = "/var/run/stunner"
+HANDOFF_VOLUME = "stunner-handoff"
+HANDOFF_INIT_CONTAINER = "handoff-dir"
+IMAGE_UID = 10001  # services/Dockerfile: the image runs as 10001:10001
+
+
+def handoff_enabled(dataplane: Dataplane, kind: str) -> bool:
+    """Asked for, and possible: a DaemonSet on the host network."""
+    dp = dataplane.spec
+    return dp.handoff and kind == "DaemonSet" and dp.host_network
+
+
+def handoff_problems(dataplane: Dataplane, kind: str) -> list[str]:
+    """What a ``handoff`` that cannot be rendered lacks (the workload is rendered without it)."""
+    dp = dataplane.spec
+    if not dp.handoff or handoff_enabled(dataplane, kind):
+        return []
+    return [
+        f"Dataplane {dataplane.metadata.name}: handoff needs dataplaneResource: DaemonSet and "
+        "hostNetwork: true (the new pod must start on the old one's node, in its network); "
+        "rendering without handoff"
+    ]
+
+
+def handoff_socket(namespace: str, name: str) -> str:
+    """The Gateway's socket on the node: one directory, one socket per Gateway."""
+    return f"{HANDOFF_DIR}/{namespace}_{name}.sock"
+
+
+def handoff_env(namespace: str, name: str) -> list[dict[str, Any]]:
+    return [
+        {"name": "STUNNERD_HANDOFF_SOCKET", "value": handoff_socket(namespace, name)},
+        {"name": "STUNNERD_HANDOFF_IDLE", "value": "true"},
+    ]
+
+
+def handoff_ids(dataplane: Dataplane) -> tuple[int, int]:
+    """The uid and gid stunnerd runs as: the Dataplane's security contexts, else the image's."""
+    dp = dataplane.spec
+    contexts = (dp.container_security_context or {}, dp.security_context or {})
+    uid = next((c["runAsUser"] for c in contexts if c.get("runAsUser") is not None), IMAGE_UID)
+    gid = next((c["runAsGroup"] for c in contexts if c.get("runAsGroup") is not None), uid)
+    return int(uid), int(gid)
+
+
+def add_handoff(pod_spec: dict[str, Any], dataplane: Dataplane) -> None:
+    """The hostPath directory, its init container and the stunnerd container's uid.
+
+    The pod declares no container ports: on the host network every declared port becomes a host
+    port, and the scheduler keeps a pod off a node where another pod holds one of its host
+    ports, so the surge pod would never start beside the old one.
+    """
+    uid, gid = handoff_ids(dataplane)
+    mount = {"name": HANDOFF_VOLUME, "mountPath": HANDOFF_DIR}
+    container = pod_spec["containers"][0]
+    container.pop("ports", None)
+    container["volumeMounts"] = [*container.get("volumeMounts", ()), mount]
+    container["securityContext"] = {
+        "runAsUser": uid,
+        "runAsGroup": gid,
+        "runAsNonRoot": True,
+        **(container.get("securityContext") or {}),
+    }
+    pod_spec["initContainers"] = [
+        {
+            "name": HANDOFF_INIT_CONTAINER,
+            "image": container["image"],
+            "imagePullPolicy": container["imagePullPolicy"],
+            "command": ["install", "-d", "-o", str(uid), "-g", str(gid), "-m", "0700", HANDOFF_DIR],
+            "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False},
+            "volumeMounts": [dict(mount)],
+        }
+    ]
+    pod_spec["volumes"] = [
+        {"name": HANDOFF_VOLUME, "hostPath": {"path": HANDOFF_DIR, "type": "DirectoryOrCreate"}}
+    ]
