@@ -20,7 +20,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +38,10 @@ from stunnerd.reconcile.reconciler import Reconciler
 from stunnerd.reconcile.retry import ListenerRetry
 from stunnerd.settings import StunnerdSettings
 from stunnerd.status import ApplyOutcome, Lifecycle
+from stunnerd.succession import idle, serve_handoff, signal_or_handoff, successor_on_sigusr2
 
 if TYPE_CHECKING:
-    from stunnerd.handoff.channel import HandoffServer
+    from stunnerd.handoff.channel import HandoffServer, NamedSocket
     from stunnerd.quota import ClusterQuota
     from stunnerd.workers.handoff import Successor
 
@@ -140,15 +141,6 @@ async def take_over(settings: StunnerdSettings) -> Successor | None:
         raise ConfigExit(f"handoff from the running stunnerd failed, it serves on: {exc}") from exc
 
 
-async def serve_handoff(settings: StunnerdSettings, dataplane: Dataplane) -> HandoffServer | None:
-    """Listen for a successor at `STUNNERD_HANDOFF_SOCKET` (a single process only)."""
-    if not settings.handoff_socket:
-        return None
-    from stunnerd.workers.handoff import listen
-
-    return await listen(Path(settings.handoff_socket), dataplane)
-
-
 def make_quota(settings: StunnerdSettings) -> ClusterQuota | None:
     if settings.quota is None:
         return None
@@ -163,7 +155,12 @@ def make_quota(settings: StunnerdSettings) -> ClusterQuota | None:
 class ManagedDataplane:
     """The running process: dataplane, admin servers, lifecycle and the reconciler."""
 
-    def __init__(self, settings: StunnerdSettings, dataplane: Dataplane) -> None:
+    def __init__(
+        self,
+        settings: StunnerdSettings,
+        dataplane: Dataplane,
+        handed: Sequence[NamedSocket] = (),
+    ) -> None:
         self.settings = settings
         self.dataplane = dataplane
         self.lifecycle = Lifecycle(force_ready=settings.force_ready)
@@ -183,6 +180,7 @@ class ManagedDataplane:
             log_override=settings.log_spec,
             refresh=dataplane.refresh,
             bind_host=settings.bind_host,
+            handed=handed,
         )
         self.reconciler = Reconciler(dataplane, self.admin)
         self._retry = ListenerRetry(
@@ -192,6 +190,7 @@ class ManagedDataplane:
             stopped=lambda: self.lifecycle.draining,
         )
         self._follow: asyncio.Task[None] | None = None
+        self._closed = False
 
     def _extra_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"offload": self.dataplane.offload_status()}
@@ -319,6 +318,9 @@ class ManagedDataplane:
             await _cancel(second)
 
     async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         await _cancel(self._follow)
         await self.stop_retrying()
         await self.admin.close()
@@ -360,16 +362,18 @@ async def run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
         print(f"stunnerd: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     dataplane = make_dataplane(settings, successor)
-    app = ManagedDataplane(settings, dataplane)
+    app = ManagedDataplane(settings, dataplane, successor.admin if successor is not None else ())
     handoff: HandoffServer | None = None
     try:
-        with _signal_queue() as signals:
+        with _signal_queue() as signals, successor_on_sigusr2(settings):
             await dataplane.start()
             await _serve_first(app, env, successor)
-            handoff = await serve_handoff(settings, dataplane)
-            first = await _signal_or_handoff(signals, handoff)
+            handoff = await serve_handoff(settings, dataplane, app.admin.listening)
+            first = await signal_or_handoff(signals, handoff)
             if first is not None:
                 await app.drain(first, signals)
+            elif settings.handoff_idle:
+                await idle(app.close, handoff, signals)
     except ConfigExit as exc:
         if str(exc):
             print(f"stunnerd: {exc}", file=sys.stderr)
@@ -393,26 +397,7 @@ async def _serve_first(
         raise
     if successor is not None:
         successor.confirm()
-
-
-async def _signal_or_handoff(
-    signals: asyncio.Queue[int], handoff: HandoffServer | None
-) -> int | None:
-    """The first signal, or None once a successor serves on what this process handed over."""
-    if handoff is None:
-        return await signals.get()
-    waits = [
-        asyncio.ensure_future(signals.get()),
-        asyncio.ensure_future(handoff.handed_over.wait()),
-    ]
-    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    if waits[0] in done:
-        return int(waits[0].result())
-    log.info("handoff: the new process serves; exiting")
-    return None
+        app.admin.release_handed()
 
 
 @contextlib.contextmanager

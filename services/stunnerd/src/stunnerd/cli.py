@@ -56,7 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--handoff-socket",
         default=None,
         help="take over a running stunnerd's sockets and allocations at this Unix socket, "
-        "and listen there for a successor (single process only)",
+        "and listen there for a successor; SIGUSR2 starts that successor",
+    )
+    parser.add_argument(
+        "--handoff-idle",
+        action="store_true",
+        help="after handing over, wait serving nothing until SIGTERM, then exit 0 "
+        "(default $STUNNERD_HANDOFF_IDLE; for pods, which would otherwise be restarted)",
     )
     parser.add_argument(
         "--grace-period",
@@ -133,6 +139,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             bind_host=args.bind,
             cds_token_file=args.cds_token_file,
             handoff_socket=args.handoff_socket,
+            handoff_idle=args.handoff_idle,
         )
         # A malformed origin or TURN URI is a usage error, said before anything starts.
         parse_origin(settings.origin)

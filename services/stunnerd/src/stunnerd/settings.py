@@ -168,6 +168,9 @@ class ProcessSettings(BaseSettings):
     """Hot handoff (single process): a stunnerd started with the path of a running one's
     socket takes over its TURN-UDP sockets and allocations; every stunnerd listens there for
     its successor. Empty: off."""
+    handoff_idle: bool = False
+    """After handing over, wait serving nothing until SIGTERM/SIGINT, then exit 0, instead of
+    exiting at once (in a pod: the container does not end, so it is not restarted)."""
 
     @field_validator("relay_addresses", mode="after")
     @classmethod
@@ -282,6 +285,7 @@ def load_settings(
     bind_host: str | None = None,
     cds_token_file: str | None = None,
     handoff_socket: str | None = None,
+    handoff_idle: bool = False,
 ) -> StunnerdSettings:
     """Flags (None: not given) over `env` over the defaults; raises ValueError or
     `ConfigOriginError` (a bad `--id`) with a message for the user."""
@@ -296,6 +300,7 @@ def load_settings(
         node=env.get("STUNNER_NODENAME") or None,
         node_address=values.get("node_address") or _ip_or_empty(env.get("STUNNER_ADDR", "")),
         force_ready=force_ready or values.get("force_ready", False),
+        handoff_idle=handoff_idle or values.get("handoff_idle", False),
     )
     flags = {
         "log_spec": log_spec,

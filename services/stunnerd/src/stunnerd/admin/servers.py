@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -30,9 +30,11 @@ from stunnerd.admin.endpoint import (
     BindAddress,
     parse_admin_endpoint,
 )
+from stunnerd.admin.handed import HandedHttpServer, listening_sockets
 from stunnerd.admin.health import health_handler
 from stunnerd.admin.http import REQUEST_HEAD_TIMEOUT_S, Handler, HttpServer, Response
 from stunnerd.admin.metrics import metrics_handler, metrics_registry
+from stunnerd.handoff.channel import NamedSocket
 from stunnerd.status import Lifecycle, ListenerState, Plan, Rejection, StatsSnapshot, TrafficStats
 
 log = logging.getLogger(__name__)
@@ -196,10 +198,22 @@ def _url(server: HttpServer, path: str = "") -> str:
 
 
 async def _listen(
-    name: str, at: BindAddress, handler: Handler, request_timeout_s: float
+    name: str,
+    at: BindAddress,
+    handler: Handler,
+    request_timeout_s: float,
+    handed: Sequence[NamedSocket] = (),
 ) -> HttpServer:
-    """A started admin server; an OSError says `<name> server cannot listen on <at>: <why>`."""
-    server = HttpServer(name, at.host, at.port, handler, request_timeout_s=request_timeout_s)
+    """A started admin server; an OSError says `<name> server cannot listen on <at>: <why>`.
+    It serves on the handed sockets of its name and address, when there are any."""
+    socks = [
+        h.sock for h in handed if h.name == name and h.host == at.host and at.port in (0, h.port)
+    ]
+    server: HttpServer
+    if socks:
+        server = HandedHttpServer(name, at, handler, socks, request_timeout_s=request_timeout_s)
+    else:
+        server = HttpServer(name, at.host, at.port, handler, request_timeout_s=request_timeout_s)
     try:
         await server.start()
     except OSError as exc:
@@ -222,8 +236,12 @@ class AdminServers:
         log_override: str | None = None,
         refresh: Callable[[], Awaitable[None]] | None = None,
         bind_host: str | None = None,
+        handed: Sequence[NamedSocket] = (),
     ) -> None:
         self.settings = settings
+        self.handed = list(handed)
+        """Listening sockets a previous stunnerd handed over, served where their address is
+        asked for, until `release_handed`."""
         self.lifecycle = lifecycle
         self.sources = StatusSources() if sources is None else sources
         self._stats = stats
@@ -323,7 +341,9 @@ class AdminServers:
             return
         handler = self._refreshing(health_handler(self.lifecycle, self.status), "/status")
         try:
-            self.health = await _listen("health", at, handler, self.settings.request_timeout_s)
+            self.health = await _listen(
+                "health", at, handler, self.settings.request_timeout_s, self.handed
+            )
         except OSError as exc:
             self.health_error = exc.strerror
             raise
@@ -335,7 +355,9 @@ class AdminServers:
             return
         handler = self._refreshing(metrics_handler(self._registry, at.path), None)
         try:
-            self.metrics = await _listen("metrics", at, handler, self.settings.request_timeout_s)
+            self.metrics = await _listen(
+                "metrics", at, handler, self.settings.request_timeout_s, self.handed
+            )
         except OSError as exc:
             # TURN goes on without metrics: the config is applied, /status says why not.
             self.metrics_error = (
@@ -369,7 +391,18 @@ class AdminServers:
 
         return handle
 
+    def listening(self) -> list[NamedSocket]:
+        """What a successor takes over: the health and metrics servers' listening sockets."""
+        return listening_sockets("health", self.health) + listening_sockets("metrics", self.metrics)
+
+    def release_handed(self) -> None:
+        """The handed-over sockets are served (by duplicates) or not wanted: close ours."""
+        for named in self.handed:
+            named.sock.close()
+        self.handed = []
+
     async def close(self) -> None:
+        self.release_handed()
         for server in (self.health, self.metrics):
             if server is not None:
                 await server.close()

@@ -9,9 +9,12 @@ the one it connects to. A refused peer is logged and changes nothing.
 The conversation, one length-prefixed JSON message at a time (fds ride SCM_RIGHTS, at most
 `FDS_PER_MESSAGE` per message, after the message that counts them):
 
-1. new → old: ``{"op": "hello", "readable": [1]}``, the state versions it reads;
+1. new → old: ``{"op": "hello", "readable": [1], "named": true}``, the state versions it reads
+   and whether it takes named sockets too;
 2. old → new: ``{"op": "refused", "reason": …}``, or ``{"op": "offer", "version": V,
-   "state_bytes": N, "fds": K}``, then the state document, then the K fds;
+   "state_bytes": N, "fds": K, "named": [[name, host, port], …]}``, then the state document,
+   then the K fds, the last ones the named sockets (the health and metrics listening sockets,
+   sent only to a process that said `named`: an older one reads the offer as before);
 3. new → old: ``{"op": "serving"}`` once it serves on them: the old process lets go; or
    ``{"op": "refused", "reason": …}`` (a version it cannot read after all, a socket it cannot
    use): the old process goes on serving, as it does when the connection breaks first.
@@ -68,6 +71,17 @@ class Offer:
     fds: list[int]
     resume: Callable[[], Awaitable[None]]
     release: Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class NamedSocket:
+    """A listening socket handed over beside the state (the health or metrics server's): its
+    role, the host it was asked to bind and the port it is bound to."""
+
+    name: str
+    host: str
+    port: int
+    sock: socket.socket
 
 
 class HandoffSource(Protocol):
@@ -159,6 +173,8 @@ class HandoffServer:
     handed_over: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once a new process serves on what was handed over: this one should exit."""
     refused_peers: int = 0
+    named: Callable[[], Sequence[NamedSocket]] | None = None
+    """The listening sockets handed over beside the state to a process that takes them."""
     _sock: socket.socket | None = None
     _busy: bool = False
     _inode: int = 0
@@ -218,7 +234,8 @@ class HandoffServer:
                 await asyncio.to_thread(send_message, conn, {"op": "refused", "reason": str(exc)})
                 log.warning("handoff refused: %s", exc)
                 return
-            await asyncio.to_thread(self._send_offer, conn, offer)
+            named = list(self.named()) if hello.get("named") and self.named is not None else []
+            await asyncio.to_thread(self._send_offer, conn, offer, named)
             answer = await asyncio.to_thread(receive_message, conn)
             if answer.get("op") != "serving":
                 raise HandoffRefusedError(str(answer.get("reason") or answer))
@@ -236,18 +253,19 @@ class HandoffServer:
         self.handed_over.set()
 
     @staticmethod
-    def _send_offer(conn: socket.socket, offer: Offer) -> None:
+    def _send_offer(conn: socket.socket, offer: Offer, named: Sequence[NamedSocket]) -> None:
         send_message(
             conn,
             {
                 "op": "offer",
                 "version": offer.version,
                 "state_bytes": len(offer.document),
-                "fds": len(offer.fds),
+                "fds": len(offer.fds) + len(named),
+                "named": [[n.name, n.host, n.port] for n in named],
             },
         )
         conn.sendall(offer.document)
-        send_fds(conn, offer.fds)
+        send_fds(conn, [*offer.fds, *(n.sock.fileno() for n in named)])
 
     async def close(self) -> None:
         if self._sock is not None:
@@ -271,6 +289,8 @@ class Received:
     document: bytes
     fds: list[int]
     conn: socket.socket
+    named: list[NamedSocket] = field(default_factory=list)
+    """The listening sockets handed over beside the state (this side owns them)."""
 
     def confirm(self) -> None:
         """Tell the old process that this one serves: it lets go and exits."""
@@ -285,6 +305,9 @@ class Received:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds = []
+        for named in self.named:
+            named.sock.close()
+        self.named = []
         with contextlib.suppress(OSError):
             send_message(self.conn, {"op": "refused", "reason": reason})
         self.conn.close()
@@ -319,7 +342,7 @@ def take_over(
         uid = peer_uid(conn)
         if uid != os.getuid():
             raise HandoffError(f"the handoff socket {path} is served by uid {uid}, not us")
-        send_message(conn, {"op": "hello", "readable": sorted(readable)})
+        send_message(conn, {"op": "hello", "readable": sorted(readable), "named": True})
         offer = receive_message(conn)
         if offer.get("op") == "refused":
             raise HandoffRefusedError(str(offer.get("reason") or "refused"))
@@ -328,9 +351,35 @@ def take_over(
         size, count, version = offer.get("state_bytes"), offer.get("fds"), offer.get("version")
         if not (isinstance(size, int) and isinstance(count, int) and isinstance(version, int)):
             raise HandoffError("an offer without state_bytes, fds or version")
+        names = _named_records(offer.get("named"), count)
         document = _recv_exact(conn, size)
         fds = receive_fds(conn, count)
     except BaseException:
         conn.close()
         raise
-    return Received(version, document, fds, conn)
+    state_fds = fds[: count - len(names)]
+    named = [
+        NamedSocket(name, host, port, socket.socket(fileno=fd))
+        for (name, host, port), fd in zip(names, fds[len(state_fds) :], strict=True)
+    ]
+    return Received(version, document, state_fds, conn, named)
+
+
+def _named_records(value: Any, count: int) -> list[tuple[str, str, int]]:
+    """The offer's `named` entries, checked (none from an older stunnerd)."""
+    if value is None:
+        return []
+    out: list[tuple[str, str, int]] = []
+    for item in value if isinstance(value, list) else [value]:
+        if not (
+            isinstance(item, list)
+            and len(item) == 3
+            and isinstance(item[0], str)
+            and isinstance(item[1], str)
+            and isinstance(item[2], int)
+        ):
+            raise HandoffError(f"an offer with a bad named socket {item!r}")
+        out.append((item[0], item[1], item[2]))
+    if len(out) > count:
+        raise HandoffError(f"an offer naming {len(out)} sockets of {count} fds")
+    return out

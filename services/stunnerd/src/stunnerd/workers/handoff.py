@@ -12,7 +12,9 @@ The new process (`take`) asks before it binds anything, builds its `TurnServer` 
 and a socket source of the handed listener sockets, gives it the allocations to adopt
 (`net.adopt`) and applies its config; `confirm` or `refuse` answers the old one. TCP, TLS and
 DTLS listeners are not handed over: the new process binds them once the old one has let go
-(they are retried like any busy port), and their clients reconnect.
+(they are retried like any busy port), and their clients reconnect. The health and metrics
+servers' listening sockets travel beside the state (`NamedSocket`): the new process serves on
+them, so the ports stay answered throughout.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from stunnerd.handoff.channel import (
@@ -28,6 +30,7 @@ from stunnerd.handoff.channel import (
     HandoffRefusedError,
     HandoffServer,
     HandoffSource,
+    NamedSocket,
     Offer,
     Received,
     take_over,
@@ -132,8 +135,11 @@ class HandedSockets:
         self.sockets.clear()
 
 
-async def listen(path: Path, dataplane: object) -> HandoffServer | None:
-    """Listen for a successor at `path`; None (logged) when it cannot."""
+async def listen(
+    path: Path, dataplane: object, named: Callable[[], Sequence[NamedSocket]] | None = None
+) -> HandoffServer | None:
+    """Listen for a successor at `path`, handing it `named` (the admin servers' listening
+    sockets) beside the state; None (logged) when it cannot."""
     source: HandoffSource
     if isinstance(dataplane, LocalDataplane):
         source = LocalHandoffSource(dataplane.server)
@@ -141,7 +147,7 @@ async def listen(path: Path, dataplane: object) -> HandoffServer | None:
         source = PoolHandoffSource(dataplane)
     else:
         return None
-    server = HandoffServer(path, source)
+    server = HandoffServer(path, source, named=named)
     try:
         await server.start()
     except (OSError, HandoffError) as exc:
@@ -185,6 +191,8 @@ class Successor:
         )
         self.relays = socks[count:]
         """The relay sockets, in the order the state names them (`TurnServer.adopt`)."""
+        self.admin = received.named
+        """The old process's health and metrics listening sockets (`AdminServers`)."""
 
     def confirm(self) -> None:
         """This process serves: the old one lets go and exits."""
