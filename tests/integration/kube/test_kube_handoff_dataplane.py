@@ -6,10 +6,15 @@ The operator (as the chart's ServiceAccount) writes the DaemonSet; the API serve
 its surge rollout, the hostPath volume, the root init container that makes the directory the
 stunnerd user's, the handoff environment and the uid. A Dataplane that asks for the handoff on
 a Deployment gets its Deployment without it, and the Gateway's Accepted condition says why.
+
+Then a rollout on a kwok node (support.kwok_node; the test does the scheduler's binding): the
+DaemonSet controller starts the new pod on the node while the old one runs, and deletes the old
+one only once the new one is Ready, which is when stunnerd's handoff has happened.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +22,10 @@ import yaml
 
 from support.kube import KubeClient
 from support.kube_stack import CONTROLLER_NAME, KubeStack
+from support.kwok_node import NODE_NAME, KwokNode, kwok_node
+
+# The rollout also builds kwok when the machine has no copy yet (about 3 minutes cold).
+pytestmark = pytest.mark.timeout(900)
 
 NS = "handoff"
 DIR = "/var/run/stunner"
@@ -136,3 +145,58 @@ def test_handoff_on_a_deployment_is_left_out_and_the_status_says_why(
 
     message = handoff.wait_for("the Gateway's Accepted condition", accepted_message)
     assert "handoff needs dataplaneResource: DaemonSet and hostNetwork: true" in message
+
+
+@pytest.fixture(scope="module")
+def kwok(stack: KubeStack, handoff: KubeClient) -> Iterator[KwokNode]:
+    cluster = stack.cluster
+    assert cluster.pki is not None
+    with kwok_node(
+        stack.admin,
+        stack.workdir / "kwok",
+        server=cluster.server,
+        ca_cert=cluster.pki.ca_cert,
+        admin_cert=(cluster.pki.admin_cert, cluster.pki.admin_key),
+    ) as node:
+        yield node.start()
+
+
+def _edge_pods(client: KubeClient) -> list[dict[str, Any]]:
+    selector = "stunner.l7mp.io/related-gateway-name=edge"
+    return client.list("v1", "Pod", NS, label_selector=selector)
+
+
+def _the_pod(client: KubeClient, count: int) -> Any:
+    def found() -> dict[str, Any] | None:
+        pods = _edge_pods(client)
+        unbound = [p for p in pods if not p["spec"].get("nodeName")]
+        return unbound[0] if len(pods) == count and unbound else None
+
+    return client.wait_for(f"{count} handoff/edge pod(s), one new", found, timeout_s=60.0)
+
+
+def test_a_rollout_starts_the_new_pod_beside_the_old_one(
+    handoff: KubeClient, kwok: KwokNode
+) -> None:
+    old = _the_pod(handoff, 1)["metadata"]["name"]
+    kwok.bind(NS, old)
+    # a new template (the Dataplane's pod annotations): the DaemonSet rolls
+    (dataplane,) = [
+        d
+        for d in yaml.safe_load_all(OBJECTS)
+        if d and d["kind"] == "Dataplane" and d["metadata"]["name"] == "host-handoff"
+    ]
+    dataplane["spec"]["annotations"] = {"rollout": "2"}
+    handoff.apply(dataplane)
+    new = _the_pod(handoff, 2)
+    assert new["spec"]["initContainers"][0]["name"] == "handoff-dir"
+    # the old pod still runs, undeleted, on the node the new one is for
+    pods = {p["metadata"]["name"]: p for p in _edge_pods(handoff)}
+    assert pods[old]["spec"]["nodeName"] == NODE_NAME
+    assert "deletionTimestamp" not in pods[old]["metadata"]
+    kwok.bind(NS, new["metadata"]["name"])
+    handoff.wait_for(
+        "the old pod gone once the new one is Ready",
+        lambda: [p["metadata"]["name"] for p in _edge_pods(handoff)] == [new["metadata"]["name"]],
+        timeout_s=60.0,
+    )
