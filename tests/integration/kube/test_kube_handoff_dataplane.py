@@ -9,7 +9,8 @@ a Deployment gets its Deployment without it, and the Gateway's Accepted conditio
 
 Then a rollout on a kwok node (support.kwok_node; the test does the scheduler's binding): the
 DaemonSet controller starts the new pod on the node while the old one runs, and deletes the old
-one only once the new one is Ready, which is when stunnerd's handoff has happened.
+one only once the new one has been Ready for ``minReadySeconds``, the handoff's time (the old
+stunnerd answers the new pod's readiness probe until it hands its health socket over).
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def test_the_api_server_accepts_the_handoff_daemonset(handoff: KubeClient) -> No
         "type": "RollingUpdate",
         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
     }
+    assert spec["minReadySeconds"] == 10
     pod = spec["template"]["spec"]
     assert pod["hostNetwork"] is True
     assert pod["terminationGracePeriodSeconds"] == 30
@@ -195,6 +197,10 @@ def test_a_rollout_starts_the_new_pod_beside_the_old_one(
     assert pods[old]["spec"]["nodeName"] == NODE_NAME
     assert "deletionTimestamp" not in pods[old]["metadata"]
     kwok.bind(NS, new["metadata"]["name"])
+    # Ready is not enough: the old pod stays minReadySeconds more, for the handoff
+    still = {p["metadata"]["name"]: p for p in _edge_pods(handoff)}
+    assert old in still
+    assert "deletionTimestamp" not in still[old]["metadata"]
     handoff.wait_for(
         "the old pod gone once the new one is Ready",
         lambda: [p["metadata"]["name"] for p in _edge_pods(handoff)] == [new["metadata"]["name"]],

@@ -44,6 +44,8 @@ def test_handoff_renders_a_surge_rollout_and_the_hostpath_socket(render: Render)
         "type": "RollingUpdate",
         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
     }
+    # Ready comes from the old stunnerd until the handoff (one health port on the node)
+    assert ds["spec"]["minReadySeconds"] == 10
     pod = ds["spec"]["template"]["spec"]
     assert pod["hostNetwork"] is True
     assert pod["volumes"] == [
@@ -138,6 +140,7 @@ def test_handoff_without_a_host_network_daemonset_says_what_it_needs(
 def test_without_handoff_the_host_network_daemonset_is_unchanged(render: Render) -> None:
     ds = workload(render(dataplane("dataplaneResource: DaemonSet, hostNetwork: true"), UDP_GATEWAY))
     assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert "minReadySeconds" not in ds["spec"]
     pod = ds["spec"]["template"]["spec"]
     assert "volumes" not in pod
     assert "initContainers" not in pod

@@ -23,6 +23,7 @@ from stunner_operator.render.annotations import (
 )
 from stunner_operator.render.families import dual_stack_env, ip_families
 from stunner_operator.render.handoff import (
+    HANDOFF_MIN_READY_S,
     add_handoff,
     handoff_enabled,
     handoff_env,
@@ -231,7 +232,12 @@ def _rollout(kind: str, dataplane: Dataplane) -> dict[str, Any]:
             if dp.host_network and not handoff_enabled(dataplane, kind)
             else {"maxSurge": 1, "maxUnavailable": 0}
         )
-        return {"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": rolling}}
+        rollout: dict[str, Any] = {
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": rolling}
+        }
+        if handoff_enabled(dataplane, kind):
+            rollout["minReadySeconds"] = HANDOFF_MIN_READY_S
+        return rollout
     return {"replicas": dp.replicas} if dp.replicas is not None else {}
 
 

@@ -20,6 +20,13 @@ HANDOFF_DIR = "/var/run/stunner"
 HANDOFF_VOLUME = "stunner-handoff"
 HANDOFF_INIT_CONTAINER = "handoff-dir"
 IMAGE_UID = 10001  # services/Dockerfile: the image runs as 10001:10001
+HANDOFF_MIN_READY_S = 10
+"""How long the new pod must be Ready before the DaemonSet controller deletes the old one.
+
+On the host network the kubelet probes the node's health port, which the old stunnerd serves
+until it hands its sockets over: the new pod reads Ready at once, before the handoff. The
+handoff takes one to a few seconds (services/stunnerd/README.md); this leaves it the time.
+"""
 
 
 def handoff_enabled(dataplane: Dataplane, kind: str) -> bool:
