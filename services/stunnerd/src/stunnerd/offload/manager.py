@@ -144,6 +144,14 @@ class OffloadManager:
         """Detach (stunnerd stopping): everything falls back to user space."""
         self._stop()
 
+    def let_go(self) -> None:
+        """A successor serves (hot handoff): close without detaching. Its program took our
+        place on the same hooks when it attached, and a detach (by hook and priority) would
+        take its program, and the channels it relays in the kernel, away."""
+        if self.datapath is not None:
+            self.datapath.attached.clear()
+        self._stop()
+
     # ------------------------------------------------------------------ channels
 
     def channel_added(

@@ -109,6 +109,8 @@ class LocalHandoffSource:
 
     async def _release(self) -> None:
         self.released = True
+        if self.server.offload is not None:
+            self.server.offload.let_go()
 
 
 class HandedSockets:

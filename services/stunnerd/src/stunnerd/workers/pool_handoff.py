@@ -72,11 +72,10 @@ class PoolHandoffSource:
             "listeners": listeners,
         }
         data = json.dumps(document, separators=(",", ":")).encode()
-        return Offer(data, VERSION, fds, lambda: self._freeze(False), _nothing)
+        return Offer(data, VERSION, fds, lambda: self._freeze(False), self._release)
 
-
-async def _nothing() -> None:
-    return None
+    async def _release(self) -> None:
+        self.pool.offload.let_go()  # the successor's program replaced ours: leave it attached
 
 
 def seed(
