@@ -13,6 +13,11 @@ Two parts, loopback only and bounded:
   the listener in `/status`), datagrams lost (of those sent in the window) and the longest
   silence any client saw. Also the supervisor's CPU per journaled request (Refreshes), from
   /proc.
+* The handoff window, end to end: the same clients through a stunnerd (one process, then 4
+  workers) while a second one takes over through the handoff socket (`--handoff-idle`, as in a
+  pod). Reported per handoff: the window (the new process started until the old one let go),
+  datagrams lost (of those sent in the window), the longest silence a client saw, and the
+  health probes refused on the shared health port (none expected: the socket is handed over).
 """
 
 from __future__ import annotations
@@ -191,10 +196,80 @@ async def restart_window(tmp: Path) -> None:
         await server.close()
 
 
+async def _probe_health(port: int, stop: asyncio.Event) -> tuple[int, int]:
+    """(probes, refused) on the health port until `stop`."""
+    probes = refused = 0
+    while not stop.is_set():
+        probes += 1
+        try:
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+        except OSError:
+            refused += 1
+        await asyncio.sleep(0.01)
+    return probes, refused
+
+
+async def handoff_window(tmp: Path, workers: int) -> None:
+    ports, health = listener_ports("a"), health_port()
+    sock_path = tmp / f"handoff-{workers}" / "stunnerd.sock"
+    args = ("--handoff-socket", str(sock_path), "--udp-thread-num", str(workers), "--handoff-idle")
+
+    def stunnerd(name: str) -> ManagedStunnerd:
+        home = tmp / f"{name}-{workers}"
+        home.mkdir()
+        return ManagedStunnerd(home, base_config(health, ports), *args)
+
+    old, new = stunnerd("old"), None
+    flows: list[Flow] = []
+    try:
+        async with udp_echo() as echo:
+            assert echo.protocol.transport is not None
+            sock = echo.protocol.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            await old.ready()
+            flows = await open_flows(FLOWS, ports["a"])
+            await asyncio.gather(*(flow.bind(echo.addr) for flow in flows))
+            stop = asyncio.Event()
+            sender = asyncio.create_task(send_steadily(flows, echo.addr, stop, INTERVAL_S))
+            prober = asyncio.create_task(_probe_health(health, stop))
+            try:
+                await asyncio.sleep(0.5)
+                started = time.monotonic()
+                new = stunnerd("new")
+                while "idle until SIGTERM" not in old.proc.output():
+                    if not old.proc.alive() or not new.proc.alive():
+                        raise RuntimeError(f"handoff failed:\n{new.log()}")
+                    await asyncio.sleep(0.01)
+                handed = time.monotonic()
+                await asyncio.sleep(0.5)
+            finally:
+                stop.set()
+                await sender
+                probes, refused = await prober
+            await asyncio.sleep(1.0)
+        window = sum(1 for f in flows for t in f.sent.values() if started <= t <= handed)
+        lost = sum(len(f.lost()) for f in flows)
+        gap = max(f.receiver.longest_gap(started - 0.5) for f in flows)
+        print(
+            f"handoff ({workers or 1} process{'es' if workers else ''}): window "
+            f"{handed - started:.2f} s; lost {lost} of {window} sent in it; longest gap "
+            f"{gap:.2f} s; health probes refused {refused} of {probes}"
+        )
+    finally:
+        for flow in flows:
+            flow.abandon()
+        if new is not None:
+            await new.close()
+        await old.close()
+
+
 def main() -> None:
     journal_cost()
     with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp:
         asyncio.run(restart_window(Path(tmp)))
+        for workers in (0, 4):
+            asyncio.run(handoff_window(Path(tmp), workers))
 
 
 if __name__ == "__main__":
