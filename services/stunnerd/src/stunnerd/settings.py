@@ -165,9 +165,9 @@ class ProcessSettings(BaseSettings):
     offload_object: str = ""
     """The offload's BPF object file; empty: the one `make setup` builds in `stunnerd.offload`."""
     handoff_socket: str = ""
-    """Hot handoff (single process): a stunnerd started with the path of a running one's
-    socket takes over its TURN-UDP sockets and allocations; every stunnerd listens there for
-    its successor. Empty: off."""
+    """Hot handoff: a stunnerd started with the path of a running one's socket takes over its
+    TURN-UDP sockets, allocations and admin listening sockets; every stunnerd listens there for
+    its successor (SIGUSR2 starts one from the same command line). Empty: off."""
     handoff_idle: bool = False
     """After handing over, wait serving nothing until SIGTERM/SIGINT, then exit 0, instead of
     exiting at once (in a pod: the container does not end, so it is not restarted)."""
