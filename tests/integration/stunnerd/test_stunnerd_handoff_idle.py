@@ -85,6 +85,28 @@ def serving_pid(path: Path) -> int:
     return int(struct.unpack("3i", creds)[0])
 
 
+def listening_inodes(port: int) -> set[str]:
+    """The inodes of the TCP sockets listening on `port` (IPv4 and IPv6)."""
+    out: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                out.add(fields[9])
+    return out
+
+
+def holds(pid: int, inodes: set[str]) -> bool:
+    """Whether process `pid` holds any of these sockets."""
+    fds = Path(f"/proc/{pid}/fd")
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            link = os.readlink(fd)
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                return True
+    return False
+
+
 async def wait_for(check: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + STEP_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -130,6 +152,11 @@ async def test_the_successor_serves_health_and_metrics_on_the_same_sockets_and_t
         assert old.proc.alive(), "the old process idles instead of exiting"
         assert new.proc.alive()
         assert serving_pid(handoff) == new.proc.pid
+        # The very listening sockets the old process bound, now held by the new one only.
+        admin_sockets = listening_inodes(admin[0]) | listening_inodes(admin[1])
+        assert len(admin_sockets) == 2
+        assert not holds(old.proc.pid, admin_sockets)
+        assert holds(new.proc.pid, admin_sockets)
         lost = sum(len(flow.lost()) for flow in flows)
         gap = max(flow.receiver.longest_gap(started) for flow in flows)
         print(
