@@ -173,6 +173,10 @@ async def test_the_successor_serves_health_and_metrics_on_the_same_sockets_and_t
             code, body = await get(admin[0], "/status")
             assert code == 200
             assert f'"allocationCount": {FLOWS}'.encode() in body
+        # SIGUSR2 would start a process that takes everything back: the idle one ignores it.
+        os.kill(old.proc.pid, signal.SIGUSR2)
+        await wait_for(lambda: "SIGUSR2 ignored" in old.proc.output(), "SIGUSR2 to be ignored")
+        assert serving_pid(handoff) == new.proc.pid
         # SIGTERM ends the idle process at once with status 0; the clients go on.
         os.kill(old.proc.pid, signal.SIGTERM)
         code = await asyncio.to_thread(old.proc.proc.wait, 3.0)

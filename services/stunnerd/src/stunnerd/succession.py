@@ -81,6 +81,10 @@ async def idle(
     if handoff is not None:
         await handoff.close()
     await close()
+    # A successor started from here now would take the sockets back from the new process.
+    asyncio.get_running_loop().add_signal_handler(
+        signal.SIGUSR2, log.warning, "SIGUSR2 ignored: this process handed over and idles"
+    )
     log.info("handoff: idle until SIGTERM (the new process serves)")
     sig = await signals.get()
     log.info("%s received while idle: exiting", signal.Signals(sig).name)
