@@ -372,8 +372,10 @@ async def run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
             first = await signal_or_handoff(signals, handoff)
             if first is not None:
                 await app.drain(first, signals)
-            elif settings.handoff_idle:
-                await idle(app.close, handoff, signals)
+            else:
+                await app.admin.let_go()
+                if settings.handoff_idle:
+                    await idle(app.close, handoff, signals)
     except ConfigExit as exc:
         if str(exc):
             print(f"stunnerd: {exc}", file=sys.stderr)

@@ -65,3 +65,18 @@ def listening_sockets(name: str, server: HttpServer | None) -> list[NamedSocket]
     else:
         socks = list(server._server.sockets) if server._server is not None else []
     return [NamedSocket(name, server.host, int(s.getsockname()[1]), s) for s in socks]
+
+
+async def close_gently(server: HttpServer | None, timeout_s: float) -> None:
+    """Stop accepting, let the requests in flight finish (within `timeout_s`), then close: a
+    successor accepts on the same sockets, so no probe should see its connection cut."""
+    if server is None:
+        return
+    if isinstance(server, HandedHttpServer):
+        for one in server._servers:
+            one.close()
+    elif server._server is not None:
+        server._server.close()
+    if server._conns:
+        await asyncio.wait(set(server._conns), timeout=timeout_s)
+    await server.close()

@@ -30,7 +30,7 @@ from stunnerd.admin.endpoint import (
     BindAddress,
     parse_admin_endpoint,
 )
-from stunnerd.admin.handed import HandedHttpServer, listening_sockets
+from stunnerd.admin.handed import HandedHttpServer, close_gently, listening_sockets
 from stunnerd.admin.health import health_handler
 from stunnerd.admin.http import REQUEST_HEAD_TIMEOUT_S, Handler, HttpServer, Response
 from stunnerd.admin.metrics import metrics_handler, metrics_registry
@@ -394,6 +394,13 @@ class AdminServers:
     def listening(self) -> list[NamedSocket]:
         """What a successor takes over: the health and metrics servers' listening sockets."""
         return listening_sockets("health", self.health) + listening_sockets("metrics", self.metrics)
+
+    async def let_go(self) -> None:
+        """A successor serves on our listening sockets: stop accepting, finish what is in
+        flight, close."""
+        for server in (self.health, self.metrics):
+            await close_gently(server, self.settings.request_timeout_s)
+        self.health = self.metrics = None
 
     def release_handed(self) -> None:
         """The handed-over sockets are served (by duplicates) or not wanted: close ours."""
