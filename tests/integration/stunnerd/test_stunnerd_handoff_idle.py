@@ -116,14 +116,21 @@ async def wait_for(check: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.parametrize("workers", [0, 4], ids=["one-process", "4-workers"])
+@pytest.mark.parametrize(
+    ("workers", "watch"),
+    [(0, False), (4, False), (0, True)],
+    ids=["one-process", "4-workers", "watched-origin"],
+)
 async def test_the_successor_serves_health_and_metrics_on_the_same_sockets_and_the_old_idles(
-    tmp_path: Path, echo: UdpEcho, workers: int
+    tmp_path: Path, echo: UdpEcho, workers: int, watch: bool
 ) -> None:
+    """With a watched origin (as in a pod: the CDS) the first config comes after the start:
+    the successor answers `serving` only once it applied."""
     ports = listener_ports("a")
     admin = (health_port(), free_port())
     handoff = tmp_path / "handoff" / "stunnerd.sock"
-    args = ("--handoff-socket", str(handoff), "--udp-thread-num", str(workers), "--handoff-idle")
+    args: tuple[str, ...] = ("--handoff-socket", str(handoff), "--udp-thread-num", str(workers))
+    args += ("--handoff-idle", "-w") if watch else ("--handoff-idle",)
     old = stunnerd(tmp_path, "old", ports, admin, *args)
     new: ManagedStunnerd | None = None
     flows: list[Flow] = []

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_CONFIG = 1
+FIRST_CONFIG_TIMEOUT_S = 8.0  # a successor's wait for its first config (< HANDOFF_TIMEOUT_S)
 
 
 class ConfigExit(Exception):
@@ -191,6 +192,7 @@ class ManagedDataplane:
         )
         self._follow: asyncio.Task[None] | None = None
         self._closed = False
+        self._first_applied = asyncio.Event()
 
     def _extra_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"offload": self.dataplane.offload_status()}
@@ -266,6 +268,8 @@ class ManagedDataplane:
 
     def _applied(self, outcome: ApplyOutcome) -> None:
         """After an apply or a retry: announce what came up, readiness, the next retry."""
+        if outcome.error is None:
+            self._first_applied.set()
         if outcome.error is None and not outcome.ignored:
             for name, port in outcome.started:
                 # A stable line on stdout that scripts and tests wait for.
@@ -273,6 +277,13 @@ class ManagedDataplane:
         if not self.lifecycle.draining:
             self.lifecycle.ready = self.reconciler.serving > 0
         self._retry.schedule()
+
+    async def first_config(self, timeout_s: float) -> None:
+        """Wait until a config applied (a watched origin's comes after `serve`), or ConfigExit."""
+        try:
+            await asyncio.wait_for(self._first_applied.wait(), timeout_s)
+        except TimeoutError:
+            raise ConfigExit(f"no config applied within {timeout_s:g} s") from None
 
     async def stop_retrying(self) -> None:
         await self._retry.stop()
@@ -393,6 +404,8 @@ async def _serve_first(
     """The first config; a process that took over answers the old one how it went."""
     try:
         await app.serve(env)
+        if successor is not None:
+            await app.first_config(FIRST_CONFIG_TIMEOUT_S)
     except BaseException as exc:
         if successor is not None:
             successor.refuse(str(exc) or "the first config did not apply")
