@@ -387,6 +387,8 @@ async def run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
                 await app.admin.let_go()
                 if settings.handoff_idle:
                     await idle(app.close, handoff, signals)
+                else:
+                    log.info("handoff: exiting")
     except ConfigExit as exc:
         if str(exc):
             print(f"stunnerd: {exc}", file=sys.stderr)

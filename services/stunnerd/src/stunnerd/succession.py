@@ -63,7 +63,7 @@ async def signal_or_handoff(
     await asyncio.gather(*pending, return_exceptions=True)
     if waits[0] in done:
         return int(waits[0].result())
-    log.info("handoff: the new process serves; exiting")
+    log.info("handoff: the new process serves")
     return None
 
 
