@@ -46,7 +46,8 @@ def stunnerd(
     home.mkdir()
     config = base_config(admin[0], ports)
     config["admin"]["metrics_endpoint"] = f"http://127.0.0.1:{admin[1]}/metrics"
-    return ManagedStunnerd(home, config, *args)
+    # A watched origin brings the health server up before the first config: on this port too.
+    return ManagedStunnerd(home, config, *args, health=admin[0])
 
 
 async def get(port: int, path: str) -> tuple[int, bytes]:
