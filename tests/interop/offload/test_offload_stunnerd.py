@@ -25,14 +25,23 @@ import pytest
 
 from support import netns
 from support.netns import PEER_IP, SERVER_CLIENT_IP, Topology
-from support.processes import ServerProcess, which
+from support.offload_probe import (
+    PASSWORD,
+    PEER_PORT,
+    UDP_PORT,
+    USER,
+    kernel_entries,
+    probe,
+    probe_result,
+    require_tool,
+)
+from support.processes import ServerProcess
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(180)]
 
 STUNNERD = str(Path(sys.executable).with_name("stunnerd"))
-PROBE = str(Path(__file__).parents[2] / "support" / "turn_probe.py")
-USER, PASSWORD, REALM = "user1", "passwd1", "stunner.l7mp.io"
-UDP_PORT, TCP_PORT, PEER_PORT = 3478, 3479, 50000
+REALM = "stunner.l7mp.io"
+TCP_PORT = 3479
 STATUS = "http://127.0.0.1:8086/status"
 METRICS = "http://127.0.0.1:8080/metrics"
 WAIT_S = 15.0
@@ -117,13 +126,6 @@ class Deployment:
         return out
 
 
-def _tool(name: str) -> str:
-    binary = which(name)
-    if binary is None:
-        pytest.skip(f"{name} (coturn) is not installed")
-    return binary
-
-
 @pytest.fixture
 def topo() -> Iterator[Topology]:
     with netns.topology() as t:
@@ -132,7 +134,7 @@ def topo() -> Iterator[Topology]:
 
 @pytest.fixture
 def peer(topo: Topology, tmp_path: Path) -> Iterator[None]:
-    argv = topo.argv(topo.peer, _tool("turnutils_peer"), "-L", PEER_IP, "-p", str(PEER_PORT))
+    argv = topo.argv(topo.peer, require_tool("turnutils_peer"), "-L", PEER_IP, "-p", str(PEER_PORT))
     proc = ServerProcess(argv, log_path=tmp_path / "peer.log")
     yield
     proc.stop()
@@ -160,7 +162,7 @@ def offloaded(topo: Topology, tmp_path: Path, peer: None) -> Iterator[Deployment
 
 def uclient(topo: Topology, *args: str) -> tuple[int, int]:
     argv = [
-        _tool("turnutils_uclient"), "-u", USER, "-w", PASSWORD, "-e", PEER_IP,
+        require_tool("turnutils_uclient"), "-u", USER, "-w", PASSWORD, "-e", PEER_IP,
         "-r", str(PEER_PORT), "-X", *args, SERVER_CLIENT_IP,
     ]  # fmt: skip
     done = topo.run(topo.client, *argv, timeout_s=120)
@@ -169,31 +171,6 @@ def uclient(topo: Topology, *args: str) -> tuple[int, int]:
     assert totals, out[-3000:]
     sent, received = map(int, totals[-1])
     return sent, received
-
-
-def probe(topo: Topology, count: int, interval_ms: float = 20.0) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        topo.python(
-            topo.client, PROBE, SERVER_CLIENT_IP, str(UDP_PORT), USER, PASSWORD, PEER_IP,
-            str(PEER_PORT), "--count", str(count), "--interval-ms", str(interval_ms),
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if line != "ready":
-        proc.kill()
-        pytest.fail(f"probe did not start: {line} {proc.communicate()[1][-2000:]}")
-    return proc
-
-
-def probe_result(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return result
 
 
 def test_uclient_channels_are_relayed_by_the_kernel(offloaded: Deployment) -> None:
@@ -297,30 +274,15 @@ def test_switching_the_engine_live_loses_no_packet(
         dep.proc.stop()
 
 
-def kernel_entries(topo: Topology) -> int:
-    """Entries in the client map of the program attached in the server namespace."""
-
-    def run(*argv: str) -> Any:
-        done = topo.run(topo.server, *argv)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    filters = run("tc", "-j", "filter", "show", "dev", topo.server_client_if, "ingress")
-    prog = next(f["options"]["prog"]["id"] for f in filters if "prog" in f.get("options", {}))
-    for map_id in run("bpftool", "-j", "prog", "show", "id", str(prog))["map_ids"]:
-        if run("bpftool", "-j", "map", "show", "id", str(map_id))["name"] == "stunner_chan":
-            return len(run("bpftool", "-j", "map", "dump", "id", str(map_id)))
-    raise AssertionError("no stunner_chan map")
-
-
 def test_two_worker_processes_share_one_program_and_a_dead_workers_entries_stay(
     topo: Topology, tmp_path: Path, peer: None
 ) -> None:
-    _tool("bpftool")
+    require_tool("bpftool")
     dep = start(topo, tmp_path, "TC", workers=2)
     load = subprocess.Popen(
         topo.argv(
-            topo.client, _tool("turnutils_uclient"), "-u", USER, "-w", PASSWORD, "-e", PEER_IP,
+            topo.client, require_tool("turnutils_uclient"),
+            "-u", USER, "-w", PASSWORD, "-e", PEER_IP,
             "-r", str(PEER_PORT), "-X", "-c", "-m", "16", "-n", "1500", "-z", "20", "-l", "160",
             SERVER_CLIENT_IP,
         ),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -23,14 +22,21 @@ import pytest
 
 from support import netns
 from support.netns import PEER_IP, SERVER_CLIENT_IP, Topology
-from support.processes import ServerProcess, which
+from support.offload_probe import (
+    PASSWORD,
+    PEER_PORT,
+    UDP_PORT,
+    USER,
+    kernel_entries,
+    probe,
+    probe_result,
+    require_tool,
+)
+from support.processes import ServerProcess
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(180)]
 
 STUNNERD = str(Path(sys.executable).with_name("stunnerd"))
-PROBE = str(Path(__file__).parents[2] / "support" / "turn_probe.py")
-USER, PASSWORD = "user1", "passwd1"
-UDP_PORT, PEER_PORT = 3478, 50000
 STATUS = "http://127.0.0.1:8086/status"
 WAIT_S = 15.0
 SLOW_MS = 200.0
@@ -76,34 +82,11 @@ def wait(topo: Topology, what: str, check: Callable[[dict[str, Any]], bool]) -> 
     pytest.fail(f"stunnerd never got to {what}: {last}")
 
 
-def kernel_entries(topo: Topology) -> int:
-    """Entries in the client map of the program attached in the server namespace."""
-
-    def run(*argv: str) -> Any:
-        done = topo.run(topo.server, *argv)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    filters = run("tc", "-j", "filter", "show", "dev", topo.server_client_if, "ingress")
-    prog = next(f["options"]["prog"]["id"] for f in filters if "prog" in f.get("options", {}))
-    for map_id in run("bpftool", "-j", "prog", "show", "id", str(prog))["map_ids"]:
-        if run("bpftool", "-j", "map", "show", "id", str(map_id))["name"] == "stunner_chan":
-            return len(run("bpftool", "-j", "map", "dump", "id", str(map_id)))
-    raise AssertionError("no stunner_chan map")
-
-
-def _tool(name: str) -> str:
-    binary = which(name)
-    if binary is None:
-        pytest.skip(f"{name} is not installed")
-    return binary
-
-
 @pytest.fixture
 def topo(tmp_path: Path) -> Iterator[Topology]:
-    _tool("bpftool")
+    require_tool("bpftool")
     with netns.topology() as t:
-        argv = t.argv(t.peer, _tool("turnutils_peer"), "-L", PEER_IP, "-p", str(PEER_PORT))
+        argv = t.argv(t.peer, require_tool("turnutils_peer"), "-L", PEER_IP, "-p", str(PEER_PORT))
         peer = ServerProcess(argv, log_path=tmp_path / "peer.log")
         try:
             yield t
@@ -129,31 +112,6 @@ def require_offload(topo: Topology, proc: ServerProcess) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI must run the offload tests: {reason}")
     pytest.skip(reason)
-
-
-def probe(topo: Topology, count: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        topo.python(
-            topo.client, PROBE, SERVER_CLIENT_IP, str(UDP_PORT), USER, PASSWORD, PEER_IP,
-            str(PEER_PORT), "--count", str(count), "--interval-ms", "20",
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if line != "ready":
-        proc.kill()
-        pytest.fail(f"probe did not start: {line} {proc.communicate()[1][-2000:]}")
-    return proc
-
-
-def probe_result(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return result
 
 
 def test_a_killed_worker_leaves_its_offloaded_channel_relaying(
