@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import cast
@@ -54,10 +55,16 @@ class UdpEcho:
 
 
 @contextlib.asynccontextmanager
-async def udp_echo(host: str = LOOPBACK) -> AsyncIterator[UdpEcho]:
-    """An echo server on ``host``, port 0; closed when the block ends."""
+async def udp_echo(
+    host: str = LOOPBACK, receive_buffer_bytes: int | None = None
+) -> AsyncIterator[UdpEcho]:
+    """An echo server on ``host``, port 0; closed when the block ends. ``receive_buffer_bytes``
+    makes room for a burst (a relay that was paused sends what it held at once)."""
     loop = asyncio.get_running_loop()
     transport, proto = await loop.create_datagram_endpoint(EchoProtocol, local_addr=(host, 0))
+    if receive_buffer_bytes is not None:
+        sock = transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
     try:
         yield UdpEcho(host, transport.get_extra_info("sockname")[1], proto)
     finally:

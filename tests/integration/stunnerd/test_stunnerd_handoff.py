@@ -5,7 +5,7 @@ exits. A successor that cannot read the state is refused and the old one serves 
 from __future__ import annotations
 
 import asyncio
-import socket
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,10 +26,7 @@ SEND_INTERVAL_S = 0.05
 @pytest.fixture
 async def echo() -> AsyncIterator[UdpEcho]:
     """The echo peer, with room for the burst a paused relay sends at once."""
-    async with udp_echo() as peer:
-        assert peer.protocol.transport is not None
-        sock = peer.protocol.transport.get_extra_info("socket")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    async with udp_echo(receive_buffer_bytes=4 << 20) as peer:
         yield peer
 
 
@@ -103,9 +100,12 @@ async def test_a_successor_takes_over_every_allocation_and_no_client_notices(
         await old.close()
 
 
-async def test_a_successor_that_cannot_read_the_state_is_refused_and_nothing_is_lost(
+@contextlib.asynccontextmanager
+async def old_serving(
     tmp_path: Path, echo: UdpEcho
-) -> None:
+) -> AsyncIterator[tuple[ManagedStunnerd, dict[str, int], Path, list[Flow]]]:
+    """A stunnerd with a handoff socket and four clients relaying through it; on leaving, a
+    refused successor must have left it serving them all (refresh, bind again, status)."""
     ports = listener_ports("a")
     handoff = tmp_path / "handoff" / "stunnerd.sock"
     old = stunnerd(tmp_path, "old", ports, handoff)
@@ -114,37 +114,7 @@ async def test_a_successor_that_cannot_read_the_state_is_refused_and_nothing_is_
         await old.ready()
         flows = await open_flows(4, ports["a"])
         await asyncio.gather(*(flow.bind(echo.addr) for flow in flows))
-        with pytest.raises(HandoffRefusedError, match="state version 1"):
-            await asyncio.to_thread(take_over, handoff, [99])
-        assert old.proc.alive()
-        codes = await asyncio.gather(*(flow.refresh() for flow in flows))
-        assert codes == [0] * len(flows)
-        for flow in flows:
-            flow.receiver.first.clear()
-            flow.receiver.seen.pop(0, None)
-        await asyncio.gather(*(flow.bind(echo.addr) for flow in flows))
-        assert (await old.status())["allocationCount"] == len(flows)
-    finally:
-        for flow in flows:
-            flow.abandon()
-        await old.close()
-
-
-async def test_a_successor_with_another_worker_count_is_refused_and_the_old_one_serves_on(
-    tmp_path: Path, echo: UdpEcho
-) -> None:
-    ports = listener_ports("a")
-    handoff = tmp_path / "handoff" / "stunnerd.sock"
-    old = stunnerd(tmp_path, "old", ports, handoff)
-    flows: list[Flow] = []
-    try:
-        await old.ready()
-        flows = await open_flows(4, ports["a"])
-        await asyncio.gather(*(flow.bind(echo.addr) for flow in flows))
-        new = stunnerd(tmp_path, "new", ports, handoff, workers=2)
-        code = await asyncio.to_thread(new.proc.proc.wait, STEP_TIMEOUT_S)
-        assert code == 1
-        assert "start it with the same --udp-thread-num" in new.log()
+        yield old, ports, handoff, flows
         assert old.proc.alive()
         assert await asyncio.gather(*(flow.refresh() for flow in flows)) == [0] * len(flows)
         for flow in flows:
@@ -156,3 +126,21 @@ async def test_a_successor_with_another_worker_count_is_refused_and_the_old_one_
         for flow in flows:
             flow.abandon()
         await old.close()
+
+
+async def test_a_successor_that_cannot_read_the_state_is_refused_and_nothing_is_lost(
+    tmp_path: Path, echo: UdpEcho
+) -> None:
+    async with old_serving(tmp_path, echo) as (_old, _ports, handoff, _flows):
+        with pytest.raises(HandoffRefusedError, match="state version 1"):
+            await asyncio.to_thread(take_over, handoff, [99])
+
+
+async def test_a_successor_with_another_worker_count_is_refused_and_the_old_one_serves_on(
+    tmp_path: Path, echo: UdpEcho
+) -> None:
+    async with old_serving(tmp_path, echo) as (_old, ports, handoff, _flows):
+        new = stunnerd(tmp_path, "new", ports, handoff, workers=2)
+        code = await asyncio.to_thread(new.proc.proc.wait, STEP_TIMEOUT_S)
+        assert code == 1
+        assert "start it with the same --udp-thread-num" in new.log()

@@ -31,10 +31,8 @@ SEND_INTERVAL_S = 0.05
 
 @pytest.fixture
 async def echo() -> AsyncIterator[UdpEcho]:
-    async with udp_echo() as peer:
-        assert peer.protocol.transport is not None
-        sock = peer.protocol.transport.get_extra_info("socket")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    """The echo peer, with room for the burst a paused relay sends at once."""
+    async with udp_echo(receive_buffer_bytes=4 << 20) as peer:
         yield peer
 
 
