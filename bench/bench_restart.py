@@ -171,11 +171,8 @@ async def restart_window(tmp: Path) -> None:
     server = ManagedStunnerd(tmp, base_config(health_port(), ports), "--udp-thread-num", "4")
     flows: list[Flow] = []
     try:
-        async with udp_echo() as echo:
-            # The backlog of the window arrives in one burst: room for it at the echo peer.
-            assert echo.protocol.transport is not None
-            sock = echo.protocol.transport.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        # The backlog of the window arrives in one burst: room for it at the echo peer.
+        async with udp_echo(receive_buffer_bytes=4 << 20) as echo:
             await server.ready()
             flows = await open_flows(FLOWS, ports["a"])
             await asyncio.gather(*(flow.bind(echo.addr) for flow in flows))
@@ -223,10 +220,7 @@ async def handoff_window(tmp: Path, workers: int) -> None:
     old, new = stunnerd("old"), None
     flows: list[Flow] = []
     try:
-        async with udp_echo() as echo:
-            assert echo.protocol.transport is not None
-            sock = echo.protocol.transport.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        async with udp_echo(receive_buffer_bytes=4 << 20) as echo:
             await old.ready()
             flows = await open_flows(FLOWS, ports["a"])
             await asyncio.gather(*(flow.bind(echo.addr) for flow in flows))

@@ -78,3 +78,32 @@ def test_a_failed_build_still_cleans_up(engine: Path) -> None:
     with pytest.raises(SystemExit, match="building stunnerd failed"):
         images.build(["stunnerd"], "test")
     assert json.loads(engine.read_text())["dangling"] == ["old-1"]
+
+
+def test_each_python_service_is_built_from_the_one_dockerfile_with_its_own_arguments(
+    engine: Path,
+) -> None:
+    images = _images()
+    images.build(["stunnerd", "cds", "redis"], "test")
+    builds = [c for c in json.loads(engine.read_text())["calls"] if c[0] == "build"]
+
+    def args_of(call: list[str]) -> dict[str, str]:
+        pairs = [call[i + 1] for i, a in enumerate(call) if a == "--build-arg"]
+        own = (p.split("=", 1) for p in pairs)
+        return {k: v for k, v in own if k not in ("PIP_CONF", "BASE_IMAGE")}
+
+    stunnerd, cds, redis = builds
+    assert stunnerd[stunnerd.index("-f") + 1] == "services/Dockerfile"
+    assert cds[cds.index("-f") + 1] == "services/Dockerfile"
+    assert redis[redis.index("-f") + 1] == "deploy/redis/Dockerfile"
+    assert args_of(stunnerd) == {
+        "SERVICE": "stunnerd",
+        "COMMAND": "stunnerd",
+        "OFFLOAD": "yes",
+        "RUNTIME_PACKAGES": "libbpf1",
+    }
+    assert args_of(cds) == {"SERVICE": "cds", "COMMAND": "stunner-cds"}
+    assert args_of(redis) == {}
+    root = Path(__file__).resolve().parents[2]
+    for name, args in images.BUILD_ARGS.items():
+        assert (root / "services" / args["SERVICE"] / "pyproject.toml").is_file(), name
