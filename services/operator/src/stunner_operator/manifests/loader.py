@@ -148,6 +148,21 @@ def check_shape(text: str) -> None:
     anchors: dict[str, int] = {}
     stack: list[list[int | str | None]] = []  # [expanded size, anchor]
     total = 0
+    try:
+        _walk(text, anchors, stack, total)
+    except yaml.MarkedYAMLError as exc:
+        # PyYAML 6.0.4 and later stop a deep document themselves, while scanning ahead.
+        if "maximum nesting depth" not in str(exc.problem):
+            raise
+        mark = exc.problem_mark
+        raise _Refused(
+            f"nested deeper than {MAX_DEPTH} levels", mark.line if mark is not None else None
+        ) from None
+
+
+def _walk(
+    text: str, anchors: dict[str, int], stack: list[list[int | str | None]], total: int
+) -> None:
     for event in yaml.parse(text, Loader=_Loader):
         line = event.start_mark.line if event.start_mark is not None else None
         size = 0
