@@ -36,6 +36,14 @@ packet from the kernel's BPF statistics, its size in instructions, `RATIO cpu_pe
 offloaded/ipforward` (how far the kernel path is from the cheapest path there is), and per mode
 the instructions the machine retired per relayed packet where it has hardware counters.
 `BENCH_OFFLOAD_SERVERS` (names, comma-separated, e.g. "offloaded,ip forward") runs only those.
+
+Where perf can sample (bench/cpu_profile.py; `BENCH_OFFLOAD_PROFILE=0` turns it off), each
+server's processes are profiled over the window: their CPU per packet is split into the server's
+own code and the kernel's work in its context (by system call: send, receive, poll), and
+`RATIO own_code_per_packet userspace/coturn` compares the part a relay writes itself. The
+`floor` line is user space's kernel part alone over coturn's whole process CPU: what the ratio
+would be if our own code cost nothing, since every socket relay makes the same system calls for
+the same packets.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from typing import Any
 
 from bench import upstream_peer
 from bench.bench_turn import PASSWORD, REALM, USER, cpu_seconds, tree_pids
+from bench.cpu_profile import Profiler
 from bench.offload_probe import BpfProbe, Instructions
 from bench.offload_report import FORWARD, Run, report
 
@@ -67,6 +76,7 @@ MEDIA_PPS = 50
 FLOOD_SESSIONS = 10
 FLOOD_MESSAGES = int(os.environ.get("BENCH_OFFLOAD_FLOOD_MESSAGES", "20000"))
 ROUNDS = int(os.environ.get("BENCH_OFFLOAD_ROUNDS", "1"))
+PROFILE = os.environ.get("BENCH_OFFLOAD_PROFILE", "1") != "0"
 ONLY = {n.strip() for n in os.environ.get("BENCH_OFFLOAD_SERVERS", "").split(",") if n.strip()}
 PAYLOAD = 160
 STUNNERD_PORT, COTURN_PORT, PEER_PORT = 3478, 3578, 50000
@@ -150,7 +160,7 @@ def set_forwarding(topo: Topology, on: bool) -> None:
 
 def measure(
     topo: Topology, udp_load: Path, server: str, pid: int | None, port: int, load: str,
-    peer_pid: int, bpf: BpfProbe | None = None,
+    peer_pid: int, bpf: BpfProbe | None = None, profiler: Profiler | None = None,
 ) -> Run:  # fmt: skip
     count, pps, messages = (
         (ALLOCATIONS, MEDIA_PPS, MEDIA_MESSAGES)
@@ -175,10 +185,14 @@ def measure(
         peer0, others0 = cpu_seconds(peer_pid), others_cpu_s()
         bpf0, insns = bpf.sample() if bpf else (0, 0), Instructions()
         insns.start()
+        if profiler is not None and pid:
+            profiler.start(tree_pids(pid))
         result_line = driver.stdout.readline()
         server1 = cpu_seconds(pid) if pid else 0.0
+        perf_s = profiler.cpu_s() if profiler is not None else 0.0
         peer1, others1 = cpu_seconds(peer_pid), others_cpu_s()
         bpf1, instructions = bpf.sample() if bpf else (0, 0), insns.stop()
+        profile = profiler.stop() if profiler is not None else None
         rest, err = driver.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         driver.kill()
@@ -193,13 +207,15 @@ def measure(
         load,
         out["sent"],
         out["received"],
-        out["busy_s"] - out["gen_cpu_s"] - (peer1 - peer0) - (others1 - others0),
+        out["busy_s"] - out["gen_cpu_s"] - (peer1 - peer0) - (others1 - others0) - perf_s,
         server1 - server0 + out["softirq_s"],
         out["rtt_p50_ms"],
         out["rtt_p99_ms"],
         bpf1[1] - bpf0[1],
         bpf1[0] - bpf0[0],
         instructions,
+        server1 - server0,
+        profile,
     )
 
 
@@ -239,6 +255,7 @@ def main() -> None:
     topo = netns.make_topology()
     procs: list[subprocess.Popen[bytes]] = []
     bpf = BpfProbe()
+    profiler = Profiler() if PROFILE else None
     try:
         with tempfile.TemporaryDirectory(prefix="bench-offload-") as tmp_name:
             tmp = Path(tmp_name)
@@ -295,7 +312,7 @@ def main() -> None:
             print(f"loadavg before: {Path('/proc/loadavg').read_text().strip()}")
             bpf.enable()
             bpf.find(servers["offloaded"][0] or 0)
-            runs = run_rounds(topo, udp_load, servers, peer.pid, bpf)
+            runs = run_rounds(topo, udp_load, servers, peer.pid, bpf, profiler)
             print(f"loadavg after: {Path('/proc/loadavg').read_text().strip()}")
             print(
                 f"media: {ALLOCATIONS} allocations x {MEDIA_PPS} packets/s x {PAYLOAD} B, "
@@ -306,6 +323,8 @@ def main() -> None:
             report(runs, bpf.insns())
     finally:
         bpf.restore()
+        if profiler is not None:
+            profiler.close()
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
@@ -319,7 +338,7 @@ def main() -> None:
 
 def run_rounds(
     topo: Topology, udp_load: Path, servers: dict[str, tuple[int | None, int]], peer_pid: int,
-    bpf: BpfProbe,
+    bpf: BpfProbe, profiler: Profiler | None = None,
 ) -> dict[tuple[str, str], list[Run]]:  # fmt: skip
     runs: dict[tuple[str, str], list[Run]] = {}
     chosen = {n: v for n, v in servers.items() if not ONLY or n in ONLY}
@@ -329,7 +348,7 @@ def run_rounds(
                 set_forwarding(topo, pid is None)
                 probe = bpf if name == "offloaded" else None
                 try:
-                    run = measure(topo, udp_load, name, pid, port, load, peer_pid, probe)
+                    run = measure(topo, udp_load, name, pid, port, load, peer_pid, probe, profiler)
                 except RuntimeError as exc:
                     print(f"{load} run against {name} failed: {str(exc)[-400:]}")
                     continue

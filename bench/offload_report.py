@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from bench.cpu_profile import Split
+
 SERVERS = ("coturn", "user space", "offloaded")
 OUR_MODES = ("user space", "python", "offloaded")
 FORWARD = "ip forward"
@@ -23,6 +25,8 @@ class Run:
     bpf_ns: int = 0  # the offload program's run time over the window
     bpf_runs: int = 0
     instructions: int | None = None  # machine-wide, where there are hardware counters
+    process_cpu_s: float = 0.0  # the server's processes alone
+    profile: Split | None = None  # where that CPU went (bench/cpu_profile.py), where perf works
 
     @property
     def packets(self) -> int:
@@ -39,6 +43,17 @@ class Run:
     @property
     def server_us_per_packet(self) -> float:
         return self.server_cpu_s * 1e6 / max(1, self.packets)
+
+    @property
+    def process_us_per_packet(self) -> float:
+        return self.process_cpu_s * 1e6 / max(1, self.packets)
+
+    @property
+    def own_us_per_packet(self) -> float | None:
+        """The server's own code (user mode) per relayed packet, by the profile's share."""
+        if self.profile is None:
+            return None
+        return self.process_us_per_packet * self.profile.share("own code")
 
     @property
     def insns_per_packet(self) -> float | None:
@@ -131,6 +146,52 @@ def _upstream_ratios(runs: Runs, load: str, prefix: str, upstreams: list[str]) -
             )
 
 
+def _merged(series: list[Run]) -> Split | None:
+    profiles = [r.profile for r in series if r.profile is not None]
+    if not profiles:
+        return None
+    merged = Split()
+    for split in profiles:
+        merged.counts.update(split.counts)
+        merged.softirq += split.softirq
+    return merged
+
+
+def report_profiles(runs: Runs) -> None:
+    """Each server's process CPU per packet, split into its own code and the kernel's work in its
+    context, and what that split leaves for user space against coturn."""
+    for load in ("media", "flood"):
+        prefix = "" if load == "media" else "flood "
+        for (name, each), series in runs.items():
+            merged = _merged(series)
+            if each != load or merged is None:
+                continue
+            own = [r.own_us_per_packet for r in series if r.own_us_per_packet is not None]
+            print(
+                f"{load}: {name}: process CPU {_span([r.process_us_per_packet for r in series])} "
+                f"µs/pkt, own code {_span(own)} µs/pkt; by system call: {merged.describe()}"
+            )
+        ours, base = runs.get(("user space", load)), runs.get(("coturn", load))
+        if not ours or not base or any(r.profile is None for r in (*ours, *base)):
+            continue
+        pairs = list(zip(ours, base, strict=False))
+        own = [
+            (a.own_us_per_packet or 0.0) / max(1e-9, b.own_us_per_packet or 0.0) for a, b in pairs
+        ]
+        proc = [a.process_us_per_packet / b.process_us_per_packet for a, b in pairs]
+        floor = [
+            a.process_us_per_packet * (a.profile.kernel_share if a.profile else 1.0)
+            / b.process_us_per_packet
+            for a, b in pairs
+        ]  # fmt: skip
+        print(f"RATIO {prefix}own_code_per_packet userspace/coturn = {_span(own)}")
+        print(f"RATIO {prefix}process_cpu_per_packet userspace/coturn = {_span(proc)}")
+        print(
+            f"{load}: floor: the kernel's work in user space's own context alone is "
+            f"{_span(floor)} of coturn's whole process CPU (the ratio with no own code at all)"
+        )
+
+
 def report(runs: Runs, bpf_insns: int = 0) -> None:
     print(
         f"{'server':<11} {'load':<6} {'sent':>8} {'echoed':>8} {'loss %':>7} {'µs/pkt':>7} "
@@ -161,3 +222,4 @@ def report(runs: Runs, bpf_insns: int = 0) -> None:
                 f"p99 {_span([r.rtt_p99_ms for r in series])} ms"
             )
     report_kernel_path(runs, bpf_insns)
+    report_profiles(runs)
