@@ -3,6 +3,10 @@ coturn (one relay thread, = stunnerd's one process), the same load, through netw
 
     client ns (load generator) ─veth─ server ns (the server) ─veth─ peer ns (echo peer)
 
+The offloaded stunnerd has three namespaces of its own, with its own echo peer: its program runs
+on every datagram of the interfaces it is attached to, and the other servers and the
+IP-forwarding reference must not pay for its lookups.
+
 The load is `udp_load` (bench/udp_load.c, compiled here with cc), so that the generator's and
 the peer's own CPU stays small next to the relay's. The client side opens the allocations in
 Python (bench/offload_load.py: Allocate, ChannelBind to the peer), then `udp_load gen` sends from
@@ -55,6 +59,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +247,17 @@ def build_load(tmp: Path) -> Path | None:
     return out
 
 
+@dataclass
+class Server:
+    """A server under test: its process (None: the IP-forwarding reference), its TURN port, and
+    the namespaces and echo peer it runs with."""
+
+    pid: int | None
+    port: int
+    topo: Topology
+    peer_pid: int
+
+
 def main() -> None:
     missing = [t for t in ("turnserver", "cc") if not shutil.which(t)]
     if missing:
@@ -251,68 +267,30 @@ def main() -> None:
     if reason:
         print(f"bench offload: {reason}; skipped")
         return
-    stunnerd = str(Path(sys.executable).with_name("stunnerd"))
-    topo = netns.make_topology()
+    # The offload program runs on every datagram of the interfaces it is attached to, relayed or
+    # not: the offloaded stunnerd gets namespaces of its own, so that no other server (nor the
+    # IP-forwarding reference) pays for its lookups.
+    topo, offload_topo = netns.make_topology(), None
     procs: list[subprocess.Popen[bytes]] = []
     bpf = BpfProbe()
     profiler = Profiler() if PROFILE else None
     try:
+        offload_topo = netns.make_topology()
         with tempfile.TemporaryDirectory(prefix="bench-offload-") as tmp_name:
             tmp = Path(tmp_name)
             udp_load = build_load(tmp)
             assert udp_load is not None
-
-            def start(ns: str, argv: list[str], log: str) -> subprocess.Popen[bytes]:
-                with open(tmp / log, "wb") as out:
-                    proc = subprocess.Popen(topo.argv(ns, *argv), stdout=out, stderr=out)
-                procs.append(proc)
-                return proc
-
-            peer = start(
-                topo.peer,
-                [str(udp_load), "peer", PEER_IP, str(PEER_PORT), str(PEER_MAX_S)],
-                "peer.log",
+            servers = start_servers(tmp, udp_load, topo, offload_topo, procs)
+            status = netns.http_get(
+                offload_topo, offload_topo.server, "http://127.0.0.1:8087/status"
             )
-            servers: dict[str, tuple[int | None, int]] = {}
-            coturn = start(topo.server, coturn_argv(tmp), "coturn.log")
-            wait_port(topo, COTURN_PORT)
-            servers["coturn"] = (coturn.pid, COTURN_PORT)
-            for name, engine, port, health in (
-                ("user space", "None", STUNNERD_PORT, 8086),
-                ("offloaded", "TC", STUNNERD_PORT + 1, 8087),
-                ("python", "None", STUNNERD_PORT + 2, 8088),
-            ):
-                path = tmp / f"stunnerd-{name.replace(' ', '-')}.json"
-                path.write_text(json.dumps(stunnerd_config(engine, port, health)))
-                argv = [stunnerd, "-c", str(path)]
-                if name == "python":
-                    argv = ["env", "STUNNERD_FASTPATH=0", *argv]
-                proc = start(topo.server, argv, f"{name.replace(' ', '-')}.log")
-                wait_port(topo, port)
-                servers[name] = (proc.pid, port)
-            upstream, why = upstream_peer.upstream_stunnerd()
-            if upstream is None:
-                print(f"upstream stunnerd: {why}; raced without it")
-            for i, threads in enumerate(upstream_peer.thread_counts() if upstream else []):
-                assert upstream is not None
-                port, health = STUNNERD_PORT + 10 + i, 8090 + i
-                path = tmp / f"upstream-{threads}.json"
-                path.write_text(json.dumps(stunnerd_config("None", port, health)))
-                name = upstream_peer.label(threads)
-                proc = start(
-                    topo.server, upstream_peer.argv(upstream, path, threads), f"{name}.log"
-                )
-                wait_port(topo, port)
-                servers[name] = (proc.pid, port)
-            servers[FORWARD] = (None, 0)
-            status = netns.http_get(topo, topo.server, "http://127.0.0.1:8087/status")
             offload = json.loads(status).get("offload", {}) if status.strip() else {}
             print(f"offloaded stunnerd: offload {json.dumps(offload)}")
             print(f"kernel IRQ time accounting: {irq_time_accounting()}")
             print(f"loadavg before: {Path('/proc/loadavg').read_text().strip()}")
             bpf.enable()
-            bpf.find(servers["offloaded"][0] or 0)
-            runs = run_rounds(topo, udp_load, servers, peer.pid, bpf, profiler)
+            bpf.find(servers["offloaded"].pid or 0)
+            runs = run_rounds(udp_load, servers, bpf, profiler)
             print(f"loadavg after: {Path('/proc/loadavg').read_text().strip()}")
             print(
                 f"media: {ALLOCATIONS} allocations x {MEDIA_PPS} packets/s x {PAYLOAD} B, "
@@ -333,27 +311,83 @@ def main() -> None:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        topo.close()
+        for each in (topo, offload_topo):
+            if each is not None:
+                each.close()
+
+
+def start_servers(
+    tmp: Path, udp_load: Path, topo: Topology, offload_topo: Topology,
+    procs: list[subprocess.Popen[bytes]],
+) -> dict[str, Server]:  # fmt: skip
+    """Every server, each with its echo peer, started and listening (their processes go into
+    `procs`, for the caller to stop)."""
+    stunnerd = str(Path(sys.executable).with_name("stunnerd"))
+
+    def start(ns: str, argv: list[str], log: str, at: Topology = topo) -> subprocess.Popen[bytes]:
+        with open(tmp / log, "wb") as out:
+            proc = subprocess.Popen(at.argv(ns, *argv), stdout=out, stderr=out)
+        procs.append(proc)
+        return proc
+
+    peers = {}
+    for name, each in (("peer", topo), ("offload-peer", offload_topo)):
+        argv = [str(udp_load), "peer", PEER_IP, str(PEER_PORT), str(PEER_MAX_S)]
+        peers[name] = start(each.peer, argv, f"{name}.log", each).pid
+    servers: dict[str, Server] = {}
+    coturn = start(topo.server, coturn_argv(tmp), "coturn.log")
+    wait_port(topo, COTURN_PORT)
+    servers["coturn"] = Server(coturn.pid, COTURN_PORT, topo, peers["peer"])
+    for name, engine, port, health in (
+        ("user space", "None", STUNNERD_PORT, 8086),
+        ("offloaded", "TC", STUNNERD_PORT + 1, 8087),
+        ("python", "None", STUNNERD_PORT + 2, 8088),
+    ):
+        path = tmp / f"stunnerd-{name.replace(' ', '-')}.json"
+        path.write_text(json.dumps(stunnerd_config(engine, port, health)))
+        argv = [stunnerd, "-c", str(path)]
+        if name == "python":
+            argv = ["env", "STUNNERD_FASTPATH=0", *argv]
+        at, peer = (offload_topo, "offload-peer") if name == "offloaded" else (topo, "peer")
+        proc = start(at.server, argv, f"{name.replace(' ', '-')}.log", at)
+        wait_port(at, port)
+        servers[name] = Server(proc.pid, port, at, peers[peer])
+    upstream, why = upstream_peer.upstream_stunnerd()
+    if upstream is None:
+        print(f"upstream stunnerd: {why}; raced without it")
+    for i, threads in enumerate(upstream_peer.thread_counts() if upstream else []):
+        assert upstream is not None
+        port, health = STUNNERD_PORT + 10 + i, 8090 + i
+        path = tmp / f"upstream-{threads}.json"
+        path.write_text(json.dumps(stunnerd_config("None", port, health)))
+        name = upstream_peer.label(threads)
+        proc = start(topo.server, upstream_peer.argv(upstream, path, threads), f"{name}.log")
+        wait_port(topo, port)
+        servers[name] = Server(proc.pid, port, topo, peers["peer"])
+    servers[FORWARD] = Server(None, 0, topo, peers["peer"])
+    return servers
 
 
 def run_rounds(
-    topo: Topology, udp_load: Path, servers: dict[str, tuple[int | None, int]], peer_pid: int,
-    bpf: BpfProbe, profiler: Profiler | None = None,
-) -> dict[tuple[str, str], list[Run]]:  # fmt: skip
+    udp_load: Path, servers: dict[str, Server], bpf: BpfProbe, profiler: Profiler | None = None
+) -> dict[tuple[str, str], list[Run]]:
     runs: dict[tuple[str, str], list[Run]] = {}
     chosen = {n: v for n, v in servers.items() if not ONLY or n in ONLY}
     for _ in range(ROUNDS):
         for load in ("media", "flood"):
-            for name, (pid, port) in chosen.items():
-                set_forwarding(topo, pid is None)
+            for name, server in chosen.items():
+                set_forwarding(server.topo, server.pid is None)
                 probe = bpf if name == "offloaded" else None
                 try:
-                    run = measure(topo, udp_load, name, pid, port, load, peer_pid, probe, profiler)
+                    run = measure(
+                        server.topo, udp_load, name, server.pid, server.port, load,
+                        server.peer_pid, probe, profiler,
+                    )  # fmt: skip
                 except RuntimeError as exc:
                     print(f"{load} run against {name} failed: {str(exc)[-400:]}")
                     continue
                 finally:
-                    set_forwarding(topo, False)
+                    set_forwarding(server.topo, False)
                 runs.setdefault((name, load), []).append(run)
     return runs
 

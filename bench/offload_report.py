@@ -63,7 +63,27 @@ class Run:
 Runs = dict[tuple[str, str], list[Run]]
 
 
+# The whole-machine figure subtracts the generator's and the peer's CPU, which carries softirq
+# work too (tick accounting): for the kernel paths it can come out at or below zero, where a
+# ratio means nothing.
+RESOLUTION_US = 0.05
+
+
+def _ratio_span(numerators: list[float], denominators: list[float]) -> str:
+    """The span of pairwise ratios, leaving out pairs with a figure at or below the resolution."""
+    ratios = [
+        a / b
+        for a, b in zip(numerators, denominators, strict=False)
+        if a > RESOLUTION_US and b > RESOLUTION_US
+    ]
+    if not ratios:
+        return "n/a (a figure at or below zero: see server+softirq)"
+    return _span(ratios)
+
+
 def _span(values: list[float]) -> str:
+    if not values:
+        return "n/a"
     if len(values) == 1:
         return f"{values[0]:.2f}"
     return f"{statistics.median(values):.2f} [{min(values):.2f}..{max(values):.2f}]"
@@ -75,13 +95,13 @@ def report_kernel_path(runs: Runs, bpf_insns: int) -> None:
         prefix = "" if load == "media" else "flood "
         offl, fwd = runs.get(("offloaded", load)), runs.get((FORWARD, load))
         if offl and fwd:
-            ratios = [a.us_per_packet / b.us_per_packet for a, b in zip(offl, fwd, strict=False)]
+            ratios = _ratio_span([a.us_per_packet for a in offl], [b.us_per_packet for b in fwd])
             srv = [
                 a.server_us_per_packet / b.server_us_per_packet
                 for a, b in zip(offl, fwd, strict=False)
             ]
             print(
-                f"RATIO {prefix}cpu_per_packet offloaded/ipforward = {_span(ratios)}  "
+                f"RATIO {prefix}cpu_per_packet offloaded/ipforward = {ratios}  "
                 f"(server+softirq: {_span(srv)})"
             )
         if offl:
@@ -122,9 +142,9 @@ def _coturn_ratios(runs: Runs, load: str, prefix: str) -> None:
         if (name, load) not in runs:
             continue
         series = runs[(name, load)]
-        ratios = [r.us_per_packet / b for r, b in zip(series, base, strict=False)]
+        ratios = _ratio_span([r.us_per_packet for r in series], base)
         srv = [r.server_us_per_packet / b for r, b in zip(series, base_srv, strict=False)]
-        line = f"RATIO {prefix}cpu_per_packet {label}/coturn = {_span(ratios)}"
+        line = f"RATIO {prefix}cpu_per_packet {label}/coturn = {ratios}"
         if name == FORWARD:
             line = "reference: " + line.removeprefix("RATIO ")
         print(f"{line}  (server+softirq: {_span(srv)})")
@@ -135,12 +155,12 @@ def _upstream_ratios(runs: Runs, load: str, prefix: str, upstreams: list[str]) -
         for theirs in upstreams:
             if (ours, load) not in runs or (theirs, load) not in runs:
                 continue
-            ratios = [
-                a.us_per_packet / b.us_per_packet
-                for a, b in zip(runs[(ours, load)], runs[(theirs, load)], strict=False)
-            ]
+            ratios = _ratio_span(
+                [a.us_per_packet for a in runs[(ours, load)]],
+                [b.us_per_packet for b in runs[(theirs, load)]],
+            )
             print(
-                f"RATIO {prefix}cpu_per_packet ours/upstream = {_span(ratios)}  "
+                f"RATIO {prefix}cpu_per_packet ours/upstream = {ratios}  "
                 f"(ours: {ours}; upstream: stunnerd v1.2.1 --udp-thread-num "
                 f"{theirs.removeprefix('upstream x')})"
             )
