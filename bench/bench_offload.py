@@ -267,9 +267,7 @@ def main() -> None:
     if reason:
         print(f"bench offload: {reason}; skipped")
         return
-    # The offload program runs on every datagram of the interfaces it is attached to, relayed or
-    # not: the offloaded stunnerd gets namespaces of its own, so that no other server (nor the
-    # IP-forwarding reference) pays for its lookups.
+    # the offloaded stunnerd's own namespaces: see the module's docstring
     topo, offload_topo = netns.make_topology(), None
     procs: list[subprocess.Popen[bytes]] = []
     bpf = BpfProbe()
