@@ -30,6 +30,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.bench_turn import cpu_seconds
+
 FREQUENCY_HZ = 499
 CATEGORIES = ("own code", "send", "receive", "poll", "other kernel")
 SEND = frozenset({"sendto", "sendmsg", "sendmmsg", "write", "writev"})
@@ -141,13 +143,7 @@ class Profiler:
 
     def cpu_s(self) -> float:
         """perf's own CPU so far (the bench takes it out of the machine's figure)."""
-        if self.proc is None:
-            return 0.0
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.proc.pid) if self.proc is not None else 0.0
 
     def stop(self) -> Split | None:
         """The split of what was sampled since `start`, or None where nothing was."""

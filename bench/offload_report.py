@@ -56,6 +56,13 @@ class Run:
         return self.process_us_per_packet * self.profile.share("own code")
 
     @property
+    def kernel_us_per_packet(self) -> float | None:
+        """The kernel's work in the server's processes per relayed packet, by the profile."""
+        if self.profile is None:
+            return None
+        return self.process_us_per_packet * self.profile.kernel_share
+
+    @property
     def insns_per_packet(self) -> float | None:
         return None if self.instructions is None else self.instructions / max(1, self.packets)
 
@@ -77,7 +84,7 @@ def _ratio_span(numerators: list[float], denominators: list[float]) -> str:
         if a > RESOLUTION_US and b > RESOLUTION_US
     ]
     if not ratios:
-        return "n/a (a figure at or below zero: see server+softirq)"
+        return f"n/a (a figure at or below {RESOLUTION_US} µs per packet)"
     return _span(ratios)
 
 
@@ -96,13 +103,12 @@ def report_kernel_path(runs: Runs, bpf_insns: int) -> None:
         offl, fwd = runs.get(("offloaded", load)), runs.get((FORWARD, load))
         if offl and fwd:
             ratios = _ratio_span([a.us_per_packet for a in offl], [b.us_per_packet for b in fwd])
-            srv = [
-                a.server_us_per_packet / b.server_us_per_packet
-                for a, b in zip(offl, fwd, strict=False)
-            ]
+            srv = _ratio_span(
+                [a.server_us_per_packet for a in offl], [b.server_us_per_packet for b in fwd]
+            )
             print(
                 f"RATIO {prefix}cpu_per_packet offloaded/ipforward = {ratios}  "
-                f"(server+softirq: {_span(srv)})"
+                f"(server+softirq: {srv})"
             )
         if offl:
             ns = [r.bpf_ns / max(1, r.packets) for r in offl]
@@ -143,11 +149,11 @@ def _coturn_ratios(runs: Runs, load: str, prefix: str) -> None:
             continue
         series = runs[(name, load)]
         ratios = _ratio_span([r.us_per_packet for r in series], base)
-        srv = [r.server_us_per_packet / b for r, b in zip(series, base_srv, strict=False)]
+        srv = _ratio_span([r.server_us_per_packet for r in series], base_srv)
         line = f"RATIO {prefix}cpu_per_packet {label}/coturn = {ratios}"
         if name == FORWARD:
             line = "reference: " + line.removeprefix("RATIO ")
-        print(f"{line}  (server+softirq: {_span(srv)})")
+        print(f"{line}  (server+softirq: {srv})")
 
 
 def _upstream_ratios(runs: Runs, load: str, prefix: str, upstreams: list[str]) -> None:
@@ -186,29 +192,28 @@ def report_profiles(runs: Runs) -> None:
             merged = _merged(series)
             if each != load or merged is None:
                 continue
-            own = [r.own_us_per_packet for r in series if r.own_us_per_packet is not None]
+            own_us = [r.own_us_per_packet for r in series if r.own_us_per_packet is not None]
             print(
                 f"{load}: {name}: process CPU {_span([r.process_us_per_packet for r in series])} "
-                f"µs/pkt, own code {_span(own)} µs/pkt; by system call: {merged.describe()}"
+                f"µs/pkt, own code {_span(own_us)} µs/pkt; by system call: {merged.describe()}"
             )
         ours, base = runs.get(("user space", load)), runs.get(("coturn", load))
         if not ours or not base or any(r.profile is None for r in (*ours, *base)):
             continue
-        pairs = list(zip(ours, base, strict=False))
-        own = [
-            (a.own_us_per_packet or 0.0) / max(1e-9, b.own_us_per_packet or 0.0) for a, b in pairs
-        ]
-        proc = [a.process_us_per_packet / b.process_us_per_packet for a, b in pairs]
-        floor = [
-            a.process_us_per_packet * (a.profile.kernel_share if a.profile else 1.0)
-            / b.process_us_per_packet
-            for a, b in pairs
-        ]  # fmt: skip
-        print(f"RATIO {prefix}own_code_per_packet userspace/coturn = {_span(own)}")
-        print(f"RATIO {prefix}process_cpu_per_packet userspace/coturn = {_span(proc)}")
+        own = _ratio_span(
+            [a.own_us_per_packet or 0.0 for a in ours], [b.own_us_per_packet or 0.0 for b in base]
+        )
+        proc = _ratio_span(
+            [a.process_us_per_packet for a in ours], [b.process_us_per_packet for b in base]
+        )
+        floor = _ratio_span(
+            [a.kernel_us_per_packet or 0.0 for a in ours], [b.process_us_per_packet for b in base]
+        )
+        print(f"RATIO {prefix}own_code_per_packet userspace/coturn = {own}")
+        print(f"RATIO {prefix}process_cpu_per_packet userspace/coturn = {proc}")
         print(
             f"{load}: floor: the kernel's work in user space's own context alone is "
-            f"{_span(floor)} of coturn's whole process CPU (the ratio with no own code at all)"
+            f"{floor} of coturn's whole process CPU (the ratio with no own code at all)"
         )
 
 

@@ -7,24 +7,12 @@ the softirq delivery apart, and call a stack with no kernel frame the server's o
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def cpu_profile() -> ModuleType:
-    sys.path.insert(0, str(ROOT))  # bench/ is not a package of the project
-    try:
-        return importlib.import_module("bench.cpu_profile")
-    finally:
-        sys.path.remove(str(ROOT))
-
+from support.bench_modules import bench_module
 
 SCRIPT = """\
 stunnerd 13556
@@ -77,7 +65,7 @@ stunnerd 13556
 
 
 def test_each_sample_goes_under_its_system_call() -> None:
-    split = cpu_profile().classify(SCRIPT)
+    split = bench_module("cpu_profile").classify(SCRIPT)
     assert split.samples == 7
     assert dict(split.counts) == {
         "own code": 1,
@@ -96,14 +84,14 @@ def test_each_sample_goes_under_its_system_call() -> None:
 
 
 def test_nothing_sampled_is_an_empty_split() -> None:
-    split = cpu_profile().classify("")
+    split = bench_module("cpu_profile").classify("")
     assert split.samples == 0
     assert split.share("own code") == 0.0
 
 
 def test_a_profile_of_a_busy_process_has_its_own_code() -> None:
     """perf itself, where it can sample here: a process spinning in user mode is own code."""
-    module = cpu_profile()
+    module = bench_module("cpu_profile")
     why = module.unavailable()
     if why is not None:
         pytest.skip(why)

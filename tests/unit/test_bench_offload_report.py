@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections import Counter
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def bench_module(name: str) -> ModuleType:
-    sys.path.insert(0, str(ROOT))  # bench/ is not a package of the project
-    try:
-        return importlib.import_module(f"bench.{name}")
-    finally:
-        sys.path.remove(str(ROOT))
+from support.bench_modules import bench_module
 
 
 def run(server: str, machine_us: float, process_us: float, own: int, kernel: int) -> object:
@@ -76,4 +64,20 @@ def test_a_whole_machine_figure_at_or_below_zero_gives_no_ratio(
     assert "RATIO cpu_per_packet offloaded/ipforward = 0.50  (server+softirq: 1.00" in out
     runs[("offloaded", "media")] = [run("offloaded", -0.4, 1.0, 1, 1)]
     report.report_kernel_path(runs, 0)
-    assert "offloaded/ipforward = n/a (a figure at or below zero" in capsys.readouterr().out
+    assert (
+        "offloaded/ipforward = n/a (a figure at or below 0.05 µs per packet)"
+        in capsys.readouterr().out
+    )
+
+
+def test_a_run_too_short_for_a_tick_gives_no_ratio_instead_of_failing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A tiny load can end before the server is charged one clock tick: 0 µs per packet."""
+    report = bench_module("offload_report")
+    runs = {
+        ("offloaded", "media"): [run("offloaded", 0.5, 1.0, 1, 1)],
+        ("ip forward", "media"): [run("ip forward", 1.0, 0.0, 1, 1)],
+    }
+    report.report_kernel_path(runs, 0)
+    assert "(server+softirq: n/a (a figure at or below 0.05 µs" in capsys.readouterr().out

@@ -7,23 +7,15 @@ or left to expire), the server ends with no allocation and the fds and tasks it 
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from support.bench_modules import bench_module
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 async def test_a_short_soak_churns_allocations_and_leaves_nothing_behind() -> None:
-    sys.path.insert(0, str(ROOT))  # bench/ is not a package of the project
-    try:
-        bench_soak = importlib.import_module("bench.bench_soak")
-    finally:
-        sys.path.remove(str(ROOT))
+    bench_soak = bench_module("bench_soak")
     result = await bench_soak.drive(seconds=8.0, slots=20, warmup_s=2.0)
     driver = result["driver"]
     assert driver["allocations"] >= 20, driver
