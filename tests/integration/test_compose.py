@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from support.local_manifests import copy_local_examples
 from support.ports import free_port, free_udp_tcp_port
 
 pytestmark = [pytest.mark.compose, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -61,15 +62,8 @@ def compose_env(tmp_path: Path) -> Iterator[dict[str, str]]:
         pytest.skip("podman and podman-compose are needed (apt-get install podman runc)")
     env = images.engine_env("podman")
     images.build(list(images.IMAGES))
-    manifests = tmp_path / "manifests"
-    shutil.copytree(ROOT / "examples" / "local", manifests)
     udp, tcp = free_udp_tcp_port(), free_udp_tcp_port()
-    gateways = manifests / "gateways.yaml"
-    gateways.write_text(
-        gateways.read_text()
-        .replace("port: 3478", f"port: {udp}")
-        .replace("port: 3479", f"port: {tcp}")
-    )
+    manifests = copy_local_examples(tmp_path / "manifests", udp, tcp)
     env.update(
         STUNNER_MANIFESTS=str(manifests),
         STUNNER_REDIS_PORT=str(free_port()),

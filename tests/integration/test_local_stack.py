@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from support.local_manifests import copy_local_examples
 from support.ports import free_port, free_udp_tcp_port
 from support.processes import ServerProcess
 
@@ -153,16 +153,8 @@ def free_tcp_range(count: int) -> int:
 
 @contextlib.contextmanager
 def local_stack(tmp_path: Path, **ports: int) -> Iterator[LocalStack]:
-    manifests = tmp_path / "manifests"
-    shutil.copytree(ROOT / "examples" / "local", manifests)
     udp_port, tcp_port = free_udp_tcp_port(), free_udp_tcp_port()
-    gateways = manifests / "gateways.yaml"
-    text = gateways.read_text()
-    assert "port: 3478" in text
-    assert "port: 3479" in text
-    gateways.write_text(
-        text.replace("port: 3478", f"port: {udp_port}").replace("port: 3479", f"port: {tcp_port}")
-    )
+    manifests = copy_local_examples(tmp_path / "manifests", udp_port, tcp_port)
     echo_port, auth_port = free_port(socket.SOCK_DGRAM), ports.pop("auth_port", free_port())
     flags = {
         "--cds-port": free_port(),

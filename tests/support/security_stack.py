@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 from aioice.turn import create_turn_endpoint
 
+from support.local_manifests import copy_local_examples
 from support.ports import free_port, free_udp_tcp_port
 from support.processes import ServerProcess, wait_for_tcp
 from support.redis_server import RedisServer
@@ -57,16 +58,9 @@ class Stack:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.debug = debug
         self.secrets = Secrets()
-        self.manifests = tmp / "manifests"
-        shutil.copytree(ROOT / "examples" / "local", self.manifests)
         self.udp_port = free_udp_tcp_port()
         self.tcp_port = free_udp_tcp_port()
-        gateways = self.manifests / "gateways.yaml"
-        gateways.write_text(
-            gateways.read_text()
-            .replace("port: 3478", f"port: {self.udp_port}")
-            .replace("port: 3479", f"port: {self.tcp_port}")
-        )
+        self.manifests = copy_local_examples(tmp / "manifests", self.udp_port, self.tcp_port)
         config = self.manifests / "gatewayconfig.yaml"
         text = config.read_text().replace("pass-1", self.secrets.password)
         config.write_text(text.replace("logLevel: all:INFO", "logLevel: all:DEBUG"))
