@@ -57,6 +57,17 @@ def _dataplane_defaults(upstream: Any, ours: Any) -> bool:
     return upstream in _UPSTREAM_DATAPLANE_DEFAULTS and ours in _SEED_DATAPLANE_DEFAULTS
 
 
+_UPSTREAM_DEFAULT_ARGS = ["-w", "--udp-thread-num=16"]
+
+
+def _default_args_one_process(upstream: Any, ours: Any) -> bool:
+    return bool(upstream == _UPSTREAM_DEFAULT_ARGS and ours == ["-w"])
+
+
+def _pull_policy_by_tag(upstream: Any, ours: Any) -> bool:
+    return bool(upstream == "Always" and ours == "IfNotPresent")
+
+
 def _empty_cluster_kept(upstream: Any, ours: Any) -> bool:
     return upstream == "<absent>" and isinstance(ours, str)
 
@@ -76,6 +87,19 @@ DOCUMENTED: tuple[Documented, ...] = (
         "a Dataplane without resources or terminationGracePeriodSeconds: GATEWAY.md's defaults "
         "(none, 30 s), not upstream's code (cpu 250m, memory 20M, 3600 s)",
         _dataplane_defaults,
+    ),
+    Documented(
+        "dataplane-default-args",
+        r"^deployments\.[^.]+\.containers\[name=[^\]]+\]\.args$",
+        "a Dataplane without args: stunnerd -w in one process, not upstream's 16 UDP threads",
+        _default_args_one_process,
+    ),
+    Documented(
+        "dataplane-default-pull-policy",
+        r"^deployments\.[^.]+\.containers\[name=[^\]]+\]\.imagePullPolicy$",
+        "a Dataplane without imagePullPolicy: GATEWAY.md's IfNotPresent for a tagged image, not "
+        "upstream's Always",
+        _pull_policy_by_tag,
     ),
     Documented(
         "hostnetwork-listener-ports",

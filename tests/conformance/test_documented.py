@@ -60,6 +60,16 @@ EXAMPLES = {
         3600,
         30,
     ),
+    "dataplane-default-args": (
+        "deployments.stunner/udp-gateway.containers[name=stunner-daemon].args",
+        ["-w", "--udp-thread-num=16"],
+        ["-w"],
+    ),
+    "dataplane-default-pull-policy": (
+        "deployments.stunner/udp-gateway.containers[name=stunner-daemon].imagePullPolicy",
+        "Always",
+        "IfNotPresent",
+    ),
     "hostnetwork-listener-ports": (
         "deployments.stunner/udp-gateway.containers[name=stunner-daemon].ports",
         ["metrics-port:8080/TCP"],

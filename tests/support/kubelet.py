@@ -3,8 +3,9 @@
 The cluster has no nodes that run anything, so the ReplicaSet controller's pods would stay
 Pending forever. ``PodRunner`` plays one node: it registers a Ready Node, binds each matching
 pod to it, resolves the container's environment as a kubelet would (literals, ``$(VAR)``
-references, Secrets, ConfigMaps and the downward API), starts the process its command and args
-describe, and reports the pod Running and Ready with a loopback address as its pod IP, so that
+references, Secrets, ConfigMaps, the downward API and the ``KUBERNETES_SERVICE_*`` variables),
+starts the process its command and args describe, and reports the pod Running and Ready with a
+loopback address as its pod IP, so that
 the EndpointSlice controller and the operator see what a real cluster would show. A pod marked
 for deletion has its process stopped and is then removed, as a kubelet confirms a deletion.
 
@@ -164,6 +165,19 @@ class PodRunner:
                 raise ValueError(f"env {name}: unsupported valueFrom {ref}")
         return env
 
+    def _service_env(self) -> dict[str, str]:
+        """What a kubelet gives every container: the API server's Service address (stunnerd
+        reads it as "running in a pod")."""
+        service = self.client.get("v1", "Service", "kubernetes", "default") or {}
+        spec: dict[str, Any] = service.get("spec") or {}
+        ports: list[dict[str, Any]] = spec.get("ports") or [{"port": 443}]
+        if not spec.get("clusterIP"):
+            return {}
+        return {
+            "KUBERNETES_SERVICE_HOST": str(spec["clusterIP"]),
+            "KUBERNETES_SERVICE_PORT": str(ports[0]["port"]),
+        }
+
     def _secret(self, ns: str, name: str) -> dict[str, str] | None:
         obj = self.client.get("v1", "Secret", name, ns)
         if obj is None:
@@ -190,6 +204,7 @@ class PodRunner:
         health = free_port()
         proc_env = {
             "PATH": "/usr/bin:/bin",
+            **self._service_env(),
             **env,
             "STUNNERD_BIND_HOST": ip,
             "STUNNERD_HEALTH_PORT": str(health),

@@ -170,3 +170,66 @@ def test_deleting_the_gateway_removes_its_objects_through_the_garbage_collector(
         lambda: not client.list("v1", "Pod", NAMESPACE, label_selector="app=stunner"),
         timeout_s=60.0,
     )
+
+
+IMAGE_ONLY = "image-only"
+
+
+async def test_a_dataplane_with_only_an_image_follows_route_edits(
+    stack: KubeStack, pods: PodRunner, echo: tuple[str, int]
+) -> None:
+    """The Dataplane users write first: an image and nothing else. The pod must still follow
+    the CDS, so deleting the route stops the relaying."""
+    client = stack.admin
+    port = free_udp_tcp_port()
+    image = "localhost/stunner-stunnerd:test"
+    dataplane: dict[str, Any] = {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "Dataplane",
+        "metadata": {"name": IMAGE_ONLY},
+        "spec": {"image": image},
+    }
+    objects = echo_gateway(GATEWAY, LISTENER, port, config_spec={"dataplane": IMAGE_ONLY})
+    client.apply_all([dataplane, *objects])
+    try:
+        deployment = client.wait_for(
+            "the Gateway's Deployment from the image-only Dataplane",
+            lambda: (
+                d
+                if (d := client.get("apps/v1", "Deployment", GATEWAY, NAMESPACE))
+                and d["spec"]["template"]["spec"]["containers"][0]["image"] == image
+                else None
+            ),
+        )
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert (container["command"], container["args"]) == (["stunnerd"], ["-w"])
+        running = await asyncio.to_thread(
+            client.wait_for,
+            "the stunnerd pod running",
+            lambda: pods.pod_for_gateway(NAMESPACE, GATEWAY),
+            timeout_s=60.0,
+        )
+        local = free_port(socket.SOCK_DGRAM)
+        async with turncat(
+            "--cds-server-address",
+            f"{LOOPBACK}:{stack.cds_port}",
+            f"udp://{LOOPBACK}:{local}",
+            f"k8s://{NAMESPACE}/{GATEWAY}:{LISTENER}",
+            f"udp://{echo[0]}:{echo[1]}",
+            env={"CDS_TOKEN": stack.cds_token},
+        ):
+            for _ in range(30):
+                if await _relays(local):
+                    break
+            else:
+                pytest.fail(f"no echo through the image-only pod:\n{running.proc.output()[-2000:]}")
+            client.delete("stunner.l7mp.io/v1", "UDPRoute", "echo-route", NAMESPACE)
+            for _ in range(30):
+                if not await _relays(local):
+                    break
+            else:
+                pytest.fail("the image-only pod kept relaying after its UDPRoute was deleted")
+    finally:
+        client.delete("gateway.networking.k8s.io/v1", "Gateway", GATEWAY, NAMESPACE)
+        client.apply_all(_objects(free_udp_tcp_port())[:2])  # the GatewayConfig without it
+        client.delete("stunner.l7mp.io/v1", "Dataplane", IMAGE_ONLY, None)

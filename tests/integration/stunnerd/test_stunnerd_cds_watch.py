@@ -91,3 +91,38 @@ async def test_a_watching_stunnerd_follows_the_cds_and_rides_out_its_outage(
         await alloc.close()
     finally:
         await server.close()
+
+
+async def test_in_a_pod_an_http_origin_is_followed_without_the_watch_flag(
+    tmp_path: Path, cds: CdsServer, publisher: ConfigPublisher, echo: UdpEcho
+) -> None:
+    """A Dataplane whose args leave out ``-w``: the pod's stunnerd still applies later edits."""
+    port = listener_ports("udp")["udp"]
+    config = rendered(port)
+    await publisher.upsert(ID, config)
+    server = ManagedStunnerd(
+        tmp_path,
+        None,
+        "--id",
+        ID,
+        origin=cds.url,
+        health=health_port(),
+        env={"STUNNER_ADDR": "127.0.0.1", "KUBERNETES_SERVICE_HOST": "10.96.0.1"},
+    )
+    try:
+        assert cds.url.startswith("http://")
+        first = await server.ready()
+        alloc = await EchoAllocation.open(port, (echo.host, echo.port))
+        assert await alloc.echoes()
+
+        update = copy.deepcopy(config)
+        update["admin"]["loglevel"] = "all:DEBUG"
+        await publisher.upsert(ID, update)
+        followed = await server.wait_status(
+            lambda s: s["admin"]["loglevel"] == "all:DEBUG", "the edit made after the first config"
+        )
+        assert followed["revision"] > first["revision"]
+        assert await alloc.echoes()
+        await alloc.close()
+    finally:
+        await server.close()

@@ -238,8 +238,10 @@ def test_deployment_defaults_are_those_of_gateway_md(render: Render) -> None:
     dep = deployment(render(HIERARCHY, gateway()))
     pod = dep["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    # No default command/args/resources in GATEWAY.md: nothing invented.
-    assert not {"command", "args", "resources", "envFrom"} & set(container)
+    # GATEWAY.md gives no default resources: nothing invented. Command and args are upstream's
+    # renderer's (a stunnerd that follows the CDS), less its 16 UDP threads.
+    assert not {"resources", "envFrom"} & set(container)
+    assert (container["command"], container["args"]) == (["stunnerd"], ["-w"])
     assert container["livenessProbe"]["httpGet"] == {"path": "/live", "port": 8086}
     assert pod["terminationGracePeriodSeconds"] == 30
     assert "hostNetwork" not in pod  # false is Kubernetes' default
@@ -352,3 +354,27 @@ def test_disable_managed_dataplane_deletes_the_deployment_but_keeps_the_config(
 )
 def test_cds_server_uri(address: str, uri: str) -> None:
     assert cds_server_uri(address) == uri
+
+
+@pytest.mark.parametrize(
+    ("spec", "command", "args"),
+    [
+        ("{image: img:1}", ["stunnerd"], ["-w"]),
+        ("{image: img:1, command: [/bin/stunnerd]}", ["/bin/stunnerd"], ["-w"]),
+        ("{image: img:1, args: [-w, -u, '2']}", ["stunnerd"], ["-w", "-u", "2"]),
+        ("{image: img:1, command: [], args: []}", ["stunnerd"], ["-w"]),
+    ],
+)
+def test_a_dataplane_that_omits_command_or_args_gets_a_watching_stunnerd(
+    render: Render, spec: str, command: list[str], args: list[str]
+) -> None:
+    """Each field defaults on its own, as in upstream's renderer: an empty list is no list."""
+    dp = f"""
+apiVersion: stunner.l7mp.io/v1
+kind: Dataplane
+metadata: {{name: default}}
+spec: {spec}
+"""
+    dep = deployment(render(HIERARCHY, dp, gateway()))
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    assert (container["command"], container["args"]) == (command, args)

@@ -42,6 +42,26 @@ def test_the_origin_flag_beats_the_environment_which_beats_the_default() -> None
     assert (default.namespace, default.name) == ("a", "b")
 
 
+@pytest.mark.parametrize(
+    ("env", "flag", "watch"),
+    [
+        ({}, False, False),
+        ({}, True, True),
+        ({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, False, True),
+        ({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "STUNNERD_WATCH": "false"}, False, False),
+        ({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "STUNNERD_WATCH": "false"}, True, True),
+        ({"KUBERNETES_SERVICE_HOST": ""}, False, False),
+        ({"STUNNERD_WATCH": "true"}, False, True),
+    ],
+)
+def test_in_a_pod_the_origin_is_followed_unless_watching_is_turned_off(
+    env: dict[str, str], flag: bool, watch: bool
+) -> None:
+    env = {"STUNNER_CONFIG_ORIGIN": "http://stunner-cds.stunner:13478", **env}
+    settings = load_settings(env, config=None, watch=flag, turn_uri=None, ident="a/b")
+    assert settings.watch is watch
+
+
 def test_the_node_name_comes_from_the_environment() -> None:
     env = {"STUNNER_NODENAME": "worker-1"}
     settings = load_settings(env, config=None, watch=True, turn_uri=None, ident="a/b")

@@ -270,6 +270,18 @@ class _MappingEnvSource(EnvSettingsSource):
         )
 
 
+def follows_by_default(env: Mapping[str, str]) -> bool:
+    """Whether stunnerd follows its origin without `-w`: in a pod (the kubelet sets
+    `KUBERNETES_SERVICE_HOST` in every container) it does.
+
+    A pod rendered from a Dataplane without `args` must never freeze on its first config: every
+    later edit (a revoked route included) would be silently ignored. `STUNNERD_WATCH=false` keeps
+    the one-shot load of an `http://` origin; outside a pod, upstream's rule holds (one GET
+    without `-w`).
+    """
+    return bool(env.get("KUBERNETES_SERVICE_HOST"))
+
+
 def load_settings(
     env: Mapping[str, str],
     *,
@@ -293,7 +305,7 @@ def load_settings(
     values: dict[str, Any] = dict(_MappingEnvSource(env)())
     values.update(
         origin=config or env.get("STUNNER_CONFIG_ORIGIN") or DEFAULT_ORIGIN,
-        watch=watch or values.get("watch", False),
+        watch=watch or values.get("watch", follows_by_default(env)),
         turn_uri=turn_uri,
         namespace=namespace,
         name=name,

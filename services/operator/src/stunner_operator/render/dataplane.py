@@ -36,6 +36,13 @@ WORKLOAD_KINDS = ("Deployment", "DaemonSet")
 CONTAINER_NAME = "stunner-daemon"
 DEFAULT_TERMINATION_GRACE_S = 30  # GATEWAY.md, Dataplane terminationGracePeriodSeconds
 HEALTH_PORT = 8086
+# Where the Dataplane is silent, upstream's renderer runs `stunnerd -w --udp-thread-num=16`
+# (https://github.com/l7mp/stunner-gateway-operator, internal/renderer/dataplane_util.go): `-w`
+# makes stunnerd follow the CDS, without it every edit after the first config is lost. Upstream's
+# 16 are goroutines reading one port; here each is a Python process of its own, so a Dataplane
+# that gives no resources gets one (docs/upstream-differences.md, `dataplane-default-args`).
+DEFAULT_COMMAND = ("stunnerd",)
+DEFAULT_ARGS = ("-w",)
 METRICS_PORT = 8080
 
 
@@ -272,11 +279,8 @@ def _container(
         "image": image,
         "imagePullPolicy": dp.image_pull_policy or default_pull_policy(image),
     }
-    # GATEWAY.md gives no default command or args: the image's entrypoint runs unless set.
-    if dp.command:
-        container["command"] = list(dp.command)
-    if dp.args:
-        container["args"] = list(dp.args)
+    container["command"] = list(dp.command or DEFAULT_COMMAND)
+    container["args"] = list(dp.args or DEFAULT_ARGS)
     container["env"] = env
     if dp.env_from:
         container["envFrom"] = [dict(e) for e in dp.env_from]
