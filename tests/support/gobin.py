@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -151,17 +152,29 @@ def install(module: str, version: str, packages: Sequence[str]) -> Path:
     return folder
 
 
-def build_local(module_dir: Path, packages: Sequence[str]) -> Path:
+def build_local(
+    module_dir: Path,
+    packages: Sequence[str],
+    *,
+    ldflags: str = "",
+    tools: Sequence[str] = (),
+) -> Path:
     """`go build` packages of one of our own test modules (e.g. tests/kube) into the cache.
 
-    The key hashes the module's go.mod, go.sum and sources, so an edit rebuilds.
+    The key hashes the module's go.mod, go.sum and sources, the ``ldflags`` and the ``tools``, so
+    an edit rebuilds. ``tools`` (``pkg@version``) are packages the module does not list: they are
+    added with ``go get -tool`` to a copy of the module in the cache, which is built instead, so
+    the checked-in go.mod stays as it is (the versions come from the module graph it pins; only
+    the go.sum lines of modules those packages need more are fetched, checked against the
+    checksum database).
     """
     go = require_go()
     digest = hashlib.sha256()
-    for path in sorted(module_dir.rglob("*")):
-        if path.is_file() and (path.suffix == ".go" or path.name in {"go.mod", "go.sum"}):
-            digest.update(str(path.relative_to(module_dir)).encode())
-            digest.update(path.read_bytes())
+    for path in _module_files(module_dir):
+        digest.update(str(path.relative_to(module_dir)).encode())
+        digest.update(path.read_bytes())
+    digest.update(ldflags.encode())
+    digest.update("\n".join(tools).encode())
     key = f"{module_dir.name}-{digest.hexdigest()[:16]}-{_go_version(go)}"
     folder = cache_root() / key
     names = [Path(p).name for p in packages]
@@ -171,14 +184,28 @@ def build_local(module_dir: Path, packages: Sequence[str]) -> Path:
         if _ready(folder, names):
             return folder
         folder.mkdir(parents=True, exist_ok=True)
-        _run_go(
-            go,
-            ["build", "-o", str(folder) + os.sep, *packages],
-            cwd=module_dir,
-            env=_build_env(go, None),
-        )
-        (folder / ".complete").write_text(" ".join(packages) + "\n")
+        env = _build_env(go, None)
+        source = module_dir
+        if tools:
+            source = folder / "src"
+            shutil.rmtree(source, ignore_errors=True)
+            for path in _module_files(module_dir):
+                target = source / path.relative_to(module_dir)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+            _run_go(go, ["get", "-tool", *tools], cwd=source, env=env)
+        flags = ["-ldflags", ldflags] if ldflags else []
+        _run_go(go, ["build", *flags, "-o", str(folder) + os.sep, *packages], cwd=source, env=env)
+        (folder / ".complete").write_text(" ".join([*packages, *tools]) + "\n")
     return folder
+
+
+def _module_files(module_dir: Path) -> list[Path]:
+    return sorted(
+        p
+        for p in module_dir.rglob("*")
+        if p.is_file() and (p.suffix == ".go" or p.name in {"go.mod", "go.sum"})
+    )
 
 
 def upstream_stunner() -> Path:
@@ -277,11 +304,57 @@ KUBE_PACKAGES = (
     "k8s.io/kubernetes/cmd/kube-controller-manager",
     "./etcd",
 )
+NODE_PACKAGES = (
+    "k8s.io/kubernetes/cmd/kubelet",
+    "k8s.io/kubernetes/cmd/kube-proxy",
+    "k8s.io/kubernetes/cmd/kube-scheduler",
+)
+# The two packages that carry a Kubernetes binary's version, stamped as upstream's
+# hack/lib/version.sh does; unstamped, /version says v0.0.0-master+$Format:%H$, which a chart's
+# kubeVersion constraint (and `helm install`) refuses.
+VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+BUILD_DATE = "2026-01-01T00:00:00Z"  # fixed: the same sources link to the same binary
+
+
+def kube_version() -> str:
+    """The k8s.io/kubernetes version tests/kube pins (e.g. ``v1.36.3``)."""
+    found = re.search(r"^\s*k8s\.io/kubernetes (v\S+)", (KUBE_MODULE / "go.mod").read_text(), re.M)
+    if found is None:
+        raise GoBuildError(f"{KUBE_MODULE / 'go.mod'} requires no k8s.io/kubernetes")
+    return found.group(1)
+
+
+def kube_ldflags(version: str) -> str:
+    """``-X`` flags that stamp ``version`` (``vMAJOR.MINOR.PATCH``) into a Kubernetes binary."""
+    major, minor = version.removeprefix("v").split(".")[:2]
+    values = {
+        "gitVersion": version,
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitTreeState": "clean",
+        "buildDate": BUILD_DATE,
+    }
+    return " ".join(f"-X {pkg}.{k}={v}" for pkg in VERSION_PACKAGES for k, v in values.items())
 
 
 def kube_binaries() -> Path:
-    """kube-apiserver, kube-controller-manager and etcd from tests/kube."""
-    return build_local(KUBE_MODULE, KUBE_PACKAGES)
+    """kube-apiserver, kube-controller-manager and etcd from tests/kube, version-stamped."""
+    return build_local(KUBE_MODULE, KUBE_PACKAGES, ldflags=kube_ldflags(kube_version()))
+
+
+def node_binaries() -> Path:
+    """kubelet, kube-proxy and kube-scheduler from tests/kube's k8s.io/kubernetes, stamped.
+
+    tests/kube's go.mod lists the control plane's packages only; the node's need a few more
+    go.sum lines (github.com/moby/ipvs, sigs.k8s.io/knftables, ...), added in a copy.
+    """
+    version = kube_version()
+    return build_local(
+        KUBE_MODULE,
+        NODE_PACKAGES,
+        ldflags=kube_ldflags(version),
+        tools=[f"{p}@{version}" for p in NODE_PACKAGES],
+    )
 
 
 # kwok plays a kubelet for the pods of its simulated nodes, port-forward included (its
