@@ -15,6 +15,11 @@ not admit them by accident. The rule:
 * A STRICT_DNS name admits a protected address only when it is a `localhost` name (RFC 6761
   §6.3: such names mean loopback, so naming one names loopback) and the address is loopback.
 * IPv4-mapped IPv6 peers (`::ffff:127.0.0.1`) are judged as the IPv4 address they carry.
+* Other IPv6 peers that carry an IPv4 address (NAT64, 6to4, Teredo, IPv4-compatible:
+  `stunnerd.turn.embedded`) are judged by it as well: when it is protected, a route must name it
+  as it would the IPv4 peer (`127.0.0.1/32`), or name an IPv6 prefix every address of which
+  carries an address of that range (`64:ff9b::7f00:1/128`); `::/0` never does
+  (`stunnerd.routing.RoutePeerPolicy`).
 """
 
 from __future__ import annotations

@@ -6,12 +6,16 @@ clusters → endpoints chain (reference §4): a listener's routes name clusters;
 prefixes with optional port ranges, STRICT_DNS clusters hold names whose resolved addresses live in
 a shared `DnsCache` that the edge refreshes. UDP relays use UDP clusters for data; permissions
 accept an IP that any routed cluster (UDP or TCP) contains, port ignored, as upstream does.
+Protected peers need a route that names them (`stunnerd.protected`), and an IPv6 peer that
+carries an IPv4 address (NAT64, 6to4, Teredo, IPv4-compatible: `stunnerd.turn.embedded`) is
+judged by that address too (`RoutePeerPolicy`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network, IPv6Network
 
 from stunner_common.config import (
     ClusterConfig,
@@ -22,6 +26,7 @@ from stunner_common.config import (
     parse_endpoint,
 )
 from stunnerd.protected import Network, ProtectedRanges, dns_may_admit, inside
+from stunnerd.turn.embedded import Embedding, Reading, embedding_of
 from stunnerd.turn.engine import Policies
 from stunnerd.turn.policies import (
     Authenticator,
@@ -91,10 +96,52 @@ class ClusterMatcher:
             ip in dns.addresses.get(n, ()) and dns_may_admit(n, ip) for n in self.dns_names
         )
 
+    def names(
+        self,
+        ip: str,
+        port: int,
+        embedding: Embedding,
+        reading: Reading,
+        carried: IPv4Address,
+        guard: IPv4Network | None,
+    ) -> bool:
+        """Does the cluster name the embedded peer `ip` explicitly (port < 0: IP only)?
+
+        A STATIC endpoint that holds `ip` and lies inside the embedding's range (`64:ff9b::/96`
+        or narrower, not `::/0`) names it. When the IPv4 address it carries there is protected
+        (`guard`), the endpoint must also lie inside that range's image: every address of it
+        carries an IPv4 address inside `guard` (`64:ff9b::7f00:1/128` names the loopback peer
+        `64:ff9b::7f00:1`, `64:ff9b::/96` does not). A STRICT_DNS name resolving to `ip` names
+        it (DNS64 answers are such addresses), a protected one only as for IPv4 (a `localhost`
+        name, loopback).
+        """
+        for ep in self.endpoints:
+            net = ep.network
+            if (
+                isinstance(net, IPv6Network)
+                and net.subnet_of(embedding.prefix)
+                and (ep.contains(ip) if port < 0 else ep.matches(ip, port))
+                and (guard is None or reading.within(net, guard))
+            ):
+                return True
+        dns = self.dns
+        return dns is not None and any(
+            ip in dns.addresses.get(n, ()) and (guard is None or dns_may_admit(n, str(carried)))
+            for n in self.dns_names
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RoutePeerPolicy:
     """Admission for one listener: any routed UDP cluster matching (ip, port) admits data.
+
+    An IPv6 peer that carries an IPv4 address (`stunnerd.turn.embedded`) must be admitted as an
+    IPv6 peer *and*, for each IPv4 address it carries, either that address must be admitted as
+    an IPv4 peer would be (same port, protected ranges included), or a route must name the IPv6
+    range explicitly (`ClusterMatcher.names`). So `0.0.0.0/0` plus `::/0` admits
+    `64:ff9b::c000:221` (192.0.2.33) but not `64:ff9b::7f00:1` (loopback), and `::/0` alone
+    admits neither. RFC 8215's local-use range is admitted only where a route names it: where
+    its IPv4 address sits depends on the prefix length its operator chose.
 
     Answers are memoised (the packet slow path asks per datagram); a DNS refresh bumps the cache
     version, which invalidates the memo.
@@ -121,8 +168,7 @@ class RoutePeerPolicy:
         key = (ip, -1)
         hit = self._memo.get(key)
         if hit is None:
-            guard = self.protected.guard_of(ip)
-            hit = any(c.contains(ip, guard) for c in self.clusters)
+            hit = self._admitting(ip, -1) is not None
             self._remember(key, hit)
         return hit
 
@@ -131,8 +177,7 @@ class RoutePeerPolicy:
         key = (ip, port)
         hit = self._memo.get(key)
         if hit is None:
-            guard = self.protected.guard_of(ip)
-            hit = any(c.protocol == "UDP" and c.matches(ip, port, guard) for c in self.clusters)
+            hit = self._admitting(ip, port) is not None
             self._remember(key, hit)
         return hit
 
@@ -147,15 +192,48 @@ class RoutePeerPolicy:
         memo = self._cluster_memo
         if key in memo:
             return memo[key]
-        guard = self.protected.guard_of(ip)
-        name = next(
-            (c.name for c in self.clusters if c.protocol == "UDP" and c.matches(ip, port, guard)),
-            None,
-        )
+        found = self._admitting(ip, port)
+        name = found.name if found is not None else None
         if len(memo) >= _CACHE_MAX:
             memo.clear()
         memo[key] = name
         return name
+
+    def _candidates(self, port: int) -> Iterable[ClusterMatcher]:
+        """Port < 0 asks about an IP (a permission: any cluster), otherwise about a transport
+        address (data: UDP clusters)."""
+        if port < 0:
+            return self.clusters
+        return (c for c in self.clusters if c.protocol == "UDP")
+
+    def _first(self, ip: str, port: int) -> ClusterMatcher | None:
+        guard = self.protected.guard_of(ip)
+        if port < 0:
+            return next((c for c in self.clusters if c.contains(ip, guard)), None)
+        return next((c for c in self._candidates(port) if c.matches(ip, port, guard)), None)
+
+    def _admitting(self, ip: str, port: int) -> ClusterMatcher | None:
+        """The first routed cluster that admits the peer, embedded IPv4 addresses judged."""
+        found = self._first(ip, port)
+        if found is None:
+            return None
+        embedded = embedding_of(ip)
+        if embedded is None:
+            return found
+        embedding, carried = embedded
+        for reading, ipv4 in zip(embedding.readings, carried, strict=True):
+            if not self._carried_admitted(ip, port, embedding, reading, ipv4):
+                return None
+        return found
+
+    def _carried_admitted(
+        self, ip: str, port: int, embedding: Embedding, reading: Reading, ipv4: IPv4Address
+    ) -> bool:
+        guard = self.protected.guard_of(str(ipv4))
+        guard4 = guard if isinstance(guard, IPv4Network) else None
+        if any(c.names(ip, port, embedding, reading, ipv4, guard4) for c in self._candidates(port)):
+            return True
+        return not embedding.named_only and self._first(str(ipv4), port) is not None
 
     def _remember(self, key: tuple[str, int], value: bool) -> None:
         if len(self._memo) >= _CACHE_MAX:

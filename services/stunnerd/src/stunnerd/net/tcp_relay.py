@@ -72,6 +72,10 @@ def bind_tcp_relay(bind_host: str, family: int, port: int = 0) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if af == socket.AF_INET6:
+            # as for UDP relays: an IPv6 relay reaches and accepts IPv6 peers only, never an
+            # IPv4 one through a mapped address the routes judged as IPv6
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.setblocking(False)
         sock.bind((bind_host, port))
     except OSError:

@@ -6,7 +6,11 @@ relay socket, and the peer's datagrams to the relay come back to the client fram
 channel. Up to three tables relay such traffic, each on its own: the asyncio listener and relay
 protocols (`route_table.python`), the C relay (`fastpath.table`) and the kernel program
 (`offload.table`). They all get the same calls, from the same effects (`route_table.channels`),
-and a contract test checks that they then route alike.
+and a contract test checks that they then route alike. None of them judges a peer: a route
+exists only after the engine admitted its peer (routes, protected ranges, the IPv4 address an
+IPv6 peer carries: `stunnerd.routing`) and leaves when a new policy no longer admits it, so the
+C relay and the kernel relay nothing the engine would refuse
+(`tests/unit/stunnerd/test_embedded_peers.py`).
 
 An `offload=False` route is one whose allocation's credentials the config withdrew: user space
 keeps relaying it, the kernel must not (`offload_only` tables leave it out).

@@ -13,6 +13,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from stunnerd.turn.effects import Address
+from stunnerd.turn.errors import PeerAddressFamilyMismatchError
 
 DEFAULT_LIFETIME_S = 600
 MAX_LIFETIME_S = 3600
@@ -127,6 +128,21 @@ def unmapped(ip: str) -> str:
 def unmapped_address(addr: Address) -> Address:
     ip = unmapped(addr[0])
     return addr if ip is addr[0] else (ip, addr[1])
+
+
+def peer_of(alloc: Allocation, peer: Address) -> Address:
+    """An XOR-PEER-ADDRESS as every method judges it, or 443 Peer Address Family Mismatch.
+
+    One rule for CreatePermission (RFC 8656 §10.2), ChannelBind (§12.2) and Connect (RFC 6062
+    §5.2): an IPv4-mapped address is its IPv4 address, and a peer whose family the allocation
+    has no relay for is refused with 443 before the routes are asked (403). An IPv6 address
+    that carries an IPv4 one (NAT64, 6to4, ...) is an IPv6 peer here; the routes judge what it
+    carries (`stunnerd.routing`).
+    """
+    peer = unmapped_address(peer)
+    if family_of(peer[0]) not in alloc.families:
+        raise PeerAddressFamilyMismatchError()
+    return peer
 
 
 def lifetime(requested: int | None) -> int:

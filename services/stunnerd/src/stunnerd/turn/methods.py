@@ -14,9 +14,8 @@ from stunnerd.turn import codec
 from stunnerd.turn.allocation import (
     Allocation,
     Pending,
-    family_of,
     lifetime,
-    unmapped,
+    peer_of,
     unmapped_address,
 )
 from stunnerd.turn.answers import Answerer
@@ -206,12 +205,10 @@ class AllocationHandlers:
     ) -> None:
         """RFC 8656 §9: every XOR-PEER-ADDRESS must be acceptable or nothing is installed."""
         alloc = self.table.owned(req, now, out)
-        peers = [unmapped_address(peer) for peer in req.peers]
-        if not peers:
+        if not req.peers:
             raise BadRequestError("Missing XOR-PEER-ADDRESS")
+        peers = [peer_of(alloc, peer) for peer in req.peers]
         for ip, _port in peers:
-            if family_of(ip) not in alloc.families:
-                raise PeerAddressFamilyMismatchError()
             if not policies.peers.admits_ip(ip):
                 raise ForbiddenError()
         for ip, _port in peers:
@@ -258,7 +255,4 @@ def _channel_and_peer(attrs: dict[str, Any], alloc: Allocation) -> tuple[int, Ad
         raise BadRequestError("Bad or missing CHANNEL-NUMBER")
     if peer is None:
         raise BadRequestError("Missing XOR-PEER-ADDRESS")
-    peer = (unmapped(peer[0]), peer[1])
-    if family_of(peer[0]) not in alloc.families:
-        raise PeerAddressFamilyMismatchError()
-    return number, peer
+    return number, peer_of(alloc, peer)

@@ -3,12 +3,13 @@
 A wrong password (401 after a credentialed request) or a peer no route admits (403) is the most
 common support question ("permission denied ... no route to endpoint"), so each refusal is logged
 with who (the user), from where (the client address), which request, which code and, for 403,
-which peer and which routes were considered: enough to answer "why was I refused" from the log
-alone. A source (client IP) gets its first refusal of each code logged in full (so a 403 right
-after a 401 from the same host is still seen); later ones within the interval are only counted,
-and the count is logged when the interval is over and the source is refused again, or when any
-later refusal sweeps the ended intervals. So a client retrying in a loop, or a scanner, costs
-one line per code and interval, not one per request.
+which peer and which routes were considered, whether the peer is in a protected range and which
+IPv4 addresses an IPv6 peer carries (NAT64, 6to4, ...): enough to answer "why was I refused"
+from the log alone. A source (client IP) gets its first refusal of each code logged in full (so
+a 403 right after a 401 from the same host is still seen); later ones within the interval are
+only counted, and the count is logged when the interval is over and the source is refused again,
+or when any later refusal sweeps the ended intervals. So a client retrying in a loop, or a
+scanner, costs one line per code and interval, not one per request.
 
 Only the request path calls this (a refusal is an answer to a STUN request); ChannelData never
 does. `counts` (code -> refusals) feeds the `stunner_listener_refusals` metric.
@@ -19,10 +20,12 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from stunnerd.turn.allocation import unmapped
 from stunnerd.turn.codec import Method, TcpMethod
 from stunnerd.turn.effects import Address
+from stunnerd.turn.embedded import embedding_of
 from stunnerd.turn.policies import PeerPolicy
 
 log = logging.getLogger("stunnerd.refusals")
@@ -151,5 +154,34 @@ def forbidden_detail(peers: PeerPolicy, requested: tuple[Address, ...]) -> str:
         if ranges
         else ""
     )
+    ips = dict.fromkeys(unmapped(p[0]) for p in shown)
+    carried = "".join(_carried_note(ip, guard) for ip in ips)
     peer = where or "none"
-    return f"peer {peer} is admitted by no route (routes considered: {routes}){protected}"
+    return f"peer {peer} is admitted by no route (routes considered: {routes}){protected}{carried}"
+
+
+def _carried_note(ip: str, guard: Any) -> str:
+    """For an IPv6 peer that carries IPv4 addresses: which, and what a route must do about them."""
+    embedded = embedding_of(ip)
+    if embedded is None:
+        return ""
+    embedding, carried = embedded
+    notes = []
+    for ipv4 in dict.fromkeys(carried):
+        net = guard(str(ipv4)) if guard is not None else None
+        if net is not None:
+            notes.append(
+                f"; the peer carries {ipv4} ({embedding.name}), in protected range {net}: "
+                "a route must name it exactly"
+            )
+        elif embedding.named_only:
+            notes.append(
+                f"; the peer carries {ipv4} ({embedding.name}): only a route naming "
+                f"{embedding.prefix} or a prefix inside it admits it"
+            )
+        else:
+            notes.append(
+                f"; the peer carries {ipv4} ({embedding.name}): a route must admit that address "
+                f"too, or name {embedding.prefix} or a prefix inside it"
+            )
+    return "".join(notes)

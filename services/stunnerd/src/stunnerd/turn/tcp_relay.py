@@ -4,8 +4,10 @@ A client on a TCP or TLS listener allocates with REQUESTED-TRANSPORT TCP (the tr
 `tcp_connections.check_transport`); its relayed address is a listening TCP socket the edge
 opens like a UDP relay. Then:
 
-* Connect (§5.2) on the control connection: the peer must be admitted by the routes (as for
-  ChannelBind: IP and port, 403 otherwise), must not already have a connection of this
+* Connect (§5.2) on the control connection: the peer is read and its family checked as in
+  CreatePermission and ChannelBind (`allocation.peer_of`: an IPv4-mapped peer is IPv4, 443 for
+  a family the allocation lacks), must be admitted by the routes (as for ChannelBind: IP and
+  port, 403 otherwise), must not already have a connection of this
   allocation (446); a permission for its IP is installed and the edge is asked to connect
   (`ConnectPeer`). The answer waits for the edge: `peer_connected` answers with CONNECTION-ID,
   `peer_connect_failed` or `CONNECT_TIMEOUT_S` with 447.
@@ -23,7 +25,7 @@ closing) closes its peer connections, and so does a route change that no longer 
 
 from __future__ import annotations
 
-from stunnerd.turn.allocation import family_of
+from stunnerd.turn.allocation import peer_of
 from stunnerd.turn.answers import Answerer
 from stunnerd.turn.auth import AuthenticatedRequest
 from stunnerd.turn.codec import TcpMethod
@@ -40,7 +42,6 @@ from stunnerd.turn.errors import (
     ConnectionFailureError,
     ForbiddenError,
     InsufficientCapacityError,
-    PeerAddressFamilyMismatchError,
     WrongCredentialsError,
 )
 from stunnerd.turn.policies import PeerPolicy, Policies
@@ -79,9 +80,7 @@ class TcpRelayHandlers:
             raise BadRequestError("Bad Request (Connect on a UDP allocation)")
         if len(req.peers) != 1:
             raise BadRequestError("Bad Request (one XOR-PEER-ADDRESS expected)")
-        peer = req.peers[0]
-        if family_of(peer[0]) != alloc.family:
-            raise PeerAddressFamilyMismatchError()
+        peer = peer_of(alloc, req.peers[0])
         existing = self.connections.to_peer(alloc.client, peer)
         if existing is not None:
             if existing.transaction_id == req.message.transaction_id:
