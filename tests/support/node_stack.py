@@ -1,0 +1,656 @@
+"""A one-node Kubernetes cluster on this machine: a real kubelet, containerd, CNI and kube-proxy.
+
+``NodeStack`` starts, as processes it stops by PID:
+- the control plane of support.kube (etcd, kube-apiserver, kube-controller-manager), plus
+  kube-scheduler, all version-stamped builds of tests/kube's k8s.io/kubernetes (support.gobin);
+- containerd (the system's, Debian's 1.6 with runc) with its own config, root, state and socket
+  in the stack's folder; the pause image is made locally (support.node_images);
+- the kubelet (cgroupfs driver, cgroup v1 allowed, the API server's CA for client certificates,
+  webhook authorization, its root, pod logs and volume plugins under the stack's folder);
+- CNI from /usr/lib/cni: a bridge of our own whose gateway is the node IP, host-local IPAM on a
+  private pod CIDR, portmap and loopback; pods get routes to the pod and Service CIDRs only;
+- kube-proxy in iptables mode, so Service ClusterIPs and NodePorts work.
+
+Everything it changes on the host (support.node_net) is recorded at start and undone on stop.
+``python -m support.node_stack up --state DIR`` leaves it running (``make node-up``) and
+``down --state DIR`` (``make node-down``) takes it down from the state file alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from support import gobin
+from support.kube import SERVICE_CIDR, KubeClient, KubeCluster, KubeError, write_kubeconfig
+from support.node_images import PAUSE_IMAGE, ctr_import, import_podman_image, pause_archive
+from support.node_net import (
+    HostSnapshot,
+    create_bridge,
+    delete_bridge,
+    guard_egress,
+    remove_cni_results,
+    shim_pids,
+    unmount_under,
+)
+from support.ports import LOOPBACK, free_port
+from support.processes import ServerProcess, which
+
+NODE_NAME = "stunner-node"
+BRIDGE = "stunnode0"
+POD_CIDR = "10.244.0.0/24"
+NODE_IP = "10.244.0.1"  # the bridge's address: the pods' gateway and the node's InternalIP
+CNI_NETWORK = "stunner-node"
+CNI_BIN = Path("/usr/lib/cni")
+CLUSTER_DOMAIN = "cluster.local"
+CAP_SYS_RESOURCE = 24
+NODE_READY_TIMEOUT_S = 120.0
+TEARDOWN_TIMEOUT_S = 60.0
+# Components in the order they start; stopped in reverse (the control plane last).
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "containerd",
+    "kubelet",
+    "kube-proxy",
+)
+
+
+class NodeStackError(RuntimeError):
+    """A component would not start or become ready; the message carries its own log tail."""
+
+
+def missing_requirements() -> list[str]:
+    """What this machine lacks for a real node (empty: it can run one)."""
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root (the kubelet, containerd and CNI need it)")
+    for tool in ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip"):
+        if which(tool) is None:
+            missing.append(f"{tool} (not installed)")
+    for plugin in ("bridge", "host-local", "portmap", "loopback"):
+        if not (CNI_BIN / plugin).exists():
+            missing.append(f"CNI plugin {CNI_BIN / plugin} (containernetworking-plugins)")
+    if gobin.go_binary() is None:
+        missing.append("the Go toolchain (the Kubernetes binaries are built from tests/kube)")
+    if not Path("/proc/sys/net/bridge").exists():
+        missing.append("br_netfilter (/proc/sys/net/bridge)")
+    return missing
+
+
+def containerd_config(work: Path) -> str:
+    root = work / "containerd"
+    return f"""\
+version = 2
+root = "{root / "root"}"
+state = "{root / "state"}"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp",
+]
+
+[grpc]
+  address = "{root / "containerd.sock"}"
+
+[ttrpc]
+  address = "{root / "containerd.sock.ttrpc"}"
+
+[debug]
+  address = ""
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{root / "opt"}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  stream_server_address = "{LOOPBACK}"
+  stream_server_port = "0"
+  enable_selinux = false
+{_oom_line()}  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = "{which("runc") or "runc"}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN}"
+    conf_dir = "{work / "cni" / "net.d"}"
+    max_conf_num = 1
+"""
+
+
+def _oom_line() -> str:
+    """Without CAP_SYS_RESOURCE (this machine's bounding set lacks it) nothing may lower an
+    oom_score_adj: runc fails a sandbox (-998) with "can't get final child's PID from pipe:
+    EOF". containerd then clamps every score to its own, as it does for rootless runs."""
+    if has_capability(CAP_SYS_RESOURCE):
+        return ""
+    return "  restrict_oom_score_adj = true\n"
+
+
+def has_capability(bit: int) -> bool:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> bit & 1)
+    return False
+
+
+def cni_config(work: Path) -> dict[str, Any]:
+    return {
+        "cniVersion": "1.0.0",
+        "name": CNI_NETWORK,
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_CIDR, "gateway": NODE_IP}]],
+                    # No default route: a pod reaches the pod network, the node and Services.
+                    "routes": [{"dst": SERVICE_CIDR}],
+                    "dataDir": str(work / "cni" / "ipam"),
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def kubelet_config(work: Path, ca_cert: Path, sock: Path, ports: dict[str, int]) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # This machine mounts cgroup v1 (hybrid): since 1.35 the kubelet refuses it unless told.
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        "containerRuntimeEndpoint": f"unix://{sock}",
+        "address": NODE_IP,
+        "port": ports["kubelet"],
+        "readOnlyPort": 0,
+        "healthzBindAddress": LOOPBACK,
+        "healthzPort": ports["kubelet-healthz"],
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(ca_cert)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "failSwapOn": False,
+        "clusterDomain": CLUSTER_DOMAIN,
+        "clusterDNS": [],
+        # Pods get no nameserver of the host's: nothing outside the machine is reachable.
+        "resolvConf": "",
+        "podLogsDir": str(work / "pod-logs"),
+        "staticPodPath": "",
+        "serializeImagePulls": False,
+        # Imported images are all there is: never collect them, never evict for disk.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+        },
+        "syncFrequency": "5s",
+        "fileCheckFrequency": "5s",
+        "nodeStatusUpdateFrequency": "5s",
+        "shutdownGracePeriod": "0s",
+        "maxPods": 30,
+        "rotateCertificates": False,
+        "serverTLSBootstrap": False,
+        "protectKernelDefaults": False,
+        "makeIPTablesUtilChains": True,
+    }
+
+
+def kube_proxy_config(kubeconfig: Path, ports: dict[str, int]) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "mode": "iptables",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": NODE_NAME,
+        "healthzBindAddress": f"{LOOPBACK}:{ports['kube-proxy-healthz']}",
+        "metricsBindAddress": f"{LOOPBACK}:{ports['kube-proxy-metrics']}",
+        "clusterCIDR": POD_CIDR,
+        "detectLocalMode": "ClusterCIDR",
+        "nodePortAddresses": [f"{NODE_IP}/32"],
+        # 0: leave the machine's conntrack table size and timeouts as they are.
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+        },
+        "iptables": {"localhostNodePorts": False, "masqueradeAll": False, "syncPeriod": "5s"},
+    }
+
+
+class NodeStack:
+    """The control plane, containerd, a kubelet and kube-proxy in ``workdir`` (see the module)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir.resolve()
+        self.cluster = KubeCluster(
+            self.workdir / "cluster",
+            apiserver_args=[
+                # So the API server can reach the kubelet (logs, exec) as the admin.
+                f"--kubelet-client-certificate={self.workdir / 'cluster' / 'pki' / 'admin.crt'}",
+                f"--kubelet-client-key={self.workdir / 'cluster' / 'pki' / 'admin.key'}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ],
+        )
+        self.procs: dict[str, ServerProcess] = {}
+        self.snapshot: HostSnapshot | None = None
+        self.ports: dict[str, int] = {}
+        self.node_bins: Path | None = None
+        self.timings: dict[str, float] = {}
+        """Seconds each start step took (binaries, control plane, containerd, node Ready...)."""
+
+    @property
+    def socket(self) -> Path:
+        return self.workdir / "containerd" / "containerd.sock"
+
+    @property
+    def admin(self) -> KubeClient:
+        return self.cluster.admin
+
+    @property
+    def state_file(self) -> Path:
+        return self.workdir / "node-state.json"
+
+    # -- start
+
+    def start(self) -> NodeStack:
+        missing = missing_requirements()
+        if missing:
+            raise NodeStackError("this machine cannot run a node: lacks " + "; ".join(missing))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        step = time.monotonic()
+        node_bins = self.node_bins = gobin.node_binaries()
+        gobin.kube_binaries()
+        pause = pause_archive(self.workdir / "pause.tar")
+        self._timed("binaries", step)
+        self.snapshot = HostSnapshot.take()
+        self._write_state()
+        step = time.monotonic()
+        self.cluster.start()
+        self._record_cluster_procs()
+        self._timed("control-plane", step)
+        step = time.monotonic()
+        self._start_scheduler(node_bins)
+        create_bridge(BRIDGE, f"{NODE_IP}/{POD_CIDR.split('/')[1]}")
+        guard_egress(BRIDGE, POD_CIDR)
+        self._write_cni()
+        self._start_containerd()
+        ctr_import(self.socket, pause)
+        self._timed("containerd", step)
+        step = time.monotonic()
+        self._start_kubelet(node_bins)
+        self._start_kube_proxy(node_bins)
+        self.wait_node_ready()
+        self._timed("node-ready", step)
+        return self
+
+    def _timed(self, name: str, since: float) -> None:
+        self.timings[name] = round(time.monotonic() - since, 1)
+
+    def _record_cluster_procs(self) -> None:
+        for name, proc in (
+            ("etcd", self.cluster.etcd),
+            ("kube-apiserver", self.cluster.apiserver),
+            ("kube-controller-manager", self.cluster.controller_manager),
+        ):
+            if proc is not None:
+                self.procs[name] = proc
+        self._write_state()
+
+    def _spawn(self, name: str, argv: list[str]) -> ServerProcess:
+        proc = ServerProcess(argv, log_path=self.workdir / f"{name}.log")
+        self.procs[name] = proc
+        self._write_state()
+        return proc
+
+    def _write_state(self) -> None:
+        pki = self.cluster.pki
+        state = {
+            "pids": {name: p.pid for name, p in self.procs.items()},
+            "socket": str(self.socket),
+            "kube-proxy": str(self.node_bins / "kube-proxy") if self.node_bins else None,
+            "server": self.cluster.server if self.cluster.port else None,
+            "ca": str(pki.ca_cert) if pki else None,
+            "admin": [str(pki.admin_cert), str(pki.admin_key)] if pki else None,
+            "snapshot": self.snapshot.to_json() if self.snapshot else None,
+        }
+        self.state_file.write_text(json.dumps(state, indent=1))
+
+    def _admin_kubeconfig(self) -> Path:
+        return self.cluster.admin_kubeconfig
+
+    def _start_scheduler(self, bins: Path) -> None:
+        kubeconfig = self._admin_kubeconfig()
+        port = free_port()
+        proc = self._spawn(
+            "kube-scheduler",
+            [
+                str(bins / "kube-scheduler"),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={port}",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+        )
+        _wait_https_ok(proc, f"https://{LOOPBACK}:{port}/healthz", 60.0)
+
+    def _write_cni(self) -> None:
+        conf_dir = self.workdir / "cni" / "net.d"
+        conf_dir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "cni" / "ipam").mkdir(parents=True, exist_ok=True)
+        (conf_dir / "10-stunner-node.conflist").write_text(
+            json.dumps(cni_config(self.workdir), indent=1)
+        )
+
+    def _start_containerd(self) -> None:
+        config = self.workdir / "containerd" / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(containerd_config(self.workdir))
+        proc = self._spawn(
+            "containerd",
+            [which("containerd") or "containerd", "--config", str(config), "--log-level", "info"],
+        )
+        deadline = time.monotonic() + 30.0
+        while True:
+            if not proc.alive():
+                raise NodeStackError(f"containerd exited:\n{proc.output()[-3000:]}")
+            done = subprocess.run(
+                ["ctr", "-a", str(self.socket), "version"], capture_output=True, check=False
+            )
+            if done.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise NodeStackError(f"containerd not answering:\n{proc.output()[-3000:]}")
+            time.sleep(0.2)
+
+    def _start_kubelet(self, bins: Path) -> None:
+        assert self.cluster.pki is not None
+        kdir = self.workdir / "kubelet"
+        (kdir / "root").mkdir(parents=True, exist_ok=True)
+        (self.workdir / "pod-logs").mkdir(parents=True, exist_ok=True)
+        self.ports.update({"kubelet": free_port(), "kubelet-healthz": free_port()})
+        config = kdir / "config.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                kubelet_config(self.workdir, self.cluster.pki.ca_cert, self.socket, self.ports)
+            )
+        )
+        kubeconfig = write_kubeconfig(
+            kdir / "kubeconfig",
+            self.cluster.server,
+            self.cluster.pki.ca_cert,
+            user="kubelet",
+            client_cert=(self.cluster.pki.admin_cert, self.cluster.pki.admin_key),
+        )
+        self._spawn(
+            "kubelet",
+            [
+                str(bins / "kubelet"),
+                f"--config={config}",
+                f"--kubeconfig={kubeconfig}",
+                f"--root-dir={kdir / 'root'}",
+                f"--cert-dir={kdir / 'pki'}",
+                f"--volume-plugin-dir={kdir / 'volume-plugins'}",
+                f"--hostname-override={NODE_NAME}",
+                f"--node-ip={NODE_IP}",
+                "--v=2",
+            ],
+        )
+
+    def _start_kube_proxy(self, bins: Path) -> None:
+        assert self.cluster.pki is not None
+        pdir = self.workdir / "kube-proxy"
+        pdir.mkdir(parents=True, exist_ok=True)
+        self.ports.update({"kube-proxy-healthz": free_port(), "kube-proxy-metrics": free_port()})
+        kubeconfig = write_kubeconfig(
+            pdir / "kubeconfig",
+            self.cluster.server,
+            self.cluster.pki.ca_cert,
+            user="kube-proxy",
+            client_cert=(self.cluster.pki.admin_cert, self.cluster.pki.admin_key),
+        )
+        config = pdir / "config.yaml"
+        config.write_text(yaml.safe_dump(kube_proxy_config(kubeconfig, self.ports)))
+        self._spawn("kube-proxy", [str(bins / "kube-proxy"), f"--config={config}", "--v=2"])
+
+    def node(self) -> dict[str, Any] | None:
+        return self.admin.get("v1", "Node", NODE_NAME)
+
+    def node_ready(self) -> bool:
+        node = self.node() or {}
+        conds = (node.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+    def wait_node_ready(self, timeout_s: float = NODE_READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.node_ready():
+            for name in ("containerd", "kubelet", "kube-proxy"):
+                proc = self.procs.get(name)
+                if proc is not None and not proc.alive():
+                    raise NodeStackError(f"{name} exited:\n{proc.output()[-4000:]}")
+            if time.monotonic() > deadline:
+                kubelet = self.procs["kubelet"].output()
+                raise NodeStackError(
+                    f"node {NODE_NAME} not Ready in {timeout_s}s: {self.node()!r:.2000}\n"
+                    f"kubelet log tail:\n{kubelet[-4000:]}"
+                )
+            time.sleep(0.5)
+
+    def import_image(self, ref: str) -> None:
+        """A podman image (localhost/stunner-*) into the node's containerd."""
+        import_podman_image(self.socket, ref, self.workdir)
+
+    def log(self, name: str) -> str:
+        proc = self.procs.get(name)
+        return proc.output() if proc else ""
+
+    # -- stop
+
+    def stop(self) -> dict[str, Any]:
+        """Take everything down (see ``teardown``); returns what it had to clean up."""
+        if self.cluster._admin is not None:
+            self.cluster._admin.close()
+            self.cluster._admin = None
+        report = teardown(self.workdir)
+        for proc in self.procs.values():
+            proc.stop(timeout_s=1.0)  # already gone: reaps the child and closes its log
+        self.procs.clear()
+        self.cluster.etcd = self.cluster.apiserver = self.cluster.controller_manager = None
+        return report
+
+
+def _wait_https_ok(proc: ServerProcess, url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not proc.alive():
+            raise NodeStackError(f"{proc.argv[0]} exited:\n{proc.output()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, verify=False, timeout=2.0).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise NodeStackError(f"{url} not ok in {timeout_s}s:\n{proc.output()[-3000:]}")
+        time.sleep(0.25)
+
+
+# -- teardown, from the state file alone (make node-down runs it in another process)
+
+
+def _stop_pid(pid: int, timeout_s: float = 10.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _delete_all_pods(state: dict[str, Any], socket: Path) -> None:
+    """Force-delete every pod, then wait for the kubelet to stop their sandboxes (which runs
+    CNI DEL and removes their network namespaces), while it is still running."""
+    if not state.get("server") or not state.get("admin"):
+        return
+    client = KubeClient(
+        state["server"], Path(state["ca"]), client_cert=tuple(state["admin"]), timeout_s=5.0
+    )
+    try:
+        for ns in client.list("v1", "Namespace"):
+            client.request(
+                "DELETE",
+                f"/api/v1/namespaces/{ns['metadata']['name']}/pods",
+                params={"gracePeriodSeconds": "0"},
+            )
+    except (httpx.HTTPError, KubeError):
+        return
+    finally:
+        client.close()
+    deadline = time.monotonic() + TEARDOWN_TIMEOUT_S / 2
+    while time.monotonic() < deadline:
+        done = subprocess.run(
+            ["ctr", "-a", str(socket), "-n", "k8s.io", "tasks", "ls", "-q"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0 or not done.stdout.strip():
+            return
+        time.sleep(0.5)
+
+
+def teardown(workdir: Path) -> dict[str, Any]:
+    """Stop every process the stack started (by PID) and undo what it changed on the host."""
+    state_file = workdir / "node-state.json"
+    if not state_file.exists():
+        return {}
+    state = json.loads(state_file.read_text())
+    pids: dict[str, int] = state.get("pids", {})
+    socket = Path(state["socket"])
+    report: dict[str, Any] = {}
+    for name in ("kube-scheduler", "kube-controller-manager"):
+        if name in pids:
+            _stop_pid(pids[name])
+    if "kubelet" in pids and "kube-apiserver" in pids:
+        _delete_all_pods(state, socket)
+    for name in ("kube-proxy", "kubelet"):
+        if name in pids:
+            _stop_pid(pids[name])
+    if state.get("kube-proxy"):
+        subprocess.run(
+            [state["kube-proxy"], "--cleanup", "--proxy-mode=iptables"],
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
+    snapshot = HostSnapshot.from_json(state["snapshot"]) if state.get("snapshot") else None
+    # Containers the kubelet did not get to stop, and their shims, by PID; then containerd.
+    if snapshot is not None:
+        report["killed-container-processes"] = snapshot.kill_cgroup_processes()
+    shims = shim_pids(socket)
+    for pid in shims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    report["killed-shims"] = shims
+    for name in ("containerd", "kube-apiserver", "etcd"):
+        if name in pids:
+            _stop_pid(pids[name])
+    report["unmounted"] = unmount_under(workdir)
+    if snapshot is not None:
+        report["netns-removed"] = snapshot.remove_netns()
+        report["cgroups-stuck"] = snapshot.remove_cgroups()
+        report["chains-removed"] = snapshot.remove_chains()
+        report["nft-tables-removed"] = snapshot.remove_nft_tables()
+    report["bridge-removed"] = delete_bridge(BRIDGE)
+    if snapshot is not None:
+        report["sysctls-restored"] = snapshot.restore_sysctls()
+    report["cni-results-removed"] = remove_cni_results(CNI_NETWORK)
+    state_file.unlink()
+    return report
+
+
+# -- make node-up / node-down
+
+
+def _up(state: Path) -> int:
+    if (state / "node-state.json").exists():
+        print(f"a one-node cluster is already up (state in {state}); run make node-down first")
+        return 1
+    if state.exists():
+        shutil.rmtree(state)
+    started = time.monotonic()
+    stack = NodeStack(state)
+    try:
+        stack.start()
+    except Exception as err:
+        print(f"node-up failed: {err}", file=sys.stderr)
+        stack.stop()
+        return 1
+    print(f"KUBECONFIG={stack.cluster.admin_kubeconfig}")
+    print(f"CONTAINERD_ADDRESS={stack.socket}")
+    print(f"# steps {stack.timings}")
+    print(f"# up in {time.monotonic() - started:.0f}s; logs in {state}; stop with make node-down")
+    return 0
+
+
+def _down(state: Path) -> int:
+    if not (state / "node-state.json").exists():
+        print("no one-node cluster is up")
+        return 0
+    report = teardown(state)
+    print(f"one-node cluster stopped: {json.dumps(report)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="node_stack", description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["up", "down"])
+    parser.add_argument("--state", type=Path, default=Path(".run/node"))
+    args = parser.parse_args(argv)
+    state = args.state.resolve()
+    return _up(state) if args.action == "up" else _down(state)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
