@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import tarfile
+import tomllib
 from pathlib import Path
 
 from support import gobin
@@ -121,3 +123,12 @@ def import_podman_image(socket: Path, ref: str, workdir: Path) -> None:
         ctr_import(socket, archive)
     finally:
         archive.unlink(missing_ok=True)
+
+
+def stunnerd_image() -> str:
+    """The image ``make images`` tags for stunnerd (``STUNNER_NODE_STUNNERD_IMAGE`` overrides)."""
+    override = os.environ.get("STUNNER_NODE_STUNNERD_IMAGE")
+    if override:
+        return override
+    project = tomllib.loads((gobin.REPO / "libs" / "common" / "pyproject.toml").read_text())
+    return f"localhost/stunner-stunnerd:{project['project']['version']}"

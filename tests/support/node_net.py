@@ -103,10 +103,13 @@ class HostSnapshot:
     cgroups: list[str] = field(default_factory=list)
     netns: list[str] = field(default_factory=list)
     nft_tables: list[str] = field(default_factory=list)
+    cni_state: bool = False
+    """Whether /var/lib/cni existed (libcni makes it for its result cache)."""
 
     @classmethod
     def take(cls) -> HostSnapshot:
         return cls(
+            cni_state=CNI_RESULTS.parent.exists(),
             nft_tables=nft_tables(),
             chains={cmd: iptables_chains(cmd) for cmd in IPTABLES},
             sysctls={k: v for k in SYSCTLS if (v := _sysctl(k)) is not None},
@@ -297,6 +300,18 @@ def unmount_under(root: Path) -> list[str]:
         if point in mounts_under(root):
             run("umount", "-l", point, check=False)
     return points
+
+
+def remove_cni_state(snapshot: HostSnapshot | None, network: str) -> list[str]:
+    """libcni's cached results of our network, and /var/lib/cni itself where it was not there
+    before and is now empty."""
+    removed = remove_cni_results(network)
+    if snapshot is not None and not snapshot.cni_state:
+        with contextlib.suppress(OSError):
+            for d in sorted(CNI_RESULTS.parent.rglob("*"), key=lambda p: -len(p.parts)):
+                d.rmdir()
+            CNI_RESULTS.parent.rmdir()
+    return removed
 
 
 def remove_cni_results(network: str) -> list[str]:

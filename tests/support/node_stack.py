@@ -41,7 +41,7 @@ from support.node_net import (
     create_bridge,
     delete_bridge,
     guard_egress,
-    remove_cni_results,
+    remove_cni_state,
     shim_pids,
     unmount_under,
 )
@@ -74,11 +74,21 @@ class NodeStackError(RuntimeError):
     """A component would not start or become ready; the message carries its own log tail."""
 
 
-def missing_requirements() -> list[str]:
-    """What this machine lacks for a real node (empty: it can run one)."""
-    missing = []
+def machine_lacks() -> list[str]:
+    """What the machine itself does not offer for a node (no package install would help)."""
+    lacking = []
     if os.geteuid() != 0:
-        missing.append("root (the kubelet, containerd and CNI need it)")
+        lacking.append("not root (the kubelet, containerd and CNI need it)")
+    if not Path("/proc/sys/net/bridge").exists():
+        lacking.append("no br_netfilter (/proc/sys/net/bridge is missing)")
+    if not Path("/sys/fs/cgroup").is_dir():
+        lacking.append("no cgroup file system at /sys/fs/cgroup")
+    return lacking
+
+
+def missing_requirements() -> list[str]:
+    """Software a node needs that is not installed (empty: all there)."""
+    missing = []
     for tool in ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip"):
         if which(tool) is None:
             missing.append(f"{tool} (not installed)")
@@ -87,8 +97,6 @@ def missing_requirements() -> list[str]:
             missing.append(f"CNI plugin {CNI_BIN / plugin} (containernetworking-plugins)")
     if gobin.go_binary() is None:
         missing.append("the Go toolchain (the Kubernetes binaries are built from tests/kube)")
-    if not Path("/proc/sys/net/bridge").exists():
-        missing.append("br_netfilter (/proc/sys/net/bridge)")
     return missing
 
 
@@ -287,9 +295,9 @@ class NodeStack:
     # -- start
 
     def start(self) -> NodeStack:
-        missing = missing_requirements()
+        missing = machine_lacks() + missing_requirements()
         if missing:
-            raise NodeStackError("this machine cannot run a node: lacks " + "; ".join(missing))
+            raise NodeStackError("this machine cannot run a node: " + "; ".join(missing))
         self.workdir.mkdir(parents=True, exist_ok=True)
         step = time.monotonic()
         node_bins = self.node_bins = gobin.node_binaries()
@@ -476,6 +484,21 @@ class NodeStack:
         """A podman image (localhost/stunner-*) into the node's containerd."""
         import_podman_image(self.socket, ref, self.workdir)
 
+    def container_pid(self, container_id: str) -> int:
+        """The host PID of a running container (``containerd://ID`` from a pod's status)."""
+        cid = container_id.removeprefix("containerd://")
+        listing = subprocess.run(
+            ["ctr", "-a", str(self.socket), "-n", "k8s.io", "tasks", "ls"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for line in listing.splitlines()[1:]:
+            fields = line.split()
+            if fields and fields[0] == cid:
+                return int(fields[1])
+        raise NodeStackError(f"no running task {cid} in the node's containerd")
+
     def log(self, name: str) -> str:
         proc = self.procs.get(name)
         return proc.output() if proc else ""
@@ -605,7 +628,7 @@ def teardown(workdir: Path) -> dict[str, Any]:
     report["bridge-removed"] = delete_bridge(BRIDGE)
     if snapshot is not None:
         report["sysctls-restored"] = snapshot.restore_sysctls()
-    report["cni-results-removed"] = remove_cni_results(CNI_NETWORK)
+    report["cni-results-removed"] = remove_cni_state(snapshot, CNI_NETWORK)
     state_file.unlink()
     return report
 
