@@ -68,6 +68,14 @@ def _parser() -> argparse.ArgumentParser:
         " OPERATOR_CDS_TOKEN_SECRET)",
     )
     p.add_argument(
+        "--enforce-reference-grants",
+        action="store_const",
+        const=True,
+        default=None,
+        help="cross-namespace backendRefs and certificateRefs need a ReferenceGrant (env"
+        " OPERATOR_ENFORCE_REFERENCE_GRANTS=true; default: upstream's, no grant needed)",
+    )
+    p.add_argument(
         "--print", dest="print_only", action="store_true", help="render once, print the configs"
     )
     p.add_argument(
@@ -96,6 +104,7 @@ def _options(settings: OperatorSettings) -> RenderOptions:
         label_filter=parse_label_filter(settings.label_filter),
         quota_redis_secret=settings.quota_redis_secret,
         quota_redis_key=settings.quota_redis_secret_key,
+        enforce_reference_grants=settings.enforce_reference_grants,
     )
 
 
@@ -181,6 +190,7 @@ async def _run_kubernetes(settings: OperatorSettings) -> int:
     from stunner_operator.k8s.api import KubeApi, KubeApiError, load_client
     from stunner_operator.k8s.controller import KubeController
     from stunner_operator.k8s.leader import LeaderElector
+    from stunner_operator.k8s.resources import watched
 
     metrics = OperatorMetrics()
     server = _server(settings, metrics)
@@ -202,6 +212,7 @@ async def _run_kubernetes(settings: OperatorSettings) -> int:
             sink,
             throttle_s=settings.throttle_s,
             watch_timeout_s=settings.watch_timeout_s,
+            resources=watched(enforce_reference_grants=settings.enforce_reference_grants),
             **_loop_args(settings, metrics),
         )
         await controller.run(lost)
@@ -304,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             "redis_url",
             "cds_address",
             "cds_token_secret",
+            "enforce_reference_grants",
             "log_level",
             "health_address",
             "metrics_address",

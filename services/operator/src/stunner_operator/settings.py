@@ -50,6 +50,9 @@ class OperatorSettings(BaseSettings):
     their own namespace; empty: they get no token."""
     cds_token_secret_key: str = "token"
     endpoint_discovery: bool = True
+    enforce_reference_grants: bool = False
+    """Cross-namespace backendRefs and certificateRefs need a Gateway API ReferenceGrant
+    (``--enforce-reference-grants``); off, as upstream STUNner, they resolve without one."""
     redis_timeout_s: float = Field(5.0, gt=0)
     kube_timeout_s: float = Field(10.0, gt=0)
     throttle_s: float = Field(0.05, ge=0)

@@ -1,4 +1,4 @@
-"""Gateway API objects the operator reads: GatewayClass, Gateway and the v1alpha2 UDPRoute.
+"""Gateway API objects the operator reads: GatewayClass, Gateway, UDPRoute and ReferenceGrant.
 
 Only the fields STUNner uses are typed; everything else is kept as given. Defaults follow the
 Gateway API CRDs (a parentRef's group and kind, a listener's ``allowedRoutes`` of ``Same``), so an
@@ -50,8 +50,14 @@ class RouteNamespaces(K8sModel):
     selector: LabelSelector | None = None
 
 
+class RouteGroupKind(K8sModel):
+    group: str | None = None  # the CRD's default: gateway.networking.k8s.io
+    kind: str
+
+
 class AllowedRoutes(K8sModel):
     namespaces: RouteNamespaces = Field(default_factory=RouteNamespaces)
+    kinds: tuple[RouteGroupKind, ...] = ()
 
 
 class Listener(K8sModel):
@@ -110,3 +116,27 @@ class UDPRouteV1A2(K8sObject):
     """``gateway.networking.k8s.io/v1alpha2`` UDPRoute; a backend's ``port`` is not used."""
 
     spec: RouteSpec = Field(default_factory=RouteSpec)
+
+
+class ReferenceGrantFrom(K8sModel):
+    group: str = ""
+    kind: str
+    namespace: str
+
+
+class ReferenceGrantTo(K8sModel):
+    group: str = ""
+    kind: str
+    name: str | None = None
+
+
+class ReferenceGrantSpec(K8sModel):
+    from_: tuple[ReferenceGrantFrom, ...] = Field(default=(), alias="from")
+    to: tuple[ReferenceGrantTo, ...] = ()
+
+
+class ReferenceGrant(K8sObject):
+    """Lets objects of the ``from`` kinds and namespaces reference the ``to`` objects of the
+    grant's own namespace (Gateway API v1beta1/v1)."""
+
+    spec: ReferenceGrantSpec = Field(default_factory=ReferenceGrantSpec)

@@ -68,7 +68,26 @@ WATCHED: tuple[Resource, ...] = (
     Resource("Namespace", "", "v1", "namespaces", False),
 )
 
-BY_KIND: dict[str, Resource] = {r.kind: r for r in WATCHED}
+# Read only where ReferenceGrants are enforced (the chart's RBAC may not let the operator list
+# them otherwise).
+REFERENCE_GRANTS = Resource(
+    "ReferenceGrant",
+    "gateway.networking.k8s.io",
+    "v1",
+    "referencegrants",
+    True,
+    fallback=Resource(
+        "ReferenceGrant", "gateway.networking.k8s.io", "v1beta1", "referencegrants", True
+    ),
+)
+
+
+def watched(*, enforce_reference_grants: bool) -> tuple[Resource, ...]:
+    """What the controller watches: ``WATCHED``, plus ReferenceGrants when they are enforced."""
+    return (*WATCHED, REFERENCE_GRANTS) if enforce_reference_grants else WATCHED
+
+
+BY_KIND: dict[str, Resource] = {r.kind: r for r in (*WATCHED, REFERENCE_GRANTS)}
 DEPLOYMENT = Resource("Deployment", "apps", "v1", "deployments", True)
 DAEMONSET = Resource("DaemonSet", "apps", "v1", "daemonsets", True)
 WRITABLE: dict[str, Resource] = {

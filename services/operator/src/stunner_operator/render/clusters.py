@@ -13,12 +13,14 @@ from typing import cast
 
 from stunner_common.config import ClusterConfig, ClusterType, ConfigError, parse_endpoint
 from stunner_common.crds import (
+    GATEWAY_GROUP,
     STUNNER_GROUP,
     BackendRef,
     Service,
     StaticService,
     UDPRoute,
 )
+from stunner_operator.render.grants import Reference, not_permitted_message, reference_permitted
 from stunner_operator.render.options import RenderOptions
 from stunner_operator.render.store import Route, View
 
@@ -27,7 +29,7 @@ MAX_PORT = 65535
 
 @dataclass(frozen=True, slots=True)
 class BackendProblem:
-    reason: str  # "InvalidKind" | "BackendNotFound"
+    reason: str  # "InvalidKind" | "BackendNotFound" | "RefNotPermitted"
     message: str
 
 
@@ -135,6 +137,18 @@ def _backend(
         problem = BackendProblem(
             "InvalidKind", f"backend {ref.name}: StaticService needs group {STUNNER_GROUP}"
         )
+    if problem is None and ns != route.metadata.namespace:
+        target = Reference(
+            from_group=STUNNER_GROUP if isinstance(route, UDPRoute) else GATEWAY_GROUP,
+            from_kind="UDPRoute",
+            from_ns=route.metadata.namespace,
+            to_group=group,
+            to_kind=kind,
+            to_ns=ns,
+            to_name=ref.name,
+        )
+        if not reference_permitted(view, target, options):
+            problem = BackendProblem("RefNotPermitted", not_permitted_message(target))
     if problem is not None:
         problems.append(problem)
         return None

@@ -396,6 +396,7 @@ class Renderer:
                 section_name=ref.section_name,
                 group=ref.group if ref.group not in (None, "gateway.networking.k8s.io") else None,
                 kind=ref.kind if ref.kind not in (None, "Gateway") else None,
+                port=ref.port,
             )
             if pref in seen:
                 continue

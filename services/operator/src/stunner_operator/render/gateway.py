@@ -52,6 +52,7 @@ from stunner_operator.render.options import RenderOptions
 from stunner_operator.render.routes import is_masked, parent_names, ref_attaches
 from stunner_operator.render.service import ExposedListener, exposed_listeners, render_service
 from stunner_operator.render.status import (
+    Condition,
     GatewayStatus,
     ListenerStatus,
     false,
@@ -209,7 +210,7 @@ def _render_valid(
         annotation_problems(annotations, [ls.name for ls in gw.spec.listeners])
         + dataplane_problems(dataplane)
     )
-    states = _check_listeners(view, gw, targetports)
+    states = _check_listeners(view, gw, targetports, options)
     service = _expose(view, gw, states, annotations)
     attached = _attach_routes(view, gw, routes, states)
     listener_cfgs = _listener_configs(ns, name, states, targetports, annotations)
@@ -250,7 +251,9 @@ def _render_valid(
     )
 
 
-def _check_listeners(view: View, gw: Gateway, targetports: dict[str, int]) -> list[_ListenerState]:
+def _check_listeners(
+    view: View, gw: Gateway, targetports: dict[str, int], options: RenderOptions
+) -> list[_ListenerState]:
     """Listeners in spec order: protocol, then port conflicts per transport family, then TLS.
 
     A listener takes two ports of its family: its Service port (spec.port) and the port
@@ -271,9 +274,9 @@ def _check_listeners(view: View, gw: Gateway, targetports: dict[str, int]) -> li
         service_ports[(udp, ls.port)] = st
         bound_ports[(udp, bound)] = st
         if st.protocol in TLS_PROTOCOLS:
-            st.cert, problem = _tls_material(view, gw, ls)
+            st.cert, problem, reason = _tls_material(view, gw, ls, options)
             if st.cert is None:
-                st.tls_error = problem
+                st.tls_error, st.tls_reason = problem, reason
     return states
 
 
@@ -393,13 +396,30 @@ def _admin(ns: str, name: str, gwconfig: GatewayConfig, dataplane: Dataplane) ->
     )
 
 
+def _gateway_accepted(states: list[_ListenerState], message: str) -> Condition:
+    """Accepted, with reason ListenersNotValid where listeners are rejected (unsupported
+    protocol, port conflict): False when every listener is."""
+    rejected = [st.spec.name for st in states if st.protocol is None or st.conflict is not None]
+    if not rejected:
+        return true("Accepted", "Accepted", message)
+    if len(rejected) == len(states):
+        return false(
+            "Accepted",
+            "ListenersNotValid",
+            f"no listener is valid ({', '.join(rejected)}: see the listeners' conditions)",
+        )
+    return true(
+        "Accepted", "ListenersNotValid", f"{message}; listener(s) {', '.join(rejected)} invalid"
+    )
+
+
 def _gateway_status(
     gw: Gateway, states: list[_ListenerState], options: RenderOptions, warnings: tuple[str, ...]
 ) -> GatewayStatus:
     message = f"gateway accepted by controller {options.controller_name}"
     if warnings:
         message += "; ignored: " + "; ".join(warnings)
-    accepted = true("Accepted", "Accepted", message)
+    accepted = _gateway_accepted(states, message)
     missing = [st for st in states if st.public is None]
     if not missing:
         programmed = true(

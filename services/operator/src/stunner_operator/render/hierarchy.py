@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from stunner_common.crds import STUNNER_GROUP, Dataplane, GatewayClass, GatewayConfig
 from stunner_operator.render.options import RenderOptions
-from stunner_operator.render.status import GatewayClassStatus, false, true
+from stunner_operator.render.status import SUPPORTED_FEATURES, GatewayClassStatus, false, true
 from stunner_operator.render.store import View
 
 _REALM_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -84,4 +84,10 @@ def class_status(h: Hierarchy, options: RenderOptions) -> GatewayClassStatus:
             "InvalidParameters",
             f'controller "{ctl}" failed to process GatewayClass: {h.error}',
         )
-    return GatewayClassStatus(h.gwclass.metadata.generation, (cond,))
+    return GatewayClassStatus(h.gwclass.metadata.generation, (cond,), supported_features(options))
+
+
+def supported_features(options: RenderOptions) -> tuple[str, ...]:
+    """What the class's ``status.supportedFeatures`` claims (GEP-2162), sorted by name."""
+    extra = ("ReferenceGrant",) if options.enforce_reference_grants else ()
+    return tuple(sorted((*SUPPORTED_FEATURES, *extra)))

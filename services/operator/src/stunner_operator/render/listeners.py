@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stunner_common.config import ConfigError, ListenerConfig, load_tls_pair
-from stunner_common.crds import Gateway, Listener, Secret, Service
+from stunner_common.crds import GATEWAY_GROUP, Gateway, Listener, Secret, Service
+from stunner_operator.render.grants import Reference, not_permitted_message, reference_permitted
+from stunner_operator.render.options import RenderOptions
+from stunner_operator.render.routes import allowed_kinds
 from stunner_operator.render.status import Condition, ListenerStatus, false, true
 from stunner_operator.render.store import View
 
@@ -31,6 +34,7 @@ class _ListenerState:
     conflict_reason: str = "ProtocolConflict"
     cert: tuple[str, str] | None = None
     tls_error: str | None = None
+    tls_reason: str = "InvalidCertificateRef"
     public: tuple[str, str, int] | None = None
     exposed: bool = False
     attached: int = 0
@@ -47,19 +51,38 @@ class _ListenerState:
         return self.conflict or self.tls_error or ""
 
 
-def _tls_material(view: View, gw: Gateway, ls: Listener) -> tuple[tuple[str, str] | None, str]:
-    """The (cert, key) of the first usable certificateRef, base64 of the PEM; else why not."""
+def _tls_material(
+    view: View, gw: Gateway, ls: Listener, options: RenderOptions
+) -> tuple[tuple[str, str] | None, str, str]:
+    """The (cert, key) of the first usable certificateRef, base64 of the PEM; else why not,
+    and the listener's ResolvedRefs reason for it."""
+    invalid = "InvalidCertificateRef"
     tls = ls.tls
     if tls is None or not tls.certificate_refs:
-        return None, f"listener {ls.name} needs tls.certificateRefs"
+        return None, f"listener {ls.name} needs tls.certificateRefs", invalid
     if tls.mode not in (None, "Terminate"):
-        return None, f"listener {ls.name}: tls.mode {tls.mode} is not supported, use Terminate"
-    problem = ""
+        return (
+            None,
+            f"listener {ls.name}: tls.mode {tls.mode} is not supported, use Terminate",
+            invalid,
+        )
+    problem, reason = "", invalid
     for ref in tls.certificate_refs:
         if (ref.group or "") not in ("", "v1") or (ref.kind or "Secret") != "Secret":
-            problem = f"listener {ls.name}: certificateRef {ref.name} must be a Secret"
+            problem, reason = (
+                f"listener {ls.name}: certificateRef {ref.name} must be a Secret",
+                invalid,
+            )
             continue
         ns = ref.namespace or gw.metadata.namespace
+        grant = Reference(
+            GATEWAY_GROUP, "Gateway", gw.metadata.namespace, "", "Secret", ns, ref.name
+        )
+        if not reference_permitted(view, grant, options):
+            problem = f"listener {ls.name}: {not_permitted_message(grant)}"
+            reason = "RefNotPermitted"
+            continue
+        reason = invalid
         secret = view.get(Secret, ns, ref.name)
         if secret is None:
             problem = f"Secret {ns}/{ref.name} not found"
@@ -75,8 +98,8 @@ def _tls_material(view: View, gw: Gateway, ls: Listener) -> tuple[tuple[str, str
         if unusable:
             problem = f"Secret {ns}/{ref.name}: {unusable}"
             continue
-        return pair, ""
-    return None, problem
+        return pair, "", ""
+    return None, problem, reason
 
 
 @functools.lru_cache(maxsize=256)
@@ -205,27 +228,37 @@ def _listener_status(st: _ListenerState) -> ListenerStatus:
             true("ResolvedRefs", "ResolvedRefs"),
             false("Programmed", "Invalid", left_out),
         )
-        return ListenerStatus(ls.name, 0, conds)
+        return ListenerStatus(ls.name, 0, conds, ())
+    kinds, bad_kinds = allowed_kinds(ls)
+    resolved = true("ResolvedRefs", "ResolvedRefs", "listener object references resolved")
+    if bad_kinds:
+        names = ", ".join(f"{g}/{k}" for g, k in bad_kinds)
+        resolved = false(
+            "ResolvedRefs",
+            "InvalidRouteKinds",
+            f"listener {ls.name}: allowedRoutes.kinds names route kinds this controller does "
+            f"not serve: {names}",
+        )
     if st.conflict is not None:
         conds = (
             false("Accepted", "PortUnavailable", f"listener {ls.name}: {st.conflict}"),
             true("Conflicted", st.conflict_reason, f"listener {ls.name}: {st.conflict}"),
-            true("ResolvedRefs", "ResolvedRefs"),
+            resolved if bad_kinds else true("ResolvedRefs", "ResolvedRefs"),
             false("Programmed", "Invalid", left_out),
         )
-        return ListenerStatus(ls.name, st.attached, conds)
+        return ListenerStatus(ls.name, st.attached, conds, kinds)
     if st.tls_error is not None:
         conds = (
             true("Accepted", "Accepted", "listener accepted"),
             false("Conflicted", "NoConflicts"),
-            false("ResolvedRefs", "InvalidCertificateRef", st.tls_error),
+            false("ResolvedRefs", st.tls_reason, st.tls_error),
             false("Programmed", "Invalid", left_out),
         )
-        return ListenerStatus(ls.name, 0, conds)
+        return ListenerStatus(ls.name, 0, conds, kinds)
     conds = (
         true("Accepted", "Accepted", "listener accepted"),
         false("Conflicted", "NoConflicts"),
-        true("ResolvedRefs", "ResolvedRefs", "listener object references resolved"),
+        resolved,
         true("Programmed", "Programmed", "listener is in the dataplane config"),
     )
-    return ListenerStatus(ls.name, st.attached, conds)
+    return ListenerStatus(ls.name, st.attached, conds, kinds)

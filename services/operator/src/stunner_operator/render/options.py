@@ -40,6 +40,9 @@ class RenderOptions:
     each pod counts its own allocations."""
     quota_redis_key: str = "url"
     default_image: str = "l7mp/stunnerd:latest"
+    enforce_reference_grants: bool = False
+    """Cross-namespace backendRefs and certificateRefs need a ReferenceGrant (``grants.py``);
+    off, as upstream STUNner, they resolve without one."""
 
 
 def parse_label_filter(text: str | None) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from stunner_common.crds import (
     GATEWAY_GROUP,
+    STUNNER_GROUP,
     Gateway,
     Listener,
     Namespace,
@@ -19,6 +20,7 @@ from stunner_common.crds import (
     UDPRoute,
     UDPRouteV1A2,
 )
+from stunner_operator.render.status import SUPPORTED_KINDS, RouteKind
 from stunner_operator.render.store import Route, View
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -61,12 +63,37 @@ def listener_admits_namespace(view: View, listener: Listener, gw: Gateway, route
     return policy.selector.matches(namespace_labels(view, route_ns))
 
 
+def allowed_kinds(listener: Listener) -> tuple[tuple[RouteKind, ...], tuple[RouteKind, ...]]:
+    """The route kinds ``listener`` takes (its ``allowedRoutes.kinds`` that we serve, all of
+    ours when it names none) and the ones it names that we do not serve."""
+    if not listener.allowed_routes.kinds:
+        return SUPPORTED_KINDS, ()
+    named = [
+        (k.group if k.group is not None else GATEWAY_GROUP, k.kind)
+        for k in listener.allowed_routes.kinds
+    ]
+    return (
+        tuple(k for k in SUPPORTED_KINDS if k in named),
+        tuple(k for k in named if k not in SUPPORTED_KINDS),
+    )
+
+
+def route_kind(route: Route) -> RouteKind:
+    return (
+        (STUNNER_GROUP, "UDPRoute") if isinstance(route, UDPRoute) else (GATEWAY_GROUP, "UDPRoute")
+    )
+
+
 def ref_attaches(
     view: View, ref: ParentReference, route: Route, gw: Gateway, listener: Listener
 ) -> bool:
     if not parent_names(ref, route, gw):
         return False
     if ref.section_name is not None and ref.section_name != listener.name:
+        return False
+    if ref.port is not None and ref.port != listener.port:
+        return False
+    if route_kind(route) not in allowed_kinds(listener)[0]:
         return False
     return listener_admits_namespace(view, listener, gw, route.metadata.namespace)
 
@@ -80,8 +107,15 @@ def rejection_reason(view: View, ref: ParentReference, route: Route, gw: Gateway
         if not named:
             return f"parent {gid} has no listener named {ref.section_name!r}"
         listeners = tuple(named)
+    if ref.port is not None:
+        listeners = tuple(ls for ls in listeners if ls.port == ref.port)
+        if not listeners:
+            return f"parent {gid} has no listener on port {ref.port}"
     if not listeners:
         return f"parent {gid} has no listeners"
+    kind = route_kind(route)
+    if not any(kind in allowed_kinds(ls)[0] for ls in listeners):
+        return f"parent {gid} has no listener that allows {kind[1]}s of group {kind[0]}"
     return (
         f"parent {gid} rejects the route: no listener allows routes from namespace "
         f"{route.metadata.namespace!r} (see listeners[].allowedRoutes)"

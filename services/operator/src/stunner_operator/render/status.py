@@ -12,10 +12,17 @@ from typing import Any
 
 CONTROLLER_NAME = "stunner.l7mp.io/gateway-operator"
 
-SUPPORTED_KINDS: tuple[dict[str, str], ...] = (
-    {"group": "gateway.networking.k8s.io", "kind": "UDPRoute"},
-    {"group": "stunner.l7mp.io", "kind": "UDPRoute"},
+RouteKind = tuple[str, str]
+"""(group, kind) of a route a listener takes."""
+
+SUPPORTED_KINDS: tuple[RouteKind, ...] = (
+    ("gateway.networking.k8s.io", "UDPRoute"),
+    ("stunner.l7mp.io", "UDPRoute"),
 )
+
+SUPPORTED_FEATURES: tuple[str, ...] = ("Gateway", "UDPRoute")
+"""Gateway API conformance features (GEP-2162) every GatewayClass of ours claims; ReferenceGrant
+joins them where grants are enforced (``RenderOptions.enforce_reference_grants``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +67,13 @@ def _find(conds: tuple[Condition, ...], type_: str) -> Condition | None:
 class GatewayClassStatus:
     generation: int
     conditions: tuple[Condition, ...]
+    supported_features: tuple[str, ...] = ()
 
     def to_k8s(self) -> dict[str, Any]:
-        return {"conditions": [c.to_k8s(self.generation) for c in self.conditions]}
+        out: dict[str, Any] = {"conditions": [c.to_k8s(self.generation) for c in self.conditions]}
+        if self.supported_features:
+            out["supportedFeatures"] = [{"name": f} for f in sorted(self.supported_features)]
+        return out
 
     def summary(self) -> str:
         return ", ".join(c.short() for c in self.conditions)
@@ -73,11 +84,12 @@ class ListenerStatus:
     name: str
     attached_routes: int
     conditions: tuple[Condition, ...]
+    supported_kinds: tuple[RouteKind, ...] = SUPPORTED_KINDS
 
     def to_k8s(self, generation: int) -> dict[str, Any]:
         return {
             "name": self.name,
-            "supportedKinds": [dict(k) for k in SUPPORTED_KINDS],
+            "supportedKinds": [{"group": g, "kind": k} for g, k in self.supported_kinds],
             "attachedRoutes": self.attached_routes,
             "conditions": [c.to_k8s(generation) for c in self.conditions],
         }
@@ -125,9 +137,12 @@ class ParentRef:
     section_name: str | None = None
     group: str | None = None
     kind: str | None = None
+    port: int | None = None
 
     def to_k8s(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
+        if self.port is not None:
+            out["port"] = self.port
         if self.group is not None:
             out["group"] = self.group
         if self.kind is not None:

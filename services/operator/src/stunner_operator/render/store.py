@@ -18,6 +18,7 @@ from stunner_common.crds import (
     Gateway,
     K8sObject,
     Node,
+    ReferenceGrant,
     Service,
     UDPRoute,
     UDPRouteV1A2,
@@ -36,6 +37,7 @@ RELATED_GATEWAY_ANNOTATION = "stunner.l7mp.io/related-gateway-name"
 ROUTES_OF = "routes-of"  # (ROUTES_OF, gw-ns, gw-name): routes whose parentRefs name the Gateway
 SLICES_OF = "slices-of"  # (SLICES_OF, ns, service): EndpointSlices of a Service
 SERVICES_OF = "services-of"  # (SERVICES_OF, gw-ns, gw-name): Services related to a Gateway
+GRANTS_IN = "grants-in"  # (GRANTS_IN, ns, ""): the ReferenceGrants of a namespace
 ALL_NODES: ObjKey = ("all-nodes", "", "")
 
 Route = UDPRoute | UDPRouteV1A2
@@ -111,6 +113,14 @@ class ObjectStore:
     def nodes(self) -> list[Node]:
         return sorted(self.all(Node), key=lambda n: n.metadata.name)
 
+    def grants_in(self, namespace: str) -> list[ReferenceGrant]:
+        grants = self._objects["ReferenceGrant"]
+        return [
+            g
+            for (ns, name) in sorted(grants)
+            if ns == namespace and isinstance(g := grants[(ns, name)], ReferenceGrant)
+        ]
+
     def gateways_of_class(self, class_name: str) -> list[Gateway]:
         gws = self._objects["Gateway"]
         return [
@@ -155,6 +165,8 @@ class ObjectStore:
                     touched.add((SERVICES_OF, *rel))
             elif isinstance(obj, Node):
                 touched.add(ALL_NODES)
+            elif isinstance(obj, ReferenceGrant):
+                touched.add((GRANTS_IN, key[1], ""))
         return touched
 
     def _index(self, key: ObjKey, obj: K8sObject) -> None:
@@ -210,3 +222,7 @@ class View:
     def nodes(self) -> list[Node]:
         self.deps.add(ALL_NODES)
         return self.store.nodes()
+
+    def grants_in(self, namespace: str) -> list[ReferenceGrant]:
+        self.deps.add((GRANTS_IN, namespace, ""))
+        return self.store.grants_in(namespace)
