@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from aioice import stun
 
 from support import gobin
@@ -194,3 +195,39 @@ def test_service_cluster_ip_and_node_port_reach_a_pod_through_kube_proxy(
         assert reply.message_class == stun.Class.ERROR, (host, port)
         assert reply.attributes["ERROR-CODE"][0] == 401
         assert reply.attributes["NONCE"]
+
+
+def test_pod_resolves_a_service_name_through_cluster_dns(node: NodeStack, namespace: str) -> None:
+    if node.dns_unavailable:
+        pytest.skip(f"no cluster DNS: {node.dns_unavailable}")
+    service = node.admin.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "named", "namespace": namespace},
+            "spec": {"selector": {"app": "none"}, "ports": [{"port": 80}]},
+        }
+    )
+    lookup = (
+        "import socket; "
+        f"print(socket.gethostbyname('named.{namespace}.svc.cluster.local'), "
+        "socket.gethostbyname('named'))"  # the search path of the pod's resolv.conf
+    )
+    pod = stunnerd_pod("resolver", namespace)
+    pod["spec"]["restartPolicy"] = "Never"
+    container = pod["spec"]["containers"][0]
+    container.update(command=["/opt/stunner/bin/python", "-c", lookup], args=[])
+    for probe in ("readinessProbe", "livenessProbe"):
+        del container[probe]
+    node.admin.apply(pod)
+
+    def finished() -> str | None:
+        got = node.admin.get("v1", "Pod", "resolver", namespace) or {}
+        phase = (got.get("status") or {}).get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = node.admin.wait_for("resolver pod finished", finished, timeout_s=90)
+    # Through the API server, which asks the kubelet: its authentication and authorization too.
+    log = node.admin.request("GET", f"/api/v1/namespaces/{namespace}/pods/resolver/log")
+    assert phase == "Succeeded", log
+    assert log.split() == [service["spec"]["clusterIP"]] * 2

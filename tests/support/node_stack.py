@@ -56,18 +56,10 @@ CNI_NETWORK = "stunner-node"
 CNI_BIN = Path("/usr/lib/cni")
 CLUSTER_DOMAIN = "cluster.local"
 CAP_SYS_RESOURCE = 24
+COREDNS = "github.com/coredns/coredns"
+COREDNS_VERSION = "v1.14.7"
 NODE_READY_TIMEOUT_S = 120.0
 TEARDOWN_TIMEOUT_S = 60.0
-# Components in the order they start; stopped in reverse (the control plane last).
-COMPONENTS = (
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "containerd",
-    "kubelet",
-    "kube-proxy",
-)
 
 
 class NodeStackError(RuntimeError):
@@ -189,7 +181,9 @@ def cni_config(work: Path) -> dict[str, Any]:
     }
 
 
-def kubelet_config(work: Path, ca_cert: Path, sock: Path, ports: dict[str, int]) -> dict[str, Any]:
+def kubelet_config(
+    work: Path, ca_cert: Path, sock: Path, ports: dict[str, int], dns: list[str]
+) -> dict[str, Any]:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -210,7 +204,7 @@ def kubelet_config(work: Path, ca_cert: Path, sock: Path, ports: dict[str, int])
         "authorization": {"mode": "Webhook"},
         "failSwapOn": False,
         "clusterDomain": CLUSTER_DOMAIN,
-        "clusterDNS": [],
+        "clusterDNS": dns,
         # Pods get no nameserver of the host's: nothing outside the machine is reachable.
         "resolvConf": "",
         "podLogsDir": str(work / "pod-logs"),
@@ -262,8 +256,12 @@ def kube_proxy_config(kubeconfig: Path, ports: dict[str, int]) -> dict[str, Any]
 class NodeStack:
     """The control plane, containerd, a kubelet and kube-proxy in ``workdir`` (see the module)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, dns: bool = True) -> None:
         self.workdir = workdir.resolve()
+        self.dns = dns
+        """Run CoreDNS for cluster.local on the node IP (the pods' nameserver)."""
+        self.dns_unavailable = "" if dns else "not asked for"
+        """Why there is no cluster DNS (CoreDNS would not build or start), or empty."""
         self.cluster = KubeCluster(
             self.workdir / "cluster",
             apiserver_args=[
@@ -319,6 +317,8 @@ class NodeStack:
         ctr_import(self.socket, pause)
         self._timed("containerd", step)
         step = time.monotonic()
+        if self.dns:
+            self._start_coredns()
         self._start_kubelet(node_bins)
         self._start_kube_proxy(node_bins)
         self.wait_node_ready()
@@ -407,6 +407,48 @@ class NodeStack:
                 raise NodeStackError(f"containerd not answering:\n{proc.output()[-3000:]}")
             time.sleep(0.2)
 
+    def _start_coredns(self) -> None:
+        """CoreDNS on the node IP, port 53, serving cluster.local from the API server (as the
+        admin); nothing else: names outside the cluster get SERVFAIL, nothing is forwarded."""
+        try:
+            binary = gobin.install(COREDNS, COREDNS_VERSION, [""]) / "coredns"
+        except gobin.GoBuildError as err:
+            self.dns_unavailable = f"CoreDNS {COREDNS_VERSION} did not build: {err}"
+            return
+        ddir = self.workdir / "coredns"
+        ddir.mkdir(parents=True, exist_ok=True)
+        self.ports["coredns-ready"] = free_port()
+        (ddir / "Corefile").write_text(
+            f"""\
+{CLUSTER_DOMAIN}:53 in-addr.arpa:53 ip6.arpa:53 {{
+    bind {NODE_IP}
+    errors
+    ready {LOOPBACK}:{self.ports["coredns-ready"]}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {self._admin_kubeconfig()} stunner-test
+        pods insecure
+        ttl 5
+    }}
+}}
+.:53 {{
+    bind {NODE_IP}
+    errors
+}}
+"""
+        )
+        proc = self._spawn("coredns", [str(binary), "-conf", str(ddir / "Corefile")])
+        deadline = time.monotonic() + 30.0
+        url = f"http://{LOOPBACK}:{self.ports['coredns-ready']}/ready"
+        while True:
+            if not proc.alive():
+                raise NodeStackError(f"coredns exited:\n{proc.output()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=1.0).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise NodeStackError(f"coredns not ready:\n{proc.output()[-3000:]}")
+            time.sleep(0.25)
+
     def _start_kubelet(self, bins: Path) -> None:
         assert self.cluster.pki is not None
         kdir = self.workdir / "kubelet"
@@ -416,7 +458,13 @@ class NodeStack:
         config = kdir / "config.yaml"
         config.write_text(
             yaml.safe_dump(
-                kubelet_config(self.workdir, self.cluster.pki.ca_cert, self.socket, self.ports)
+                kubelet_config(
+                    self.workdir,
+                    self.cluster.pki.ca_cert,
+                    self.socket,
+                    self.ports,
+                    [NODE_IP] if "coredns" in self.procs else [],
+                )
             )
         )
         kubeconfig = write_kubeconfig(
@@ -597,7 +645,7 @@ def teardown(workdir: Path) -> dict[str, Any]:
             _stop_pid(pids[name])
     if "kubelet" in pids and "kube-apiserver" in pids:
         _delete_all_pods(state, socket)
-    for name in ("kube-proxy", "kubelet"):
+    for name in ("kube-proxy", "kubelet", "coredns"):
         if name in pids:
             _stop_pid(pids[name])
     if state.get("kube-proxy"):
