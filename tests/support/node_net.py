@@ -132,15 +132,15 @@ class HostSnapshot:
 
     def kill_cgroup_processes(self) -> list[int]:
         """SIGKILL every process in the cgroups the kubelet made (containers left behind)."""
-        killed = []
+        killed: set[int] = set()
         for top in self.new_cgroups():
             for procs in Path(top).rglob("cgroup.procs"):
                 with contextlib.suppress(OSError):
                     for pid in procs.read_text().split():
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(int(pid), signal.SIGKILL)
-                            killed.append(int(pid))
-        return killed
+                            killed.add(int(pid))
+        return sorted(killed)
 
     def remove_cgroups(self) -> list[str]:
         """rmdir the kubelet's cgroups, deepest first; returns those that would not go."""
@@ -162,14 +162,13 @@ class HostSnapshot:
                 stuck.append(top)
         return stuck
 
-    def remove_netns(self, owned: list[str] | None = None) -> list[str]:
-        """Network namespaces under /run/netns that appeared since (or are named in ``owned``)."""
+    def remove_netns(self, owned: list[str]) -> list[str]:
+        """The network namespaces (under /run/netns) of our containerd's sandboxes that are
+        still there: CRI removes each when its sandbox stops, so only a crash leaves one."""
         before = set(self.netns)
         removed = []
         for name in _netns():
-            if name in before and name not in (owned or []):
-                continue
-            if not name.startswith("cni-"):
+            if name in before or name not in owned:
                 continue
             path = NETNS_DIR / name
             run("umount", str(path), check=False)
@@ -302,10 +301,33 @@ def unmount_under(root: Path) -> list[str]:
     return points
 
 
-def remove_cni_state(snapshot: HostSnapshot | None, network: str) -> list[str]:
-    """libcni's cached results of our network, and /var/lib/cni itself where it was not there
-    before and is now empty."""
-    removed = remove_cni_results(network)
+def cni_sandboxes(network: str) -> dict[str, str]:
+    """Container ID -> network namespace name of each sandbox libcni cached a result of on
+    ``network`` (in /var/lib/cni/results, which containerd 1.6's CRI uses whatever its root)."""
+    found = {}
+    if CNI_RESULTS.is_dir():
+        for path in CNI_RESULTS.glob(f"{network}-*"):
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                cached = json.loads(path.read_text())
+                cid = cached["containerId"]
+                for iface in cached["result"].get("interfaces", []):
+                    sandbox = iface.get("sandbox") or ""
+                    if sandbox.startswith(("/run/netns/", "/var/run/netns/")):
+                        found[cid] = Path(sandbox).name
+    return found
+
+
+def remove_cni_state(snapshot: HostSnapshot | None, network: str, ids: list[str]) -> list[str]:
+    """libcni's cached results of our network and of the loopback of our sandbox ``ids``, and
+    /var/lib/cni itself where it was not there before and is now empty."""
+    removed = []
+    if CNI_RESULTS.is_dir():
+        ours = [*CNI_RESULTS.glob(f"{network}-*")]
+        ours += [p for cid in ids for p in CNI_RESULTS.glob(f"cni-loopback-{cid}-*")]
+        for path in ours:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path.name)
     if snapshot is not None and not snapshot.cni_state:
         with contextlib.suppress(OSError):
             for d in sorted(CNI_RESULTS.parent.rglob("*"), key=lambda p: -len(p.parts)):
@@ -314,15 +336,20 @@ def remove_cni_state(snapshot: HostSnapshot | None, network: str) -> list[str]:
     return removed
 
 
-def remove_cni_results(network: str) -> list[str]:
-    """libcni's cached results of our network (containerd 1.6 keeps them in /var/lib/cni)."""
-    removed = []
-    if CNI_RESULTS.is_dir():
-        for path in CNI_RESULTS.glob(f"{network}-*"):
-            with contextlib.suppress(OSError):
-                path.unlink()
-                removed.append(path.name)
-    return removed
+def sandbox_netns(socket_path: Path) -> list[str]:
+    """Names (under /run/netns) of the network namespaces our containerd's containers use."""
+    names = []
+    ids = run("ctr", "-a", str(socket_path), "-n", "k8s.io", "containers", "ls", "-q", check=False)
+    for cid in ids.split():
+        with contextlib.suppress(HostStateError, ValueError, KeyError, TypeError):
+            info = json.loads(
+                run("ctr", "-a", str(socket_path), "-n", "k8s.io", "containers", "info", cid)
+            )
+            for ns in info["Spec"]["linux"]["namespaces"]:
+                path = ns.get("path") or ""
+                if ns["type"] == "network" and path.startswith(("/run/netns/", "/var/run/netns/")):
+                    names.append(Path(path).name)
+    return sorted(set(names))
 
 
 def shim_pids(socket_path: Path) -> list[int]:

@@ -38,10 +38,12 @@ from support.kube import SERVICE_CIDR, KubeClient, KubeCluster, KubeError, write
 from support.node_images import PAUSE_IMAGE, ctr_import, import_podman_image, pause_archive
 from support.node_net import (
     HostSnapshot,
+    cni_sandboxes,
     create_bridge,
     delete_bridge,
     guard_egress,
     remove_cni_state,
+    sandbox_netns,
     shim_pids,
     unmount_under,
 )
@@ -275,6 +277,7 @@ class NodeStack:
         self.snapshot: HostSnapshot | None = None
         self.ports: dict[str, int] = {}
         self.node_bins: Path | None = None
+        self.bridge_created = False
         self.timings: dict[str, float] = {}
         """Seconds each start step took (binaries, control plane, containerd, node Ready...)."""
 
@@ -311,6 +314,8 @@ class NodeStack:
         step = time.monotonic()
         self._start_scheduler(node_bins)
         create_bridge(BRIDGE, f"{NODE_IP}/{POD_CIDR.split('/')[1]}")
+        self.bridge_created = True
+        self._write_state()
         guard_egress(BRIDGE, POD_CIDR)
         self._write_cni()
         self._start_containerd()
@@ -354,6 +359,7 @@ class NodeStack:
             "ca": str(pki.ca_cert) if pki else None,
             "admin": [str(pki.admin_cert), str(pki.admin_key)] if pki else None,
             "snapshot": self.snapshot.to_json() if self.snapshot else None,
+            "bridge": self.bridge_created,
         }
         self.state_file.write_text(json.dumps(state, indent=1))
 
@@ -659,6 +665,8 @@ def teardown(workdir: Path) -> dict[str, Any]:
     # Containers the kubelet did not get to stop, and their shims, by PID; then containerd.
     if snapshot is not None:
         report["killed-container-processes"] = snapshot.kill_cgroup_processes()
+    cached = cni_sandboxes(CNI_NETWORK)  # read while containerd may be gone already
+    netns = sorted({*sandbox_netns(socket), *cached.values()})
     shims = shim_pids(socket)
     for pid in shims:
         with contextlib.suppress(ProcessLookupError):
@@ -669,14 +677,14 @@ def teardown(workdir: Path) -> dict[str, Any]:
             _stop_pid(pids[name])
     report["unmounted"] = unmount_under(workdir)
     if snapshot is not None:
-        report["netns-removed"] = snapshot.remove_netns()
+        report["netns-removed"] = snapshot.remove_netns(netns)
         report["cgroups-stuck"] = snapshot.remove_cgroups()
         report["chains-removed"] = snapshot.remove_chains()
         report["nft-tables-removed"] = snapshot.remove_nft_tables()
-    report["bridge-removed"] = delete_bridge(BRIDGE)
+    report["bridge-removed"] = bool(state.get("bridge")) and delete_bridge(BRIDGE)
     if snapshot is not None:
         report["sysctls-restored"] = snapshot.restore_sysctls()
-    report["cni-results-removed"] = remove_cni_state(snapshot, CNI_NETWORK)
+    report["cni-results-removed"] = remove_cni_state(snapshot, CNI_NETWORK, list(cached))
     state_file.unlink()
     return report
 
