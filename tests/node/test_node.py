@@ -19,6 +19,7 @@ from support.node_images import stunnerd_image
 from support.node_stack import NODE_IP, NODE_NAME, NodeStack
 
 TURN_PORT = 3478
+UDP_TRANSPORT = 0x11000000  # REQUESTED-TRANSPORT: UDP (17) in the first byte, RFC 5766 §14.7
 HEALTH_PORT = 8086
 
 
@@ -98,7 +99,7 @@ def root_mount_options(pid: int) -> list[str]:
 def turn_allocate(host: str, port: int) -> stun.Message:
     """An unauthenticated TURN Allocate over UDP: a TURN server answers 401 with a nonce."""
     request = stun.Message(message_method=stun.Method.ALLOCATE, message_class=stun.Class.REQUEST)
-    request.attributes["REQUESTED-TRANSPORT"] = 17
+    request.attributes["REQUESTED-TRANSPORT"] = UDP_TRANSPORT
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.settimeout(1.0)
         for _ in range(10):
