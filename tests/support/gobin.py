@@ -404,3 +404,36 @@ def gateway_api_release() -> list[Path]:
         if not p.name.endswith("_udproutes.yaml")
     )
     return [*standard, crd / "experimental" / "gateway.networking.k8s.io_udproutes.yaml"]
+
+
+GATEWAY_API_CONFORMANCE = "sigs.k8s.io/gateway-api/conformance"
+
+
+def gateway_api_conformance() -> Path:
+    """The official Gateway API conformance suite at GATEWAY_API_VERSION, as a test binary
+    (``conformance.test``: ``go test -c`` of the conformance module's root package).
+
+    Since v1.6 the suite is its own module; a wrapper module requires it and the API module at
+    the same version (the suite's go.mod replaces the API module with ``../``, which a
+    dependency's go.mod cannot do), and ``go test -c`` builds the package's tests.
+    """
+    go = require_go()
+    key = f"gateway-api-conformance@{GATEWAY_API_VERSION}-{_go_version(go)}"
+    folder = cache_root() / key
+    if _ready(folder, ["conformance.test"]):
+        return folder
+    with _locked(cache_root() / f"{key}.lock"):
+        if _ready(folder, ["conformance.test"]):
+            return folder
+        wrapper = folder / "wrapper"
+        shutil.rmtree(wrapper, ignore_errors=True)
+        wrapper.mkdir(parents=True)
+        (wrapper / "go.mod").write_text("module gobin.local/wrapper\n")
+        env = _build_env(go, None)
+        pins = [f"{GATEWAY_API_CONFORMANCE}@{GATEWAY_API_VERSION}"]
+        pins.append(f"{GATEWAY_API}@{GATEWAY_API_VERSION}")
+        _run_go(go, ["get", *pins], cwd=wrapper, env=env)
+        target = str(folder / "conformance.test")
+        _run_go(go, ["test", "-c", "-o", target, GATEWAY_API_CONFORMANCE], cwd=wrapper, env=env)
+        (folder / ".complete").write_text(" ".join(pins) + "\n")
+    return folder
