@@ -1,6 +1,7 @@
 """Go programs the tests run as peers and infrastructure, built once per machine.
 
-The real kube-apiserver (tests/kube, our wrapper module around k8s.io/kubernetes) and upstream
+The real kube-apiserver, controller manager, scheduler, kubelet and kube-proxy (tests/kube, our
+wrapper module around k8s.io/kubernetes, stamped with its release version), CoreDNS and upstream
 STUNner's stunnerd, turncat, stunnerctl and operator are built from pinned module versions into a
 cache outside the work tree (``STUNNER_TEST_GO_CACHE``, default ``~/.cache/stunner-test-go``), one
 folder per build key (what was built, at which version, with which Go). A file lock makes
