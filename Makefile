@@ -6,8 +6,12 @@ BIN := $(VENV)/bin
 PACKAGES := libs/common services/stunnerd services/cds services/operator services/turncat services/auth
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The default suite runs in this many processes, a test file each at a time (its module
+# fixtures set up once). Most tests wait on sockets and subprocesses, so more workers than cores
+# pay off; 0 runs it in this process (what a debugger wants).
+PYTEST_WORKERS ?= 4
 
-.PHONY: setup bpf test unit lint format run stop bench conformance fuzz soak clean images base-image compose-up compose-down test-compose lock test-kube kube-up kube-down
+.PHONY: setup bpf test test-all test-slow unit lint format run stop bench conformance fuzz soak clean images base-image compose-up compose-down test-compose lock test-kube kube-up kube-down
 
 setup: $(STAMP) bpf
 
@@ -46,9 +50,15 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# The default suite: everything but tests marked slow, and the real-cluster tier (test-kube).
+# The default suite: everything but tests marked slow and the real-cluster tiers (test-kube,
+# test-node). `make test-all` runs every tier.
 test: setup lint
-	$(BIN)/pytest -m "not slow and not kube" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not slow and not kube and not node" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+test-all: test test-kube test-slow
+
+test-slow: setup
+	$(BIN)/pytest -m "slow and not kube and not node and not compose" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The real-cluster tier: kube-apiserver, kube-controller-manager and etcd built from the published
 # Kubernetes modules (tests/kube; once per machine, into ~/.cache/stunner-test-go), the chart

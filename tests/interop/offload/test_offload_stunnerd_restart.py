@@ -159,7 +159,9 @@ def test_a_handoff_keeps_the_offloaded_channel_relaying_in_the_kernel(
     old = start(topo, tmp_path, "old", *args)
     require_offload(topo, old)
     new: ServerProcess | None = None
-    client = probe(topo, count=250)
+    # 15 s of calls: on a loaded machine a successor with workers takes several seconds to
+    # start, and a call that ended before it would leave nothing to hand over.
+    client = probe(topo, count=750)
     try:
         wait(
             topo,

@@ -150,6 +150,9 @@ def test_send_indications_parse_by_hand_like_the_full_decoder(
         send_indication({"XOR-PEER-ADDRESS": ("1.2.3.4", 1), "DATA": b"x"})[:-1],
         send_indication({"XOR-PEER-ADDRESS": ("1.2.3.4", 1), "DATA": b"x"})[:-4] + b"\0\0\0\0",
     ],
+    # Named, not shown: each run draws new transaction IDs, and parallel workers must collect
+    # the same test names.
+    ids=["ipv6-peer", "no-peer", "no-data", "truncated", "bad-fingerprint"],
 )
 def test_unusual_send_indications_are_left_to_the_full_decoder(raw: bytes) -> None:
     assert codec.parse_send_indication(raw) is None
