@@ -149,6 +149,21 @@ def service_view(
     }
 
 
+def allocated_addresses_named(value: Any, names: Mapping[str, str]) -> Any:
+    """``value`` with every string that is an allocated address (``10.96.0.7``, or a prefix
+    ``10.96.0.7/32``) replaced by what it names: two API servers allocate different ClusterIPs
+    to the same Service, which is no difference between the operators."""
+    if isinstance(value, dict):
+        return {k: allocated_addresses_named(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [allocated_addresses_named(v, names) for v in value]
+    if isinstance(value, str):
+        address, slash, length = value.partition("/")
+        if address in names:
+            return names[address] + (slash + length if length not in ("", "32", "128") else "")
+    return value
+
+
 def deployment_view(dep: Mapping[str, Any]) -> dict[str, Any]:
     spec = dep.get("spec") or {}
     pod = (spec.get("template") or {}).get("spec") or {}
@@ -214,9 +229,10 @@ class Side:
     def snapshot(self, docs: list[dict[str, Any]]) -> Snapshot:
         snap = Snapshot()
         ids = gateway_ids(docs)
-        with contextlib.suppress(httpx.HTTPError):
-            snap.configs = {k: v for k, v in self.cds_configs().items() if k in ids}
         namespaces = sorted({d["metadata"].get("namespace") for d in docs} - {None})
+        with contextlib.suppress(httpx.HTTPError):
+            configs = {k: v for k, v in self.cds_configs().items() if k in ids}
+            snap.configs = allocated_addresses_named(configs, self._cluster_ips(namespaces))
         nodeports = requested_nodeports(docs)
         for doc in docs:
             if doc["kind"] == "GatewayClass":
@@ -243,6 +259,17 @@ class Side:
                     if _owned_by_gateway(dep, gateways):
                         snap.deployments[f"{ns}/{dep['metadata']['name']}"] = deployment_view(dep)
         return snap
+
+    def _cluster_ips(self, namespaces: list[str]) -> dict[str, str]:
+        """Each ClusterIP this API server allocated in ``namespaces``: the Service's name."""
+        names: dict[str, str] = {}
+        for ns in namespaces:
+            for svc in self.admin.list("v1", "Service", ns):
+                spec = svc.get("spec") or {}
+                for ip in spec.get("clusterIPs") or [spec.get("clusterIP")]:
+                    if ip and ip != "None":
+                        names[ip] = f"<clusterIP {ns}/{svc['metadata']['name']}>"
+        return names
 
     def settle(self, docs: list[dict[str, Any]]) -> Snapshot:
         """Poll until two snapshots ``SETTLE_QUIET_S`` apart are equal (bounded)."""

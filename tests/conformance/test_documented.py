@@ -11,6 +11,7 @@ import pytest
 from conformance.compare import canonical_config, diff, flatten, match
 from conformance.documented import DOCUMENTED, Documented
 from conformance.run import verdict
+from conformance.sides import allocated_addresses_named
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "upstream-differences.md"
 
@@ -100,3 +101,18 @@ def test_every_documented_difference_accepts_its_example_and_not_the_reverse(
 def test_an_unrelated_change_on_a_documented_path_is_not_accepted() -> None:
     path = "deployments.stunner/udp-gateway.containers[name=stunner-daemon].env"
     assert match(path, ["STUNNER_ADDR"], ["STUNNER_ADDR", "SOMETHING_ELSE"]) is None
+
+
+def test_allocated_cluster_ips_are_named_by_their_service_and_nothing_else_changes() -> None:
+    """Each API server allocates its own ClusterIPs; the comparison sees the Service instead."""
+    names = {"10.96.0.7": "<clusterIP media/echo>"}
+    ours = {"clusters": [{"endpoints": ["10.96.0.7", "10.244.0.5", "10.96.0.7/32"]}]}
+    theirs = {"clusters": [{"endpoints": ["10.0.0.9", "10.244.0.5"]}]}
+    assert allocated_addresses_named(ours, names) == {
+        "clusters": [
+            {"endpoints": ["<clusterIP media/echo>", "10.244.0.5", "<clusterIP media/echo>"]}
+        ]
+    }
+    named_theirs = allocated_addresses_named(theirs, {"10.0.0.9": "<clusterIP media/echo>"})
+    assert named_theirs["clusters"][0]["endpoints"][0] == "<clusterIP media/echo>"
+    assert allocated_addresses_named({"a": "10.96.0.70"}, names) == {"a": "10.96.0.70"}
