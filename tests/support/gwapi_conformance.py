@@ -122,7 +122,7 @@ KNOWN_FAILURES: Mapping[str, Expected] = {
         "UDP_echo_via_listener_udp-3_reaches_the_backend",
     ),
     "UDPRouteParentRefPortAndSectionName": Expected(
-        TRAFFIC + "; each scenario checks the route's status first (passing) and then echoes",
+        TRAFFIC,  # each scenario checks the route's parents first (they match), then echoes
         frozenset(
             {
                 "UDPRoute_attaches_to_a_UDP_listener_by_port",
@@ -132,7 +132,7 @@ KNOWN_FAILURES: Mapping[str, Expected] = {
         ),
     ),
     "GatewayListenerUnsupportedProtocol": Expected(
-        HTTP + " (the second subtest expects an HTTP listener Accepted)",
+        HTTP,  # its second subtest expects an HTTP listener Accepted
         frozenset(
             {
                 "Gateway_with_at_least_one_accepted_listeners_should_be_accepted_and_the_"
@@ -443,6 +443,13 @@ RESULTS_BEGIN = "<!-- results:begin (python -m support.gwapi_conformance writes 
 RESULTS_END = "<!-- results:end -->"
 
 
+SHORT_REASONS = {
+    TRAFFIC: "traffic: needs a plain UDP proxy",
+    HTTP: "presumes HTTP/HTTPS listeners",
+}
+"""The reasons as the README's table cites them (its section "Why tests fail" explains each)."""
+
+
 def results_table(run: SuiteRun) -> str:
     ran = {n: o for n, o in run.results.items() if o != "SKIP"}
     skipped = len(run.results) - len(ran)
@@ -458,7 +465,7 @@ def results_table(run: SuiteRun) -> str:
         reason = ""
         expected = KNOWN_FAILURES.get(top)
         if outcome == "FAIL" and expected is not None:
-            reason = expected.reason
+            reason = SHORT_REASONS.get(expected.reason, expected.reason)
         shown = f"&nbsp;&nbsp;↳ {sub.replace('_', ' ')}" if sub else f"**{top}**"
         lines.append(f"| {shown} | {outcome} | {reason} |")
     return "\n".join(lines)
@@ -478,8 +485,8 @@ def write_docs(run: SuiteRun, docs: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gwapi_conformance", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("docs/conformance"))
-    parser.add_argument("--workdir", type=Path, default=Path(".run/gwapi-conformance"))
+    parser.add_argument("--out", type=Path, default=gobin.REPO / "docs" / "conformance")
+    parser.add_argument("--workdir", type=Path, default=gobin.REPO / ".run" / "gwapi-conformance")
     args = parser.parse_args(argv)
     workdir = args.workdir.resolve()
     shutil.rmtree(workdir, ignore_errors=True)

@@ -110,6 +110,17 @@ def test_status_subtests_of_tests_with_traffic_checks_pass(suite_run: SuiteRun) 
     assert not missing, f"{missing} (the suite's output is in {suite_run.log})"
 
 
+def test_routes_attached_by_port_and_section_name_match_before_their_echo_fails(
+    suite_run: SuiteRun,
+) -> None:
+    """UDPRouteParentRefPortAndSectionName checks each route's parents, then echoes, in one
+    subtest: the echo fails it, so the log has to show that the parents matched."""
+    text = suite_run.log.read_text()
+    for route in ("udp-route-by-port", "udp-route-by-section", "udp-route-by-section-and-port"):
+        line = f"Route gateway-conformance-infra/{route} Parents matched expectations"
+        assert line in text, f"{line!r} not in {suite_run.log}"
+
+
 def test_known_failures_name_tests_of_the_profile(suite_run: SuiteRun) -> None:
     ran = {name for name, outcome in suite_run.results.items() if outcome != "SKIP"}
     assert set(KNOWN_FAILURES) <= ran
