@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # pay off; 0 runs it in this process (what a debugger wants).
 PYTEST_WORKERS ?= 4
 
-.PHONY: setup bpf test test-all test-slow unit lint format run stop bench conformance fuzz soak clean images base-image compose-up compose-down test-compose lock test-kube kube-up kube-down
+.PHONY: setup bpf test test-all test-slow test-node node-up node-down go-peers unit lint format run stop bench conformance fuzz soak clean images base-image compose-up compose-down test-compose lock test-kube kube-up kube-down
 
 setup: $(STAMP) bpf
 
@@ -55,7 +55,7 @@ format: setup
 test: setup lint
 	$(BIN)/pytest -m "not slow and not kube and not node" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-test-all: test test-kube test-slow
+test-all: test test-kube test-node test-slow
 
 test-slow: setup
 	$(BIN)/pytest -m "slow and not kube and not node and not compose" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
@@ -65,6 +65,25 @@ test-slow: setup
 # installed, the operator running as its ServiceAccount. Needs Go.
 test-kube: setup
 	$(BIN)/pytest -m "kube and not slow" $(PYTEST_ARGS)
+
+# The real-node tier (root): a kubelet, containerd, CNI, kube-proxy and CoreDNS built or taken
+# from published parts run our stunnerd image as pods (tests/node, docs/real-node.md).
+test-node: setup
+	$(CONTAINERS_ENV) podman image exists localhost/debian-py:bookworm || $(MAKE) base-image
+	$(CONTAINERS_ENV) $(BIN)/python scripts/images.py stunnerd
+	$(BIN)/pytest -m "node and not slow" tests/node $(PYTEST_ARGS)
+
+# The one-node cluster left running for a user (make node-down stops it and undoes its changes).
+NODE_STATE := .run/node
+node-up: setup
+	cd tests && ../$(BIN)/python -m support.node_stack up --state ../$(NODE_STATE)
+
+node-down:
+	cd tests && ../$(BIN)/python -m support.node_stack down --state ../$(NODE_STATE)
+
+# Every Go program the tests use, built once into ~/.cache/stunner-test-go (CI does this first).
+go-peers: setup
+	cd tests && ../$(BIN)/python -m support.go_peers
 
 # The same cluster left running for a user: prints KUBECONFIG=..., CDS ... and CDS_TOKEN=...
 KUBE_STATE := .run/kube

@@ -7,7 +7,8 @@ in the background while the suite runs, so that no test waits minutes on a compi
 own time limit. A group already built costs nothing.
 
 Groups: ``upstream`` (stunnerd, turncat, stunnerctl), ``kube`` (kube-apiserver,
-kube-controller-manager, etcd), ``kwok``, ``node`` (kubelet, kube-proxy, kube-scheduler).
+kube-controller-manager, etcd), ``kwok``, ``node`` (kubelet, kube-proxy, kube-scheduler),
+``coredns`` (the real node's cluster DNS) and ``gwapi-conformance`` (the Gateway API suite).
 Upstream's operator is left out: its source may be unobtainable (support.gobin says why).
 """
 
@@ -20,12 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from support import gobin
+from support.node_stack import COREDNS, COREDNS_VERSION
 
 GROUPS: dict[str, Callable[[], Path]] = {
     "upstream": gobin.upstream_stunner,
     "kube": gobin.kube_binaries,
     "kwok": gobin.kwok,
     "node": gobin.node_binaries,
+    "coredns": lambda: gobin.install(COREDNS, COREDNS_VERSION, [""]),
+    "gwapi-conformance": gobin.gateway_api_conformance,
 }
 
 

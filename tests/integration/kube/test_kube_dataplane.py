@@ -203,12 +203,30 @@ async def test_a_dataplane_with_only_an_image_follows_route_edits(
         )
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         assert (container["command"], container["args"]) == (["stunnerd"], ["-w"])
+        template = deployment["spec"]["template"]["metadata"]["labels"]
+
+        def new_pod() -> Any:
+            # The previous test's pod may still be going: this Deployment's pod is the one.
+            running = pods.pod_for_gateway(NAMESPACE, GATEWAY)
+            pod = running and client.get("v1", "Pod", running.name, NAMESPACE)
+            labels = (pod or {}).get("metadata", {}).get("labels", {})
+            return running if pod and all(labels.get(k) == v for k, v in template.items()) else None
+
         running = await asyncio.to_thread(
-            client.wait_for,
-            "the stunnerd pod running",
-            lambda: pods.pod_for_gateway(NAMESPACE, GATEWAY),
-            timeout_s=60.0,
+            client.wait_for, "the image-only stunnerd pod running", new_pod, timeout_s=60.0
         )
+        client.patch_status(
+            "v1", "Service", GATEWAY, NAMESPACE, {"loadBalancer": {"ingress": [{"ip": running.ip}]}}
+        )
+
+        def advertised() -> bool:
+            config = stack.cds_configs().get(f"{NAMESPACE}/{GATEWAY}")
+            (listener,) = (config or {}).get("listeners") or [{}]
+            return bool(
+                (listener.get("public_address"), listener.get("port")) == (running.ip, port)
+            )
+
+        await asyncio.to_thread(client.wait_for, "this Gateway's config advertised", advertised)
         local = free_port(socket.SOCK_DGRAM)
         async with turncat(
             "--cds-server-address",
