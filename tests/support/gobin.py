@@ -220,9 +220,9 @@ def upstream_stunner() -> Path:
 
 # The operator's module is not on every proxy (one that serves only allowed modules answers its
 # versions 403): then it is built from a git clone of its repository at the tag's commit, pinned
-# here so that a moved tag is noticed. STUNNER_UPSTREAM_OPERATOR_GIT names the clone.
+# here so that a moved tag is noticed. STUNNER_UPSTREAM_OPERATOR_GIT names the clone (a git
+# directory, bare or not); there is no default location.
 UPSTREAM_OPERATOR_COMMIT = "a7f6a3efcde2e9c8feca250f6cff6515333838cd"
-UPSTREAM_OPERATOR_GIT_CANDIDATES = ("/work/.mirror/l7mp+stunner-gateway-operator/repo",)
 
 
 def upstream_operator() -> Path:
@@ -267,7 +267,7 @@ def upstream_operator_source() -> Path:
     if (target / ".complete").exists():
         return target
     env_git = os.environ.get("STUNNER_UPSTREAM_OPERATOR_GIT")
-    candidates = [env_git] if env_git else list(UPSTREAM_OPERATOR_GIT_CANDIDATES)
+    candidates = [env_git] if env_git else []
     for git_dir in candidates:
         if not git_dir or not Path(git_dir).exists():
             continue
@@ -296,7 +296,9 @@ def upstream_operator_source() -> Path:
         return target
     raise UnobtainableSourceError(
         f"{UPSTREAM_OPERATOR}@{UPSTREAM_OPERATOR_VERSION} is not on the module proxy and no git "
-        f"clone was found (set STUNNER_UPSTREAM_OPERATOR_GIT; looked in {candidates})"
+        "clone was given: set STUNNER_UPSTREAM_OPERATOR_GIT to a clone of "
+        f"https://{UPSTREAM_OPERATOR} holding the tag {UPSTREAM_OPERATOR_VERSION}"
+        + (f" ({env_git} does not exist)" if env_git else "")
     )
 
 
@@ -438,3 +440,12 @@ def gateway_api_conformance() -> Path:
         _run_go(go, ["test", "-c", "-o", target, GATEWAY_API_CONFORMANCE], cwd=wrapper, env=env)
         (folder / ".complete").write_text(" ".join(pins) + "\n")
     return folder
+
+
+HELM = "helm.sh/helm/v4"
+HELM_VERSION = "v4.3.1"
+
+
+def helm() -> Path:
+    """The ``helm`` CLI (``helm.sh/helm/v4/cmd/helm``) at HELM_VERSION: the real node's client."""
+    return install(HELM, HELM_VERSION, ["cmd/helm"])
