@@ -1,16 +1,16 @@
 """TURN relay cost: stunnerd (one process) against coturn 4.6 (one relay thread), same load.
 
 Both servers face the same generator, coturn's `turnutils_uclient` with ChannelData flooding 100-B
-messages (`-m 10 -c -z 0 -l 100`) to `turnutils_peer`, as in reference/perf-anchors.md §3. The
-figure of merit is server CPU per relayed packet (utime+stime of the server's process tree from
-/proc, before and after, divided by 2x echoed messages since every round trip is forwarded twice).
-Runs alternate coturn / stunnerd so drift hits both. A second scenario measures allocations: many
-short sessions (`-m 100 -n 1`), reported as server CPU per allocation and allocations per second;
-a paced media-like load and a Send/Data indication flood complete the picture.
-Upstream STUNner's stunnerd (Go, v1.2.1, user space; bench/upstream_peer.py) runs beside them,
-with `--udp-thread-num` 1 and one thread per core, and each of our modes gets a
-`RATIO cpu_per_packet ours/upstream` line per load.
-Everything binds 127.0.0.1; every run is bounded in messages and in time.
+messages (`-m 10 -c -z 0 -l 100`) to `turnutils_peer`, as coturn's own benchmark does (its
+README.turnutils). The figure of merit is server CPU per relayed packet (utime+stime of the server's
+process tree from /proc, before and after, divided by 2x echoed messages since every round trip is
+forwarded twice). Runs alternate coturn / stunnerd so drift hits both. A second scenario measures
+allocations: many short sessions (`-m 100 -n 1`), reported as server CPU per allocation and
+allocations per second; a paced media-like load and a Send/Data indication flood complete the
+picture. Upstream STUNner's stunnerd (Go, v1.2.1, user space; bench/upstream_peer.py) runs beside
+them, with `--udp-thread-num` 1 and one thread per core, and each of our modes gets a `RATIO
+cpu_per_packet ours/upstream` line per load. Everything binds 127.0.0.1; every run is bounded in
+messages and in time.
 """
 
 from __future__ import annotations

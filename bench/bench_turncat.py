@@ -7,7 +7,8 @@ Three measurements on loopback, all through one coturn (one relay thread) to a U
 2. turncat in the middle: a closed-loop UDP client (uvloop, 32 datagrams in flight) sends to
    turncat, which relays through coturn to the echo peer; round trips per second, and turncat's
    CPU time per relayed datagram. Reported as a ratio to (1).
-3. iperf2 through turncat (STUNner's benchmark kit, reference/perf-anchors.md §1.2): iperf -c
+3. iperf2 through turncat (upstream STUNner's benchmark kit,
+   https://github.com/l7mp/stunner/blob/main/docs/BENCHMARK.md): iperf -c
    → turncat → coturn → iperf -s -u -e as the peer, at a few offered rates, 100-byte datagrams;
    the received rate and loss. Skipped when iperf is not installed.
 

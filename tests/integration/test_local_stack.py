@@ -1,5 +1,5 @@
 """`make run`'s stack end to end: Redis with ACL users, operator on examples/local, CDS, auth
-service, one stunnerd per Gateway, UDP echo. And a new user's first day with it (issue 27): three
+service, one stunnerd per Gateway, UDP echo. And a new user's first day with it: three
 Gateways added, metrics turned on, a listener broken, a route to a Gateway that does not exist, a
 client refused, a route deleted under a running turncat: each gets a working stunnerd or a clear
 line in the terminal, and nothing that ran is torn down by a mistake.

@@ -1,4 +1,5 @@
-"""The Redis publisher writes the SPEC §4 layout atomically and only when a config changed."""
+"""The Redis publisher writes the store's layout (stunner_common.store) atomically and only
+when a config changed."""
 
 from __future__ import annotations
 

@@ -251,7 +251,7 @@ async def test_upstream_stunnerctl_status_reads_ours_as_it_reads_upstream(
         await theirs.close()
     ours_doc, theirs_doc = comparable(outputs["ours"]), comparable(outputs["theirs"])
     # Documented differences (docs/upstream-differences.md): upstream's /status hands out the
-    # credentials in plain text, ours never does (SPEC §6, §10); ours has no licensing tier.
+    # credentials in plain text, ours never does (no secret in /status); ours has no licensing tier.
     assert theirs_doc["auth"].pop("credentials") == STATIC["credentials"]
     assert ours_doc["auth"].pop("credentials") is None
     assert theirs_doc["admin"].pop("licensing_info") == "{tier:free}"

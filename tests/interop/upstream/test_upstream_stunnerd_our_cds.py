@@ -1,6 +1,6 @@
 """Upstream stunnerd v1.2.1 (Go, unmodified) configured from OUR CDS over the v1 protocol.
 
-SPEC §5: "an unmodified upstream stunnerd must work against it". Each test runs a real
+Our CDS must serve an unmodified upstream stunnerd. Each test runs a real
 redis-server, our ``stunner-cds`` process and the operator's publisher; upstream stunnerd watches
 ``/api/v1/configs/<ns>/<gw>?watch=true`` (its ``-w -c ws://…``), and relays for upstream turncat
 (``k8s://`` URIs resolved through our CDS too) and coturn's turnutils_uclient; it follows a live

@@ -2,7 +2,8 @@
 
 This is the single place where config objects (pydantic, from `stunner_common.config`) become the
 small frozen values of `stunnerd.turn.policies`. Peer admission follows upstream's routes →
-clusters → endpoints chain (reference §4): a listener's routes name clusters; STATIC clusters hold
+clusters → endpoints chain (https://github.com/l7mp/stunner/blob/main/docs/GATEWAY.md): a
+listener's routes name clusters; STATIC clusters hold
 prefixes with optional port ranges, STRICT_DNS clusters hold names whose resolved addresses live in
 a shared `DnsCache` that the edge refreshes. UDP relays use UDP clusters for data; permissions
 accept an IP that any routed cluster (UDP or TCP) contains, port ignored, as upstream does.

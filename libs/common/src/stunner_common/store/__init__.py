@@ -1,9 +1,9 @@
 """The Redis config store: one writer API (the operator) and one reader API (the CDS).
 
-Layout (SPEC §4, names in ``stunner_common.redis_keys``): the hash of canonical configs, the
-change stream and the revision counter, plus ``stunner:revs`` (id -> revision of its last change,
-kept after a delete) so that a reader can answer "what changed since revision N", and
-``stunner:meta`` (field ``epoch``: which history of the store those revisions count in).
+Layout (names in ``stunner_common.redis_keys``; docs/architecture.md draws it): the hash of
+canonical configs, the change stream and the revision counter, plus ``stunner:revs`` (id -> revision
+of its last change, kept after a delete) so that a reader can answer "what changed since revision
+N", and ``stunner:meta`` (field ``epoch``: which history of the store those revisions count in).
 """
 
 from stunner_common.store.publisher import (

@@ -1,17 +1,17 @@
 """Carry out a reconcile plan against this process's listeners, one listener at a time.
 
-The order follows upstream (reference §2.2): swap the policies of the running listeners (once:
-routes, auth and quota of every listener that keeps running), stop removed and restarting
-listeners, rotate certificates, and start restarted and new listeners (which are built with the
-new policies). Unlike upstream, one listener that cannot be brought up does not take the others
-down: a listener whose TLS material does not load is *rejected* (left out until a config changes
-it), one whose socket cannot be bound (port in use, address not available) is *retrying* (left
-out, and tried again at every later apply, which the caller schedules with backoff); every other
-listener, cluster and auth change applies. Only a step that concerns the whole config (the
-policies) failing rolls back to the previous config, best effort, and is reported as an error.
-Configs are applied one at a time: the reconciler holds a lock for the whole apply. The admin
-endpoints are not touched here: `stunnerd.reconcile.reconciler.Reconciler` applies them in the
-supervising process.
+The order follows upstream's stunnerd (its `Reconcile` in
+https://github.com/l7mp/stunner/blob/main/stunner.go): swap the policies of the running listeners
+(once: routes, auth and quota of every listener that keeps running), stop removed and restarting
+listeners, rotate certificates, and start restarted and new listeners (which are built with the new
+policies). Unlike upstream, one listener that cannot be brought up does not take the others down: a
+listener whose TLS material does not load is *rejected* (left out until a config changes it), one
+whose socket cannot be bound (port in use, address not available) is *retrying* (left out, and tried
+again at every later apply, which the caller schedules with backoff); every other listener, cluster
+and auth change applies. Only a step that concerns the whole config (the policies) failing rolls
+back to the previous config, best effort, and is reported as an error. Configs are applied one at a
+time: the reconciler holds a lock for the whole apply. The admin endpoints are not touched here:
+`stunnerd.reconcile.reconciler.Reconciler` applies them in the supervising process.
 """
 
 from __future__ import annotations
