@@ -232,3 +232,53 @@ def test_pod_resolves_a_service_name_through_cluster_dns(node: NodeStack, namesp
     log = node.admin.request("GET", f"/api/v1/namespaces/{namespace}/pods/resolver/log")
     assert phase == "Succeeded", log
     assert log.split() == [service["spec"]["clusterIP"]] * 2
+
+
+IN_CLUSTER_PROBE = """\
+import json, os, ssl, urllib.request
+sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+token = open(f"{sa}/token").read()
+context = ssl.create_default_context(cafile=f"{sa}/ca.crt")
+review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+request = urllib.request.Request(
+    f"https://{host}:{port}/apis/authentication.k8s.io/v1/selfsubjectreviews",
+    data=json.dumps(review).encode(),
+    headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+)
+with urllib.request.urlopen(request, context=context, timeout=10) as reply:
+    print(host, json.load(reply)["status"]["userInfo"]["username"])
+"""
+
+
+def test_pod_reaches_the_api_server_with_its_in_cluster_configuration(
+    node: NodeStack, namespace: str
+) -> None:
+    """The ServiceAccount token and ca.crt at their standard path, KUBERNETES_SERVICE_HOST (the
+    ``kubernetes`` Service, whose endpoint the lease reconciler keeps on the node IP) and a
+    serving certificate that names 10.96.0.1: what the operator's in-cluster config uses."""
+    slices = node.admin.list(
+        "discovery.k8s.io/v1",
+        "EndpointSlice",
+        "default",
+        label_selector="kubernetes.io/service-name=kubernetes",
+    )
+    addresses = [a for s in slices for e in s.get("endpoints") or [] for a in e["addresses"]]
+    assert addresses == [NODE_IP]
+    pod = stunnerd_pod("in-cluster", namespace)
+    pod["spec"]["restartPolicy"] = "Never"
+    container = pod["spec"]["containers"][0]
+    container.update(command=["/opt/stunner/bin/python", "-c", IN_CLUSTER_PROBE], args=[])
+    for probe in ("readinessProbe", "livenessProbe"):
+        del container[probe]
+    node.admin.apply(pod)
+
+    def finished() -> str | None:
+        got = node.admin.get("v1", "Pod", "in-cluster", namespace) or {}
+        phase = (got.get("status") or {}).get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = node.admin.wait_for("in-cluster pod finished", finished, timeout_s=90)
+    log = node.admin.request("GET", f"/api/v1/namespaces/{namespace}/pods/in-cluster/log")
+    assert phase == "Succeeded", log
+    assert log.split() == ["10.96.0.1", f"system:serviceaccount:{namespace}:default"]

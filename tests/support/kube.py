@@ -326,8 +326,18 @@ class KubeCluster:
         controllers: str = "*",
         watch_cache: bool = True,
         apiserver_args: Sequence[str] = (),
+        host: str = LOOPBACK,
+        endpoint_reconciler: str = "none",
+        pki: Callable[[Path], ClusterPki] = make_pki,
     ) -> None:
         self.workdir = workdir
+        self.host = host
+        """The API server's bind and advertise address (the real node: the node IP, so pods
+        reach it through the ``kubernetes`` Service)."""
+        self.endpoint_reconciler = endpoint_reconciler
+        """``none`` leaves the ``kubernetes`` Service without endpoints; ``lease`` points it
+        at ``host``."""
+        self._make_pki = pki
         self.apiserver_args = list(apiserver_args)
         """More kube-apiserver flags (e.g. ``--kubelet-preferred-address-types``)."""
         self.compaction_interval_s = compaction_interval_s
@@ -348,7 +358,7 @@ class KubeCluster:
 
     @property
     def server(self) -> str:
-        return f"https://{LOOPBACK}:{self.port}"
+        return f"https://{self.host}:{self.port}"
 
     @property
     def admin(self) -> KubeClient:
@@ -377,7 +387,7 @@ class KubeCluster:
     def start(self) -> KubeCluster:
         bins = gobin.kube_binaries()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.pki = make_pki(self.workdir / "pki")
+        self.pki = self._make_pki(self.workdir / "pki")
         self._start_etcd(bins)
         self.start_apiserver(bins)
         write_kubeconfig(
@@ -410,14 +420,15 @@ class KubeCluster:
         assert self.pki is not None
         policy = self.workdir / "audit-policy.yaml"
         policy.write_text(AUDIT_POLICY)
-        self.port = self.port or free_port()
+        self.port = self.port or free_port(host=self.host)
         self.apiserver = ServerProcess(
             [
                 str(bins / "kube-apiserver"),
                 f"--etcd-servers=http://{LOOPBACK}:{self.etcd_port}",
-                f"--bind-address={LOOPBACK}",
+                f"--bind-address={self.host}",
+                *([f"--advertise-address={self.host}"] if self.host != LOOPBACK else []),
                 f"--secure-port={self.port}",
-                "--endpoint-reconciler-type=none",
+                f"--endpoint-reconciler-type={self.endpoint_reconciler}",
                 f"--tls-cert-file={self.pki.serving_cert}",
                 f"--tls-private-key-file={self.pki.serving_key}",
                 f"--client-ca-file={self.pki.ca_cert}",

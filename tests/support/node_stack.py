@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from support.node_net import (
     shim_pids,
     unmount_under,
 )
+from support.node_pki import make_node_pki
 from support.ports import LOOPBACK, free_port
 from support.processes import ServerProcess, which
 
@@ -54,6 +56,7 @@ NODE_NAME = "stunner-node"
 BRIDGE = "stunnode0"
 POD_CIDR = "10.244.0.0/24"
 NODE_IP = "10.244.0.1"  # the bridge's address: the pods' gateway and the node's InternalIP
+KUBERNETES_SERVICE_IP = "10.96.0.1"  # the ``kubernetes`` Service: the first of SERVICE_CIDR
 CNI_NETWORK = "stunner-node"
 CNI_BIN = Path("/usr/lib/cni")
 CLUSTER_DOMAIN = "cluster.local"
@@ -272,6 +275,12 @@ class NodeStack:
                 f"--kubelet-client-key={self.workdir / 'cluster' / 'pki' / 'admin.key'}",
                 "--kubelet-preferred-address-types=InternalIP",
             ],
+            # On the node IP, with the lease reconciler pointing the ``kubernetes`` Service at
+            # it and a certificate naming it and 10.96.0.1: pods reach the API server with
+            # their in-cluster configuration (ServiceAccount token, KUBERNETES_SERVICE_HOST).
+            host=NODE_IP,
+            endpoint_reconciler="lease",
+            pki=partial(make_node_pki, ips=[NODE_IP, KUBERNETES_SERVICE_IP, LOOPBACK]),
         )
         self.procs: dict[str, ServerProcess] = {}
         self.snapshot: HostSnapshot | None = None
@@ -307,16 +316,17 @@ class NodeStack:
         self._timed("binaries", step)
         self.snapshot = HostSnapshot.take()
         self._write_state()
+        # The bridge first: the API server listens on its address, the node IP.
+        create_bridge(BRIDGE, f"{NODE_IP}/{POD_CIDR.split('/')[1]}")
+        self.bridge_created = True
+        self._write_state()
+        guard_egress(BRIDGE, POD_CIDR)
         step = time.monotonic()
         self.cluster.start()
         self._record_cluster_procs()
         self._timed("control-plane", step)
         step = time.monotonic()
         self._start_scheduler(node_bins)
-        create_bridge(BRIDGE, f"{NODE_IP}/{POD_CIDR.split('/')[1]}")
-        self.bridge_created = True
-        self._write_state()
-        guard_egress(BRIDGE, POD_CIDR)
         self._write_cni()
         self._start_containerd()
         ctr_import(self.socket, pause)
