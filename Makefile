@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # pay off; 0 runs it in this process (what a debugger wants).
 PYTEST_WORKERS ?= 4
 
-.PHONY: setup bpf test test-all test-slow test-node node-up node-down go-peers unit lint format run stop bench conformance fuzz soak clean images base-image compose-up compose-down test-compose lock test-kube kube-up kube-down
+.PHONY: setup bpf test test-all test-slow test-node node-up node-down go-peers gwapi-conformance unit lint format run stop bench conformance fuzz soak clean images base-image compose-up compose-down test-compose lock test-kube kube-up kube-down
 
 setup: $(STAMP) bpf
 
@@ -84,6 +84,11 @@ node-down:
 # Every Go program the tests use, built once into ~/.cache/stunner-test-go (CI does this first).
 go-peers: setup
 	cd tests && ../$(BIN)/python -m support.go_peers
+
+# The official Gateway API conformance suite (GATEWAY-UDP profile) against our operator on the
+# real API server; rewrites docs/conformance/ (its report and the per-test reasons).
+gwapi-conformance: setup
+	cd tests && ../$(BIN)/python -m support.gwapi_conformance
 
 # The same cluster left running for a user: prints KUBECONFIG=..., CDS ... and CDS_TOKEN=...
 KUBE_STATE := .run/kube

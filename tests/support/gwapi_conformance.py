@@ -40,7 +40,7 @@ import httpx
 from support import gobin
 from support.chart import load_documents
 from support.kube import KubeClient, KubeError
-from support.kube_stack import CONTROLLER_NAME, NAMESPACE, OPERATOR_SA, KubeStack
+from support.kube_stack import CONTROLLER_NAME, NAMESPACE, KubeStack
 from support.kwok_node import APISERVER_ARGS, NODE_NAME, KwokNode, kwok_node
 
 log = logging.getLogger(__name__)
@@ -151,32 +151,9 @@ KNOWN_FAILURES: Mapping[str, Expected] = {
 
 
 def conformance_objects() -> list[dict[str, Any]]:
-    """Our GatewayClass for the suite (with its GatewayConfig), and the RBAC the operator needs
-    to read ReferenceGrants (the chart grants gatewayclasses, gateways and udproutes only)."""
+    """Our GatewayClass for the suite, with its GatewayConfig. (The chart's ClusterRole lets the
+    operator read ReferenceGrants.)"""
     return [
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": "stunner-operator-referencegrants"},
-            "rules": [
-                {
-                    "apiGroups": ["gateway.networking.k8s.io"],
-                    "resources": ["referencegrants"],
-                    "verbs": ["list", "watch"],
-                }
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": "stunner-operator-referencegrants"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "stunner-operator-referencegrants",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": NAMESPACE}],
-        },
         {
             "apiVersion": "stunner.l7mp.io/v1",
             "kind": "GatewayConfig",

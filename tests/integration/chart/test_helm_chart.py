@@ -30,7 +30,7 @@ from chart_support import (
 from stunner_cds.settings import CdsSettings
 from stunner_common.crds import Dataplane, Gateway
 from stunner_operator.__main__ import _parser as operator_parser
-from stunner_operator.k8s.resources import BY_KIND, WATCHED, WRITABLE
+from stunner_operator.k8s.resources import BY_KIND, WRITABLE, watched
 from stunner_operator.render.dataplane import render_deployment
 from stunner_operator.render.options import RenderOptions
 from stunner_operator.settings import OperatorSettings
@@ -380,9 +380,10 @@ def _allowed(rules: list[dict[str, Any]], group: str, resource: str, verb: str) 
 def _needed_by_the_operator() -> set[tuple[str, str, str]]:
     """(group, resource, verb) the operator's Kubernetes code uses, read from that code: it
     lists and watches WATCHED, merge-patches the status of what it reports on, and applies
-    (PATCH, or POST when missing) and deletes WRITABLE."""
+    (PATCH, or POST when missing) and deletes WRITABLE. ReferenceGrants are read only where
+    enforced (operator.enforceReferenceGrants), which a user may turn on without new RBAC."""
     needed = set()
-    for res in WATCHED:
+    for res in watched(enforce_reference_grants=True):
         needed |= {(res.group, res.plural, "list"), (res.group, res.plural, "watch")}
     for kind in ("GatewayClass", "Gateway", "UDPRoute", "UDPRouteV1A2"):
         res = BY_KIND[kind]
@@ -448,6 +449,19 @@ def test_operator_environment_is_understood_by_the_operator_settings(
     assert settings.redis_url == BUNDLED_URL.format(user="operator")
     assert settings.controller_name == "stunner.l7mp.io/gateway-operator"
     assert settings.log_format == "text"
+
+
+@pytest.mark.parametrize("enforce", [False, True])
+def test_enforcing_reference_grants_reaches_the_operator_settings(
+    enforce: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rendered = render({"operator": {"enforceReferenceGrants": enforce}})
+    env = container_env(_container(rendered.get("Deployment", "stunner-operator")))
+    assert ("OPERATOR_ENFORCE_REFERENCE_GRANTS" in env) is enforce
+    for name, value in env.items():
+        if isinstance(value, str):
+            monkeypatch.setenv(name, value)
+    assert OperatorSettings().enforce_reference_grants is enforce
 
 
 def test_images_follow_registry_and_tag_values() -> None:

@@ -215,7 +215,11 @@ async def test_sigusr2_starts_a_successor_from_the_same_command_line(
         code = await asyncio.to_thread(old.proc.proc.wait, STEP_TIMEOUT_S)
         assert code == 0
         assert "SIGUSR2: starting a successor" in old.log()
-        await wait_for(handoff.exists, "the successor to listen")
+        try:
+            await wait_for(handoff.exists, "the successor to listen")
+        except AssertionError as exc:
+            # The successor writes to the same log as the process that started it.
+            raise AssertionError(f"{exc}; the log:\n{old.log()[-4000:]}") from None
         successor = serving_pid(handoff)
         assert successor != old.proc.pid
         assert (await get(admin[0], "/status"))[0] == 200
