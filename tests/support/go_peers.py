@@ -8,7 +8,8 @@ own time limit. A group already built costs nothing.
 
 Groups: ``upstream`` (stunnerd, turncat, stunnerctl), ``kube`` (kube-apiserver,
 kube-controller-manager, etcd), ``kwok``, ``node`` (kubelet, kube-proxy, kube-scheduler),
-``coredns`` (the real node's cluster DNS) and ``gwapi-conformance`` (the Gateway API suite).
+``coredns`` (the real node's cluster DNS), ``helm`` (the real node's Helm client) and
+``gwapi-conformance`` (the Gateway API suite).
 Upstream's operator is left out: its source may be unobtainable (support.gobin says why).
 """
 
@@ -30,6 +31,7 @@ GROUPS: dict[str, Callable[[], Path]] = {
     "node": gobin.node_binaries,
     "coredns": lambda: gobin.install(COREDNS, COREDNS_VERSION, [""]),
     "gwapi-conformance": gobin.gateway_api_conformance,
+    "helm": gobin.helm,
 }
 
 

@@ -44,13 +44,49 @@ class ImageError(RuntimeError):
     """An image could not be had or imported; the message says which and why."""
 
 
-def pause_binary() -> Path:
-    source = gobin.cache_root() / "src-node-pause"
-    (source / "pause").mkdir(parents=True, exist_ok=True)
+UDP_ECHO_IMAGE = "localhost/stunner-node-udp-echo:1"
+UDP_ECHO_PORT = 9001
+
+UDP_ECHO_GO = """\
+// A UDP echo server: every datagram goes back to its sender as it came.
+package main
+
+import (
+	"net"
+	"os"
+)
+
+func main() {
+	addr := ":9001"
+	if len(os.Args) > 1 {
+		addr = os.Args[1]
+	}
+	conn, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		panic(err)
+	}
+	buf := make([]byte, 65536)
+	for {
+		n, from, err := conn.ReadFrom(buf)
+		if err == nil {
+			conn.WriteTo(buf[:n], from)
+		}
+	}
+}
+"""
+
+
+def _go_program(name: str, source_text: str) -> Path:
+    source = gobin.cache_root() / f"src-node-{name}"
+    (source / name).mkdir(parents=True, exist_ok=True)
     if not (source / "go.mod").exists():
-        (source / "go.mod").write_text("module stunner.test/pause\n\ngo 1.22\n")
-    (source / "pause" / "main.go").write_text(PAUSE_GO)
-    return gobin.build_local(source, ["./pause"]) / "pause"
+        (source / "go.mod").write_text(f"module stunner.test/{name}\n\ngo 1.22\n")
+    (source / name / "main.go").write_text(source_text)
+    return gobin.build_local(source, [f"./{name}"]) / name
+
+
+def pause_binary() -> Path:
+    return _go_program("pause", PAUSE_GO)
 
 
 def _tar_member(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
@@ -62,16 +98,26 @@ def _tar_member(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644)
 
 def pause_archive(target: Path, tag: str = PAUSE_IMAGE) -> Path:
     """A docker-archive tarball of the pause image (entrypoint /pause, uid 65535)."""
+    return _one_binary_archive(target, tag, "pause", pause_binary())
+
+
+def udp_echo_archive(target: Path, tag: str = UDP_ECHO_IMAGE) -> Path:
+    """The media server of upstream's udp-echo walkthrough (its ``l7mp/net-debug`` image needs
+    a registry): a static Go UDP echo on port 9001, entrypoint /udp-echo, uid 65535."""
+    return _one_binary_archive(target, tag, "udp-echo", _go_program("udp-echo", UDP_ECHO_GO))
+
+
+def _one_binary_archive(target: Path, tag: str, name: str, binary: Path) -> Path:
     layer_buf = io.BytesIO()
     with tarfile.open(fileobj=layer_buf, mode="w") as layer:
-        _tar_member(layer, "pause", pause_binary().read_bytes(), 0o755)
+        _tar_member(layer, name, binary.read_bytes(), 0o755)
     layer_bytes = layer_buf.getvalue()
     diff_id = hashlib.sha256(layer_bytes).hexdigest()
     config = json.dumps(
         {
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
+            "config": {"Entrypoint": [f"/{name}"], "User": "65535:65535"},
             "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff_id}"]},
         }
     ).encode()
@@ -132,3 +178,64 @@ def stunnerd_image() -> str:
         return override
     project = tomllib.loads((gobin.REPO / "libs" / "common" / "pyproject.toml").read_text())
     return f"localhost/stunner-stunnerd:{project['project']['version']}"
+
+
+HELM_IMAGES = ("stunnerd", "cds", "operator", "auth", "turncat", "redis")
+"""What `helm install` of charts/stunner runs with its default values, plus `helm test`'s
+turncat: ``scripts/images.py stunnerd cds operator auth turncat redis`` builds them."""
+
+REDIS_SERVER_CONTAINERFILE = """\
+# The chart's Redis container passes redis-server's own flags (--aclfile from its Secret, --dir,
+# --appendonly) as args, as redis:7-alpine's entrypoint takes them; stunner-redis's entrypoint
+# writes an ACL of its own into /secrets first, which the chart's read-only root and uid 999
+# refuse. Same image, redis-server as the entrypoint.
+FROM {base}
+ENTRYPOINT ["redis-server"]
+"""
+
+
+def stunner_version() -> str:
+    project = tomllib.loads((gobin.REPO / "libs" / "common" / "pyproject.toml").read_text())
+    return str(project["project"]["version"])
+
+
+def stunner_image(name: str) -> str:
+    """``localhost/stunner-<name>:<version>``, as scripts/images.py tags it."""
+    if name == "stunnerd":
+        return stunnerd_image()
+    return f"localhost/stunner-{name}:{stunner_version()}"
+
+
+def missing_images(names: tuple[str, ...] = HELM_IMAGES) -> list[str]:
+    return [stunner_image(n) for n in names if not podman_image_exists(stunner_image(n))]
+
+
+def redis_server_image() -> str:
+    """``localhost/stunner-redis-server:<version>``: stunner-redis with redis-server as its
+    entrypoint (see REDIS_SERVER_CONTAINERFILE), built from it with podman when missing."""
+    ref = f"localhost/stunner-redis-server:{stunner_version()}"
+    if podman_image_exists(ref):
+        return ref
+    base = stunner_image("redis")
+    if not podman_image_exists(base):
+        raise ImageError(f"podman has no image {base} (scripts/images.py redis)")
+    done = subprocess.run(
+        ["podman", "build", "--pull=never", "-t", ref, "-f", "-", str(gobin.REPO / "deploy")],
+        input=REDIS_SERVER_CONTAINERFILE.format(base=base),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env=_podman_env(),
+    )
+    if done.returncode != 0:
+        raise ImageError(f"podman build {ref}: {(done.stdout + done.stderr).strip()[-2000:]}")
+    return ref
+
+
+def _podman_env() -> dict[str, str]:
+    """As the Makefile runs podman: deploy/containers.conf where the system's runc is used."""
+    env = dict(os.environ)
+    if Path("/usr/sbin/runc").exists():
+        env.setdefault("CONTAINERS_CONF", str(gobin.REPO / "deploy" / "containers.conf"))
+    return env

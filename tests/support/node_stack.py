@@ -548,6 +548,26 @@ class NodeStack:
         """A podman image (localhost/stunner-*) into the node's containerd."""
         import_podman_image(self.socket, ref, self.workdir)
 
+    def tag_image(self, ref: str, new_ref: str) -> None:
+        """Another name for an image already in the node's containerd (a "new" tag)."""
+        subprocess.run(
+            [
+                "ctr",
+                "-a",
+                str(self.socket),
+                "-n",
+                "k8s.io",
+                "images",
+                "tag",
+                "--force",
+                ref,
+                new_ref,
+            ],
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+
     def container_pid(self, container_id: str) -> int:
         """The host PID of a running container (``containerd://ID`` from a pod's status)."""
         cid = container_id.removeprefix("containerd://")

@@ -1,0 +1,493 @@
+"""`helm install` of charts/stunner on the real node, then upstream's udp-echo walkthrough.
+
+The real helm CLI installs the chart with its default values (the Redis image aside, see
+support.node_helm): the operator, two CDS replicas, Redis and the auth service run as pods from
+our images, the operator with its in-cluster configuration and elected through its Lease, and
+`helm test` passes. Then the walkthrough of upstream's operator README (its YAML, as far as this
+cluster serves its API versions): the operator renders the Gateway's stunnerd Deployment, whose
+pod reads its config from the CDS by its Service name through cluster DNS, and turncat on the
+host relays through the Gateway Service's NodePort to the echo pod until the UDPRoute goes.
+Then faults with a call running: the Redis pod, each CDS pod and the operator pod deleted in
+turn, an edit made while each is away, the datagrams the call lost counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from support import gobin
+from support.kube import KubeError
+from support.kube_stack import NAMESPACE
+from support.node_call import CallReport, EchoCall
+from support.node_helm import (
+    CHART_COMPONENTS,
+    HelmError,
+    NodeRelease,
+    component_pods,
+    pod_ready,
+    pod_summary,
+    udp_echo,
+)
+from support.node_images import UDP_ECHO_PORT, missing_images
+from support.node_stack import NODE_IP, NodeStack
+from support.ports import free_port
+from support.turncat_harness import turncat
+
+pytestmark = pytest.mark.timeout(600)
+
+GATEWAY = "udp-gateway"
+LISTENER = "udp-listener"
+
+# The walkthrough's own manifests (upstream's operator README, "Configure the operator").
+WALKTHROUGH = """\
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: GatewayClass
+metadata:
+  name: stunner-gatewayclass
+spec:
+  controllerName: "stunner.l7mp.io/gateway-operator"
+  parametersRef:
+    group: "stunner.l7mp.io"
+    kind: GatewayConfig
+    name: stunner-gatewayconfig
+    namespace: stunner
+  description: "STUNner is a WebRTC ingress gateway for Kubernetes"
+---
+apiVersion: stunner.l7mp.io/v1alpha1
+kind: GatewayConfig
+metadata:
+  name: stunner-gatewayconfig
+  namespace: stunner
+spec:
+  stunnerConfig: "stunnerd-configmap"
+  realm: stunner.l7mp.io
+  authType: plaintext
+  userName: "user-1"
+  password: "pass-1"
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: Gateway
+metadata:
+  name: udp-gateway
+  namespace: stunner
+spec:
+  gatewayClassName: stunner-gatewayclass
+  listeners:
+    - name: udp-listener
+      port: 3478
+      protocol: UDP
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: UDPRoute
+metadata:
+  name: udp-echo
+  namespace: stunner
+spec:
+  parentRefs:
+    - name: udp-gateway
+  rules:
+    - backendRefs:
+        - name: udp-echo
+"""
+SERVED_INSTEAD = {"gateway.networking.k8s.io/v1alpha2": "gateway.networking.k8s.io/v1"}
+
+
+def _unavailable(reason: str) -> None:
+    """Software missing: skip, but fail under CI=true (as tests/node/conftest.py does)."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason + " (CI must run the node tests)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def release(node: NodeStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeRelease]:
+    missing = missing_images()
+    if missing:
+        _unavailable(
+            f"podman has no {', '.join(missing)}: run scripts/images.py "
+            "stunnerd cds operator auth turncat redis"
+        )
+    try:
+        started = time.monotonic()
+        gobin.helm()
+        build_s = time.monotonic() - started
+    except gobin.GoBuildError as err:
+        _unavailable(f"the helm CLI did not build: {err}")
+    rel = NodeRelease(node, tmp_path_factory.mktemp("helm"))
+    rel.timings["helm-build"] = round(build_s, 1)
+    try:
+        rel.load_images()
+        rel.install()
+        rel.wait_ready()
+        print(f"\nnode release timings: {rel.timings}")
+        yield rel
+    finally:
+        _clean_up(rel)
+
+
+def _clean_up(rel: NodeRelease) -> None:
+    """Leave the node as the other modules expect it: no release, no stunner namespace."""
+    admin = rel.admin
+    with contextlib.suppress(HelmError, KubeError):
+        rel.uninstall()
+    for kind, name in (("GatewayClass", "stunner-gatewayclass"),):
+        with contextlib.suppress(KubeError):
+            admin.delete("gateway.networking.k8s.io/v1", kind, name)
+    with contextlib.suppress(KubeError):
+        # stunnerd's grace period is the chart's 3600 s (it drains live allocations).
+        admin.request(
+            "DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods", params={"gracePeriodSeconds": "0"}
+        )
+        admin.delete("v1", "Namespace", NAMESPACE)
+    with contextlib.suppress(TimeoutError):
+        admin.wait_for(
+            "namespace stunner gone",
+            lambda: admin.get("v1", "Namespace", NAMESPACE) is None,
+            timeout_s=120,
+            interval_s=1.0,
+        )
+
+
+def test_helm_install_runs_every_component_as_a_ready_pod(release: NodeRelease) -> None:
+    for component, replicas in CHART_COMPONENTS.items():
+        pods = component_pods(release.admin, component)
+        assert len(pods) == replicas, component
+        assert all(pod_ready(p) for p in pods), component
+        for pod in pods:
+            image = pod["spec"]["containers"][0]["image"]
+            assert image.startswith("localhost/stunner-"), (component, image)
+            assert pod["spec"]["nodeName"] == "stunner-node"
+
+
+def test_the_operator_leads_through_its_lease_with_the_in_cluster_configuration(
+    release: NodeRelease,
+) -> None:
+    [pod] = component_pods(release.admin, "operator")
+    name = pod["metadata"]["name"]
+    holder = release.admin.wait_for("the Lease held", release.lease_holder, timeout_s=60)
+    assert holder.partition("_")[0] == name  # client-go's identity: the pod name, "_", a UUID
+    container = pod["spec"]["containers"][0]
+    assert "KUBECONFIG" not in {e["name"] for e in container.get("env") or []}
+    assert not any("kubeconfig" in a for a in container.get("args") or [])
+    mounts = {m["mountPath"] for m in container.get("volumeMounts") or []}
+    assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts
+
+
+def test_helm_test_passes(release: NodeRelease) -> None:
+    output = release.helm.run("test", "stunner", "--namespace", NAMESPACE, "--logs")
+    assert "stunner-test-cds" in output, output
+    assert "Succeeded" in output, output
+
+
+# -- the walkthrough
+
+
+def walkthrough_objects(admin: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """The walkthrough's manifests, each in its own apiVersion where the cluster serves it,
+    else in the one served instead, and with a port on each Service backendRef (Gateway API
+    v1.6's CRDs refuse a Service reference without one: "Must have port for Service
+    reference"; the walkthrough's caveats say the operator ignores it). Returns them and what
+    had to change."""
+    objects, changed = [], []
+    for doc in yaml.safe_load_all(WALKTHROUGH):
+        try:
+            admin.resource(doc["apiVersion"], doc["kind"])
+        except KubeError as err:
+            served = SERVED_INSTEAD[doc["apiVersion"]]
+            changed.append(f"{doc['kind']} {doc['apiVersion']} not served ({err}): {served}")
+            doc = {**doc, "apiVersion": served}
+        if doc["kind"] == "UDPRoute":
+            doc = route_with(["udp-echo"], doc["apiVersion"])
+            changed.append(f"UDPRoute backendRefs given port {UDP_ECHO_PORT}")
+        objects.append(doc)
+    return objects, changed
+
+
+def gateway_pods(admin: Any) -> list[dict[str, Any]]:
+    pods = admin.list(
+        "v1",
+        "Pod",
+        NAMESPACE,
+        label_selector=f"stunner.l7mp.io/related-gateway-name={GATEWAY}",
+    )
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+@pytest.fixture(scope="module")
+def walkthrough(release: NodeRelease) -> dict[str, Any]:
+    """Steps "Create a UDP echo service" and "Configure the operator"; returns the addresses
+    of "Send a request via STUNner" (the Gateway Service's NodePort on the node IP: no load
+    balancer here) and what differed from the text."""
+    admin = release.admin
+    admin.apply_all(udp_echo())
+    objects, changed = walkthrough_objects(admin)
+    admin.apply_all(objects)
+    started = time.monotonic()
+    try:
+        admin.wait_for(
+            f"a Ready stunnerd pod of {GATEWAY}",
+            lambda: [p for p in gateway_pods(admin) if pod_ready(p)],
+            timeout_s=120,
+        )
+        admin.wait_for(
+            "the udp-echo pod Ready",
+            lambda: [
+                p
+                for p in admin.list("v1", "Pod", NAMESPACE, label_selector="app=udp-echo")
+                if pod_ready(p)
+            ],
+            timeout_s=60,
+        )
+    except TimeoutError as err:
+        [operator] = component_pods(admin, "operator")
+        log = release.pod_log(operator["metadata"]["name"])[-3000:]
+        pytest.fail(f"{err}\n{pod_summary(admin)}\noperator log:\n{log}")
+    release.timings["gateway-pod-ready"] = round(time.monotonic() - started, 1)
+    service = admin.get("v1", "Service", GATEWAY, NAMESPACE)
+    assert service is not None, "the operator made no Service for the Gateway"
+    port = next(p for p in service["spec"]["ports"] if p["protocol"] == "UDP")
+    echo = admin.get("v1", "Service", "udp-echo", NAMESPACE)
+    assert echo is not None
+    return {
+        "server": f"turn://user-1:pass-1@{NODE_IP}:{port['nodePort']}",
+        "peer": f"udp://{echo['spec']['clusterIP']}:{UDP_ECHO_PORT}",
+        "changed": changed,
+        "service": service,
+    }
+
+
+@contextlib.asynccontextmanager
+async def call_through(walk: dict[str, Any]) -> AsyncIterator[EchoCall]:
+    """turncat on the host (udp://127.0.0.1:PORT → the Gateway → udp-echo) and a call on it."""
+    local = free_port(socket.SOCK_DGRAM)
+    async with turncat(f"udp://127.0.0.1:{local}", walk["server"], walk["peer"]) as tc:
+        call = EchoCall(local)
+        try:
+            await call.start()
+        except TimeoutError:
+            pytest.fail(f"no echo through the Gateway:\n{tc.stderr}")
+        try:
+            yield call
+        finally:
+            await call.stop(drain_s=0.0)
+
+
+def test_the_gateways_stunnerd_pod_reads_its_config_from_the_cds_service_by_name(
+    release: NodeRelease, walkthrough: dict[str, Any]
+) -> None:
+    [pod] = [p for p in gateway_pods(release.admin) if pod_ready(p)]
+    container = pod["spec"]["containers"][0]
+    assert container["image"].startswith("localhost/stunner-stunnerd:")
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["STUNNER_CONFIG_ORIGIN"] == "http://stunner-config-discovery.stunner.svc:13478"
+    log = release.pod_log(pod["metadata"]["name"])
+    assert "stunner-config-discovery" in log or "config" in log.lower(), log[-2000:]
+    print(f"\nwalkthrough differences: {walkthrough['changed']}")
+
+
+async def test_turncat_relays_through_the_gateway_to_the_echo_pod_until_the_route_goes(
+    release: NodeRelease, walkthrough: dict[str, Any]
+) -> None:
+    admin = release.admin
+    async with call_through(walkthrough) as call:
+        await asyncio.sleep(1.0)
+        assert call.report().received > 0
+        route = next(o for o in walkthrough_objects(admin)[0] if o["kind"] == "UDPRoute")
+        admin.delete(route["apiVersion"], "UDPRoute", "udp-echo", NAMESPACE)
+        deleted = call.mark()
+        try:
+            await _until_silent(call, timeout_s=15.0)
+            stopped_after_s = max(call.arrivals.values()) - deleted[1]
+        finally:
+            admin.apply(route)
+    print(f"\nthe last echo came {stopped_after_s:.2f} s after the UDPRoute was deleted")
+
+
+async def _until_silent(call: EchoCall, timeout_s: float, quiet_s: float = 1.0) -> None:
+    """Until no reply came for ``quiet_s`` (the relay stopped)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        last = max(call.arrivals.values(), default=0.0)
+        if loop.time() - last >= quiet_s:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"still relaying {timeout_s} s after the UDPRoute was deleted")
+
+
+# -- faults with a call running
+
+SECOND_PEER = "udp-echo-2"
+
+
+def second_echo_service() -> dict[str, Any]:
+    """A second Service on the echo pod: its ClusterIP is a peer only a route edit admits."""
+    svc = udp_echo()[1]
+    return {**svc, "metadata": {**svc["metadata"], "name": SECOND_PEER}}
+
+
+def route_with(backends: list[str], api_version: str) -> dict[str, Any]:
+    return {
+        "apiVersion": api_version,
+        "kind": "UDPRoute",
+        "metadata": {"name": "udp-echo", "namespace": NAMESPACE},
+        "spec": {
+            "parentRefs": [{"name": GATEWAY}],
+            "rules": [{"backendRefs": [{"name": b, "port": UDP_ECHO_PORT} for b in backends]}],
+        },
+    }
+
+
+async def _probe(walk: dict[str, Any], peer: str) -> bool:
+    """Does a new turncat reach ``peer`` through the Gateway (one datagram echoed)?"""
+    local = free_port(socket.SOCK_DGRAM)
+    try:
+        async with turncat(f"udp://127.0.0.1:{local}", walk["server"], peer):
+            call = EchoCall(local, interval_s=0.05)
+            try:
+                await call.start(timeout_s=1.5)
+            except TimeoutError:
+                return False
+            finally:
+                await call.stop(drain_s=0.0)
+            return True
+    except AssertionError:  # turncat exited: the TURN server refused the peer
+        return False
+
+
+async def _wait_probe(walk: dict[str, Any], peer: str, want: bool, timeout_s: float) -> float:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while await _probe(walk, peer) != want:
+        if loop.time() - started > timeout_s:
+            raise AssertionError(f"{peer} reachable={not want} {timeout_s} s on")
+    return loop.time() - started
+
+
+def _wait_replaced(release: NodeRelease, component: str, old: str, replicas: int) -> None:
+    def back() -> bool:
+        pods = component_pods(release.admin, component)
+        return (
+            len(pods) == replicas
+            and old not in {p["metadata"]["name"] for p in pods}
+            and all(pod_ready(p) for p in pods)
+        )
+
+    try:
+        release.admin.wait_for(f"{component} back", back, timeout_s=120, interval_s=0.25)
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{pod_summary(release.admin)}") from None
+
+
+async def test_a_call_survives_redis_cds_and_operator_pod_deletions_and_edits_take_effect(
+    release: NodeRelease, walkthrough: dict[str, Any]
+) -> None:
+    admin = release.admin
+    route_version = next(
+        o["apiVersion"] for o in walkthrough_objects(admin)[0] if o["kind"] == "UDPRoute"
+    )
+    admin.apply(second_echo_service())
+    second = admin.get("v1", "Service", SECOND_PEER, NAMESPACE)
+    assert second is not None
+    second_peer = f"udp://{second['spec']['clusterIP']}:{UDP_ECHO_PORT}"
+    assert not await _probe(walkthrough, second_peer), "a peer no route admits was relayed to"
+    victims = [("redis", p["metadata"]["name"]) for p in component_pods(admin, "redis")]
+    victims += [("cds", p["metadata"]["name"]) for p in component_pods(admin, "cds")]
+    victims += [("operator", p["metadata"]["name"]) for p in component_pods(admin, "operator")]
+    figures: list[str] = []
+    admitted = False
+    async with call_through(walkthrough) as call:
+        await asyncio.sleep(1.0)
+        for component, pod in victims:
+            mark = call.mark()
+            admin.delete("v1", "Pod", pod, NAMESPACE)
+            # The edit, made while the pod is away: admit the second peer, or take it back.
+            admitted = not admitted
+            backends = ["udp-echo", SECOND_PEER] if admitted else ["udp-echo"]
+            admin.apply(route_with(backends, route_version))
+            await asyncio.to_thread(
+                _wait_replaced, release, component, pod, CHART_COMPONENTS[component]
+            )
+            back = asyncio.get_running_loop().time()
+            in_force_s = await _wait_probe(walkthrough, second_peer, admitted, timeout_s=30.0)
+            await asyncio.sleep(0.5)
+            report: CallReport = call.report_since(mark, call.mark())
+            figures.append(
+                f"{component} {pod}: back in {back - mark[1]:.1f} s, edit in force "
+                f"{in_force_s:.1f} s after; call {report}"
+            )
+        total = call.report()
+    print("\n" + "\n".join([*figures, f"whole call: {total}"]))
+    assert total.lost == 0, figures
+
+
+# -- a rollout of the dataplane image
+
+ROLLOUT_TAG_SUFFIX = "-rollout"
+ROLLOUT_WATCH_S = 15.0
+
+
+async def test_a_stunnerd_image_rollout_with_a_call_running(
+    release: NodeRelease, walkthrough: dict[str, Any]
+) -> None:
+    """`helm upgrade --set dataplane.image.tag=` a new tag of the same image: the operator
+    rolls the Gateway's Deployment (the chart's default strategy and 3600 s grace period).
+    Measures what a call that started before the upgrade sees; it asserts only that the
+    new pod comes up from the new tag and that a new call is relayed."""
+    admin = release.admin
+    [old] = [p for p in gateway_pods(admin) if pod_ready(p)]
+    old_image = old["spec"]["containers"][0]["image"]
+    new_tag = old_image.rpartition(":")[2] + ROLLOUT_TAG_SUFFIX
+    new_image = old_image.rpartition(":")[0] + ":" + new_tag
+    release.node.tag_image(old_image, new_image)
+
+    def new_pod_ready() -> list[dict[str, Any]]:
+        return [
+            p
+            for p in gateway_pods(admin)
+            if p["spec"]["containers"][0]["image"] == new_image and pod_ready(p)
+        ]
+
+    async with call_through(walkthrough) as call:
+        await asyncio.sleep(1.0)
+        mark = call.mark()
+        await asyncio.to_thread(
+            release.helm.run,
+            "upgrade",
+            "stunner",
+            str(release.chart),
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            f"dataplane.image.tag={new_tag}",
+        )
+        [new] = await asyncio.to_thread(
+            admin.wait_for, "the new stunnerd pod Ready", new_pod_ready, timeout_s=120
+        )
+        ready_s = call.mark()[1] - mark[1]
+        await asyncio.sleep(ROLLOUT_WATCH_S)
+        report = call.report_since(mark, call.mark())
+        old_now = admin.get("v1", "Pod", old["metadata"]["name"], NAMESPACE)
+    print(
+        f"\nrollout: new pod Ready {ready_s:.1f} s after helm upgrade; the running call over "
+        f"{ROLLOUT_WATCH_S + ready_s:.0f} s: {report}; the old pod "
+        + (
+            "gone"
+            if old_now is None
+            else f"terminating={bool(old_now['metadata'].get('deletionTimestamp'))}"
+        )
+    )
+    assert new["spec"]["containers"][0]["image"] == new_image
+    async with call_through(walkthrough) as fresh:
+        await asyncio.sleep(0.5)
+    assert fresh.report().received > 0
