@@ -165,3 +165,29 @@ def test_a_snapshot_larger_than_the_queue_bound_does_not_get_a_new_watcher_dropp
     assert watcher.closed_reason is None
     change(hub, "a/gw0", json.dumps(cfg("a/gw0", "one too many")))
     assert watcher.closed_reason is not None
+
+
+def placeholder_cfg(config_id: str, realm: str = "r") -> dict[str, object]:
+    listener = {"name": "l", "address": "__node_address_placeholder", "port": 3478}
+    return cfg(config_id, realm) | {"listeners": [listener]}
+
+
+@pytest.mark.parametrize("mode", [Mode.V1, Mode.V2])
+def test_node_watchers_of_one_node_share_one_filled_frame_per_change(mode: Mode) -> None:
+    hub = hub_with({"a/x": placeholder_cfg("a/x")})
+    one, _ = hub.subscribe(Topic("a", "x"), mode, node="worker-1")
+    two, _ = hub.subscribe(Topic("a", "x"), mode, node="worker-1")
+    plain, _ = hub.subscribe(Topic("a", "x"), mode)
+    change(hub, "a/x", json.dumps(placeholder_cfg("a/x", "changed")))
+    assert one.frames[-1] is two.frames[-1]
+    assert "__node_address_placeholder" not in one.frames[-1]
+    assert "$STUNNER_ADDR" in one.frames[-1] or mode is Mode.V2
+    assert "__node_address_placeholder" in plain.frames[-1] or mode is Mode.V2
+
+
+def test_a_node_watcher_resuming_gets_the_placeholder_filled() -> None:
+    hub = hub_with({"a/x": placeholder_cfg("a/x")})
+    change(hub, "a/x", json.dumps(placeholder_cfg("a/x", "changed")))
+    watcher, delta = hub.subscribe(Topic("a", "x"), Mode.V2, since=1, epoch=EPOCH, node="worker-1")
+    assert delta
+    assert '"address":"$STUNNER_ADDR"' in watcher.frames[0]

@@ -25,11 +25,11 @@ from stunner_common.config import (
     StunnerConfig,
     self_signed_pair,
 )
+from stunner_common.contracts.listener_address import is_node_placeholder
 
 __all__ = [
     "DEFAULT_CLUSTER_NAME",
     "DEFAULT_LISTENER_NAME",
-    "NODE_ADDRESS_PLACEHOLDER",
     "TurnUri",
     "default_config_from_uri",
     "listener_turn_uri",
@@ -39,7 +39,6 @@ __all__ = [
 DEFAULT_LISTENER_NAME: Final = "default-listener"
 DEFAULT_CLUSTER_NAME: Final = "allow-any"
 DEFAULT_TLS_PORT: Final = 443
-NODE_ADDRESS_PLACEHOLDER: Final = "__node_address_placeholder"
 
 _SCHEMES: Final = ("turn", "turns")
 _TRANSPORTS: Final = ("udp", "tcp", "tls", "dtls")
@@ -205,7 +204,7 @@ def _loopback_range(host: str) -> list[str]:
 def listener_turn_uri(listener: ListenerConfig) -> str:
     """The URI clients use for `listener`: public address/port first, else address/port."""
     address = listener.public_address or listener.address or "0.0.0.0"
-    if address == NODE_ADDRESS_PLACEHOLDER:
+    if is_node_placeholder(address):
         address = "0.0.0.0"
     port = listener.public_port or listener.port
     scheme = "turns" if listener.protocol in ("TURN-TLS", "TURN-DTLS") else "turn"

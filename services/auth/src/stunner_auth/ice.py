@@ -16,13 +16,14 @@ from typing import Literal
 
 from stunner_common.auth import credential_lifetime, ephemeral_credentials
 from stunner_common.config import AuthConfig, ListenerConfig, StunnerConfig
-from stunner_common.turnuri import NODE_ADDRESS_PLACEHOLDER, listener_turn_uri
+from stunner_common.contracts.listener_address import NODE_ADDRESS_PLACEHOLDER, WILDCARD_ADDRESSES
+from stunner_common.turnuri import listener_turn_uri
 
 DEFAULT_TTL_S = 86400
 """Lifetime of ephemeral credentials when the client asks for none: one day, as upstream."""
 
 IcePolicy = Literal["all", "relay"]
-_UNREACHABLE = frozenset({"", "0.0.0.0", "::", NODE_ADDRESS_PLACEHOLDER})
+_UNREACHABLE = WILDCARD_ADDRESSES | {NODE_ADDRESS_PLACEHOLDER}
 
 
 class NoMatchError(LookupError):

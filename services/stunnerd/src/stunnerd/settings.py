@@ -29,6 +29,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from pydantic_settings.sources.utils import parse_env_vars
 
 from stunner_common.config import DEFAULT_HEALTHCHECK_ENDPOINT
+from stunner_common.contracts.listener_address import POD_ADDRESS_ENV
 from stunnerd.admin.servers import AdminSettings
 from stunnerd.drain import DRAIN_CHECK_INTERVAL_S
 from stunnerd.net.guard import ClientLimits
@@ -310,7 +311,7 @@ def load_settings(
         namespace=namespace,
         name=name,
         node=env.get("STUNNER_NODENAME") or None,
-        node_address=values.get("node_address") or _ip_or_empty(env.get("STUNNER_ADDR", "")),
+        node_address=values.get("node_address") or _ip_or_empty(env.get(POD_ADDRESS_ENV, "")),
         force_ready=force_ready or values.get("force_ready", False),
         handoff_idle=handoff_idle or values.get("handoff_idle", False),
     )

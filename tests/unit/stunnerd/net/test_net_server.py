@@ -9,7 +9,7 @@ from typing import Literal
 import pytest
 
 from stunner_common.config import ListenerConfig
-from stunner_common.turnuri import NODE_ADDRESS_PLACEHOLDER
+from stunner_common.contracts.listener_address import NODE_ADDRESS_PLACEHOLDER
 from stunnerd.net.server import ListenerError, TurnServer, other_relay_address, relay_address
 
 

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query
 from starlette.responses import Response
 
 from stunner_cds.api.common import Authorized, Context, parse_go_bool
-from stunner_cds.store.hub import Topic, patch_for_node
+from stunner_cds.store.hub import Topic, fill_for_node
 from stunner_common.cds import ConfigListBody, ErrorBody, encode_config_list, encode_v1_config
 from stunner_common.http import ApiError
 
@@ -98,7 +98,7 @@ async def get_config(
     entry = ctx.hub.mirror.entries.get(config_id)
     if entry is None:
         raise ApiError(404, f"Config not found for ID {config_id}")
-    body = patch_for_node(encode_v1_config(entry.config), node) + "\n"
+    body = encode_v1_config(fill_for_node(entry.config, node)) + "\n"
     return Response(body, media_type="application/json")
 
 

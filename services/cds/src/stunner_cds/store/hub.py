@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,12 +38,14 @@ from stunner_common.cds import (
     encode_v1_config,
     encode_v1_delete,
 )
+from stunner_common.contracts.listener_address import (
+    fill_node_address,
+    has_node_placeholder,
+    node_fill,
+)
 from stunner_common.store import Snapshot, StoreEvent
 
 log = logging.getLogger(__name__)
-
-NODE_ADDRESS_PLACEHOLDER = '"__node_address_placeholder"'
-NODE_ADDRESS_FROM_ENV = '"$STUNNER_ADDR"'
 
 
 class Mode(enum.Enum):
@@ -76,14 +77,18 @@ class Topic:
         return f"{self.namespace}/{self.name if self.name is not None else '*'}"
 
 
-def patch_for_node(frame: str, node: str | None) -> str:
-    """Upstream's node patcher: the placeholder becomes the Node's external address (published
-    by the operator), or ``$STUNNER_ADDR`` when the Node has none."""
-    if node and NODE_ADDRESS_PLACEHOLDER in frame:
-        address = node_address(node)
-        value = json.dumps(address) if address else NODE_ADDRESS_FROM_ENV
-        return frame.replace(NODE_ADDRESS_PLACEHOLDER, value)
-    return frame
+def fill_for_node(config: Mapping[str, Any], node: str | None) -> Mapping[str, Any]:
+    """Upstream's node patcher, on the decoded config: the node-address placeholder becomes the
+    Node's external address (published by the operator), or ``$STUNNER_ADDR`` when the Node has
+    none (``stunner_common.contracts.listener_address``)."""
+    if not node:
+        return config
+    return fill_node_address(config, node_fill(node_address(node)))
+
+
+def node_value(node: str | None) -> str | None:
+    """What a watcher of ``node`` gets in place of the placeholder (None: no node, no change)."""
+    return node_fill(node_address(node)) if node else None
 
 
 class Watcher:
@@ -108,7 +113,7 @@ class Watcher:
             return False
         if len(self.frames) >= self.max_queue:
             return False
-        self.frames.append(patch_for_node(frame, self.node) if self.node else frame)
+        self.frames.append(frame)
         self._wakeup.set()
         return True
 
@@ -133,35 +138,51 @@ class Watcher:
 
 
 class _Encoded:
-    """A change with its v1 frame and v2 envelope encoded lazily, once each."""
+    """A change with its v1 frame and v2 envelope encoded lazily, once each per node fill.
 
-    __slots__ = ("_v1", "_v2", "change", "epoch")
+    A watcher that names its node gets the config with the node-address placeholder filled in
+    (``node_value``); the frame is encoded once for every distinct value, and a change with no
+    placeholder shares the plain frame.
+    """
+
+    __slots__ = ("_frames", "_placeholder", "change", "epoch")
 
     def __init__(self, change: Change, epoch: str) -> None:
         self.change = change
         self.epoch = epoch
-        self._v1: str | None = None
-        self._v2: str | None = None
+        c = change
+        self._placeholder = any(
+            cfg is not None and has_node_placeholder(cfg) for cfg in (c.old, c.new)
+        )
+        self._frames: dict[tuple[Mode, str | None], str] = {}
 
-    def frame(self, mode: Mode) -> str:
+    def frame(self, mode: Mode, fill: str | None = None) -> str:
+        if not self._placeholder:
+            fill = None
+        key = (mode, fill)
+        frame = self._frames.get(key)
+        if frame is None:
+            frame = self._frames[key] = self._encode(mode, fill)
+        return frame
+
+    def _encode(self, mode: Mode, fill: str | None) -> str:
         c = self.change
+        old: Mapping[str, Any] | None = c.old
+        new: Mapping[str, Any] | None = c.new
+        if fill is not None:
+            old = None if old is None else fill_node_address(old, fill)
+            new = None if new is None else fill_node_address(new, fill)
         if mode is Mode.V1:
-            if self._v1 is None:
-                self._v1 = encode_v1_delete(c.id) if c.new is None else encode_v1_config(c.new)
-            return self._v1
-        if self._v2 is None:
-            epoch = self.epoch
-            if c.new is None:
-                self._v2 = encode_delete(c.id, c.rev, epoch)
-            elif c.old is None:
-                self._v2 = encode_snapshot(c.id, c.rev, c.new, epoch)
-            else:
-                ops: list[dict[str, Any]] = jsonpatch.make_patch(c.old, c.new).patch
-                self._v2 = encode_patch(c.id, c.rev, ops, epoch)
-                snapshot = encode_snapshot(c.id, c.rev, c.new, epoch)
-                if len(snapshot) <= len(self._v2):
-                    self._v2 = snapshot
-        return self._v2
+            return encode_v1_delete(c.id) if new is None else encode_v1_config(new)
+        epoch = self.epoch
+        if new is None:
+            return encode_delete(c.id, c.rev, epoch)
+        snapshot = encode_snapshot(c.id, c.rev, new, epoch)
+        if old is None:
+            return snapshot
+        ops: list[dict[str, Any]] = jsonpatch.make_patch(old, new).patch
+        patch = encode_patch(c.id, c.rev, ops, epoch)
+        return snapshot if len(snapshot) <= len(patch) else patch
 
 
 class Hub:
@@ -214,19 +235,28 @@ class Hub:
                 if topic.matches(config_id)
             ]
             updates += [
-                (entry.rev, encode_snapshot(config_id, entry.rev, entry.config, mirror.epoch))
+                (
+                    entry.rev,
+                    encode_snapshot(
+                        config_id,
+                        entry.rev,
+                        fill_for_node(entry.config, watcher.node),
+                        mirror.epoch,
+                    ),
+                )
                 for config_id, entry in changed
                 if topic.matches(config_id)
             ]
             watcher.frames.extend(frame for _, frame in sorted(updates, key=lambda u: u[0]))
         elif mode is Mode.V1:
             for _, entry in self.matching(topic):
-                frame = encode_v1_config(entry.config)
-                watcher.frames.append(patch_for_node(frame, watcher.node))
+                frame = encode_v1_config(fill_for_node(entry.config, watcher.node))
+                watcher.frames.append(frame)
         else:
             for config_id, entry in sorted(self.matching(topic), key=lambda m: m[1].rev):
-                frame = encode_snapshot(config_id, entry.rev, entry.config, mirror.epoch)
-                watcher.frames.append(patch_for_node(frame, watcher.node))
+                config = fill_for_node(entry.config, watcher.node)
+                frame = encode_snapshot(config_id, entry.rev, config, mirror.epoch)
+                watcher.frames.append(frame)
         watcher.max_queue += len(watcher.frames)
         if topic.namespace is None:
             self._all.add(watcher)
@@ -305,7 +335,7 @@ class Hub:
                 *self._by_id.get(change.id, ()),
             ]
             for watcher in targets:
-                if watcher.offer(encoded.frame(watcher.mode)):
+                if watcher.offer(encoded.frame(watcher.mode, node_value(watcher.node))):
                     queued += 1
                 elif watcher.closed_reason is None:
                     self._drop(watcher)

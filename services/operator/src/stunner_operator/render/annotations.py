@@ -8,9 +8,9 @@ Deployment (``dataplane``) share the labels and the owner reference.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from stunner_common.contracts.listener_port import TARGETPORT_ANNOTATION, parse_port_map
 from stunner_common.crds import Gateway, GatewayConfig
 from stunner_operator.render.families import ip_family_problems
 
@@ -26,12 +26,9 @@ MIXED_PROTOCOL = "stunner.l7mp.io/enable-mixed-protocol-lb"
 EXTERNAL_TRAFFIC_POLICY = "stunner.l7mp.io/external-traffic-policy"
 DISABLE_MANAGED_DATAPLANE = "stunner.l7mp.io/disable-managed-dataplane"
 NODEPORT = "stunner.l7mp.io/nodeport"
-TARGETPORT = "stunner.l7mp.io/targetport"
 DISABLE_HEALTH_CHECK_EXPOSE = "stunner.l7mp.io/disable-health-check-expose"
 DISABLE_SESSION_AFFINITY = "stunner.l7mp.io/disable-session-affinity"
 RELAY_ADDRESS_DISCOVERY = "stunner.l7mp.io/enable-relay-address-discovery"
-NODE_ADDRESS_PLACEHOLDER = "__node_address_placeholder"
-"""A listener address the CDS replaces with the stunnerd pod's Node's external address."""
 
 SERVICE_TYPES = ("ClusterIP", "NodePort", "ExternalName", "LoadBalancer")
 
@@ -47,39 +44,8 @@ def merged_annotations(gw: Gateway, gwconfig: GatewayConfig) -> dict[str, str]:
     return out
 
 
-def parse_port_map(annotations: dict[str, str], key: str) -> tuple[dict[str, int], list[str]]:
-    """The JSON ``{"listener": port}`` map of a nodeport/targetport annotation, and its problems.
-
-    GATEWAY.md's examples leave the braces out (``"udp-listener": 30000``), so a bare list of
-    pairs is read as if braced. Entries that are not a port (an integer in 1-65535) are dropped
-    and named in the problems, as is an annotation that is not such a map at all.
-    """
-    raw = annotations.get(key)
-    if raw is None:
-        return {}, []
-    data: Any = None
-    for text in (raw, "{" + raw + "}"):
-        try:
-            data = json.loads(text)
-            break
-        except json.JSONDecodeError:
-            continue
-    if not isinstance(data, dict):
-        return {}, [f"annotation {key}: {raw!r} is not a JSON map of listener name to port"]
-    out: dict[str, int] = {}
-    problems: list[str] = []
-    for name, port in data.items():
-        if isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535:
-            out[str(name)] = port
-        else:
-            problems.append(
-                f"annotation {key}: port {port!r} of listener {name!r} is not in 1-65535"
-            )
-    return out, problems
-
-
 def port_map(annotations: dict[str, str], key: str) -> dict[str, int]:
-    """The valid entries of a nodeport/targetport annotation (see ``parse_port_map``)."""
+    """The valid entries of a nodeport annotation (``contracts.listener_port.parse_port_map``)."""
     return parse_port_map(annotations, key)[0]
 
 
@@ -101,7 +67,7 @@ def annotation_problems(annotations: dict[str, str], listener_names: list[str]) 
             f"annotation {SERVICE_TYPE}: {kind!r} is not one of {', '.join(SERVICE_TYPES)}; "
             "using LoadBalancer"
         )
-    for key in (NODEPORT, TARGETPORT):
+    for key in (NODEPORT, TARGETPORT_ANNOTATION):
         ports, bad = parse_port_map(annotations, key)
         problems.extend(bad)
         problems.extend(

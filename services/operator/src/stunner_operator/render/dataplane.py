@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from stunner_common.contracts.listener_address import POD_ADDRESS_ENV
+from stunner_common.contracts.listener_port import TargetPorts
 from stunner_common.crds import Dataplane, Gateway, Node
 from stunner_operator.render.annotations import (
     APP_LABEL,
@@ -17,9 +19,7 @@ from stunner_operator.render.annotations import (
     OWNED_BY_VALUE,
     RELATED_GATEWAY_NAME,
     RELATED_GATEWAY_NAMESPACE,
-    TARGETPORT,
     owner_reference,
-    port_map,
 )
 from stunner_operator.render.families import dual_stack_env, ip_families
 from stunner_operator.render.handoff import (
@@ -89,12 +89,12 @@ def container_ports(gw: Gateway, annotations: dict[str, str]) -> list[dict[str, 
     The ``targetport`` annotation moves a listener, as it does in the config. Unnamed: listener
     names rarely fit a port name's 15 characters.
     """
-    targetports = port_map(annotations, TARGETPORT)
+    targetports = TargetPorts.decode(annotations)
     seen: set[tuple[int, str]] = set()
     out: list[dict[str, Any]] = []
     for ls in gw.spec.listeners:
         proto = "UDP" if ls.protocol.upper().removeprefix("TURN-") in ("UDP", "DTLS") else "TCP"
-        port = targetports.get(ls.name, ls.port)
+        port = targetports.bound_port(ls.name, ls.port)
         if (port, proto) in seen or not 1 <= port <= 65535:
             continue
         seen.add((port, proto))
@@ -260,7 +260,7 @@ def _container(
     dp = dataplane.spec
     image = dp.image or options.default_image
     env: list[dict[str, Any]] = [
-        {"name": "STUNNER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": POD_ADDRESS_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "STUNNER_NAME", "value": name},
         {"name": "STUNNER_NAMESPACE", "value": ns},
         {"name": "STUNNER_NODENAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},

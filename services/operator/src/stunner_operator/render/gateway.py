@@ -22,17 +22,16 @@ from stunner_common.config import (
     OffloadEngine,
     StunnerConfig,
 )
+from stunner_common.contracts.listener_address import NODE_ADDRESS_PLACEHOLDER
+from stunner_common.contracts.listener_port import TARGETPORT_ANNOTATION, TargetPorts
 from stunner_common.crds import Dataplane, Gateway, GatewayConfig
 from stunner_operator.render.annotations import (
     DISABLE_MANAGED_DATAPLANE,
     MIXED_PROTOCOL,
-    NODE_ADDRESS_PLACEHOLDER,
     RELAY_ADDRESS_DISCOVERY,
-    TARGETPORT,
     annotation_problems,
     is_true,
     merged_annotations,
-    port_map,
 )
 from stunner_operator.render.auth import AuthError, render_auth
 from stunner_operator.render.clusters import ClusterRender, route_id
@@ -40,7 +39,6 @@ from stunner_operator.render.dataplane import dataplane_problems, render_deploym
 from stunner_operator.render.families import address_family, hinted_ips
 from stunner_operator.render.hierarchy import Hierarchy, class_status, resolve_hierarchy
 from stunner_operator.render.listeners import (
-    LISTENER_ADDRESS,
     _listener_config,
     _listener_status,
     _ListenerState,
@@ -63,7 +61,6 @@ from stunner_operator.render.store import ObjKey, Route, View, key_of
 
 __all__ = [
     "DEFAULT_HEALTHCHECK",
-    "LISTENER_ADDRESS",
     "METRICS_ENDPOINT",
     "PROTOCOLS",
     "TLS_PROTOCOLS",
@@ -205,7 +202,7 @@ def _render_valid(
         raise _GatewayInvalid(err.message) from err
 
     annotations = merged_annotations(gw, gwconfig)
-    targetports = port_map(annotations, TARGETPORT)
+    targetports = TargetPorts.decode(annotations)
     warnings = tuple(
         annotation_problems(annotations, [ls.name for ls in gw.spec.listeners])
         + dataplane_problems(dataplane)
@@ -252,7 +249,7 @@ def _render_valid(
 
 
 def _check_listeners(
-    view: View, gw: Gateway, targetports: dict[str, int], options: RenderOptions
+    view: View, gw: Gateway, targetports: TargetPorts, options: RenderOptions
 ) -> list[_ListenerState]:
     """Listeners in spec order: protocol, then port conflicts per transport family, then TLS.
 
@@ -268,7 +265,7 @@ def _check_listeners(
         if st.protocol is None:
             continue
         udp = st.protocol in UDP_FAMILY
-        bound = targetports.get(ls.name, ls.port)
+        bound = targetports.bound_port(ls.name, ls.port)
         if _conflicts(st, udp, bound, service_ports, bound_ports):
             continue
         service_ports[(udp, ls.port)] = st
@@ -295,7 +292,7 @@ def _conflicts(
         st.conflict = f"port {port}/{family} is already used by listener {other.spec.name}"
     elif (other := bound_ports.get((udp, bound))) is not None:
         st.conflict = (
-            f"target port {bound}/{family} (annotation {TARGETPORT}) is already used "
+            f"target port {bound}/{family} (annotation {TARGETPORT_ANNOTATION}) is already used "
             f"by listener {other.spec.name}"
         )
     if other is None:
@@ -354,7 +351,7 @@ def _listener_configs(
     ns: str,
     name: str,
     states: list[_ListenerState],
-    targetports: dict[str, int],
+    targetports: TargetPorts,
     annotations: dict[str, str],
 ) -> list[ListenerConfig]:
     listener_cfgs = []

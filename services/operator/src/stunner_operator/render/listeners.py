@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stunner_common.config import ConfigError, ListenerConfig, load_tls_pair
+from stunner_common.contracts.listener_address import POD_ADDRESS
+from stunner_common.contracts.listener_port import TargetPorts
 from stunner_common.crds import GATEWAY_GROUP, Gateway, Listener, Secret, Service
 from stunner_operator.render.grants import Reference, not_permitted_message, reference_permitted
 from stunner_operator.render.options import RenderOptions
@@ -22,7 +24,6 @@ from stunner_operator.render.routes import allowed_kinds
 from stunner_operator.render.status import Condition, ListenerStatus, false, true
 from stunner_operator.render.store import View
 
-LISTENER_ADDRESS = "$STUNNER_ADDR"
 _SERVICE_TYPE_RANK = {"LoadBalancer": 0, "ExternalName": 1, "NodePort": 2, "ClusterIP": 3}
 
 
@@ -193,15 +194,15 @@ def _public_address(
 
 
 def _listener_config(
-    ns: str, name: str, st: _ListenerState, targetports: dict[str, int]
+    ns: str, name: str, st: _ListenerState, targetports: TargetPorts
 ) -> ListenerConfig:
     ls = st.spec
     assert st.protocol is not None
     fields: dict[str, Any] = {
         "name": f"{ns}/{name}/{ls.name}",
         "protocol": st.protocol,
-        "address": LISTENER_ADDRESS,
-        "port": targetports.get(ls.name, ls.port),
+        "address": POD_ADDRESS,
+        "port": targetports.bound_port(ls.name, ls.port),
         "routes": tuple(sorted(st.routes)),
     }
     if st.public is not None:

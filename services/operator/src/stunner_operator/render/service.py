@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from stunner_common.contracts.listener_port import TargetPorts
 from stunner_common.crds import Gateway, Listener, Service
 from stunner_operator.render.annotations import (
     APP_LABEL,
@@ -24,7 +25,6 @@ from stunner_operator.render.annotations import (
     OWNED_BY_VALUE,
     RELATED_GATEWAY_NAME,
     RELATED_GATEWAY_NAMESPACE,
-    TARGETPORT,
     is_true,
     owner_reference,
     port_map,
@@ -126,15 +126,15 @@ def _service_ports(
     """One port per exposed listener; its target and node ports from the annotations, else
     kept from the Service as it stands (Kubernetes assigned them)."""
     nodeports = port_map(annotations, NODEPORT)
-    targetports = port_map(annotations, TARGETPORT)
+    targetports = TargetPorts.decode(annotations)
     old_ports = {p.name: p for p in existing.spec.ports} if existing is not None else {}
     ports: list[dict[str, Any]] = []
     for item in exposed:
         ls = item.listener
         port: dict[str, Any] = {"name": ls.name, "protocol": item.service_protocol, "port": ls.port}
         old = old_ports.get(ls.name)
-        if ls.name in targetports:
-            port["targetPort"] = targetports[ls.name]
+        if (target := targetports.get(ls.name)) is not None:
+            port["targetPort"] = target
         elif old is not None and old.target_port is not None:
             port["targetPort"] = old.target_port
         if ls.name in nodeports:

@@ -23,7 +23,12 @@ from typing import Any
 
 import stunnerd.fastpath
 from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
-from stunner_common.turnuri import NODE_ADDRESS_PLACEHOLDER
+from stunner_common.contracts.listener_address import (
+    WILDCARD_ADDRESSES,
+    NodeAddressMissingError,
+    advertised_address,
+    family_address,
+)
 from stunnerd.fastpath import FastPath
 from stunnerd.handoff.state import AllocationRecord, HandoffState
 from stunnerd.net.adopt import AllocationJournal, take_over
@@ -47,7 +52,6 @@ log = logging.getLogger(__name__)
 
 PYTHON_RELAY = ServerTuning(fastpath=False)
 """A server built without tuning (tests, tools) relays in Python; stunnerd passes its settings."""
-WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 
 
 SocketSource = Callable[[SocketKey], socket.socket | None]
@@ -59,29 +63,22 @@ class ListenerError(Exception):
 
 
 def relay_address(listener: ListenerConfig, node_address: str = "") -> str:
-    """The IP advertised in XOR-RELAYED-ADDRESS: the listener address (upstream §5.2).
+    """The IP advertised in XOR-RELAYED-ADDRESS (`contracts.listener_address.advertised_address`),
+    with a warning for a wildcard address: clients elsewhere will not reach its loopback relay.
 
-    A wildcard address cannot be advertised; loopback is used and a warning says why clients
-    elsewhere will not reach the relay (set `address`, normally `$STUNNER_ADDR`). The node-address
-    placeholder (relay address discovery, where the CDS did not fill it in) is the node's
-    address, `node_address`; without one the listener is refused.
+    Raises `NodeAddressMissingError` (a ValueError) for the node-address placeholder without
+    `node_address`.
     """
-    if listener.address == NODE_ADDRESS_PLACEHOLDER:
-        if not node_address:
-            raise ValueError(
-                f"listener {listener.name}: address {NODE_ADDRESS_PLACEHOLDER} (relay address "
-                "discovery) needs the node's address: set STUNNERD_NODE_ADDRESS or STUNNER_ADDR"
-            )
-        return node_address
-    if listener.address in WILDCARDS:
+    advertised = advertised_address(listener.name, listener.address, node_address)
+    if listener.address in WILDCARD_ADDRESSES:
         log.warning(
-            "listener %s: address %r is a wildcard; advertising relay address 127.0.0.1, "
+            "listener %s: address %r is a wildcard; advertising relay address %s, "
             "which only local clients can use (set address to the pod or host IP)",
             listener.name,
             listener.address,
+            advertised,
         )
-        return "127.0.0.1"
-    return listener.address
+    return advertised
 
 
 def other_relay_address(primary: str, extra: Sequence[str]) -> str:
@@ -300,11 +297,10 @@ class TurnServer:
                 raise ListenerError(f"listener {listener.name}: {exc}") from exc
         try:
             relay_ip = relay_address(listener, self.node_address)
-        except ValueError as exc:
+        except NodeAddressMissingError as exc:
             raise ListenerError(str(exc)) from None
-        placeholder = listener.address == NODE_ADDRESS_PLACEHOLDER
         bind_host = listener_bind_host(
-            self.bind_host, relay_ip if placeholder else listener.address
+            self.bind_host, family_address(listener.address, self.node_address)
         )
         return ListenerSpec(
             name=listener.name,
