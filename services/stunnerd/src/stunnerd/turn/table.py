@@ -35,8 +35,8 @@ address, on stream transports the edge's name for the connection) and is in one 
 
 Rules: the state of an allocation changes only in this module's `AllocationTable` methods; the
 request handlers (`methods`, `tcp_relay`) ask for transitions and never set `state` themselves.
-Deadline heap entries are checked against the current expiry when due (`expire`), so a refresh
-only pushes a new entry.
+Deadline heap entries are checked against the current expiry when due (`expire`) and scheduled
+again when it was extended, so a refresh pushes nothing (`timers.Deadlines`).
 """
 
 from __future__ import annotations
@@ -275,17 +275,26 @@ class AllocationTable:
         out: list[Effect],
     ) -> None:
         """A due deadline of `alloc`: whatever has not been refreshed meanwhile ends."""
+        client = alloc.client
         if kind is DeadlineKind.ALLOCATION:
             if alloc.expires <= now:
                 self.delete(alloc, "expired", out)
+            else:
+                self.deadlines.schedule(alloc.expires, kind, client, None)
         elif kind is DeadlineKind.PERMISSION:
             expires = alloc.permissions.get(item)
-            if expires is not None and expires <= now:
-                del alloc.permissions[item]
-                self.sync_routes(alloc, peers, now, out)
+            if expires is None:
+                return
+            if expires > now:
+                self.deadlines.schedule(expires, kind, client, item)
+                return
+            del alloc.permissions[item]
+            self.sync_routes(alloc, peers, now, out)
         elif kind is DeadlineKind.CHANNEL:
             channel = alloc.channels.get(item)
-            if channel is not None and channel.expires <= now:
+            if channel is not None and channel.expires > now:
+                self.deadlines.schedule(channel.expires, kind, client, item)
+            elif channel is not None:
                 del alloc.channels[item]
                 alloc.peer_channels.pop(channel.peer, None)
                 if channel.routed:

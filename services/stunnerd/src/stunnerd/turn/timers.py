@@ -1,9 +1,13 @@
 """The engine's deadlines: one heap for every lifetime, each entry tagged with what it bounds.
 
-Refreshing an allocation, permission or channel pushes a new entry and leaves the old one in the
-heap; `due()` hands back every entry whose time has come and the engine checks it against the
-current expiry, so a stale entry is skipped. That keeps a refresh at O(log n) with no search.
-Entries of deleted allocations are dropped by `compact()` once they dominate the heap.
+An allocation, permission or channel (a *refreshable* kind) has one live entry at most, at or
+before its expiry: a refresh that extends the expiry pushes nothing (`schedule` remembers the
+entry's deadline per key), and when the entry comes due the engine checks it against the current
+expiry and schedules it again if it was extended. So a client refreshing a permission in a loop
+costs a dict lookup, not a heap entry per request (which would grow the heap without bound for
+the lifetime). A refresh that shortens an expiry (an allocation's LIFETIME) pushes an earlier
+entry and leaves the later one stale; `due()` skips stale entries. Entries of deleted
+allocations are dropped by `compact()` once they dominate the heap.
 """
 
 from __future__ import annotations
@@ -29,13 +33,18 @@ class DeadlineKind(enum.IntEnum):
     TCP_CONNECTION = 4  # item: the RFC 6062 connection id (connect or bind timeout)
 
 
+REFRESHABLE = frozenset({DeadlineKind.ALLOCATION, DeadlineKind.PERMISSION, DeadlineKind.CHANNEL})
+
+
 class Deadlines:
     """A min-heap of (deadline, seq, kind, client, item); seq keeps equal deadlines ordered."""
 
-    __slots__ = ("_heap", "_seq")
+    __slots__ = ("_heap", "_live", "_seq")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, DeadlineKind, Address, Any]] = []
+        self._live: dict[tuple[DeadlineKind, Address, Any], float] = {}
+        """The deadline of the one live entry of each refreshable (kind, client, item)."""
         self._seq = 0
 
     def __len__(self) -> int:
@@ -45,14 +54,28 @@ class Deadlines:
         return self._heap[0][0] if self._heap else None
 
     def schedule(self, deadline: float, kind: DeadlineKind, client: Address, item: Any) -> None:
+        """Be woken at `deadline`; for a refreshable kind, only if no live entry of the same
+        (kind, client, item) comes earlier (its handler reschedules if need be)."""
+        if kind in REFRESHABLE:
+            key = (kind, client, item)
+            live = self._live.get(key)
+            if live is not None and live <= deadline:
+                return
+            self._live[key] = deadline
         self._seq += 1
         heapq.heappush(self._heap, (deadline, self._seq, kind, client, item))
 
     def due(self, now: float) -> Iterator[tuple[DeadlineKind, Address, Any]]:
-        """Pop and yield every entry at or before `now`, earliest first."""
+        """Pop and yield every live entry at or before `now`, earliest first."""
         heap = self._heap
+        live = self._live
         while heap and heap[0][0] <= now:
-            _, _, kind, client, item = heapq.heappop(heap)
+            deadline, _, kind, client, item = heapq.heappop(heap)
+            if kind in REFRESHABLE:
+                key = (kind, client, item)
+                if live.get(key) != deadline:
+                    continue  # superseded by an earlier entry
+                del live[key]
             yield kind, client, item
 
     def compact(self, live: Collection[Address], held: int) -> None:
@@ -65,6 +88,8 @@ class Deadlines:
             # in place: a `due()` iteration may hold the list
             heap[:] = [e for e in heap if e[2] is DeadlineKind.RESERVATION or e[3] in live]
             heapq.heapify(heap)
+            self._live = {key: at for key, at in self._live.items() if key[1] in live}
 
     def clear(self) -> None:
         self._heap.clear()
+        self._live.clear()
