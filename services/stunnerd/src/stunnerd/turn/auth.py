@@ -8,6 +8,15 @@ the user and the integrity must verify under its key. It works on the raw bytes 
 credential or raises a `TurnError`; the engine turns it into the error answer. A challenge (401,
 438) carries REALM and a fresh NONCE, is not cached (a retransmission gets a new nonce), and is
 sent only while the source IP has challenge budget left (`stunnerd.turn.guard`).
+
+Failed checks are budgeted per source and per username (`FailedAuthBudget`): over budget, the
+credentials are not checked at all and the answer is 401 with the reason phrase
+`THROTTLED_REASON`. RFC 8489 and RFC 8656 have no "too many requests" code, and 401 is the one
+answer RFC 8489 §9.2.4 gives to credentials the server does not accept; 486 and 508 would tell a
+client its allocation quota or the server's capacity is spent, which is not true and which
+browsers treat as final. So a guesser keeps getting 401s that carry no verdict, a compliant
+client gives up after its one retry (RFC 8489 §9.2.5), and the reason phrase (shown by browsers
+as the ICE candidate error's text) and the log say why.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from dataclasses import dataclass
 from stunnerd.turn import codec, precheck
 from stunnerd.turn.effects import Address
 from stunnerd.turn.errors import BadRequestError, StaleNonceError, TurnError, UnauthorizedError
-from stunnerd.turn.guard import ChallengeBudget
+from stunnerd.turn.guard import ChallengeBudget, FailedAuthBudget, RequestLimits
 from stunnerd.turn.policies import Authenticator, Credential, NonceMint
 
 
@@ -33,15 +42,25 @@ class AuthenticatedRequest:
     username: str = ""  # as sent; what a config change re-checks the allocation by
 
 
+THROTTLED_REASON = "Unauthorized (too many failed authentications; retry later)"
+
+
 class Gatekeeper:
-    """One listener's nonces, its challenge budget and the credential check."""
+    """One listener's nonces, its challenge and failed-authentication budgets, the check."""
 
-    __slots__ = ("budget", "max_attributes", "nonces")
+    __slots__ = ("budget", "failures", "max_attributes", "nonces")
 
-    def __init__(self, nonces: NonceMint, budget: ChallengeBudget, max_attributes: int) -> None:
+    def __init__(
+        self,
+        nonces: NonceMint,
+        budget: ChallengeBudget,
+        max_attributes: int,
+        failures: FailedAuthBudget | None = None,
+    ) -> None:
         self.nonces = nonces
         self.budget = budget
         self.max_attributes = max_attributes
+        self.failures = failures if failures is not None else FailedAuthBudget(RequestLimits())
 
     def check(
         self,
@@ -50,11 +69,13 @@ class Gatekeeper:
         now: float,
         unix_now: float,
         auth: Authenticator,
+        client: Address = ("", 0),
     ) -> Credential:
         """`now` is the engine's clock (nonces); `unix_now` the wall clock (TURN REST expiry).
 
         Raises `TurnError` for a request that may not proceed: 401 or 438 (a challenge; `detail`
-        says why when credentials were given and are wrong), 400 for a request without the
+        says why when credentials were given and are wrong, or were not checked because the
+        source or the username spent its failure budget), 400 for a request without the
         credential attributes; `codec.StunBadRequestError` for one too malformed to judge.
         """
         if not auth.enabled:
@@ -73,11 +94,23 @@ class Gatekeeper:
             username = found.username.decode()
         except UnicodeDecodeError:
             raise BadRequestError("USERNAME is not UTF-8") from None
+        spent = self.failures.refuses(client[0], username, now)
+        if spent:
+            why = (
+                "too many failed authentications from this source"
+                if spent == "source"
+                else "too many failed authentications for this user, and this source failed too"
+            )
+            raise UnauthorizedError(
+                THROTTLED_REASON, user=username, detail=f"{why}; credentials not checked"
+            )
         credential = auth.lookup(username, unix_now)
         if credential is None:
+            self.failures.failed(client[0], None, now)
             why = "no such user, or its TURN REST credentials expired"
             raise UnauthorizedError(user=username, detail=why)
         if not precheck.integrity_ok(data, at, credential.key):
+            self.failures.failed(client[0], username, now)
             why = "wrong password (MESSAGE-INTEGRITY does not verify)"
             raise UnauthorizedError(user=username, detail=why)
         return credential

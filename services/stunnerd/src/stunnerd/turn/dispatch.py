@@ -111,7 +111,7 @@ class Dispatcher:
         """Authenticate on the raw bytes (RFC 8489 §9.2.4), then decode and dispatch."""
         auth = policies.authenticator
         try:
-            credential = self.gate.check(data, head, now, now + self.clock_offset_s, auth)
+            credential = self.gate.check(data, head, now, now + self.clock_offset_s, auth, client)
         except TurnError as error:
             self._gate_refused(error, head, client, policies, now, out)
             return

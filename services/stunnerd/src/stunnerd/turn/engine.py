@@ -54,7 +54,7 @@ from stunnerd.turn.codec import Class, Method, TcpMethod
 from stunnerd.turn.dispatch import Dispatcher
 from stunnerd.turn.effects import Address, Effect, SendToClient, SendToPeer
 from stunnerd.turn.errors import TurnError
-from stunnerd.turn.guard import ChallengeBudget, RequestLimits
+from stunnerd.turn.guard import ChallengeBudget, FailedAuthBudget, RequestLimits
 from stunnerd.turn.methods import AllocationHandlers
 from stunnerd.turn.policies import (
     AllowAllPeers,
@@ -129,6 +129,8 @@ class TurnEngine:
             relay_family=self.relay_family,
             stream=stream,
             tcp_relays=tcp_relays,
+            max_permissions=self.limits.max_permissions_per_allocation,
+            max_channels=self.limits.max_channels_per_allocation,
         )
         self._tcp = TcpRelayHandlers(
             self.table, self.answers, stream=stream, max_connections=max_tcp_connections
@@ -136,7 +138,7 @@ class TurnEngine:
         budget = ChallengeBudget(self.limits.challenge_rate_per_s, self.limits.challenge_burst)
         self.requests = Dispatcher(
             self.answers,
-            Gatekeeper(nonces, budget, self.limits.max_attributes),
+            Gatekeeper(nonces, budget, self.limits.max_attributes, FailedAuthBudget(self.limits)),
             self.refusals,
             {
                 Method.ALLOCATE: self._udp.allocate,

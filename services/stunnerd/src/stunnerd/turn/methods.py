@@ -4,6 +4,11 @@ Allocate (both halves: the request, then the edge's `relay_opened` or `relay_fai
 CreatePermission and ChannelBind. Each handler checks the request in its RFC's order and raises a
 `TurnError` at the first refusal (the engine answers it); what it changes, it changes through the
 `AllocationTable`, and what it answers goes through the `Answerer`.
+
+What one allocation holds is capped (`max_permissions`, `max_channels`): an authenticated client
+could otherwise install a permission for every address a route admits. Past a cap the request
+gets 508 Insufficient Capacity, which RFC 8656 §9.2 and §11.2 name for exactly this, and installs
+nothing; refreshing what the allocation already holds is never refused.
 """
 
 from __future__ import annotations
@@ -39,15 +44,27 @@ from stunnerd.turn.errors import (
     TurnError,
 )
 from stunnerd.turn.families import FAMILY_CODES, FamilyChoice, choose_families
+from stunnerd.turn.guard import MAX_CHANNELS_PER_ALLOCATION, MAX_PERMISSIONS_PER_ALLOCATION
 from stunnerd.turn.policies import Policies
 from stunnerd.turn.table import AllocationTable
 from stunnerd.turn.tcp_connections import check_transport
+
+PERMISSIONS_FULL = "Insufficient Capacity (permissions per allocation)"
+CHANNELS_FULL = "Insufficient Capacity (channels per allocation)"
 
 
 class AllocationHandlers:
     """Allocate, Refresh, CreatePermission, ChannelBind over one listener's allocation table."""
 
-    __slots__ = ("answers", "relay_family", "stream", "table", "tcp_relays")
+    __slots__ = (
+        "answers",
+        "max_channels",
+        "max_permissions",
+        "relay_family",
+        "stream",
+        "table",
+        "tcp_relays",
+    )
 
     def __init__(
         self,
@@ -57,7 +74,11 @@ class AllocationHandlers:
         relay_family: int,
         stream: bool,
         tcp_relays: bool,
+        max_permissions: int = MAX_PERMISSIONS_PER_ALLOCATION,
+        max_channels: int = MAX_CHANNELS_PER_ALLOCATION,
     ) -> None:
+        self.max_permissions = max_permissions
+        self.max_channels = max_channels
         self.table = table
         self.answers = answers
         self.relay_family = relay_family  # the listener's own family
@@ -211,6 +232,9 @@ class AllocationHandlers:
         for ip, _port in peers:
             if not policies.peers.admits_ip(ip):
                 raise ForbiddenError()
+        added = {ip for ip, _port in peers if ip not in alloc.permissions}
+        if len(alloc.permissions) + len(added) > self.max_permissions:
+            raise InsufficientCapacityError(PERMISSIONS_FULL)
         for ip, _port in peers:
             self.table.install_permission(alloc, ip, now)
         self.table.sync_routes(alloc, policies.peers, now, out)
@@ -234,6 +258,10 @@ class AllocationHandlers:
             # a channel names a transport address, so the port must fall in an admitting
             # cluster's range too (CreatePermission carries no port and checks the IP only)
             raise ForbiddenError()
+        if existing is None and len(alloc.channels) >= self.max_channels:
+            raise InsufficientCapacityError(CHANNELS_FULL)
+        if peer[0] not in alloc.permissions and len(alloc.permissions) >= self.max_permissions:
+            raise InsufficientCapacityError(PERMISSIONS_FULL)
         self.table.bind_channel(alloc, number, peer, now)
         self.table.sync_routes(alloc, policies.peers, now, out)
         self._succeed(req, {}, now, out)
