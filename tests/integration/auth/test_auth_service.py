@@ -166,3 +166,22 @@ async def test_the_service_is_not_ready_until_the_cds_answers(
             await eventually_ok(f"{auth.url}/readyz")
             ok = await http.get("/", params={"service": "turn"})
             assert ok.json()["username"] == "user-1"
+
+
+async def test_a_head_ten_times_the_limit_is_refused_and_honest_requests_still_answer(
+    cds: RunningCds,
+) -> None:
+    limit = 4096
+    async with running_auth(cds.http_url, ready=False, max_header_bytes=limit) as auth:
+        reader, writer = await asyncio.open_connection("127.0.0.1", auth.port)
+        try:
+            writer.write(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * (10 * limit))
+            await writer.drain()
+            async with asyncio.timeout(10):
+                answer = await reader.read()  # until the server closes
+        finally:
+            writer.close()
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        async with httpx.AsyncClient(base_url=auth.url) as http:
+            for _ in range(20):
+                assert (await http.get("/healthz")).status_code == 200

@@ -44,8 +44,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_server(settings: AuthSettings) -> uvicorn.Server:
-    """A uvicorn server for the app; ``port=0`` picks a free port."""
-    return uvicorn_server(create_app(settings), settings)
+    """A uvicorn server for the app; ``port=0`` picks a free port.
+
+    h11, not httptools: uvicorn's httptools protocol buffers a request head of any size, h11
+    refuses one over ``max_header_bytes`` (400, closed). The API takes no body, and uvicorn
+    stops reading a body its app does not read past 64 KiB.
+    """
+    return uvicorn_server(
+        create_app(settings),
+        settings,
+        http="h11",
+        h11_max_incomplete_event_size=settings.max_header_bytes,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

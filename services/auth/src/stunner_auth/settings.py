@@ -58,6 +58,11 @@ class AuthSettings(HttpServiceSettings):
     default_ttl_s: int = Field(DEFAULT_TTL_S, gt=0)
     max_ttl_s: int = Field(7 * 86400, gt=0)
     cds_timeout_s: float = Field(5.0, gt=0)
+    max_header_bytes: int = Field(
+        16 * 1024,
+        ge=1024,
+        description="Request line and headers together; a longer head is answered 400 and closed.",
+    )
     warnings: tuple[str, ...] = Field(
         (), description="How the settings were given that deserves a warning (deprecated names)."
     )
