@@ -117,7 +117,7 @@ async def _peer_serve(redis_url: str, port: int) -> None:
     import redis.asyncio as aioredis
     from websockets.asyncio.server import ServerConnection, broadcast, serve
 
-    from stunner_common.redis_keys import CONFIGS_HASH, EVENTS_STREAM
+    from stunner_common.contracts.redis_keys import CONFIGS_HASH, EVENTS_STREAM
 
     redis = aioredis.Redis.from_url(redis_url)
     clients: set[ServerConnection] = set()

@@ -10,11 +10,15 @@ import pytest
 import redis.asyncio as aioredis
 
 from stunner_common.config import parse_config
-from stunner_common.redis_keys import CONFIGS_HASH, EVENTS_STREAM, REV_COUNTER
-from stunner_common.store import (
+from stunner_common.contracts.redis_keys import (
+    CONFIGS_HASH,
     EPOCH_FIELD,
+    EVENTS_STREAM,
     META_HASH,
+    REV_COUNTER,
     REVS_HASH,
+)
+from stunner_common.store import (
     ConfigPublisher,
     ConfigReader,
     InvalidConfigIdError,

@@ -27,7 +27,7 @@ from stunner_common.cds import (
     watch_configs,
 )
 from stunner_common.config import parse_config
-from stunner_common.redis_keys import EVENTS_STREAM
+from stunner_common.contracts.redis_keys import EVENTS_STREAM
 from stunner_common.store import ConfigPublisher, PublishResult
 from support.cds import (
     RunningCds,

@@ -20,7 +20,7 @@ import pytest
 import redis.asyncio as aioredis
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from stunner_common.redis_keys import CONFIGS_HASH, EVENTS_STREAM
+from stunner_common.contracts.redis_keys import CONFIGS_HASH, EVENTS_STREAM
 from stunner_operator.k8s.api import KubeApi
 from stunner_operator.k8s.controller import KubeController
 from stunner_operator.k8s.resources import DEPLOYMENT, WATCHED

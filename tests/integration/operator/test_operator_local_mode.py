@@ -22,7 +22,7 @@ from typing import Any, cast
 import pytest
 import redis.asyncio as aioredis
 
-from stunner_common.redis_keys import CONFIGS_HASH, EVENTS_STREAM
+from stunner_common.contracts.redis_keys import CONFIGS_HASH, EVENTS_STREAM
 from stunner_operator.manifests.local import LocalOperator
 from stunner_operator.publish import RedisConfigSink
 from support.processes import ServerProcess

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from stunner_common.redis_keys import CONFIGS_HASH, REV_COUNTER
+from stunner_common.contracts.redis_keys import CONFIGS_HASH, REV_COUNTER
 from support.echo import echo_peer
 from support.security_stack import GATEWAY, SteadyRelay, running_stack
 

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from aioice.stun import TransactionFailed
 from aioice.turn import TurnTransport, create_turn_endpoint
 
+from stunner_common.contracts.redis_keys import QuotaKey
 from stunnerd.quota import ClusterQuota, QuotaSettings
 from support.ports import free_port, free_udp_tcp_port
 from support.redis_server import RedisServer
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 QUOTA = 3
 REPLICAS = 3
 STEP_S = 20.0
-KEY = f"stunner:quota:default/gw:stunner.l7mp.io:{USER}"
+KEY = QuotaKey("default/gw", "stunner.l7mp.io", USER).encode()
 
 
 async def allocate(port: int) -> TurnTransport | int:

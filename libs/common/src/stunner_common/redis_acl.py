@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from stunner_common.contracts.redis_keys import ALL_KEYS_PATTERN, QUOTA_KEYS_PATTERN
+
 __all__ = [
     "CDS_RULES",
     "CDS_USER",
@@ -36,7 +38,7 @@ OPERATOR_USER: Final = "stunner-operator"
 CDS_USER: Final = "stunner-cds"
 DATAPLANE_USER: Final = "stunner-dataplane"
 
-_BASE: Final = "resetkeys ~stunner:* resetchannels -@all +@connection -@admin -@dangerous"
+_BASE: Final = f"resetkeys ~{ALL_KEYS_PATTERN} resetchannels -@all +@connection -@admin -@dangerous"
 OPERATOR_RULES: Final = (
     f"{_BASE} +ping +evalsha +eval +script|load +script|exists"
     " +get +incr +hget +hgetall +hkeys +hset +hdel +xadd +xrange +xlen +multi +exec +discard"
@@ -48,7 +50,7 @@ CDS_RULES: Final = (
 )
 """Reads only: the snapshot (in MULTI/EXEC) and the stream tail."""
 DATAPLANE_RULES: Final = (
-    "resetkeys ~stunner:quota:* resetchannels -@all +@connection -@admin -@dangerous +ping"
+    f"resetkeys ~{QUOTA_KEYS_PATTERN} resetchannels -@all +@connection -@admin -@dangerous +ping"
     " +evalsha +eval +script|load +script|exists +time +zadd +zrem +zscore +zcard +zrange"
     " +zremrangebyscore +pexpireat"
 )

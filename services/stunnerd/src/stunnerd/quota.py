@@ -39,10 +39,10 @@ import redis.asyncio as aioredis
 from annotated_types import Ge, Gt
 from redis.exceptions import RedisError
 
+from stunner_common.contracts.redis_keys import QuotaKey
+
 log = logging.getLogger(__name__)
 
-QUOTA_KEY_PREFIX = "stunner:quota:"
-"""Sorted sets ``stunner:quota:<gateway id>:<realm>:<user id>``: lease id -> expiry (ms)."""
 
 _ACQUIRE = """
 local t = redis.call('TIME')
@@ -162,7 +162,7 @@ class ClusterQuota:
         return f"{self.replica_id}|{listener}|{client[0]}:{client[1]}|{next(self._ids)}"
 
     def _key(self, user_id: str) -> str:
-        return f"{QUOTA_KEY_PREFIX}{self.scope}:{self.realm}:{user_id}"
+        return QuotaKey(self.scope, self.realm, user_id).encode()
 
     def _lease_ms(self, lifetime_s: float) -> int:
         length = lifetime_s

@@ -1,16 +1,14 @@
 """The Redis config store: one writer API (the operator) and one reader API (the CDS).
 
-Layout (names in ``stunner_common.redis_keys``; docs/architecture.md draws it): the hash of
-canonical configs, the change stream and the revision counter, plus ``stunner:revs`` (id -> revision
-of its last change, kept after a delete) so that a reader can answer "what changed since revision
-N", and ``stunner:meta`` (field ``epoch``: which history of the store those revisions count in).
+Layout (names in ``stunner_common.contracts.redis_keys``; docs/architecture.md draws it): the
+hash of canonical configs, the change stream and the revision counter, plus ``stunner:revs`` (id ->
+revision of its last change, kept after a delete) so that a reader can answer "what changed since
+revision N", and ``stunner:meta`` (field ``epoch``: which history of the store those revisions
+count in).
 """
 
 from stunner_common.store.publisher import (
     DEFAULT_STREAM_MAXLEN,
-    EPOCH_FIELD,
-    META_HASH,
-    REVS_HASH,
     CanonicalConfig,
     ConfigPublisher,
     InvalidConfigIdError,
@@ -31,9 +29,6 @@ from stunner_common.store.reader import (
 
 __all__ = [
     "DEFAULT_STREAM_MAXLEN",
-    "EPOCH_FIELD",
-    "META_HASH",
-    "REVS_HASH",
     "CanonicalConfig",
     "ConfigPublisher",
     "ConfigReader",

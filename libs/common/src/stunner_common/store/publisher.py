@@ -23,15 +23,13 @@ from typing import Protocol, runtime_checkable
 
 import redis.asyncio as aioredis
 
-from stunner_common.redis_keys import CONFIGS_HASH, EVENTS_STREAM, REV_COUNTER
-
-REVS_HASH = "stunner:revs"
-"""Hash: field ``ns/name`` -> revision of its last change (upsert or delete)."""
-
-META_HASH = "stunner:meta"
-"""Hash: field ``epoch`` -> the id of the store's current history (see the module docstring)."""
-
-EPOCH_FIELD = "epoch"
+from stunner_common.contracts.redis_keys import (
+    CONFIGS_HASH,
+    EVENTS_STREAM,
+    META_HASH,
+    REV_COUNTER,
+    REVS_HASH,
+)
 
 KNOWN_EPOCHS = 16
 """How many epochs a publisher remembers its highest revision of (rollback detection)."""

@@ -14,8 +14,14 @@ from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
-from stunner_common.redis_keys import CONFIGS_HASH, EVENTS_STREAM, REV_COUNTER
-from stunner_common.store.publisher import EPOCH_FIELD, META_HASH, REVS_HASH
+from stunner_common.contracts.redis_keys import (
+    CONFIGS_HASH,
+    EPOCH_FIELD,
+    EVENTS_STREAM,
+    META_HASH,
+    REV_COUNTER,
+    REVS_HASH,
+)
 
 STREAM_START = "0-0"
 

@@ -18,7 +18,7 @@ import socket
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from stunner_common.redis_keys import NODE_ADDRESSES_HASH
+from stunner_common.contracts.redis_keys import NODE_ADDRESSES_HASH, decode_node_addresses
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,6 @@ _addresses: dict[str, str] = {}
 def node_address(node: str | None) -> str | None:
     """The external address of `node` as last read from Redis, or None."""
     return _addresses.get(node) if node else None
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def _resolve(name: str, timeout_s: float) -> str | None:
@@ -52,8 +48,7 @@ async def refresh(redis: aioredis.Redis, timeout_s: float) -> None:
     async with asyncio.timeout(timeout_s):
         raw = await redis.hgetall(NODE_ADDRESSES_HASH)
     fresh: dict[str, str] = {}
-    for key, value in raw.items():
-        address = _text(value)
+    for node, address in decode_node_addresses(raw).items():
         try:
             ipaddress.ip_address(address)
         except ValueError:
@@ -61,7 +56,7 @@ async def refresh(redis: aioredis.Redis, timeout_s: float) -> None:
             if resolved is None:
                 continue
             address = resolved
-        fresh[_text(key)] = address
+        fresh[node] = address
     if fresh != _addresses:
         _addresses.clear()
         _addresses.update(fresh)

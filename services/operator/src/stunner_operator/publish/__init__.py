@@ -19,7 +19,11 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from stunner_common.config import StunnerConfig
-from stunner_common.redis_keys import CONFIGS_HASH, NODE_ADDRESSES_HASH
+from stunner_common.contracts.redis_keys import (
+    CONFIGS_HASH,
+    NODE_ADDRESSES_HASH,
+    encode_node_addresses,
+)
 from stunner_common.store import ConfigPublisher, PublishResult, StoreError
 from stunner_operator.observe import OperatorMetrics
 
@@ -89,7 +93,7 @@ class RedisConfigSink:
                     if gone:
                         pipe.hdel(NODE_ADDRESSES_HASH, *gone)
                     if addresses:
-                        fields: dict[Any, Any] = dict(addresses)
+                        fields: dict[Any, Any] = encode_node_addresses(addresses)
                         pipe.hset(NODE_ADDRESSES_HASH, mapping=fields)
                     await pipe.execute()
         except (RedisError, OSError, TimeoutError) as err:
