@@ -10,6 +10,8 @@ PYTEST_ARGS ?=
 # fixtures set up once). Most tests wait on sockets and subprocesses, so more workers than cores
 # pay off; 0 runs it in this process (what a debugger wants).
 PYTEST_WORKERS ?= 4
+# Each file of the real-cluster tier starts a cluster of its own: two at a time.
+KUBE_WORKERS ?= 2
 
 .PHONY: setup bpf test test-all test-slow test-node node-up node-down go-peers gwapi-conformance unit lint format run stop bench conformance fuzz soak clean images base-image compose-up compose-down test-compose lock test-kube kube-up kube-down
 
@@ -64,7 +66,7 @@ test-slow: setup
 # Kubernetes modules (tests/kube; once per machine, into ~/.cache/stunner-test-go), the chart
 # installed, the operator running as its ServiceAccount. Needs Go.
 test-kube: setup
-	$(BIN)/pytest -m "kube and not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "kube and not slow" -n $(KUBE_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The real-node tier (root): a kubelet, containerd, CNI, kube-proxy and CoreDNS built or taken
 # from published parts run our stunnerd image as pods (tests/node, docs/real-node.md).
