@@ -291,7 +291,7 @@ def test_the_gateways_stunnerd_pod_reads_its_config_from_the_cds_service_by_name
     assert env["STUNNER_CONFIG_ORIGIN"] == "http://stunner-config-discovery.stunner.svc:13478"
     log = release.pod_log(pod["metadata"]["name"])
     assert "stunner-config-discovery" in log or "config" in log.lower(), log[-2000:]
-    print(f"\nwalkthrough differences: {walkthrough['changed']}")
+    print(f"\nwalkthrough differences: {walkthrough['changed']}; timings {release.timings}")
 
 
 async def test_turncat_relays_through_the_gateway_to_the_echo_pod_until_the_route_goes(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,14 @@ def stunner(node: NodeStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def exchange(sock: socket.socket, request: stun.Message, to: tuple[str, int]) -> stun.Message:
-    for _ in range(10):
-        sock.sendto(bytes(request), to)
+    for _ in range(20):
+        try:
+            sock.sendto(bytes(request), to)
+        except PermissionError:
+            # kube-proxy's REJECT for a Service without endpoints: its rules lag the pod's
+            # readiness (seen after test_node_helm.py's namespace had just been deleted).
+            time.sleep(0.5)
+            continue
         try:
             data, _ = sock.recvfrom(4096)
         except TimeoutError:
