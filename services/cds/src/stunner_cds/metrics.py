@@ -20,6 +20,12 @@ class CdsMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.refusals = Counter(
+            "stunner_cds_refusals",
+            "Requests refused by a limit: watchers_per_client (429), ...",
+            ["limit"],
+            registry=self.registry,
+        )
         self.event_lag = Histogram(
             "stunner_cds_event_lag_seconds",
             "Time from the Redis write of a change to the CDS applying it.",

@@ -47,6 +47,20 @@ class CdsSettings(HttpServiceSettings):
     request_head_timeout_s: float = Field(
         10.0, gt=0, description="Time a client has to send a complete request head (408)."
     )
+    max_watchers_per_client: int = Field(
+        256,
+        ge=0,
+        description="Open watches per client IP (0: unlimited); one more is refused with 429.",
+    )
+    ws_max_messages_per_s: float = Field(
+        10.0,
+        ge=0,
+        description="WebSocket messages a watcher may send per second, on average (0: unlimited);"
+        " the protocol needs none, so a client over it is closed with 1008.",
+    )
+    ws_message_burst: int = Field(
+        50, ge=1, description="WebSocket messages a watcher may send at once."
+    )
 
     @field_validator("redis_url")
     @classmethod

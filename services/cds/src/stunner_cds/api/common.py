@@ -5,7 +5,8 @@ Errors are `stunner_common.http.ApiError`, answered by the handlers `app` instal
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -28,6 +29,8 @@ class CdsContext:
     hub: Hub
     feed: RedisFeed
     metrics: CdsMetrics
+    watchers_by_client: Counter[str] = field(default_factory=Counter)
+    """Open watches per client IP (`max_watchers_per_client`)."""
 
 
 def parse_go_bool(name: str, value: str | None) -> bool:

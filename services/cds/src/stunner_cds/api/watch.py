@@ -8,6 +8,13 @@ what the client sends, noticing the close; keepalive pings (every ``ping_interva
 client silent for ``ping_interval_s + ping_timeout_s``) are uvicorn's. A watcher the hub dropped
 as too slow is closed with code 1013 and the reason; a v2 watcher whose revisions a store reset
 made meaningless is closed with 1012 (it comes back for a full snapshot of the new epoch).
+
+What one client may hold is bounded: at most ``max_watchers_per_client`` open watches per IP
+(one more is refused before the upgrade with 429, counted in ``stunner_cds_refusals``), messages
+of at most ``ws_max_message_bytes`` (uvicorn closes with 1009), and, since the protocol needs no
+message from the client at all, at most ``ws_max_messages_per_s`` of them (a burst of
+``ws_message_burst``): a client over it is closed with 1008 (policy violation) and counted in
+``stunner_cds_watchers_dropped{reason="message_rate"}``.
 """
 
 from __future__ import annotations
@@ -88,10 +95,18 @@ async def _serve(ws: WebSocket, topic: Topic) -> None:
     except ApiError as error:
         await _deny(ws, error)
         return
+    client = ws.client.host if ws.client is not None else ""
+    cap = ctx.settings.max_watchers_per_client
+    if cap and ctx.watchers_by_client[client] >= cap:
+        ctx.metrics.refusals.labels("watchers_per_client").inc()
+        _log_refusal(client, f"more than {cap} open watches")
+        await _deny(ws, ApiError(429, f"too many open watches from this client (limit {cap})"))
+        return
     node = ws.query_params.get("node") or None
     epoch = ws.query_params.get(EPOCH_PARAM)
     watcher, delta = ctx.hub.subscribe(topic, mode, since=since, epoch=epoch, node=node)
     ctx.metrics.watchers.labels(mode.value).inc()
+    ctx.watchers_by_client[client] += 1
     try:
         headers = [(REV_HEADER.encode(), str(ctx.hub.mirror.rev).encode())]
         if mode is Mode.V2:
@@ -107,25 +122,60 @@ async def _serve(ws: WebSocket, topic: Topic) -> None:
     finally:
         ctx.hub.unsubscribe(watcher)
         ctx.metrics.watchers.labels(mode.value).dec()
+        ctx.watchers_by_client[client] -= 1
+        if ctx.watchers_by_client[client] <= 0:
+            del ctx.watchers_by_client[client]
 
 
 async def _pump(ws: WebSocket, ctx: CdsContext, watcher: Watcher) -> None:
     """Run the writer and the reader until either ends, then stop the other."""
     async with asyncio.TaskGroup() as tasks:
         writer = tasks.create_task(_write(ws, ctx, watcher), name=f"cds-write {watcher.topic}")
-        reader = tasks.create_task(_read(ws), name=f"cds-read {watcher.topic}")
+        reader = tasks.create_task(_read(ws, ctx), name=f"cds-read {watcher.topic}")
         watcher.writer = writer
         await asyncio.wait((writer, reader), return_when=asyncio.FIRST_COMPLETED)
         writer.cancel()
         reader.cancel()
 
 
-async def _read(ws: WebSocket) -> None:
-    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+async def _read(ws: WebSocket, ctx: CdsContext) -> None:
+    """Discard what the client sends, within its message rate; close it with 1008 past it."""
+    rate, burst = ctx.settings.ws_max_messages_per_s, float(ctx.settings.ws_message_burst)
+    clock = asyncio.get_running_loop().time
+    tokens, at = burst, clock()
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
         while True:
             message = await ws.receive()
             if message["type"] == "websocket.disconnect":
                 return
+            if rate <= 0:
+                continue
+            now = clock()
+            tokens, at = min(burst, tokens + (now - at) * rate) - 1.0, now
+            if tokens < 0:
+                ctx.metrics.watchers_dropped.labels("message_rate").inc()
+                client = ws.client.host if ws.client is not None else ""
+                _log_refusal(client, f"more than {rate:g} messages/s")
+                async with asyncio.timeout(ctx.settings.send_timeout_s):
+                    await ws.close(code=1008, reason="too many messages")
+                return
+
+
+_LOGGED: dict[str, float] = {}
+LOG_INTERVAL_S = 60.0
+LOGGED_CLIENTS_MAX = 4096
+
+
+def _log_refusal(client: str, why: str) -> None:
+    """One line per client and minute, in a bounded table."""
+    now = asyncio.get_running_loop().time()
+    last = _LOGGED.get(client)
+    if last is not None and now - last < LOG_INTERVAL_S:
+        return
+    if len(_LOGGED) >= LOGGED_CLIENTS_MAX:
+        _LOGGED.clear()
+    _LOGGED[client] = now
+    log.info("refused a watch from %s: %s", client or "?", why)
 
 
 async def _write(ws: WebSocket, ctx: CdsContext, watcher: Watcher) -> None:
