@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from stunnerd.net.binding import SocketKey
+from stunner_common.contracts.socket_key import SocketKey
 from stunnerd.workers.sockets import FdChannel, InheritedSockets, SocketGroups, send_sockets
 
 pytestmark = pytest.mark.integration

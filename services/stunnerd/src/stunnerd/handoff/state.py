@@ -67,7 +67,8 @@ class ListenerRecord:
 
 @dataclass(frozen=True, slots=True)
 class SocketRecord:
-    """A listener socket sent beside the document: what it is bound to (`net.binding.SocketKey`)."""
+    """A listener socket sent beside the document: what it is bound to (a
+    `stunner_common.contracts.socket_key.SocketKey`)."""
 
     kind: str
     host: str

@@ -1,31 +1,14 @@
-"""Where a listener's socket binds, in one place for the listener and for the worker supervisor.
+"""How a listener's socket is bound, for the listener and for the worker supervisor.
 
-The supervisor of `--udp-thread-num` workers binds every listener's sockets itself (see
-`stunnerd.workers.sockets`) and the workers look them up by the same key, so both sides must
-agree on the address and the kind of socket a listener config means.
+Where it binds, and the key the supervisor's workers look it up by, is the contract
+`stunner_common.contracts.socket_key`; this module holds the socket options both sides set.
 """
 
 from __future__ import annotations
 
 import socket
-from typing import NamedTuple
 
 DUAL_STACK_HOSTS = frozenset({"::", ""})
-
-
-class SocketKey(NamedTuple):
-    """What a listener binds: `kind` is `udp` (TURN-UDP, TURN-DTLS) or `tcp` (TURN-TCP/TLS)."""
-
-    kind: str
-    host: str
-    port: int
-
-
-def listener_bind_host(bind_host: str, address: str) -> str:
-    """Where a listener binds: `bind_host`, or `::` for an IPv6 listener on an IPv4 host."""
-    if ":" in address and ":" not in bind_host:
-        return "::"
-    return bind_host
 
 
 def allow_both_families(sock: socket.socket, host: str) -> None:
@@ -33,10 +16,6 @@ def allow_both_families(sock: socket.socket, host: str) -> None:
     whatever the host's `net.ipv6.bindv6only` says; call before `bind`."""
     if sock.family == socket.AF_INET6 and host in DUAL_STACK_HOSTS:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-
-
-def socket_kind(protocol: str) -> str:
-    return "tcp" if protocol in ("TURN-TCP", "TURN-TLS") else "udp"
 
 
 ACCEPT_BACKLOG = 4096  # bursts of connections wait in the kernel, not in SYN retries

@@ -27,13 +27,12 @@ from stunner_common.contracts.listener_address import (
     WILDCARD_ADDRESSES,
     NodeAddressMissingError,
     advertised_address,
-    family_address,
 )
+from stunner_common.contracts.socket_key import SocketKey, listener_socket_key
 from stunnerd.fastpath import FastPath
 from stunnerd.handoff.state import AllocationRecord, HandoffState
 from stunnerd.net.adopt import AllocationJournal, take_over
 from stunnerd.net.batch import SendBatcher, gso_supported
-from stunnerd.net.binding import SocketKey, listener_bind_host, socket_kind
 from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.listener import Address, Listener, ListenerSpec, Traffic, new_traffic
@@ -218,7 +217,7 @@ class TurnServer:
             if handed is not None:
                 take_over(running, *handed)
         if self.socket_source is not None:
-            key = SocketKey(socket_kind(spec.protocol), spec.bind_host, spec.port)
+            key = self._socket_key(listener)
             running.inherited_socket = self.socket_source(key)
         try:
             await running.start()
@@ -288,6 +287,11 @@ class TurnServer:
 
     # ---------------------------------------------------------------- internals
 
+    def _socket_key(self, listener: ListenerConfig) -> SocketKey:
+        return listener_socket_key(
+            listener.protocol, listener.address, listener.port, self.bind_host, self.node_address
+        )
+
     def _spec(self, listener: ListenerConfig) -> ListenerSpec:
         tls = None
         if listener.protocol in ("TURN-TLS", "TURN-DTLS"):
@@ -299,16 +303,13 @@ class TurnServer:
             relay_ip = relay_address(listener, self.node_address)
         except NodeAddressMissingError as exc:
             raise ListenerError(str(exc)) from None
-        bind_host = listener_bind_host(
-            self.bind_host, family_address(listener.address, self.node_address)
-        )
         return ListenerSpec(
             name=listener.name,
             protocol=listener.protocol,
             relay_ip=relay_ip,
             other_relay_ip=other_relay_address(relay_ip, self.relay_addresses),
             port=listener.port,
-            bind_host=bind_host,
+            bind_host=self._socket_key(listener).host,
             tls=tls,
             reuse_port=self.reuse_port,
         )

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from stunner_common.config import ConfigError, parse_config
+from stunner_common.contracts.socket_key import SocketKey
 from stunner_common.loglevel import apply_log_spec
 from stunnerd.handoff.state import HandoffFormatError, decode_state
-from stunnerd.net.binding import SocketKey
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.server import TurnServer
 from stunnerd.net.tuning import ServerTuning

@@ -25,6 +25,7 @@ import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from stunner_common.contracts.socket_key import SocketKey
 from stunnerd.handoff.channel import (
     HandoffError,
     HandoffRefusedError,
@@ -45,7 +46,6 @@ from stunnerd.handoff.state import (
     encode_state,
 )
 from stunnerd.net.adopt import record_of
-from stunnerd.net.binding import SocketKey
 from stunnerd.net.server import TurnServer
 from stunnerd.net.udp import UdpListener
 from stunnerd.workers.local import LocalDataplane

@@ -83,6 +83,7 @@ class WorkerPool:
             raise ValueError("a worker pool needs at least one worker")
         self.timeouts = timeouts
         self.bind_host = bind_host
+        self.node_address = node_address
         self.nonce_key = nonce_key if nonce_key is not None else new_nonce_key()
         self.sockets = SocketGroups(count)
         self.workers = [
@@ -166,7 +167,7 @@ class WorkerPool:
         """Give `worker` the config with its sockets; the first config of a (re)started worker
         also carries the allocations journaled before (by its dead predecessor, or handed over
         by the stunnerd this one took over from) and their relay sockets."""
-        keys = sorted(config_keys(config, self.bind_host))
+        keys = sorted(config_keys(config, self.bind_host, self.node_address))
         message: dict[str, Any] = {
             "op": "apply",
             "config": config.canonical_json(),
@@ -204,7 +205,7 @@ class WorkerPool:
             # the workers get (and retried at the next apply); the others apply.
             unbound: dict[str, ListenerState] = {}
             for lst in config.listeners:
-                key = listener_key(lst, self.bind_host)
+                key = listener_key(lst, self.bind_host, self.node_address)
                 try:
                     self.sockets.bind((key,))
                 except OSError as exc:
@@ -219,7 +220,9 @@ class WorkerPool:
             try:
                 return await self._apply_all(config)
             finally:
-                self.sockets.retain(config_keys(self._bound(self.running), self.bind_host))
+                self.sockets.retain(
+                    config_keys(self._bound(self.running), self.bind_host, self.node_address)
+                )
 
     def _bound(self, config: StunnerConfig | None) -> StunnerConfig | None:
         """`config` without the listeners whose sockets could not be bound."""

@@ -20,9 +20,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from stunner_common.contracts.socket_key import SocketKey
 from stunnerd.handoff.channel import HandoffRefusedError, Offer
 from stunnerd.handoff.state import FORMAT, VERSION, HandoffState, allocation_doc
-from stunnerd.net.binding import SocketKey
 from stunnerd.workers.pool import WorkerPool
 from stunnerd.workers.worker import WorkerError
 

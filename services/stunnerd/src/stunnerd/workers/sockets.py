@@ -21,12 +21,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from stunner_common.config import ListenerConfig, StunnerConfig
-from stunnerd.net.binding import (
-    SocketKey,
-    allow_both_families,
-    listener_bind_host,
-    socket_kind,
-)
+from stunner_common.contracts.socket_key import SocketKey, listener_socket_key
+from stunnerd.net.binding import allow_both_families
 
 LISTEN_BACKLOG = 1024
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
@@ -35,18 +31,18 @@ NONCE_KEY_BYTES = 32
 CHANNEL_TIMEOUT_S = 10.0
 
 
-def listener_key(listener: ListenerConfig, bind_host: str) -> SocketKey:
-    return SocketKey(
-        socket_kind(listener.protocol),
-        listener_bind_host(bind_host, listener.address),
-        listener.port,
+def listener_key(listener: ListenerConfig, bind_host: str, node_address: str = "") -> SocketKey:
+    return listener_socket_key(
+        listener.protocol, listener.address, listener.port, bind_host, node_address
     )
 
 
-def config_keys(config: StunnerConfig | None, bind_host: str) -> set[SocketKey]:
+def config_keys(
+    config: StunnerConfig | None, bind_host: str, node_address: str = ""
+) -> set[SocketKey]:
     if config is None:
         return set()
-    return {listener_key(lst, bind_host) for lst in config.listeners}
+    return {listener_key(lst, bind_host, node_address) for lst in config.listeners}
 
 
 def bind_reuseport(key: SocketKey, port: int) -> socket.socket:
@@ -227,7 +223,7 @@ class InheritedSockets:
         elif message.get("op") == "relay_socket" and sock is not None:
             self.relay_sockets.append(sock)
         elif message.get("op") == "socket" and sock is not None:
-            key = SocketKey(str(message["kind"]), str(message["host"]), int(message["port"]))
+            key = SocketKey.decode(message)
             old = self.sockets.pop(key, None)
             if old is not None:
                 old.close()
@@ -281,7 +277,7 @@ def send_offload(
 
 def send_sockets(channel: FdChannel, entries: list[tuple[SocketKey, int]]) -> None:
     for key, fd in entries:
-        channel.send({"op": "socket", "kind": key.kind, "host": key.host, "port": key.port}, fd)
+        channel.send({"op": "socket", **key.encode()}, fd)
 
 
 def send_relays(channel: FdChannel, fds: Iterable[int]) -> None:
