@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stunner_common.config import StunnerConfig
+from stunner_common.contracts.listener_address import POD_ADDRESS
 from stunner_common.crds import K8sObject, parse_object
 from stunner_operator.render.engine import Renderer
 
@@ -128,7 +129,7 @@ def _floor_configs() -> list[dict[str, Any]]:
                     {
                         "name": f"stunner/gw-{i}/{n}",
                         "protocol": p,
-                        "address": "$STUNNER_ADDR",
+                        "address": POD_ADDRESS,
                         "port": 3478,
                         "public_address": "192.0.2.1",
                         "public_port": 3478,
@@ -252,7 +253,7 @@ async def _edit_latency(folder: Any, redis_url: str, edits: int) -> tuple[list[f
 
     import redis.asyncio as aioredis
 
-    from stunner_common.contracts.redis_keys import EVENTS_STREAM
+    from stunner_common.contracts.redis_keys import CONFIGS_HASH, EVENTS_STREAM
     from stunner_common.store import ConfigPublisher
     from stunner_operator.manifests.local import LocalOperator
     from stunner_operator.publish import RedisConfigSink
@@ -267,7 +268,7 @@ async def _edit_latency(folder: Any, redis_url: str, edits: int) -> tuple[list[f
     try:
         last = "0-0"
         async with asyncio.timeout(10):
-            while len(await client.hkeys("stunner:configs")) < 2:
+            while len(await client.hkeys(CONFIGS_HASH)) < 2:
                 got: Any = await client.xread({EVENTS_STREAM: last}, block=200)
                 if got:
                     last = got[0][1][-1][0]

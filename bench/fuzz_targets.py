@@ -322,9 +322,10 @@ class DtlsTarget:
 def config_target(data: bytes) -> None:
     """stunnerd's config parser (YAML or JSON, v1 and v1alpha1, env substitution)."""
     from stunner_common.config import ConfigError, parse_config
+    from stunner_common.contracts.listener_address import POD_ADDRESS_ENV
 
     try:
-        config = parse_config(data, env={"STUNNER_ADDR": "192.0.2.1", "A": "${B}", "B": "$A"})
+        config = parse_config(data, env={POD_ADDRESS_ENV: "192.0.2.1", "A": "${B}", "B": "$A"})
     except ConfigError:
         return
     config.canonical_json()
@@ -446,6 +447,8 @@ def seeds(name: str) -> list[bytes]:
 
 
 def _sample_config() -> dict[str, Any]:
+    from stunner_common.contracts.listener_address import POD_ADDRESS
+
     return {
         "version": "v1",
         "admin": {"name": "ns/gw", "loglevel": "all:INFO", "user_quota": 3},
@@ -458,7 +461,7 @@ def _sample_config() -> dict[str, Any]:
             {
                 "name": "ns/gw/udp",
                 "protocol": "TURN-UDP",
-                "address": "$STUNNER_ADDR",
+                "address": POD_ADDRESS,
                 "port": 3478,
                 "routes": ["ns/route"],
             }

@@ -257,6 +257,8 @@ class Gateways:
 
     def sync(self) -> tuple[list[str], list[str]]:
         """Start and stop stunnerds to match the CDS; return (added, removed) ids."""
+        from stunner_common.contracts.listener_address import POD_ADDRESS_ENV
+
         try:
             configs = list_configs(self.cds_port)
         except (OSError, ValueError):
@@ -295,7 +297,7 @@ class Gateways:
                 self.proc_name(gw),
                 [str(BIN / "stunnerd"), "-w", "-c", self.cds, "--id", gw],
                 {
-                    "STUNNER_ADDR": "127.0.0.1",
+                    POD_ADDRESS_ENV: "127.0.0.1",
                     "STUNNERD_BIND_HOST": "127.0.0.1",
                     "STUNNERD_HEALTH_PORT": str(health),
                     "STUNNERD_METRICS_PORT": str(metrics),

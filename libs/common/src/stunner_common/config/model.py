@@ -212,7 +212,7 @@ class AuthConfig(_Model):
 
 
 class ListenerConfig(_Model):
-    """One TURN listener. `address` is the relay IP advertised to clients (often "$STUNNER_ADDR"
+    """One TURN listener. `address` is the relay IP advertised to clients (often `$STUNNER_ADDR`
     before env substitution), so any string is kept; stunnerd checks it is an IP."""
 
     name: StrictStr
