@@ -14,10 +14,21 @@ The servers are set up as in `bench_turn` (coturn 4.6 with long-term credentials
 thread, stunnerd with one static user). Everything binds 127.0.0.1; every loop is bounded.
 `BENCH_HOSTILE_CHALLENGE_RATE_PER_S=0` runs stunnerd with its per-source 401 budget off (coturn
 has none), so every challenge is answered; the load average is printed before and after.
+
+The second part (`limits`) is what an attacker can make a server *hold*: for each resource an
+attacker at 10x stunnerd's default limit (docs/limits.md) beside 20 honest clients (each an
+allocation sending Send indications to a UDP echo peer): password guesses (the 401 oracle),
+permissions of one allocation and channels of one allocation. It prints, per server, the
+server's RSS and fd count before and after, the honest clients' loss and the attacker's
+refusals by code, and `RATIO limits_rss_growth[...] stunnerd/coturn`. coturn has no knob for
+any of the three (`--user-quota` and `--total-quota` bound allocations only), so it is run with
+its defaults. `BENCH_HOSTILE_PART=cpu|limits` runs one part; `BENCH_HOSTILE_LIMITS_SCALE`
+(default 1.0) scales the attack counts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -26,12 +37,17 @@ import statistics
 import struct
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from aioice import stun as aioice_stun
 
 from bench.bench_turn import (
+    PASSWORD,
     REALM,
     USER,
     coturn_args,
@@ -176,7 +192,7 @@ def _collect(s: socket.socket, tally: Tally, wait_s: float) -> None:
         tally.largest_answer = max(tally.largest_answer, len(data))
 
 
-def main() -> None:
+def cpu_main() -> None:
     turnserver = shutil.which("turnserver") or "/usr/bin/turnserver"
     if not os.access(turnserver, os.X_OK):
         print("bench hostile: turnserver (coturn) is not installed; skipped")
@@ -267,6 +283,279 @@ def report(
                 f"amplification[{name}]: coturn silent; stunnerd {sd.amplification:.2f} "
                 f"bytes/byte ({sd.answers} answers)"
             )
+
+
+# --------------------------------------------------------------------------- what a server holds
+
+PART = os.environ.get("BENCH_HOSTILE_PART", "all")
+LIMITS_SCALE = float(os.environ.get("BENCH_HOSTILE_LIMITS_SCALE", "1.0"))
+HONEST = 20
+HONEST_DATAGRAMS = 20
+ANSWER_TIMEOUT_S = 2.0
+ATTACK_TIMEOUT_S = 60.0
+# stunnerd's defaults (docs/limits.md); the attack is 10x each
+AUTH_FAILURE_BURST = 30
+MAX_PERMISSIONS = 256
+MAX_CHANNELS = 256
+REQUESTED_UDP = 17 << 24
+
+
+def rss_and_fds(pid: int) -> tuple[int, int]:
+    """Resident bytes and open fds of pid and its descendants."""
+    rss = fds = 0
+    for p in tree_pids(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1]) * 1024
+            fds += len(os.listdir(f"/proc/{p}/fd"))
+        except OSError:
+            continue
+    return rss, fds
+
+
+class SyncTurn:
+    """A blocking long-term-credential TURN client on one UDP socket (127.0.0.1 only)."""
+
+    def __init__(self, port: int, source: str = "127.0.0.1", password: str = PASSWORD) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((source, 0))
+        self.sock.settimeout(ANSWER_TIMEOUT_S)
+        self.server = ("127.0.0.1", port)
+        self.password = password
+        self.nonce: bytes | None = None
+        self.realm = REALM
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def request(self, method: int, attrs: dict[str, object]) -> tuple[int, str]:
+        """(0, "") on success, else the error code and reason; (-1, "timeout") unanswered."""
+        stun_ = aioice_stun
+        for _ in range(2):
+            msg = stun_.Message(stun_.Method(method), stun_.Class.REQUEST, attributes=dict(attrs))
+            if self.nonce is not None:
+                msg.attributes.update({"USERNAME": USER, "REALM": self.realm, "NONCE": self.nonce})
+                key = f"{USER}:{self.realm}:{self.password}".encode()
+                msg.add_message_integrity(hashlib.md5(key).digest())
+            self.sock.sendto(bytes(msg), self.server)
+            reply = self._answer(msg.transaction_id)
+            if reply is None:
+                return -1, "timeout"
+            code, reason = reply.attributes.get("ERROR-CODE", (0, ""))
+            if (code == 401 and self.nonce is None) or code == 438:
+                self.nonce, self.realm = reply.attributes["NONCE"], reply.attributes["REALM"]
+                continue
+            return int(code), str(reason)
+        return int(code), str(reason)
+
+    def _answer(self, transaction_id: bytes) -> Any:
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                return None
+            try:
+                reply = aioice_stun.parse_message(data)
+            except ValueError:
+                continue
+            if reply.transaction_id == transaction_id:
+                return reply
+        return None
+
+    def allocate(self) -> tuple[int, str]:
+        return self.request(0x003, {"REQUESTED-TRANSPORT": REQUESTED_UDP})
+
+    def echo_loss(self, peer: tuple[str, int], count: int) -> int:
+        """Send `count` Send indications to the echo peer; how many never came back."""
+        stun_ = aioice_stun
+        for i in range(count):
+            msg = stun_.Message(
+                stun_.Method.SEND,
+                stun_.Class.INDICATION,
+                attributes={"XOR-PEER-ADDRESS": peer, "DATA": f"ping {i}".encode()},
+            )
+            self.sock.sendto(bytes(msg), self.server)
+        got = 0
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        while got < count and time.monotonic() < deadline:
+            try:
+                self.sock.recv(65536)
+            except TimeoutError:
+                break
+            got += 1
+        return count - got
+
+
+def echo_server() -> tuple[socket.socket, int]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.2)
+
+    def serve() -> None:
+        while sock.fileno() >= 0:
+            try:
+                data, addr = sock.recvfrom(65536)
+                sock.sendto(data, addr)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    threading.Thread(target=serve, name="bench-echo", daemon=True).start()
+    return sock, int(sock.getsockname()[1])
+
+
+def guesses(port: int) -> dict[int | str, int]:
+    """10x the failure burst of wrong-password Allocates from 127.0.0.2."""
+    attacker = SyncTurn(port, "127.0.0.2", password="guess")
+    refusals: dict[int | str, int] = {}
+    try:
+        deadline = time.monotonic() + ATTACK_TIMEOUT_S
+        for _ in range(int(10 * AUTH_FAILURE_BURST * LIMITS_SCALE)):
+            code, reason = attacker.allocate()
+            key: int | str = "401 (not checked)" if "too many" in reason else code
+            refusals[key] = refusals.get(key, 0) + 1
+            if time.monotonic() > deadline:
+                break
+    finally:
+        attacker.close()
+    return refusals
+
+
+def hoard(port: int, kind: str) -> dict[int | str, int]:
+    """One allocation from 127.0.0.2 asks for 10x the permissions (or channels) cap."""
+    attacker = SyncTurn(port, "127.0.0.2")
+    refusals: dict[int | str, int] = {}
+    try:
+        attacker.allocate()
+        cap = MAX_PERMISSIONS if kind == "permissions" else MAX_CHANNELS
+        deadline = time.monotonic() + ATTACK_TIMEOUT_S
+        for i in range(int(10 * cap * LIMITS_SCALE)):
+            if kind == "permissions":
+                peer = (f"127.9.{i // 250}.{i % 250 + 1}", 9)
+                code, _ = attacker.request(0x008, {"XOR-PEER-ADDRESS": peer})
+            else:
+                number = 0x4000 + i % 0x1000
+                attrs = {"XOR-PEER-ADDRESS": ("127.9.0.1", 10000 + i), "CHANNEL-NUMBER": number}
+                code, _ = attacker.request(0x009, attrs)
+            refusals[code] = refusals.get(code, 0) + 1
+            if time.monotonic() > deadline:
+                break
+    finally:
+        attacker.close()
+    return refusals
+
+
+ATTACKS: dict[str, Callable[[int], dict[int | str, int]]] = {
+    "auth-guess": guesses,
+    "permissions": lambda port: hoard(port, "permissions"),
+    "channels": lambda port: hoard(port, "channels"),
+}
+
+
+@dataclass
+class Held:
+    rss_before: int = 0
+    rss_after: int = 0
+    fds_before: int = 0
+    fds_after: int = 0
+    honest_sent: int = 0
+    honest_lost: int = 0
+    refusals: dict[int | str, int] = field(default_factory=dict)
+
+
+def run_attack(pid: int, port: int, attack: Callable[[int], dict[int | str, int]]) -> Held:
+    echo, echo_port = echo_server()
+    honest = [SyncTurn(port) for _ in range(HONEST)]
+    held = Held()
+    try:
+        for client in honest:
+            client.allocate()
+            client.request(0x008, {"XOR-PEER-ADDRESS": ("127.0.0.1", echo_port)})
+        held.rss_before, held.fds_before = rss_and_fds(pid)
+        held.refusals = attack(port)
+        time.sleep(SETTLE_S)
+        held.rss_after, held.fds_after = rss_and_fds(pid)
+        for client in honest:
+            held.honest_sent += HONEST_DATAGRAMS
+            held.honest_lost += client.echo_loss(("127.0.0.1", echo_port), HONEST_DATAGRAMS)
+    finally:
+        for client in honest:
+            client.request(0x004, {"LIFETIME": 0})
+            client.close()
+        echo.close()
+    return held
+
+
+def limits_main() -> None:
+    turnserver = shutil.which("turnserver") or "/usr/bin/turnserver"
+    if not os.access(turnserver, os.X_OK):
+        print("bench hostile limits: turnserver (coturn) is not installed; skipped")
+        return
+    stunnerd = str(Path(sys.executable).with_name("stunnerd"))
+    results: dict[str, dict[str, Held]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-limits-") as tmp_name:
+        tmp = Path(tmp_name)
+        for name, attack in ATTACKS.items():
+            results[name] = {}
+            coturn_port, stunnerd_port = free_port(), free_port()
+            cfg = tmp / f"stunnerd-{name}.json"
+            cfg.write_text(json.dumps(stunnerd_config(stunnerd_port)))
+            argv = coturn_args(turnserver, coturn_port, tmp, min_port=52000)
+            with (
+                process(argv, tmp / f"coturn-{name}.log") as coturn,
+                process(
+                    [stunnerd, "-c", str(cfg), "--bind", "127.0.0.1"], tmp / f"sd-{name}.log"
+                ) as sd,
+            ):
+                wait_udp_listening(coturn_port, coturn, tmp / f"coturn-{name}.log")
+                wait_udp_listening(stunnerd_port, sd, tmp / f"sd-{name}.log")
+                results[name]["stunnerd"] = run_attack(sd.pid, stunnerd_port, attack)
+                results[name]["coturn"] = run_attack(coturn.pid, coturn_port, attack)
+    limits_report(results)
+
+
+def limits_report(results: dict[str, dict[str, Held]]) -> None:
+    print(
+        f"limits: each attack from 127.0.0.2 at 10x stunnerd's default (scale {LIMITS_SCALE:g}) "
+        f"beside {HONEST} honest allocations, {HONEST_DATAGRAMS} echoed datagrams each after it"
+    )
+    print(
+        f"{'attack':<12} {'server':<9} {'RSS before':>11} {'RSS after':>10} {'fds':>9} "
+        f"{'honest loss':>12}  attacker answers (code: count)"
+    )
+    for name, by_server in results.items():
+        for server, h in by_server.items():
+            answers = ", ".join(f"{k}: {v}" for k, v in sorted(h.refusals.items(), key=str))
+            print(
+                f"{name:<12} {server:<9} {h.rss_before / 2**20:>9.1f}MB "
+                f"{h.rss_after / 2**20:>8.1f}MB {h.fds_before:>4}->{h.fds_after:<4} "
+                f"{h.honest_lost:>5}/{h.honest_sent:<6}"
+                f"  {answers}"
+            )
+    for name, by_server in results.items():
+        sd, coturn = by_server["stunnerd"], by_server["coturn"]
+        sd_growth = sd.rss_after - sd.rss_before
+        c_growth = coturn.rss_after - coturn.rss_before
+        if c_growth > 0:
+            print(
+                f"RATIO limits_rss_growth[{name}] stunnerd/coturn = {sd_growth / c_growth:.2f} "
+                f"(stunnerd {sd_growth / 1024:.0f} KiB, coturn {c_growth / 1024:.0f} KiB)"
+            )
+        else:
+            print(
+                f"limits_rss_growth[{name}]: coturn grew {c_growth / 1024:.0f} KiB; "
+                f"stunnerd {sd_growth / 1024:.0f} KiB"
+            )
+
+
+def main() -> None:
+    if PART in ("all", "cpu"):
+        cpu_main()
+    if PART in ("all", "limits"):
+        limits_main()
 
 
 if __name__ == "__main__":
