@@ -151,8 +151,8 @@ KNOWN_FAILURES: Mapping[str, Expected] = {
 
 
 def conformance_objects() -> list[dict[str, Any]]:
-    """Our GatewayClass for the suite, with its GatewayConfig. (The chart's ClusterRole lets the
-    operator read ReferenceGrants.)"""
+    """Our GatewayClass for the suite, with its GatewayConfig. (The chart, installed with
+    ``operator.enforceReferenceGrants``, lets the operator read ReferenceGrants.)"""
     return [
         {
             "apiVersion": "stunner.l7mp.io/v1",
@@ -384,7 +384,12 @@ def class_features(client: KubeClient) -> set[str]:
 
 def our_stack(workdir: Path) -> KubeStack:
     """The stack with our operator, ReferenceGrants enforced."""
-    return KubeStack(workdir, apiserver_args=APISERVER_ARGS, operator_env=OPERATOR_ENV)
+    return KubeStack(
+        workdir,
+        apiserver_args=APISERVER_ARGS,
+        operator_env=OPERATOR_ENV,
+        chart_values={"operator": {"enforceReferenceGrants": True}},
+    )
 
 
 StackFactory = Callable[[Path], KubeStack]

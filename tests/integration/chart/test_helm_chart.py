@@ -377,13 +377,13 @@ def _allowed(rules: list[dict[str, Any]], group: str, resource: str, verb: str) 
     )
 
 
-def _needed_by_the_operator() -> set[tuple[str, str, str]]:
+def _needed_by_the_operator(enforce: bool = False) -> set[tuple[str, str, str]]:
     """(group, resource, verb) the operator's Kubernetes code uses, read from that code: it
-    lists and watches WATCHED, merge-patches the status of what it reports on, and applies
-    (PATCH, or POST when missing) and deletes WRITABLE. ReferenceGrants are read only where
-    enforced (operator.enforceReferenceGrants), which a user may turn on without new RBAC."""
+    lists and watches what it watches (ReferenceGrants only where they are enforced),
+    merge-patches the status of what it reports on, and applies (PATCH, or POST when missing)
+    and deletes WRITABLE."""
     needed = set()
-    for res in watched(enforce_reference_grants=True):
+    for res in watched(enforce_reference_grants=enforce):
         needed |= {(res.group, res.plural, "list"), (res.group, res.plural, "watch")}
     for kind in ("GatewayClass", "Gateway", "UDPRoute", "UDPRouteV1A2"):
         res = BY_KIND[kind]
@@ -408,6 +408,12 @@ def test_operator_cluster_role_grants_exactly_what_the_operator_code_uses(
 ) -> None:
     rules = default.get("ClusterRole", "stunner-operator")["rules"]
     assert _granted(rules) == _needed_by_the_operator()
+
+
+def test_enforced_reference_grants_add_exactly_their_read_to_the_cluster_role() -> None:
+    rendered = render({"operator": {"enforceReferenceGrants": True}})
+    rules = rendered.get("ClusterRole", "stunner-operator")["rules"]
+    assert _granted(rules) == _needed_by_the_operator(enforce=True)
 
 
 def test_leader_election_leases_are_granted_in_the_release_namespace(default: Rendered) -> None:
