@@ -11,6 +11,14 @@ picture. Upstream STUNner's stunnerd (Go, v1.2.1, user space; bench/upstream_pee
 them, with `--udp-thread-num` 1 and one thread per core, and each of our modes gets a `RATIO
 cpu_per_packet ours/upstream` line per load. Everything binds 127.0.0.1; every run is bounded in
 messages and in time.
+
+`BENCH_TURN_PART=relay|storm|all` (default all) picks a part. The storm part (bench/alloc_storm.py)
+makes `BENCH_TURN_STORM_ALLOCATIONS` allocations (2000; the issue's full size is 10000) from
+`BENCH_TURN_STORM_CLIENTS` clients (50; full: 200) as fast as each server answers, against our
+stunnerd (one process, and `--udp-thread-num 2`), upstream's stunnerd and coturn, one server at a
+time on a fresh process, then once more against ours under cProfile to say where its CPU per
+Allocate goes. All clients share 127.0.0.1, so our per-source challenge budget
+(`STUNNERD_CHALLENGE_RATE_PER_S`, which stands for many real sources) is lifted in the storm.
 """
 
 from __future__ import annotations
@@ -396,6 +404,161 @@ def report(results: Results) -> None:
             )
 
 
+PART = os.environ.get("BENCH_TURN_PART", "all")
+STORM_ALLOCATIONS = int(os.environ.get("BENCH_TURN_STORM_ALLOCATIONS", "2000"))
+STORM_CLIENTS = int(os.environ.get("BENCH_TURN_STORM_CLIENTS", "50"))
+STORM_TIMEOUT_S = float(os.environ.get("BENCH_TURN_STORM_TIMEOUT_S", "300"))
+STORM_ENV = {"STUNNERD_CHALLENGE_RATE_PER_S": "0"}  # all clients are 127.0.0.1: no per-IP budget
+
+
+def raise_fd_limit() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def storm_servers(
+    turnserver: str, stunnerd: str, tmp: Path
+) -> list[tuple[str, list[str], dict[str, str]]]:
+    """(label, argv with {port} and {config}, extra env) of every server the storm races."""
+    from bench import upstream_peer
+
+    coturn = coturn_args(turnserver, 0, tmp, min_port=20000)
+    coturn = [a.replace("--max-port=20999", "--max-port=60000") for a in coturn]
+    coturn = [
+        a if not a.startswith("--listening-port=") else "--listening-port={port}" for a in coturn
+    ]
+    ours = [stunnerd, "-c", "{config}", "--bind", "127.0.0.1", "--grace-period", "0"]
+    servers = [
+        ("stunnerd", ours, STORM_ENV),
+        ("stunnerd -u 2", [*ours, "--udp-thread-num", "2"], STORM_ENV),
+    ]
+    binary, why = upstream_peer.upstream_stunnerd()
+    if binary is None:
+        print(f"storm: upstream stunnerd: {why}; raced without it")
+    else:
+        for threads in upstream_peer.thread_counts():
+            servers.append(
+                (
+                    upstream_peer.label(threads),
+                    upstream_peer.argv(binary, Path("{config}"), threads),
+                    {},
+                )
+            )
+    servers.append(("coturn", coturn, {}))
+    return servers
+
+
+def storm_one(argv: list[str], env: dict[str, str], tmp: Path, label: str) -> object:
+    from bench import alloc_storm
+
+    port = free_port()
+    cfg = tmp / f"storm-{port}.json"
+    cfg.write_text(json.dumps(stunnerd_config(port)))
+    argv = [a.replace("{port}", str(port)).replace("{config}", str(cfg)) for a in argv]
+    log = tmp / f"storm-{port}.log"
+    with process(argv, log, env={**os.environ, **env}) as proc:
+        wait_udp_listening(port, proc, log)
+        time.sleep(0.5)  # workers finish starting
+        before = cpu_seconds(proc.pid)
+        latencies, failures, wall = alloc_storm.run_storm(
+            port, STORM_ALLOCATIONS, STORM_CLIENTS, USER, PASSWORD, STORM_TIMEOUT_S
+        )
+        cpu = cpu_seconds(proc.pid) - before
+    return alloc_storm.StormResult(
+        label, STORM_ALLOCATIONS, len(latencies), wall, cpu, latencies, failures
+    )
+
+
+PROFILE_WRAPPER = """
+import cProfile, signal, sys
+out = sys.argv.pop(1)
+prof = cProfile.Profile()
+def start(*_):
+    prof.enable()
+def stop(*_):
+    prof.disable()
+    prof.dump_stats(out)
+signal.signal(signal.SIGRTMIN + 1, start)
+signal.signal(signal.SIGRTMIN + 2, stop)
+sys.argv[0] = "stunnerd"
+from stunnerd.__main__ import main
+sys.exit(main())
+"""
+
+
+def storm_profile(stunnerd: str, tmp: Path) -> None:
+    """Our one-process stunnerd under cProfile for the storm's window only: self time by bucket.
+
+    The profiler is switched on and off by real-time signals (a wrapper around stunnerd's
+    ``main``), so start-up is left out; uvloop's own C work (poll, recv, send, the socket calls it
+    makes for endpoints) shows as the self time of the loop's ``run``."""
+    from bench import alloc_storm
+
+    port = free_port()
+    cfg = tmp / "storm-profile.json"
+    cfg.write_text(json.dumps(stunnerd_config(port)))
+    out = tmp / "stunnerd.prof"
+    python = str(Path(stunnerd).with_name("python"))
+    argv = [python, "-c", PROFILE_WRAPPER, str(out), "-c", str(cfg), "--bind", "127.0.0.1"]
+    log = tmp / "storm-profile.log"
+    with process(argv, log, env={**os.environ, **STORM_ENV}) as proc:
+        wait_udp_listening(port, proc, log, timeout_s=30.0)
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGRTMIN + 1)
+        time.sleep(0.2)
+        latencies, _failures, _wall = alloc_storm.run_storm(
+            port, STORM_ALLOCATIONS, STORM_CLIENTS, USER, PASSWORD, STORM_TIMEOUT_S
+        )
+        os.kill(proc.pid, signal.SIGRTMIN + 2)
+        deadline = time.monotonic() + 30
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # dump_stats finishes writing
+    if not out.exists():
+        print(f"storm profile: no profile written; log: {log.read_text()[-500:]}")
+        return
+    buckets, top, total = alloc_storm.profile_split(str(out))
+    ok = max(1, len(latencies))
+    print(
+        f"storm profile (cProfile over the storm only, one process, {ok} allocations; "
+        f"cProfile inflates Python calls): {total:.2f} s, {total * 1e6 / ok:.0f} µs/allocation"
+    )
+    for name, secs in sorted(buckets.items(), key=lambda kv: -kv[1]):
+        share = 100 * secs / total if total else 0.0
+        print(f"  {name:<26} {secs:6.2f} s {share:5.1f} %  {secs * 1e6 / ok:7.0f} µs/alloc")
+    print("  functions with most self time:")
+    for secs, where in top:
+        print(f"    {secs:6.3f} s  {where.replace(str(Path(sys.prefix)), '<venv>')[-110:]}")
+
+
+def storm_main(turnserver: str, stunnerd: str) -> None:
+    from bench import alloc_storm
+
+    raise_fd_limit()
+    print(
+        f"allocation storm: {STORM_ALLOCATIONS} allocations from {STORM_CLIENTS} clients "
+        "(401 then authenticated Allocate, a fresh socket each, all held to the end), "
+        "one server at a time"
+    )
+    results: dict[str, alloc_storm.StormResult] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-storm-") as tmp_name:
+        tmp = Path(tmp_name)
+        for label, argv, env in storm_servers(turnserver, stunnerd, tmp):
+            result = storm_one(argv, env, tmp, label)
+            assert isinstance(result, alloc_storm.StormResult)
+            results[label] = result
+        for line in alloc_storm.report_lines(results):
+            print(line)
+        for line in alloc_storm.ratio_lines(results, "stunnerd"):
+            print(line)
+        for line in alloc_storm.ratio_lines(results, "stunnerd -u 2"):
+            print(line)
+        storm_profile(stunnerd, tmp)
+
+
 def main() -> None:
     turnserver = shutil.which("turnserver") or "/usr/bin/turnserver"
     for tool in ("turnutils_uclient", "turnutils_peer"):
@@ -406,7 +569,10 @@ def main() -> None:
         print("bench turn: turnserver (coturn) is not installed; skipped")
         return
     stunnerd = str(Path(sys.executable).with_name("stunnerd"))
-    report(measure(turnserver, stunnerd))
+    if PART in ("all", "relay"):
+        report(measure(turnserver, stunnerd))
+    if PART in ("all", "storm"):
+        storm_main(turnserver, stunnerd)
 
 
 if __name__ == "__main__":
