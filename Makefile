@@ -70,9 +70,12 @@ test-kube: setup
 
 # The real-node tier (root): a kubelet, containerd, CNI, kube-proxy and CoreDNS built or taken
 # from published parts run our stunnerd image as pods (tests/node, docs/real-node.md).
+# The images the chart runs (turncat: helm test's) and the node's Go programs come first, so no
+# test waits on a build inside its time limit.
 test-node: setup
 	$(CONTAINERS_ENV) podman image exists localhost/debian-py:bookworm || $(MAKE) base-image
-	$(CONTAINERS_ENV) $(BIN)/python scripts/images.py stunnerd
+	$(CONTAINERS_ENV) $(BIN)/python scripts/images.py stunnerd cds operator auth turncat redis
+	cd tests && ../$(BIN)/python -m support.go_peers node coredns helm
 	$(BIN)/pytest -m "node and not slow" tests/node $(PYTEST_ARGS)
 
 # The one-node cluster left running for a user (make node-down stops it and undoes its changes).
