@@ -1,0 +1,456 @@
+"""Control plane at scale: the bootstrap race of upstream's operator benchmark, and endpoint churn.
+
+Bootstrap (upstream's test/bootstrap_benchmark_test.go, applied at once instead of one combo at a
+time): each operator on its own real API server (support.kube_stack.KubeStack for ours, the chart
+and our operator as its ServiceAccount; for upstream a second KubeCluster with upstream's CRDs and
+its stunner-gateway-operator v1.2.1 run as tests/conformance/sides.py's UpstreamSide runs it). One
+GatewayClass and GatewayConfig, then N combos of Namespace, Service, Gateway and UDPRoute applied
+by 4 threads as fast as the API server takes them. Converged: the side's CDS serves every combo's
+config with its route's cluster and every Gateway says Accepted=True. Printed per side: the time
+from the last apply to convergence, the operator's CPU (utime+stime from /proc, its process tree)
+from the first apply to convergence, its peak RSS (VmHWM), how long one more combo takes, and the
+operator's writes per combo counted from the API server's audit log (KubeCluster always keeps one).
+`BENCH_CONTROL_N` (default "100,300"; 1000 is the full run) gives the Ns, a fresh cluster per side
+and N; `BENCH_CONTROL_SIDES` (ours,upstream); `BENCH_CONTROL_TIMEOUT_S` bounds each convergence.
+
+Churn (ours only): one Gateway with `BENCH_CHURN_SERVICES` UDPRoutes to Services of
+`BENCH_CHURN_ENDPOINTS` endpoints each (EndpointSlices written by the bench), `BENCH_CHURN_WATCHERS`
+WebSocket watchers of the CDS, then `BENCH_CHURN_RATE` EndpointSlice writes per second for
+`BENCH_CHURN_SECONDS`; each write puts a numbered address in. Printed: the lag from a write to a
+watcher seeing it (p50/p99/max over every write and watcher), the CDS fan-out (first to last watcher
+per update, p99) and whether any watcher is left on a stale config once the churn stops.
+
+`BENCH_CONTROL_PART=bootstrap|churn|all`. Everything binds 127.0.0.1; every loop is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench import control_report as cr
+from bench.bench_turn import cpu_seconds
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT / "tests",):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+PART = os.environ.get("BENCH_CONTROL_PART", "all")
+COUNTS = cr.parse_counts(os.environ.get("BENCH_CONTROL_N", "100,300"))
+SIDES = [s for s in os.environ.get("BENCH_CONTROL_SIDES", "ours,upstream").split(",") if s]
+TIMEOUT_S = float(os.environ.get("BENCH_CONTROL_TIMEOUT_S", "300"))
+ONE_MORE_TIMEOUT_S = 60.0
+APPLY_THREADS = 4
+POLL_S = 1.0
+CONTROLLER = "stunner.l7mp.io/gateway-operator"
+
+CHURN_SERVICES = int(os.environ.get("BENCH_CHURN_SERVICES", "20"))
+CHURN_ENDPOINTS = int(os.environ.get("BENCH_CHURN_ENDPOINTS", "50"))
+CHURN_RATE = float(os.environ.get("BENCH_CHURN_RATE", "20"))
+CHURN_SECONDS = float(os.environ.get("BENCH_CHURN_SECONDS", "30"))
+CHURN_WATCHERS = int(os.environ.get("BENCH_CHURN_WATCHERS", "100"))
+CHURN_NS = "bench-churn"
+CHURN_GW = "churn-gw"
+SETTLE_TIMEOUT_S = 20.0
+
+
+def peak_rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+class Side:
+    """One operator on its own API server: ours (KubeStack) or upstream's (UpstreamSide)."""
+
+    def __init__(self, name: str, workdir: Path) -> None:
+        self.name = name
+        self.workdir = workdir
+        self.impl: Any = None
+
+    def start(self) -> None:
+        if self.name == "ours":
+            from support.kube_stack import KubeStack
+
+            self.impl = KubeStack(self.workdir)
+            self.impl.start()
+        else:
+            from conformance.sides import UpstreamSide
+
+            self.impl = UpstreamSide(self.workdir)
+            self.impl.start()
+            dataplane = {
+                "apiVersion": "stunner.l7mp.io/v1",
+                "kind": "Dataplane",
+                "metadata": {"name": "default"},
+                "spec": {"image": "l7mp/stunnerd:latest", "command": ["stunnerd"], "args": ["-w"]},
+            }
+            self.impl.admin.apply(dataplane)
+        self.admin.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "stunner"}})
+
+    @property
+    def admin(self) -> Any:
+        return self.impl.admin
+
+    @property
+    def cluster(self) -> Any:
+        return self.impl.cluster
+
+    @property
+    def operator_pid(self) -> int:
+        if self.name == "ours":
+            return int(self.impl.operators[0].pid)
+        return int(self.impl.operator.pid)
+
+    def cds_configs(self) -> dict[str, Any]:
+        configs: dict[str, Any] = self.impl.cds_configs()
+        return configs
+
+    def is_operator(self) -> Callable[[Any], bool]:
+        if self.name == "ours":
+            return cr.user_agent_is((), "system:serviceaccount:stunner:stunner-operator")  # type: ignore[no-any-return]
+        # Upstream runs with the admin kubeconfig, as the controller-manager and the bench do:
+        # its requests are told apart by controller-runtime's user agent (the binary's name).
+        return cr.user_agent_is(("stunner-gateway-operator", "manager/"), "kubernetes-admin")  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        if self.impl is not None:
+            self.impl.stop()
+
+
+def _gateways(side: Side) -> list[dict[str, Any]]:
+    data = side.admin.request("GET", "/apis/gateway.networking.k8s.io/v1/gateways")
+    items: list[dict[str, Any]] = data.get("items", [])
+    return items
+
+
+def _pending(side: Side, indices: range) -> list[int]:
+    try:
+        configs = side.cds_configs()
+    except Exception:  # the CDS is busy or restarting: nothing counts as served
+        configs = {}
+    return cr.converged(configs, cr.accepted_gateways(_gateways(side)), indices)
+
+
+def bootstrap(side_name: str, n: int, workdir: Path) -> cr.SideResult:
+    side = Side(side_name, workdir)
+    note = ""
+    try:
+        side.start()
+        pid = side.operator_pid
+        for doc in cr.class_objects(CONTROLLER):
+            side.admin.apply(doc)
+        cpu_before = cpu_seconds(pid)
+        first = time.time()
+        with ThreadPoolExecutor(APPLY_THREADS) as pool:
+            for _ in pool.map(lambda i: [side.admin.apply(d) for d in cr.combo(i)], range(n)):
+                pass
+        last_apply = time.monotonic()
+        deadline = last_apply + TIMEOUT_S
+        pending = list(range(n))
+        history: list[tuple[float, int]] = []
+        while time.monotonic() < deadline:
+            pending = _pending(side, range(n))
+            history.append((time.monotonic() - last_apply, len(pending)))
+            if not pending:
+                break
+            time.sleep(POLL_S)
+        converge_s = time.monotonic() - last_apply
+        converged_at = time.time()
+        cpu = cpu_seconds(pid) - cpu_before
+        if pending:
+            stalled = [t for t, left in history if left == len(pending)]
+            note = (
+                f"NOT converged in {TIMEOUT_S:.0f} s: {len(pending)} combos left "
+                f"(e.g. {pending[:5]}), unchanged since {stalled[0]:.0f} s after the last apply"
+            )
+        one_more = float("nan")
+        if not pending:
+            started = time.monotonic()
+            for doc in cr.combo(n):
+                side.admin.apply(doc)
+            while time.monotonic() - started < ONE_MORE_TIMEOUT_S:
+                if not _pending(side, range(n, n + 1)):
+                    one_more = time.monotonic() - started
+                    break
+                time.sleep(0.05)
+        rss = peak_rss_mib(pid)
+        with open(side.cluster.audit_log) as log:
+            writes = cr.operator_writes(log, side.is_operator(), first, converged_at)
+        return cr.SideResult(
+            side_name, n, converge_s, len(pending), cpu, rss, one_more, writes, "audit log", note
+        )
+    finally:
+        side.stop()
+
+
+# --- churn ----------------------------------------------------------------------------------------
+
+
+def _slice(index: int, addresses: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"churn-svc-{index}-bench",
+            "namespace": CHURN_NS,
+            "labels": {
+                "kubernetes.io/service-name": f"churn-svc-{index}",
+                "endpointslice.kubernetes.io/managed-by": "bench.stunner.l7mp.io",
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [a], "conditions": {"ready": True}} for a in addresses],
+        "ports": [{"name": "media", "port": 9001, "protocol": "UDP"}],
+    }
+
+
+def churn_objects() -> tuple[list[dict[str, Any]], list[list[str]]]:
+    docs: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CHURN_NS}},
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": CHURN_GW, "namespace": CHURN_NS},
+            "spec": {
+                "gatewayClassName": cr.CLASS_NAME,
+                "listeners": [{"name": "udp", "port": 3478, "protocol": "TURN-UDP"}],
+            },
+        },
+    ]
+    addresses = [
+        [f"10.20.{i}.{j + 1}" for j in range(CHURN_ENDPOINTS)] for i in range(CHURN_SERVICES)
+    ]
+    for i in range(CHURN_SERVICES):
+        docs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": f"churn-svc-{i}", "namespace": CHURN_NS},
+                "spec": {"ports": [{"name": "media", "port": 9001, "protocol": "UDP"}]},
+            }
+        )
+        docs.append(_slice(i, addresses[i]))
+        docs.append(
+            {
+                "apiVersion": "stunner.l7mp.io/v1",
+                "kind": "UDPRoute",
+                "metadata": {"name": f"churn-route-{i}", "namespace": CHURN_NS},
+                "spec": {
+                    "parentRefs": [{"name": CHURN_GW}],
+                    "rules": [{"backendRefs": [{"name": f"churn-svc-{i}"}]}],
+                },
+            }
+        )
+    return docs, addresses
+
+
+class _Watchers:
+    """The CDS watchers: the newest update number each has seen, and when it saw each one."""
+
+    def __init__(self, count: int, writes: dict[int, float]) -> None:
+        self.count = count
+        self.writes = writes
+        self.newest = [-1] * count
+        self.frames = [0] * count
+        self.lags: list[float] = []
+        self.seen_first: dict[int, float] = {}
+        self.seen_last: dict[int, float] = {}
+        self.seen_by: dict[int, int] = {}
+        self.changed = asyncio.Event()
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self.changed.clear()
+            await self.changed.wait()
+
+    def on_frame(self, index: int) -> Callable[[bytes], None]:
+        def frame(payload: bytes) -> None:
+            at = time.perf_counter()
+            self.frames[index] += 1
+            newest = cr.newest_marker(payload)
+            for seq in range(self.newest[index] + 1, newest + 1):
+                written = self.writes.get(seq)
+                if written is not None:
+                    self.lags.append(at - written)
+                self.seen_first.setdefault(seq, at)
+                self.seen_last[seq] = at
+                self.seen_by[seq] = self.seen_by.get(seq, 0) + 1
+            self.newest[index] = max(self.newest[index], newest)
+            self.changed.set()
+
+        return frame
+
+
+async def _open_watchers(port: int, token: str, watchers: _Watchers) -> list[asyncio.BaseTransport]:
+    from bench.bench_cds import _RawWatcher
+
+    loop = asyncio.get_running_loop()
+    path = f"/api/v1/configs/{CHURN_NS}/{CHURN_GW}?watch=true"
+    transports = []
+    host = f"127.0.0.1:{port}"
+    for i in range(watchers.count):
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def factory(i: int = i, ready: asyncio.Future[None] = ready) -> _RawWatcher:
+            proto = _RawWatcher(host, path, watchers.on_frame(i), ready)
+            if token:
+                proto.request = proto.request.replace(
+                    b"\r\n\r\n", f"\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+                )
+            return proto
+
+        transport, _ = await loop.create_connection(factory, "127.0.0.1", port)
+        transports.append(transport)
+        async with asyncio.timeout(10):
+            await ready
+    return transports
+
+
+async def _churn(side: Side, addresses: list[list[str]]) -> list[str]:
+    stack = side.impl
+    writes: dict[int, float] = {}
+    watchers = _Watchers(CHURN_WATCHERS, writes)
+    transports = await _open_watchers(stack.cds_port, stack.cds_token, watchers)
+    try:
+        async with asyncio.timeout(20):
+            await watchers.until(lambda: min(watchers.frames) >= 1)
+        total = int(CHURN_RATE * CHURN_SECONDS)
+        stop = threading.Event()
+
+        def writer() -> float:
+            start = time.perf_counter()
+            for seq in range(total):
+                if stop.is_set():
+                    break
+                due = start + seq / CHURN_RATE
+                time.sleep(max(0.0, due - time.perf_counter()))
+                service = seq % CHURN_SERVICES
+                slot = (seq // CHURN_SERVICES) % CHURN_ENDPOINTS
+                addresses[service][slot] = cr.marker_address(seq)
+                writes[seq] = time.perf_counter()
+                side.admin.apply(_slice(service, addresses[service]))
+            return time.perf_counter() - start
+
+        try:
+            async with asyncio.timeout(CHURN_SECONDS * 3 + 30):
+                took = await asyncio.to_thread(writer)
+        finally:
+            stop.set()
+        last_write = max(writes.values())
+        last_seq = max(writes)
+        caught_up = float("nan")
+        try:
+            async with asyncio.timeout(SETTLE_TIMEOUT_S):
+                await watchers.until(lambda: min(watchers.newest) >= last_seq)
+            caught_up = max(watchers.seen_last.get(last_seq, last_write), last_write) - last_write
+        except TimeoutError:
+            pass
+        stale = sum(1 for n in watchers.newest if n < last_seq)
+        # the served config itself (HTTP) must carry the last write too
+        served = str(side.cds_configs().get(f"{CHURN_NS}/{CHURN_GW}", "")).encode()
+        served_ok = cr.newest_marker(served.replace(b"'", b'"')) == last_seq
+    finally:
+        for transport in transports:
+            transport.close()
+    ms = [lag * 1e3 for lag in watchers.lags]
+    fanout = [
+        (watchers.seen_last[s] - watchers.seen_first[s]) * 1e3
+        for s in watchers.seen_first
+        if watchers.seen_by.get(s) == CHURN_WATCHERS
+    ]
+    return [
+        f"churn: {CHURN_SERVICES} Services x {CHURN_ENDPOINTS} endpoints, {len(writes)} "
+        f"EndpointSlice writes in {took:.1f} s (asked {CHURN_RATE:g}/s for {CHURN_SECONDS:g} s), "
+        f"{CHURN_WATCHERS} CDS watchers, {sum(watchers.frames)} frames received",
+        f"churn lag write -> watcher (ms, {len(ms)} write x watcher pairs): "
+        f"p50 {cr.percentile(ms, 0.5):.0f}  p99 {cr.percentile(ms, 0.99):.0f}  "
+        f"max {max(ms, default=float('nan')):.0f}",
+        f"churn CDS fan-out, first to last watcher per update (ms, {len(fanout)} updates): "
+        f"p50 {cr.percentile(fanout, 0.5):.1f}  p99 {cr.percentile(fanout, 0.99):.1f}",
+        f"churn after the last write: every watcher on it after {caught_up * 1e3:.0f} ms; "
+        f"watchers left stale after {SETTLE_TIMEOUT_S:.0f} s: {stale} of {CHURN_WATCHERS}; "
+        f"the CDS serves the last write over HTTP: {'yes' if served_ok else 'NO'}",
+    ]
+
+
+def churn(workdir: Path) -> None:
+    side = Side("ours", workdir)
+    try:
+        side.start()
+        for doc in cr.class_objects(CONTROLLER):
+            side.admin.apply(doc)
+        docs, addresses = churn_objects()
+        for doc in docs:
+            side.admin.apply(doc)
+        cfg_id = f"{CHURN_NS}/{CHURN_GW}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            cfg = side.cds_configs().get(cfg_id) or {}
+            clusters = cfg.get("clusters") or []
+            if len(clusters) == CHURN_SERVICES and all(
+                len(c.get("endpoints") or []) >= CHURN_ENDPOINTS for c in clusters
+            ):
+                break
+            time.sleep(0.5)
+        else:
+            print(f"churn: the CDS never served {cfg_id} with {CHURN_SERVICES} full clusters")
+            return
+        for line in asyncio.run(_churn(side, addresses)):
+            print(line)
+    finally:
+        side.stop()
+
+
+def main() -> None:
+    from support import gobin
+
+    if gobin.go_binary() is None:
+        print("bench control: the Go toolchain is not installed (no kube-apiserver); skipped")
+        return
+    sides = list(SIDES)
+    if "upstream" in sides:
+        try:
+            gobin.upstream_operator()
+        except Exception as exc:  # GoBuildError, UnobtainableSourceError, OSError
+            print(f"bench control: upstream's operator cannot be built ({exc}); ours alone")
+            sides.remove("upstream")
+    print(
+        "bench control: the machine is 2 shared vCPUs; API server, etcd, controller-manager, "
+        "operator, CDS and the bench all share them"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-control-") as tmp_name:
+        tmp = Path(tmp_name)
+        if PART in ("all", "bootstrap"):
+            results = []
+            for n in COUNTS:
+                for name in sides:
+                    started = time.monotonic()
+                    result = bootstrap(name, n, tmp / f"{name}-{n}")
+                    results.append(result)
+                    print(
+                        f"bootstrap {name} N={n}: converged in {result.converge_s:.1f} s "
+                        f"({result.pending} left; {time.monotonic() - started:.0f} s with set-up)",
+                        flush=True,
+                    )
+            for line in cr.report_lines(results):
+                print(line)
+        if PART in ("all", "churn"):
+            churn(tmp / "churn")
+
+
+if __name__ == "__main__":
+    main()
