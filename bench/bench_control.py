@@ -121,10 +121,10 @@ class Side:
 
     def is_operator(self) -> Callable[[Any], bool]:
         if self.name == "ours":
-            return cr.user_agent_is((), "system:serviceaccount:stunner:stunner-operator")  # type: ignore[no-any-return]
+            return cr.user_agent_is((), "system:serviceaccount:stunner:stunner-operator")
         # Upstream runs with the admin kubeconfig, as the controller-manager and the bench do:
         # its requests are told apart by controller-runtime's user agent (the binary's name).
-        return cr.user_agent_is(("stunner-gateway-operator", "manager/"), "kubernetes-admin")  # type: ignore[no-any-return]
+        return cr.user_agent_is(("stunner-gateway-operator", "manager/"), "kubernetes-admin")
 
     def stop(self) -> None:
         if self.impl is not None:
@@ -300,7 +300,7 @@ async def _open_watchers(port: int, token: str, watchers: _Watchers) -> list[asy
 
     loop = asyncio.get_running_loop()
     path = f"/api/v1/configs/{CHURN_NS}/{CHURN_GW}?watch=true"
-    transports = []
+    transports: list[asyncio.BaseTransport] = []
     host = f"127.0.0.1:{port}"
     for i in range(watchers.count):
         ready: asyncio.Future[None] = loop.create_future()
