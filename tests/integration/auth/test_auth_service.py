@@ -181,7 +181,7 @@ async def test_a_head_ten_times_the_limit_is_refused_and_honest_requests_still_a
                 answer = await reader.read()  # until the server closes
         finally:
             writer.close()
-        assert answer.startswith(b"HTTP/1.1 400 ")
+        assert answer.startswith(b"HTTP/1.1 431 ")
         async with httpx.AsyncClient(base_url=auth.url) as http:
             for _ in range(20):
                 assert (await http.get("/healthz")).status_code == 200

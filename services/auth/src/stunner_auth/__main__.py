@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 import uvicorn
 
-from stunner_auth.app import create_app
+from stunner_auth.app import ERRORS, create_app
+from stunner_auth.metrics import AuthMetrics
 from stunner_auth.settings import AuthSettings
 from stunner_common.cli import (
     CDS_ADDR_ENV,
@@ -16,7 +18,7 @@ from stunner_common.cli import (
     check_token_file,
     settings_from_args,
 )
-from stunner_common.http import serve, uvicorn_server
+from stunner_common.http import RequestLimits, protocol_class, serve, uvicorn_server
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,15 +48,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def build_server(settings: AuthSettings) -> uvicorn.Server:
     """A uvicorn server for the app; ``port=0`` picks a free port.
 
-    h11, not httptools: uvicorn's httptools protocol buffers a request head of any size, h11
-    refuses one over ``max_header_bytes`` (400, closed). The API takes no body, and uvicorn
-    stops reading a body its app does not read past 64 KiB.
+    The request limits of `stunner_common.http.limits` (head size 431, query 414, body 413, head
+    deadline 408, connections per client IP 429) are enforced while uvicorn parses, and counted
+    in ``stunner_auth_refusals{limit}``.
     """
+    metrics = AuthMetrics()
+
+    def refused(limit: str) -> None:
+        metrics.refusals.labels(limit=limit).inc()
+
     return uvicorn_server(
-        create_app(settings),
+        create_app(settings, metrics),
         settings,
-        http="h11",
-        h11_max_incomplete_event_size=settings.max_header_bytes,
+        http=protocol_class(
+            RequestLimits(
+                max_header_bytes=settings.max_header_bytes,
+                max_query_bytes=settings.max_query_bytes,
+                max_body_bytes=settings.max_body_bytes,
+                request_head_timeout_s=settings.request_head_timeout_s,
+                max_connections_per_client=settings.max_connections_per_client,
+            ),
+            errors=ERRORS,
+            on_refusal=refused,
+            logger=logging.getLogger(__name__),
+        ),
     )
 
 

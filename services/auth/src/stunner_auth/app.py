@@ -4,7 +4,7 @@
 RTCConfiguration, both filtered by ``namespace``, ``gateway``, ``listener`` and shaped by
 ``username``, ``ttl`` and ``iceTransportPolicy``. Errors are ``{"code": N, "message": ...}``.
 Unlike upstream, whose API is unauthenticated, a bearer token can be required (``AUTH_TOKEN``);
-``/healthz`` and ``/readyz`` stay open for probes.
+``/healthz``, ``/readyz`` and ``/metrics`` stay open for probes and scrapers.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from stunner_auth import __version__
 from stunner_auth.feed import ConfigFeed
 from stunner_auth.ice import IcePolicy, IceQuery, NoMatchError, ice_config, turn_rest_answer
+from stunner_auth.metrics import AuthMetrics
 from stunner_auth.settings import AuthSettings
 from stunner_common.bearer import bearer_matches
 from stunner_common.cds import TokenSource
@@ -29,7 +31,7 @@ from stunner_common.http import ApiError, ErrorStyle, create_service_app
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 ERRORS = ErrorStyle(newline=False, full_location=False)
 """How this service has always worded its errors (no trailing newline, a parameter's name)."""
@@ -115,6 +117,17 @@ async def readyz(feed: Feed) -> Any:
     return {"status": "ready", "configs": len(feed.configs)}
 
 
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics: refusals by limit",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
+async def metrics(request: Request) -> Response:
+    registry = request.app.state.metrics.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
 def _lifespan(
     settings: AuthSettings,
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
@@ -154,7 +167,8 @@ def _require_bearer(app: FastAPI, token: bytes) -> None:
         return await call_next(request)
 
 
-def create_app(settings: AuthSettings) -> FastAPI:
+def create_app(settings: AuthSettings, metrics: AuthMetrics | None = None) -> FastAPI:
+    """The app; ``metrics`` (made here when not given) is ``app.state.metrics``."""
     app = create_service_app(
         title="STUNner authentication service",
         version=__version__,
@@ -163,6 +177,7 @@ def create_app(settings: AuthSettings) -> FastAPI:
         routers=[router],
         errors=ERRORS,
     )
+    app.state.metrics = metrics or AuthMetrics()
     if settings.token:
         _require_bearer(app, settings.token.get_secret_value().encode())
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]

@@ -61,7 +61,25 @@ class AuthSettings(HttpServiceSettings):
     max_header_bytes: int = Field(
         16 * 1024,
         ge=1024,
-        description="Request line and headers together; a longer head is answered 400 and closed.",
+        description="Request line and headers together; a longer head is answered 431 and closed.",
+    )
+    max_query_bytes: int = Field(
+        2048,
+        ge=64,
+        description="Query string of a request (the rest of the URI counts in the head);"
+        " a longer one is answered 414 and closed.",
+    )
+    max_body_bytes: int = Field(
+        64 * 1024, ge=0, description="Request body; the API takes none (413, closed)."
+    )
+    request_head_timeout_s: float = Field(
+        10.0, gt=0, description="Time a client has to send a complete request head (408)."
+    )
+    max_connections_per_client: int = Field(
+        256,
+        ge=0,
+        description="Open connections per client IP (0: unlimited); one more is answered 429 and"
+        " closed before anything is read. Behind a proxy every client shares its address.",
     )
     warnings: tuple[str, ...] = Field(
         (), description="How the settings were given that deserves a warning (deprecated names)."

@@ -22,7 +22,9 @@ class CdsMetrics:
         )
         self.refusals = Counter(
             "stunner_cds_refusals",
-            "Requests refused by a limit: watchers_per_client (429), ...",
+            "Requests refused by a limit: watchers_per_client (429), connections_per_client"
+            " (429), header_bytes (431), query_bytes (414), body_bytes (413),"
+            " request_head_timeout (408), invalid_request (400).",
             ["limit"],
             registry=self.registry,
         )

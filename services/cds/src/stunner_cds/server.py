@@ -7,9 +7,10 @@ import logging
 import uvicorn
 
 from stunner_cds.app import create_app
-from stunner_cds.limits import RequestLimits, protocol_class
 from stunner_cds.settings import CdsSettings
-from stunner_common.http import uvicorn_server
+from stunner_common.http import RequestLimits, protocol_class, uvicorn_server
+
+log = logging.getLogger(__name__)
 
 
 class _DenialLogFilter(logging.Filter):
@@ -30,8 +31,15 @@ def build_server(
     settings: CdsSettings, *, log_config: dict[str, object] | None = None
 ) -> uvicorn.Server:
     """A uvicorn server for the CDS; ``port=0`` picks a free port (read it after startup)."""
+    app = create_app(settings)
+
+    def refused(limit: str) -> None:
+        ctx = getattr(app.state, "cds", None)  # set by the lifespan, before the first request
+        if ctx is not None:
+            ctx.metrics.refusals.labels(limit=limit).inc()
+
     server = uvicorn_server(
-        create_app(settings),
+        app,
         settings,
         http=protocol_class(
             RequestLimits(
@@ -39,7 +47,10 @@ def build_server(
                 max_query_bytes=settings.max_query_bytes,
                 max_body_bytes=settings.max_body_bytes,
                 request_head_timeout_s=settings.request_head_timeout_s,
-            )
+                max_connections_per_client=settings.max_http_connections_per_client,
+            ),
+            on_refusal=refused,
+            logger=log,
         ),
         ws="websockets-sansio",
         ws_ping_interval=settings.ping_interval_s,

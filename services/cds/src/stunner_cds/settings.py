@@ -47,6 +47,12 @@ class CdsSettings(HttpServiceSettings):
     request_head_timeout_s: float = Field(
         10.0, gt=0, description="Time a client has to send a complete request head (408)."
     )
+    max_http_connections_per_client: int = Field(
+        64,
+        ge=0,
+        description="Open HTTP connections per client IP that are not (yet) WebSockets"
+        " (0: unlimited); one more is answered 429 and closed before anything is read.",
+    )
     max_watchers_per_client: int = Field(
         256,
         ge=0,

@@ -5,6 +5,7 @@ is the ``http`` extra of ``stunner-common``.
 """
 
 from stunner_common.http.errors import ApiError, ErrorStyle, error_response, install_error_handlers
+from stunner_common.http.limits import RequestLimits, protocol_class
 from stunner_common.http.service import (
     HttpServiceSettings,
     create_service_app,
@@ -17,10 +18,12 @@ __all__ = [
     "ApiError",
     "ErrorStyle",
     "HttpServiceSettings",
+    "RequestLimits",
     "create_service_app",
     "error_response",
     "install_error_handlers",
     "listen_port",
+    "protocol_class",
     "serve",
     "uvicorn_server",
 ]

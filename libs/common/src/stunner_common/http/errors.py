@@ -42,8 +42,13 @@ class ErrorStyle:
     full_location: bool = True
     """Name a bad parameter by its location (``query.ttl``) rather than its name (``ttl``)."""
 
+    def body(self, code: int, message: str) -> bytes:
+        """The JSON body of an error, as bytes."""
+        text = _DUMPS({"code": code, "message": message}) + ("\n" if self.newline else "")
+        return text.encode()
+
     def response(self, code: int, message: str, headers: dict[str, str] | None = None) -> Response:
-        body = _DUMPS({"code": code, "message": message}) + ("\n" if self.newline else "")
+        body = self.body(code, message)
         return Response(body, status_code=code, media_type="application/json", headers=headers)
 
     def invalid_request(self, exc: RequestValidationError) -> Response:

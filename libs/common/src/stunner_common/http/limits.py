@@ -1,31 +1,55 @@
-"""Request limits enforced while uvicorn parses, before the app (or a WebSocket) sees a request.
+"""Request and connection limits enforced while uvicorn parses, before the app sees a request.
 
 uvicorn's httptools protocol buffers a request head of any size and has no deadline for a head
-that never ends, so one client could hold memory and a connection slot forever. This subclass
-counts the head's bytes as they arrive and refuses, with upstream's JSON error body and
-``Connection: close``: a head larger than ``max_header_bytes`` (431), a query string longer than
-``max_query_bytes`` (414), a body over ``max_body_bytes`` (413, from ``Content-Length`` before any
-byte of it is read, or as a chunked body grows), a head not complete within
-``request_head_timeout_s`` (408), and a request httptools cannot parse (400). WebSocket frames are
-bounded by uvicorn's own ``ws_max_size`` (close code 1009).
+that never ends, so one client could hold memory and a connection slot forever; h11's protocol
+bounds the head but not its time, the URI or the body. This subclass counts the head's bytes as
+they arrive and refuses, with the service's JSON error body and ``Connection: close``: a head
+larger than ``max_header_bytes`` (431), a query string longer than ``max_query_bytes`` (414), a
+body over ``max_body_bytes`` (413, from ``Content-Length`` before any byte of it is read, or as a
+chunked body grows), a head not complete within ``request_head_timeout_s`` (408), a request
+httptools cannot parse (400), and a connection past ``max_connections_per_client`` open HTTP
+connections from one IP (429, before anything is read). A connection upgraded to a WebSocket
+leaves that count: the service bounds its WebSockets itself. Each refusal calls ``on_refusal``
+with the limit's name (for a counter) and is logged once per client and minute.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from stunner_common.cds import encode_error
+from stunner_common.http.errors import GO_STYLE, ErrorStyle
+
+__all__ = [
+    "LIMIT_NAMES",
+    "LimitedHttpToolsProtocol",
+    "RefusalLog",
+    "RequestLimits",
+    "protocol_class",
+    "refusal",
+]
 
 log = logging.getLogger(__name__)
 
 LINGER_S = 1.0
+LOG_INTERVAL_S = 60.0
+
+LIMIT_NAMES = {
+    400: "invalid_request",
+    408: "request_head_timeout",
+    413: "body_bytes",
+    414: "query_bytes",
+    429: "connections_per_client",
+    431: "header_bytes",
+}
+"""The ``limit`` label of each refusal, by the status it is answered with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +58,57 @@ class RequestLimits:
     max_query_bytes: int
     max_body_bytes: int
     request_head_timeout_s: float
+    max_connections_per_client: int = 0
+    """Open HTTP (not upgraded) connections per client IP; 0: unlimited."""
+
+
+@dataclass(frozen=True, slots=True)
+class _ServerShared:
+    """What every connection of one server shares."""
+
+    on_refusal: Callable[[str], None]
+    refusal_log: RefusalLog
+    open_per_client: dict[str, int]
 
 
 class _Refused(Exception):
     """Raised inside a parser callback to stop parsing a refused request."""
 
 
-def refusal(code: int, message: str) -> bytes:
+class RefusalLog:
+    """One log line per client and minute: the first refusal in full, then how many followed.
+
+    At most ``max_clients`` clients are remembered (the oldest is forgotten first), so a spray
+    of source addresses costs a bounded table and, at worst, a line per forgotten client.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval_s: float = LOG_INTERVAL_S,
+        max_clients: int = 4096,
+    ) -> None:
+        self._log = logger
+        self._interval_s = interval_s
+        self._max_clients = max_clients
+        self._seen: dict[str, tuple[float, int]] = {}  # client -> (logged at, refusals since)
+
+    def refused(self, client: str, code: int, message: str, now: float) -> None:
+        seen = self._seen.get(client)
+        if seen is not None and now - seen[0] < self._interval_s:
+            self._seen[client] = (seen[0], seen[1] + 1)
+            return
+        more = f" (and {seen[1]} more in the last minute)" if seen and seen[1] else ""
+        self._log.info("refused a request from %s: %d %s%s", client, code, message, more)
+        self._seen.pop(client, None)
+        self._seen[client] = (now, 0)
+        while len(self._seen) > self._max_clients:
+            del self._seen[next(iter(self._seen))]
+
+
+def refusal(code: int, message: str, errors: ErrorStyle = GO_STYLE) -> bytes:
     """A complete HTTP/1.1 response carrying ``{"code": N, "message": ...}``, closing the link."""
-    body = encode_error(code, message).encode()
+    body = errors.body(code, message)
     head = (
         b"content-type: application/json\r\n"
         b"content-length: " + str(len(body)).encode() + b"\r\n"
@@ -52,9 +118,15 @@ def refusal(code: int, message: str) -> bytes:
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the limits of ``RequestLimits`` (see the module doc)."""
+    """uvicorn's httptools protocol with the limits of ``RequestLimits`` (see the module doc).
 
-    limits: RequestLimits  # set on the subclass that ``protocol_class`` makes
+    `protocol_class` makes a subclass per server holding its limits, error style, counter
+    callback, refusal log and the table of open connections per client IP.
+    """
+
+    limits: ClassVar[RequestLimits]
+    errors: ClassVar[ErrorStyle]
+    shared: ClassVar[_ServerShared]
 
     def __init__(
         self,
@@ -69,14 +141,27 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._body_bytes = 0
         self._refused = False
         self._head_timer: asyncio.TimerHandle | None = None
+        self._slot: str | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if not self._take_slot():
+            self._refuse(
+                429,
+                "too many connections from this client "
+                f"(limit {self.limits.max_connections_per_client})",
+            )
+            return
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._release_slot()
         super().connection_lost(exc)
+
+    def handle_websocket_upgrade(self) -> None:
+        self._release_slot()  # the transport leaves this protocol: its close is not ours to see
+        super().handle_websocket_upgrade()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -124,17 +209,41 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             raise _Refused
         super().on_body(body)
 
+    def _take_slot(self) -> bool:
+        limit = self.limits.max_connections_per_client
+        if not limit or self.client is None:
+            return True
+        ip = self.client[0]
+        held = self.shared.open_per_client.get(ip, 0)
+        if held >= limit:
+            return False
+        self.shared.open_per_client[ip] = held + 1
+        self._slot = ip
+        return True
+
+    def _release_slot(self) -> None:
+        ip, self._slot = self._slot, None
+        if ip is None:
+            return
+        held = self.shared.open_per_client.get(ip, 0) - 1
+        if held > 0:
+            self.shared.open_per_client[ip] = held
+        else:
+            self.shared.open_per_client.pop(ip, None)
+
     def _refuse(self, code: int, message: str) -> None:
         """Answer (unless a response is already under way) and close; parse nothing more."""
         if self._refused:
             return
         self._refused = True
         self._cancel_head_timer()
-        log.info("refused a request from %s: %d %s", _peer(self.client), code, message)
+        self.shared.on_refusal(LIMIT_NAMES[code])
+        client = self.client[0] if self.client else "?"
+        self.shared.refusal_log.refused(client, code, message, self.loop.time())
         if self.cycle is not None and not self.cycle.response_complete:
             self.transport.close()
             return
-        self.transport.write(refusal(code, message))
+        self.transport.write(refusal(code, message, self.errors))
         if self.scheme == "https" or not self.transport.can_write_eof():
             self.transport.close()
             return
@@ -163,14 +272,27 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             )
 
 
-def protocol_class(limits: RequestLimits) -> type[LimitedHttpToolsProtocol]:
-    """A protocol class for ``uvicorn.Config(http=...)`` bound to ``limits``."""
+def _ignore(_: str) -> None:
+    pass
 
-    class CdsHttpProtocol(LimitedHttpToolsProtocol):
+
+def protocol_class(
+    limits: RequestLimits,
+    *,
+    errors: ErrorStyle = GO_STYLE,
+    on_refusal: Callable[[str], None] = _ignore,
+    logger: logging.Logger = log,
+) -> type[LimitedHttpToolsProtocol]:
+    """A protocol class for ``uvicorn.Config(http=...)`` bound to ``limits``: refusals are
+    worded in ``errors``, counted through ``on_refusal(limit)`` and logged to ``logger``."""
+
+    class LimitedHttpProtocol(LimitedHttpToolsProtocol):
         pass
 
-    CdsHttpProtocol.limits = limits
-    return CdsHttpProtocol
+    LimitedHttpProtocol.limits = limits
+    LimitedHttpProtocol.errors = errors
+    LimitedHttpProtocol.shared = _ServerShared(on_refusal, RefusalLog(logger), {})
+    return LimitedHttpProtocol
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
@@ -181,7 +303,3 @@ def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
             except ValueError:
                 return None
     return None
-
-
-def _peer(client: tuple[str, int] | None) -> str:
-    return f"{client[0]}:{client[1]}" if client else "?"
