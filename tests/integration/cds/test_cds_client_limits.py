@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 
 WATCHERS_PER_CLIENT = 4
 HONEST = 20
+HTTP_CONNECTIONS_PER_CLIENT = 4
 ATTACKER = ("127.0.0.2", 0)
 
 
@@ -36,6 +37,7 @@ async def cds(no_leaked_tasks: None, redis: RedisServer) -> AsyncIterator[Runnin
     async with running_cds(
         redis.url,
         max_watchers_per_client=WATCHERS_PER_CLIENT,
+        max_http_connections_per_client=HTTP_CONNECTIONS_PER_CLIENT,
         ws_max_messages_per_s=5.0,
         ws_message_burst=10,
     ) as running:
@@ -109,3 +111,43 @@ async def test_a_watcher_sending_ten_times_its_burst_is_closed_with_1008(
         assert closed.value.rcvd.code == 1008
         await all_served(publisher, honest, 1)
     assert await metric(cds, 'stunner_cds_watchers_dropped_total{reason="message_rate"}') == 1
+
+
+async def test_http_connections_past_the_per_client_cap_get_429_and_watches_do_not_count(
+    cds: RunningCds, publisher: ConfigPublisher
+) -> None:
+    url = f"{cds.ws_url}/api/v1/configs?watch=true"
+    attempts = 10 * HTTP_CONNECTIONS_PER_CLIENT
+    refused = attempts - HTTP_CONNECTIONS_PER_CLIENT
+    name = 'stunner_cds_refusals_total{limit="connections_per_client"}'
+    async with contextlib.AsyncExitStack() as stack:
+        # an upgraded watch leaves the HTTP count: the attacker's watches do not use its slots
+        watches = [
+            await stack.enter_async_context(connect(url, local_addr=ATTACKER))
+            for _ in range(WATCHERS_PER_CLIENT)
+        ]
+        conns = [
+            await asyncio.open_connection("127.0.0.1", cds.port, local_addr=ATTACKER)
+            for _ in range(attempts)
+        ]
+        try:
+            for _ in range(int(FRAME_TIMEOUT_S / 0.02)):
+                if await metric(cds, name) >= refused:
+                    break
+                await asyncio.sleep(0.02)
+            honest = [
+                await stack.enter_async_context(connect(url, local_addr=honest_addr(i)))
+                for i in range(HONEST)
+            ]
+            await all_served(publisher, honest + watches, 1)
+            for _, writer in conns:
+                with contextlib.suppress(ConnectionError):
+                    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            async with asyncio.timeout(FRAME_TIMEOUT_S):
+                answers = await asyncio.gather(*(reader.read(-1) for reader, _ in conns))
+        finally:
+            for _, writer in conns:
+                writer.close()
+    statuses = sorted(int(answer.split(b" ", 2)[1]) for answer in answers)
+    assert statuses == [200] * HTTP_CONNECTIONS_PER_CLIENT + [429] * refused
+    assert await metric(cds, name) == refused

@@ -197,3 +197,19 @@ async def test_a_websocket_message_over_the_limit_closes_the_watch_with_1009(
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == 1009
     await still_serves(limited)
+
+
+async def test_each_http_refusal_is_counted_by_its_limit(limited: RunningCds) -> None:
+    requests = {
+        "header_bytes": b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 40960 + b"\r\n\r\n",
+        "query_bytes": b"GET /api/v1/configs?node=" + b"n" * 2560 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        "body_bytes": b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 10240\r\n\r\n",
+        "request_head_timeout": b"GET /healthz HTTP/1.1\r\nHost: x\r\n",
+    }
+    for data in requests.values():
+        async with raw(limited) as (reader, writer):
+            await send_quietly(writer, data)
+            await response_of(reader)
+    text = (await http_get(limited, "/metrics")).text
+    for limit in requests:
+        assert f'stunner_cds_refusals_total{{limit="{limit}"}} 1.0' in text, limit

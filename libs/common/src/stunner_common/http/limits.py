@@ -138,6 +138,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(config, server_state, app_state, _loop)
         self._head_open = True
         self._head_bytes = 0
+        self._parsed_head = 0
         self._body_bytes = 0
         self._refused = False
         self._head_timer: asyncio.TimerHandle | None = None
@@ -185,8 +186,28 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_open = True
+        self._parsed_head = 0
         self._body_bytes = 0
         self._arm_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._parsed_head += len(url)
+        self._check_parsed_head()
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._parsed_head += len(name) + len(value) + 4
+        self._check_parsed_head()
+        super().on_header(name, value)
+
+    def _check_parsed_head(self) -> None:
+        """A head that arrives whole in one read is parsed before `data_received` can count it."""
+        if self._parsed_head > self.limits.max_header_bytes:
+            self._refuse(
+                431,
+                f"request header fields too large (limit {self.limits.max_header_bytes} bytes)",
+            )
+            raise _Refused
 
     def on_headers_complete(self) -> None:
         self._head_open = False
