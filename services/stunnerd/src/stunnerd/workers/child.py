@@ -1,10 +1,10 @@
 """A worker process: one `LocalDataplane` whose sockets share their ports with the other workers.
 
 Started by `WorkerPool` as `python -m stunnerd.worker_main` (its edge, which reads the command
-line and the environment); it obeys requests on stdin and
-answers on stdout (see `protocol`). Logs go to stderr, which the supervisor shares, in the
-supervisor's format (`--log-format`, text or JSON) with the worker's tag. The worker
-exits when stdin closes, so it never outlives its supervisor.
+line and the environment); it obeys requests on stdin and answers on stdout (`protocol`, the
+records of `stunner_common.contracts.worker_messages`). Logs go to stderr, which the supervisor
+shares, in the supervisor's format (`--log-format`, text or JSON) with the worker's tag. The
+worker exits when stdin closes, so it never outlives its supervisor.
 """
 
 from __future__ import annotations
@@ -15,10 +15,24 @@ import os
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from stunner_common.config import ConfigError, parse_config
-from stunner_common.contracts.socket_key import SocketKey
+from stunner_common.contracts.worker_messages import (
+    ApplyReply,
+    ApplyRequest,
+    CloseRequest,
+    DoneReply,
+    DrainRequest,
+    ErrorReply,
+    FreezeRequest,
+    PingRequest,
+    Reply,
+    Request,
+    StatsReply,
+    StatsRequest,
+    WorkerMessageError,
+    decode_request,
+)
 from stunner_common.loglevel import apply_log_spec
 from stunnerd.handoff.state import HandoffFormatError, decode_state
 from stunnerd.net.guard import ClientLimits
@@ -30,7 +44,7 @@ from stunnerd.offload.manager import OffloadManager
 from stunnerd.quota import ClusterQuota
 from stunnerd.workers.journal import JournalWriter
 from stunnerd.workers.local import LocalDataplane
-from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
+from stunnerd.workers.protocol import MAX_LINE_BYTES, encode
 from stunnerd.workers.sockets import FdChannel, InheritedSockets
 
 log = logging.getLogger(__name__)
@@ -38,53 +52,63 @@ log = logging.getLogger(__name__)
 
 async def handle(
     dataplane: LocalDataplane,
-    message: dict[str, Any],
+    message: Request,
     log_override: str | None = None,
     inherited: InheritedSockets | None = None,
-) -> dict[str, Any]:
-    op = message.get("op")
-    reply: dict[str, Any] = {"id": message.get("id")}
-    if op == "apply":
-        if inherited is not None:
-            # The supervisor sent this config's listener sockets before the request.
-            inherited.drain()
-            keys = message.get("sockets", ())
-            inherited.retain(SocketKey(str(k), str(h), int(p)) for k, h, p in keys)
-            adopt_journaled(dataplane, message.get("adopt"), inherited.take_relays())
-        try:
-            config = parse_config(str(message["config"]), expand_env=False)
-        except (ConfigError, KeyError) as exc:
-            reply["error"] = f"invalid config: {exc}"
-            return reply
-        outcome = await dataplane.apply(config)
-        if outcome.applied:
-            apply_log_spec(log_override or config.admin.loglevel)
-        reply.update(
-            applied=outcome.applied,
-            ignored=outcome.ignored,
-            restarted=list(outcome.restarted),
-            error=outcome.error,
-            duration_s=outcome.duration_s,
-            started=[list(item) for item in outcome.started],
-            listeners=[state.to_json() for state in outcome.listeners],
-        )
-    elif op == "stats":
-        reply["offload"] = dataplane.offload_status()  # folds the kernel's counts in first
-        reply["stats"] = dataplane.stats().to_dict()
-        reply["user_quota"] = dataplane.quota_status()
-    elif op == "drain":
-        await dataplane.stop_accepting()
-    elif op == "freeze":  # a handoff is being prepared: requests are left to the next process
-        for listener in dataplane.server.listeners.values():
-            listener.frozen = bool(message.get("frozen"))
-    elif op == "ping":
-        pass
-    else:
-        reply["error"] = f"unknown op {op!r}"
-    return reply
+) -> Reply:
+    match message:
+        case ApplyRequest():
+            return await apply(dataplane, message, log_override, inherited)
+        case StatsRequest():
+            offload = dataplane.offload_status()  # folds the kernel's counts in first
+            return StatsReply(
+                dataplane.stats().to_dict(), offload, dataplane.quota_status(), message.id
+            )
+        case DrainRequest():
+            await dataplane.stop_accepting()
+        case FreezeRequest():  # a handoff is being prepared: requests are left to the next process
+            for listener in dataplane.server.listeners.values():
+                listener.frozen = message.frozen
+        case PingRequest():
+            pass
+        case CloseRequest():
+            return ErrorReply("close is not answered", message.id)
+    return DoneReply(message.id)
 
 
-def adopt_journaled(dataplane: LocalDataplane, document: Any, relays: list[socket.socket]) -> None:
+async def apply(
+    dataplane: LocalDataplane,
+    message: ApplyRequest,
+    log_override: str | None,
+    inherited: InheritedSockets | None,
+) -> ApplyReply:
+    if inherited is not None:
+        # The supervisor sent this config's listener sockets before the request.
+        inherited.drain()
+        inherited.retain(message.sockets)
+        adopt_journaled(dataplane, message.adopt, inherited.take_relays())
+    try:
+        config = parse_config(message.config, expand_env=False)
+    except ConfigError as exc:
+        return ApplyReply(error=f"invalid config: {exc}", id=message.id)
+    outcome = await dataplane.apply(config)
+    if outcome.applied:
+        apply_log_spec(log_override or config.admin.loglevel)
+    return ApplyReply(
+        applied=outcome.applied,
+        ignored=outcome.ignored,
+        restarted=tuple(outcome.restarted),
+        error=outcome.error,
+        duration_s=outcome.duration_s,
+        started=tuple(outcome.started),
+        listeners=tuple(state.to_json() for state in outcome.listeners),
+        id=message.id,
+    )
+
+
+def adopt_journaled(
+    dataplane: LocalDataplane, document: str | None, relays: list[socket.socket]
+) -> None:
     """A dead predecessor's journaled allocations and their relay sockets: each listener
     carries its own on as it starts (`net.adopt`). A document that cannot be read is logged and
     its sockets closed: those clients get 437 and allocate again."""
@@ -93,7 +117,7 @@ def adopt_journaled(dataplane: LocalDataplane, document: Any, relays: list[socke
             sock.close()
         return
     try:
-        state = decode_state(str(document).encode())
+        state = decode_state(document.encode())
         dataplane.server.adopt(state, relays)
     except (HandoffFormatError, ValueError) as exc:
         log.error("the journaled allocations cannot be adopted: %s", exc)
@@ -168,8 +192,13 @@ async def serve(
             line = await reader.readline()
             if not line:
                 break
-            message = decode(line)
-            if message.get("op") == "close":
+            try:
+                message = decode_request(line)
+            except WorkerMessageError as exc:
+                log.error("%s", exc)
+                w_transport.write(encode(ErrorReply(str(exc), exc.ident or 0)))
+                continue
+            if isinstance(message, CloseRequest):
                 break
             reply = await handle(dataplane, message, log_override, inherited)
             w_transport.write(encode(reply))

@@ -1,9 +1,10 @@
 """A worker's allocations, kept by the supervisor so that they outlive the worker.
 
 A worker journals every TURN-UDP allocation over its socket channel (`FdChannel`) whenever the
-allocation changes (`JournalWriter`, the `net.adopt.AllocationJournal` of a worker): an entry is
-the allocation's handoff record (`stunnerd.handoff.state.AllocationRecord`) with the monotonic
-time it was taken at, and for a new allocation the duplicates of its relay sockets (SCM_RIGHTS).
+allocation changes (`JournalWriter`, the `net.adopt.AllocationJournal` of a worker): an entry
+(`contracts.worker_messages.JournalEntry`; `JournalDelete` when it is gone) is the allocation's
+handoff record (`stunnerd.handoff.state.AllocationRecord`) with the monotonic time it was taken
+at, and for a new allocation the duplicates of its relay sockets (SCM_RIGHTS).
 The supervisor reads them as they come (`Journal.read`) and holds the sockets until the entry is
 deleted. When the worker dies, its replacement is given the live entries as a handoff document,
 their lifetimes counted down by the time that passed, and the sockets beside it (`handover`):
@@ -24,6 +25,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stunner_common.contracts.worker_messages import (
+    ChannelMessage,
+    JournalDelete,
+    JournalEntry,
+    decode_channel,
+)
 from stunnerd.handoff.state import (
     FORMAT,
     VERSION,
@@ -50,17 +57,12 @@ class JournalWriter:
         self.sent_bytes = 0
 
     def changed(self, listener: str, record: AllocationRecord, fds: Sequence[int]) -> None:
-        message = {
-            "op": "journal",
-            "listener": listener,
-            "at": time.monotonic(),
-            "record": allocation_doc(record),
-        }
+        message = JournalEntry(listener, time.monotonic(), allocation_doc(record))
         self.sent_bytes += self.channel.send_many(message, fds)
         self.sent += 1
 
     def deleted(self, listener: str, client: Address) -> None:
-        message = {"op": "journal_delete", "listener": listener, "client": list(client)}
+        message = JournalDelete(listener, client)
         self.sent_bytes += self.channel.send_many(message, ())
         self.sent += 1
 
@@ -108,7 +110,7 @@ class Journal:
             self.received += 1
             self.received_bytes += len(data)
             try:
-                self.take(json.loads(data), fds)
+                self.take(decode_channel(data), fds)
             except (ValueError, KeyError, TypeError, IndexError) as exc:
                 # e.g. a record over MAX_MESSAGE_BYTES (thousands of permissions), cut short:
                 # that allocation is not kept across a crash; the others are.
@@ -116,21 +118,20 @@ class Journal:
                 for fd in fds:
                     os.close(fd)
 
-    def take(self, message: dict[str, Any], fds: Sequence[int]) -> None:
-        op = message.get("op")
-        if op == "journal":
-            record = message["record"]
-            key = (str(message["listener"]), _address(record["client"]))
+    def take(self, message: ChannelMessage, fds: Sequence[int]) -> None:
+        if isinstance(message, JournalEntry):
+            record = dict(message.record)
+            key = (message.listener, message.client)
             entry = self.entries.get(key)
             if entry is None or fds:
                 if entry is not None:
                     entry.close()  # the client allocated anew on the same 5-tuple
-                entry = self.entries[key] = Entry(record, float(message["at"]))
+                entry = self.entries[key] = Entry(record, message.at)
                 entry.sockets = [socket.socket(fileno=fd) for fd in fds]
             else:
-                entry.record, entry.at = record, float(message["at"])
-        elif op == "journal_delete":
-            gone = self.entries.pop((str(message["listener"]), _address(message["client"])), None)
+                entry.record, entry.at = record, message.at
+        elif isinstance(message, JournalDelete):
+            gone = self.entries.pop((message.listener, message.client), None)
             if gone is not None:
                 gone.close()
         else:
@@ -185,10 +186,6 @@ def _readable(doc: dict[str, Any], key: tuple[str, Address]) -> bool:
         log.warning("journal: allocation left out: %s", exc)
         return False
     return True
-
-
-def _address(value: Any) -> Address:
-    return str(value[0]), int(value[1])
 
 
 def _aged(entry: Entry, elapsed: float) -> dict[str, Any] | None:

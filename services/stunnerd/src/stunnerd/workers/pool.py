@@ -25,6 +25,14 @@ import logging
 from typing import Any
 
 from stunner_common.config import StunnerConfig
+from stunner_common.contracts.worker_messages import (
+    ApplyReply,
+    ApplyRequest,
+    DoneReply,
+    DrainRequest,
+    StatsReply,
+    StatsRequest,
+)
 from stunner_common.logs import LogFormat
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
@@ -158,21 +166,17 @@ class WorkerPool:
             else:
                 worker.journal.close()
             if self.draining:
-                await worker.request({"op": "drain"}, self.timeouts.request_s)
+                await worker.request(DrainRequest(), DoneReply, self.timeouts.request_s)
         if self.offload.datapath is not None:
             gone = self.offload.datapath.forget_owner(old_owner)
             log.info("offload: removed %d kernel entries of worker %d", gone, worker.index)
 
-    async def _apply_one(self, worker: Worker, config: StunnerConfig) -> dict[str, Any]:
+    async def _apply_one(self, worker: Worker, config: StunnerConfig) -> ApplyReply:
         """Give `worker` the config with its sockets; the first config of a (re)started worker
         also carries the allocations journaled before (by its dead predecessor, or handed over
         by the stunnerd this one took over from) and their relay sockets."""
         keys = sorted(config_keys(config, self.bind_host, self.node_address))
-        message: dict[str, Any] = {
-            "op": "apply",
-            "config": config.canonical_json(),
-            "sockets": keys,
-        }
+        adopt: str | None = None
         try:
             if worker.channel is None:
                 raise WorkerError(f"worker {worker.index} is not running")
@@ -180,7 +184,7 @@ class WorkerPool:
                 send_sockets(worker.channel, self.sockets.of_worker(worker.index, keys))
                 if worker.fresh:
                     names = (lst.name for lst in config.listeners)
-                    message["adopt"], relays = worker.journal.handover(names, self.nonce_key)
+                    adopt, relays = worker.journal.handover(names, self.nonce_key)
                     send_relays(worker.channel, relays)
                     worker.fresh = False
                 datapath = self.offload.datapath
@@ -193,9 +197,10 @@ class WorkerPool:
                 )
             except OSError as exc:
                 raise WorkerError(f"worker {worker.index}: sockets not handed over: {exc}") from exc
-            return await worker.request(message, self.timeouts.request_s)
+            message = ApplyRequest(config.canonical_json(), tuple(keys), adopt)
+            return await worker.request(message, ApplyReply, self.timeouts.request_s)
         except WorkerError as exc:
-            return {"error": str(exc)}
+            return ApplyReply(error=str(exc))
 
     async def apply(self, config: StunnerConfig) -> ApplyOutcome:
         async with self._lock:
@@ -235,33 +240,32 @@ class WorkerPool:
         config = self._bound(desired)
         assert config is not None
         replies = await asyncio.gather(*(self._apply_one(w, config) for w in self.workers))
-        errors = [f"worker {i}: {r['error']}" for i, r in enumerate(replies) if r.get("error")]
+        errors = [f"worker {i}: {r.error}" for i, r in enumerate(replies) if r.error]
         if errors:
             self._configure_offload(self.running)
             previous = self._bound(self.running)
             if previous is not None:
-                took = [w for w, r in zip(self.workers, replies, strict=True) if not r.get("error")]
+                took = [w for w, r in zip(self.workers, replies, strict=True) if not r.error]
                 await asyncio.gather(*(self._apply_one(w, previous) for w in took))
             return ApplyOutcome(applied=False, error="; ".join(errors))
-        if all(r.get("ignored") for r in replies):
+        if all(r.ignored for r in replies):
             return ApplyOutcome(applied=False, ignored=True)
         self.running = desired
         first = replies[0]
         return ApplyOutcome(
             applied=True,
-            restarted=tuple(first.get("restarted") or ()),
-            duration_s=max(float(r.get("duration_s") or 0.0) for r in replies),
-            started=tuple((str(n), int(p)) for n, p in first.get("started") or ()),
+            restarted=first.restarted,
+            duration_s=max(r.duration_s for r in replies),
+            started=first.started,
             listeners=self._merge_states(desired, replies),
         )
 
     def _merge_states(
-        self, config: StunnerConfig, replies: list[dict[str, Any]]
+        self, config: StunnerConfig, replies: list[ApplyReply]
     ) -> tuple[ListenerState, ...]:
         """A listener serves when every worker serves it; else the first worker's failure."""
         by_worker = [
-            {s.name: s for s in map(ListenerState.from_json, r.get("listeners") or ())}
-            for r in replies
+            {s.name: s for s in map(ListenerState.from_json, r.listeners)} for r in replies
         ]
         out: list[ListenerState] = []
         for lst in sorted(config.listeners, key=lambda item: item.name):
@@ -343,16 +347,15 @@ class WorkerPool:
     async def refresh(self) -> None:
         async def one(worker: Worker) -> None:
             try:
-                reply = await worker.request({"op": "stats"}, self.timeouts.stats_s)
+                reply = await worker.request(StatsRequest(), StatsReply, self.timeouts.stats_s)
             except WorkerError as exc:
                 log.warning("%s", exc)
                 return
             if worker.exited.is_set():
                 return  # the answer of a process that is gone (the watchdog retires it)
-            worker.stats = StatsSnapshot.from_dict(reply.get("stats") or {})
-            worker.offload = dict(reply.get("offload") or {})
-            quota = reply.get("user_quota")
-            worker.quota = dict(quota) if isinstance(quota, dict) else None
+            worker.stats = StatsSnapshot.from_dict(dict(reply.stats))
+            worker.offload = dict(reply.offload)
+            worker.quota = dict(reply.user_quota) if reply.user_quota is not None else None
 
         await asyncio.gather(*(one(w) for w in self.workers))
 
@@ -365,7 +368,7 @@ class WorkerPool:
         async with self._lock:
             for worker in self.workers:
                 try:
-                    await worker.request({"op": "drain"}, self.timeouts.request_s)
+                    await worker.request(DrainRequest(), DoneReply, self.timeouts.request_s)
                 except WorkerError as exc:
                     log.warning("%s", exc)
 

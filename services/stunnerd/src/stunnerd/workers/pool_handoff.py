@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stunner_common.contracts.socket_key import SocketKey
+from stunner_common.contracts.worker_messages import DoneReply, FreezeRequest, JournalEntry
 from stunnerd.handoff.channel import HandoffRefusedError, Offer
 from stunnerd.handoff.state import FORMAT, VERSION, HandoffState, allocation_doc
 from stunnerd.workers.pool import WorkerPool
@@ -37,7 +38,7 @@ class PoolHandoffSource:
         async def one(index: int) -> None:
             with contextlib.suppress(WorkerError):
                 worker = self.pool.workers[index]
-                await worker.request({"op": "freeze", "frozen": frozen}, 5.0)
+                await worker.request(FreezeRequest(frozen), DoneReply, 5.0)
 
         await asyncio.gather(*(one(i) for i in range(len(self.pool.workers))))
 
@@ -105,5 +106,4 @@ def seed(
         for record in lst.allocations:
             count = 1 if record.additional is None else 2
             fds = [next(relays).detach() for _ in range(count)]
-            message = {"op": "journal", "listener": lst.name, "at": now}
-            journal.take({**message, "record": allocation_doc(record)}, fds)
+            journal.take(JournalEntry(lst.name, now, allocation_doc(record)), fds)

@@ -14,14 +14,24 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from stunner_common.config import ListenerConfig, StunnerConfig
 from stunner_common.contracts.socket_key import SocketKey, listener_socket_key
+from stunner_common.contracts.worker_messages import (
+    PROTOCOL_VERSION,
+    ChannelMessage,
+    ListenerSocket,
+    NonceKey,
+    OffloadMap,
+    OffloadOff,
+    RelaySocket,
+    decode_channel,
+    encode,
+)
 from stunnerd.net.binding import allow_both_families
 
 LISTEN_BACKLOG = 1024
@@ -117,7 +127,8 @@ class SocketGroups:
 
 
 class FdChannel:
-    """One end of a supervisor ↔ worker Unix socket pair: JSON messages, some carrying an fd.
+    """One end of a supervisor ↔ worker Unix socket pair: the contract's channel messages
+    (`stunner_common.contracts.worker_messages`), some carrying fds.
 
     SOCK_SEQPACKET keeps message boundaries; a message sent is in the peer's receive queue when
     `send` returns, so a worker that drains the channel after reading a request on its stdin
@@ -138,24 +149,29 @@ class FdChannel:
     def from_fd(cls, fd: int) -> FdChannel:
         return cls(socket.socket(fileno=fd))
 
-    def send(self, message: dict[str, Any], fd: int | None = None) -> None:
+    def send(self, message: ChannelMessage | Mapping[str, Any], fd: int | None = None) -> None:
+        """One message with its fd; a message given as its fields is read through the contract
+        first (it is this build's: without a `version`, it is taken as this one)."""
+        if isinstance(message, Mapping):
+            message = decode_channel({"version": PROTOCOL_VERSION, **message})
         self.send_many(message, () if fd is None else (fd,))
 
-    def send_many(self, message: dict[str, Any], fds: Sequence[int]) -> int:
+    def send_many(self, message: ChannelMessage, fds: Sequence[int]) -> int:
         """One message with its fds (duplicated into the peer); the bytes it took.
 
         A message the peer could not read whole (over `MAX_MESSAGE_BYTES`) is not sent:
         OSError (EMSGSIZE).
         """
-        data = json.dumps(message, separators=(",", ":")).encode()
+        data = encode(message)
         if len(data) > MAX_MESSAGE_BYTES:
             raise OSError(errno.EMSGSIZE, f"a message of {len(data)} bytes is too large")
         self.sock.settimeout(CHANNEL_TIMEOUT_S)
         socket.send_fds(self.sock, [data], list(fds))
         return len(data)
 
-    def receive(self, *, block: bool) -> tuple[dict[str, Any], socket.socket | None] | None:
-        """The next message and its socket, or None when nothing is queued (`block=False`)."""
+    def receive(self, *, block: bool) -> tuple[ChannelMessage, int | None] | None:
+        """The next message and its fd (the caller owns it), or None when nothing is queued
+        (`block=False`). A message this build cannot read: `WorkerMessageError`."""
         self.sock.settimeout(CHANNEL_TIMEOUT_S if block else 0.0)
         try:
             data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MESSAGE_BYTES, 1)
@@ -165,14 +181,13 @@ class FdChannel:
             for fd in fds:
                 os.close(fd)
             raise ConnectionError("the supervisor closed the socket channel")
-        message = json.loads(data)
-        if message.get("op") == "offload_map" and fds:
-            message["fd"] = fds[0]  # a BPF map, not a socket
-            return message, None
-        sock = socket.socket(fileno=fds[0]) if fds else None
-        if sock is not None:
-            sock.setblocking(False)
-        return message, sock
+        try:
+            message = decode_channel(data)
+        except ValueError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return message, fds[0] if fds else None
 
     def close(self) -> None:
         self.sock.close()
@@ -207,29 +222,32 @@ class InheritedSockets:
         while (got := self.channel.receive(block=False)) is not None:
             self._take(*got)
 
-    def _take(self, message: dict[str, Any], sock: socket.socket | None) -> None:
-        if message.get("op") == "nonce_key":
-            self.nonce_key = bytes.fromhex(str(message["key"]))
-        elif message.get("op") == "offload_map" and "fd" in message:
-            old_fd = self.offload_fds.pop(str(message["name"]), None)
-            if old_fd is not None:
-                os.close(old_fd)
-            self.offload_fds[str(message["name"])] = int(message["fd"])
-            self.offload_info = {"modes": message.get("modes") or {}, "owner": message["owner"]}
-            self.offload_reason = ""
-        elif message.get("op") == "offload_off":
-            self._close_offload()
-            self.offload_reason = str(message.get("reason") or "offload is off")
-        elif message.get("op") == "relay_socket" and sock is not None:
-            self.relay_sockets.append(sock)
-        elif message.get("op") == "socket" and sock is not None:
-            key = SocketKey.decode(message)
-            old = self.sockets.pop(key, None)
-            if old is not None:
-                old.close()
-            self.sockets[key] = sock
-        elif sock is not None:
-            sock.close()
+    def _take(self, message: ChannelMessage, fd: int | None) -> None:
+        match message:
+            case NonceKey(key=key):
+                self.nonce_key = key
+            case OffloadMap(name=name, modes=modes, owner=owner) if fd is not None:
+                old_fd = self.offload_fds.pop(name, None)
+                if old_fd is not None:
+                    os.close(old_fd)
+                self.offload_fds[name] = fd  # a BPF map, not a socket
+                self.offload_info = {"modes": dict(modes), "owner": owner}
+                self.offload_reason = ""
+                return
+            case OffloadOff(reason=reason):
+                self._close_offload()
+                self.offload_reason = reason or "offload is off"
+            case RelaySocket() if fd is not None:
+                self.relay_sockets.append(_socket(fd))
+                return
+            case ListenerSocket(key=key) if fd is not None:
+                old = self.sockets.pop(key, None)
+                if old is not None:
+                    old.close()
+                self.sockets[key] = _socket(fd)
+                return
+        if fd is not None:
+            os.close(fd)
 
     def retain(self, keys: Iterable[SocketKey]) -> None:
         keep = set(keys)
@@ -264,26 +282,32 @@ class InheritedSockets:
         self.channel.close()
 
 
+def _socket(fd: int) -> socket.socket:
+    sock = socket.socket(fileno=fd)
+    sock.setblocking(False)
+    return sock
+
+
 def send_offload(
     channel: FdChannel, maps: tuple[int, int] | None, modes: dict[str, str], owner: int, reason: str
 ) -> None:
     """The supervisor's offload maps (duplicated into the worker), or why there are none."""
     if maps is None:
-        channel.send({"op": "offload_off", "reason": reason})
+        channel.send(OffloadOff(reason))
         return
     for name, fd in zip(("chan", "peer"), maps, strict=True):
-        channel.send({"op": "offload_map", "name": name, "modes": modes, "owner": owner}, fd)
+        channel.send(OffloadMap(name, modes, owner), fd)
 
 
 def send_sockets(channel: FdChannel, entries: list[tuple[SocketKey, int]]) -> None:
     for key, fd in entries:
-        channel.send({"op": "socket", **key.encode()}, fd)
+        channel.send(ListenerSocket(key), fd)
 
 
 def send_relays(channel: FdChannel, fds: Iterable[int]) -> None:
     """Relay sockets for the worker to adopt, in the order its adoption document names them."""
     for fd in fds:
-        channel.send({"op": "relay_socket"}, fd)
+        channel.send(RelaySocket(), fd)
 
 
 def new_nonce_key() -> bytes:

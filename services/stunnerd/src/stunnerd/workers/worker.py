@@ -3,8 +3,9 @@
 The supervisor (`stunnerd.workers.pool.WorkerPool`) starts each worker as
 `python -m stunnerd.worker_main` with its settings on the command line, hands it the nonce key
 and its listener sockets over a Unix socket pair (`stunnerd.workers.sockets.FdChannel`), and
-talks to it with one JSON object per line on its stdin and stdout (`stunnerd.workers.protocol`):
-each request carries an `id` that the reply repeats, and every request has a deadline. A worker
+talks to it with one message per line on its stdin and stdout (`stunnerd.workers.protocol`, the
+records of `stunner_common.contracts.worker_messages`): each request carries an `id` that the
+reply repeats, and every request has a deadline. A worker
 that exits fails the requests still waiting on it and sets `exited`, which the pool's watchdog
 waits on.
 """
@@ -13,26 +14,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from annotated_types import Ge, Gt
 
+from stunner_common.contracts.worker_messages import (
+    CloseRequest,
+    ErrorReply,
+    NonceKey,
+    Reply,
+    Request,
+    WorkerMessageError,
+    decode_reply,
+)
 from stunner_common.logs import LogFormat
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.quota import QuotaSettings
 from stunnerd.status import StatsSnapshot
 from stunnerd.workers.journal import Journal
-from stunnerd.workers.protocol import MAX_LINE_BYTES, decode, encode
+from stunnerd.workers.protocol import MAX_LINE_BYTES, encode
 from stunnerd.workers.sockets import FdChannel, new_nonce_key
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TUNING = ServerTuning()
+
+R = TypeVar("R", bound=Reply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +113,7 @@ class Worker:
         self.offload: dict[str, Any] = {}  # its last reported offload status
         self.quota: dict[str, Any] | None = None  # its cluster-wide quota state, if any
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None
         self.stats = StatsSnapshot()
         self.exited = asyncio.Event()
@@ -132,7 +145,7 @@ class Worker:
             )
         finally:
             theirs.close()
-        self.channel.send({"op": "nonce_key", "key": (self.nonce_key or new_nonce_key()).hex()})
+        self.channel.send(NonceKey(self.nonce_key or new_nonce_key()))
         asyncio.get_running_loop().add_reader(
             self.channel.sock.fileno(), self.journal.read, self.channel
         )
@@ -144,11 +157,13 @@ class Worker:
         try:
             while line := await self.proc.stdout.readline():
                 try:
-                    message = decode(line)
-                except ValueError:
-                    log.warning("worker %d: unparsable reply %r", self.index, line[:80])
-                    continue
-                future = self._pending.pop(message.get("id", -1), None)
+                    message = decode_reply(line)
+                except WorkerMessageError as exc:
+                    log.warning("worker %d: unreadable reply %r: %s", self.index, line[:80], exc)
+                    if exc.ident is None:
+                        continue
+                    message = ErrorReply(f"unreadable reply: {exc}", exc.ident)
+                future = self._pending.pop(message.id, None)
                 if future is not None and not future.done():
                     future.set_result(message)
         finally:
@@ -158,22 +173,28 @@ class Worker:
             self._pending.clear()
             self.exited.set()
 
-    async def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    async def request(self, message: Request, expect: type[R], timeout_s: float) -> R:
+        """Send `message` and wait for its reply, which must be an `expect`; a worker's
+        `ErrorReply`, another reply, no reply in time or a dead worker: WorkerError."""
         if self.proc is None or self.proc.stdin is None or self.exited.is_set():
             raise WorkerError(f"worker {self.index} is not running")
         ident = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[ident] = future
         try:
-            self.proc.stdin.write(encode({**message, "id": ident}))
+            self.proc.stdin.write(encode(dataclasses.replace(message, id=ident)))
             async with asyncio.timeout(timeout_s):
                 await self.proc.stdin.drain()
                 reply = await future
         except (TimeoutError, ConnectionError, RuntimeError) as exc:
             # uvloop raises RuntimeError when the pipe of a process that just died is closed
-            raise WorkerError(f"worker {self.index}: {message.get('op')} failed: {exc!r}") from exc
+            raise WorkerError(f"worker {self.index}: {message.OP} failed: {exc!r}") from exc
         finally:
             self._pending.pop(ident, None)
+        if isinstance(reply, ErrorReply):
+            raise WorkerError(f"worker {self.index}: {message.OP}: {reply.error}")
+        if not isinstance(reply, expect):
+            raise WorkerError(f"worker {self.index}: {message.OP} answered {reply.OP}")
         return reply
 
     async def stop(self) -> None:
@@ -184,7 +205,7 @@ class Worker:
             # The process may have died a moment ago: its pipe can be closed under us (uvloop
             # then raises RuntimeError, asyncio a ConnectionError).
             with contextlib.suppress(ConnectionError, RuntimeError):
-                proc.stdin.write(encode({"op": "close"}))
+                proc.stdin.write(encode(CloseRequest()))
                 proc.stdin.close()
         try:
             async with asyncio.timeout(self._stop_timeout_s):
