@@ -7,6 +7,7 @@ import socket
 import pytest
 
 from stunner_common.contracts.socket_key import SocketKey
+from stunner_common.contracts.worker_messages import NonceKey
 from stunnerd.workers.sockets import FdChannel, InheritedSockets, SocketGroups, send_sockets
 
 pytestmark = pytest.mark.integration
@@ -55,7 +56,7 @@ def test_a_worker_gets_the_nonce_key_and_a_socket_that_receives_on_the_group_por
     worker = InheritedSockets(FdChannel(theirs))
     try:
         groups.bind([key])
-        ours.send({"op": "nonce_key", "key": "ab" * 32})
+        ours.send(NonceKey(b"\xab" * 32))
         send_sockets(ours, groups.of_worker(0, [key]))
         assert worker.wait_nonce_key() == b"\xab" * 32
         worker.drain()

@@ -16,13 +16,12 @@ import contextlib
 import errno
 import os
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from stunner_common.config import ListenerConfig, StunnerConfig
 from stunner_common.contracts.socket_key import SocketKey, listener_socket_key
 from stunner_common.contracts.worker_messages import (
-    PROTOCOL_VERSION,
     ChannelMessage,
     ListenerSocket,
     NonceKey,
@@ -149,11 +148,8 @@ class FdChannel:
     def from_fd(cls, fd: int) -> FdChannel:
         return cls(socket.socket(fileno=fd))
 
-    def send(self, message: ChannelMessage | Mapping[str, Any], fd: int | None = None) -> None:
-        """One message with its fd; a message given as its fields is read through the contract
-        first (it is this build's: without a `version`, it is taken as this one)."""
-        if isinstance(message, Mapping):
-            message = decode_channel({"version": PROTOCOL_VERSION, **message})
+    def send(self, message: ChannelMessage, fd: int | None = None) -> None:
+        """One message with its fd."""
         self.send_many(message, () if fd is None else (fd,))
 
     def send_many(self, message: ChannelMessage, fds: Sequence[int]) -> int:
