@@ -51,6 +51,8 @@ TIMEOUT_S = float(os.environ.get("BENCH_CONTROL_TIMEOUT_S", "300"))
 ONE_MORE_TIMEOUT_S = 60.0
 APPLY_THREADS = 4
 POLL_S = 1.0
+WRITES_QUIET_S = 3.0
+WRITES_SETTLE_S = 60.0
 CONTROLLER = "stunner.l7mp.io/gateway-operator"
 
 CHURN_SERVICES = int(os.environ.get("BENCH_CHURN_SERVICES", "20"))
@@ -145,6 +147,23 @@ def _pending(side: Side, indices: range) -> list[int]:
     return cr.converged(configs, cr.accepted_gateways(_gateways(side)), indices)
 
 
+def settled_writes(side: Side, since: float) -> cr.Writes:
+    """The operator's writes since ``since``, once it has been quiet for WRITES_QUIET_S: it goes
+    on writing Deployments, Services and route statuses after the configs are served."""
+    last_total, quiet_since = -1, time.monotonic()
+    deadline = time.monotonic() + WRITES_SETTLE_S
+    writes = cr.Writes()
+    while time.monotonic() < deadline:
+        with open(side.cluster.audit_log) as log:
+            writes = cr.operator_writes(log, side.is_operator(), since)
+        if writes.total != last_total:
+            last_total, quiet_since = writes.total, time.monotonic()
+        elif time.monotonic() - quiet_since >= WRITES_QUIET_S:
+            break
+        time.sleep(0.5)
+    return writes
+
+
 def bootstrap(side_name: str, n: int, workdir: Path) -> cr.SideResult:
     side = Side(side_name, workdir)
     note = ""
@@ -169,7 +188,6 @@ def bootstrap(side_name: str, n: int, workdir: Path) -> cr.SideResult:
                 break
             time.sleep(POLL_S)
         converge_s = time.monotonic() - last_apply
-        converged_at = time.time()
         cpu = cpu_seconds(pid) - cpu_before
         if pending:
             stalled = [t for t, left in history if left == len(pending)]
@@ -188,11 +206,14 @@ def bootstrap(side_name: str, n: int, workdir: Path) -> cr.SideResult:
                     break
                 time.sleep(0.05)
         rss = peak_rss_mib(pid)
-        with open(side.cluster.audit_log) as log:
-            writes = cr.operator_writes(log, side.is_operator(), first, converged_at)
-        return cr.SideResult(
-            side_name, n, converge_s, len(pending), cpu, rss, one_more, writes, "audit log", note
+        counted = n + (0 if one_more != one_more else 1)
+        writes = settled_writes(side, first)
+        source = f"audit log, {counted} combos, until {WRITES_QUIET_S:g} s without a write"
+        result = cr.SideResult(
+            side_name, n, converge_s, len(pending), cpu, rss, one_more, writes, source, note
         )
+        result.combos_written = counted
+        return result
     finally:
         side.stop()
 

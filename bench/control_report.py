@@ -233,10 +233,13 @@ class SideResult:
     writes: Writes
     writes_source: str
     note: str = ""
+    combos_written: int = 0
+    """How many combos the counted writes are for (N, or N + 1 with the one more); 0: N."""
 
     @property
     def writes_per_combo(self) -> float:
-        return self.writes.total / self.n if self.n else float("nan")
+        combos = self.combos_written or self.n
+        return self.writes.total / combos if combos else float("nan")
 
 
 def report_lines(results: Iterable[SideResult]) -> list[str]:
