@@ -72,6 +72,89 @@ def _empty_cluster_kept(upstream: Any, ours: Any) -> bool:
     return upstream == "<absent>" and isinstance(ours, str)
 
 
+def _route_not_accepted_unserved(upstream: Any, ours: Any) -> bool:
+    return bool(upstream == ["True", "Accepted"] and ours == ["False", "Pending"])
+
+
+def _orphan_cluster_dropped(upstream: Any, ours: Any) -> bool:
+    """Upstream's orphan cluster, leaf by leaf: its name, type and protocol, and endpoints that
+    are a Service's ClusterIP (named ``<clusterIP ns/name>`` by the comparison)."""
+    if ours != "<absent>":
+        return False
+    if isinstance(upstream, list):
+        return bool(upstream) and all(str(e).startswith("<clusterIP ") for e in upstream)
+    return isinstance(upstream, str)
+
+
+def _static_prefixes_kept(upstream: Any, ours: Any) -> bool:
+    """Upstream drops a StaticService's prefixes after a missing backend; ClusterIPs (named
+    ``<clusterIP ns/name>`` by the comparison) are not what that bug drops."""
+    return (
+        upstream == "<absent>"
+        and isinstance(ours, list)
+        and bool(ours)
+        and all(isinstance(e, str) and not e.startswith("<") for e in ours)
+    )
+
+
+def _user_quota_rendered(upstream: Any, ours: Any) -> bool:
+    return upstream == "<absent>" and isinstance(ours, int) and not isinstance(ours, bool)
+
+
+def _auth_lifetime_rendered(upstream: Any, ours: Any) -> bool:
+    return upstream == "<absent>" and isinstance(ours, str) and ours.isdigit()
+
+
+def _node_address_placeholder(upstream: Any, ours: Any) -> bool:
+    return bool(upstream == "$STUNNER_ADDR" and ours == "__node_address_placeholder")
+
+
+def _stun_mode_auth_none(upstream: Any, ours: Any) -> bool:
+    if upstream in ("static", "ephemeral") and ours == "none":
+        return True  # auth.type
+    if upstream == "<absent>" and ours == {}:
+        return True  # auth.credentials: no credentials at all
+    return isinstance(upstream, str) and ours == "<absent>"  # each credential left out
+
+
+def _daemonset_rendered(upstream: Any, ours: Any) -> bool:
+    return bool((upstream, ours) == ("Deployment", "DaemonSet")) or (
+        isinstance(upstream, int) and ours is None
+    )
+
+
+def _left_out_as_conflicted(upstream: Any, ours: Any) -> bool:
+    """A listener's leaves in the config, or its port's leaves in the Service: upstream has
+    them, ours has none."""
+    return upstream != "<absent>" and not isinstance(upstream, dict) and ours == "<absent>"
+
+
+def _listener_status_conflicted(upstream: Any, ours: Any) -> bool:
+    return (upstream, ours) in (
+        (["True", "Accepted"], ["False", "PortUnavailable"]),
+        (["False", "NoConflicts"], ["True", "PortConflict"]),
+    )
+
+
+def _targetport_conflicted(upstream: Any, ours: Any) -> bool:
+    return _left_out_as_conflicted(upstream, ours) or _listener_status_conflicted(upstream, ours)
+
+
+def _port_conflict_reason(upstream: Any, ours: Any) -> bool:
+    return bool(upstream == ["True", "ProtocolConflict"] and ours == ["True", "PortConflict"])
+
+
+def _listeners_not_valid(upstream: Any, ours: Any) -> bool:
+    return upstream == ["True", "Accepted"] and ours in (
+        ["True", "ListenersNotValid"],
+        ["False", "ListenersNotValid"],
+    )
+
+
+def _service_without_a_refused_port(upstream: Any, ours: Any) -> bool:
+    return bool(upstream == "<absent>" and ours != "<absent>")
+
+
 DOCUMENTED: tuple[Documented, ...] = (
     Documented(
         "missing-staticservice-empty-cluster",
@@ -125,5 +208,88 @@ DOCUMENTED: tuple[Documented, ...] = (
         "a backend Service that exists but has no endpoints is resolved (ours), not "
         "BackendNotFound (upstream)",
         _no_endpoints_resolved,
+    ),
+    Documented(
+        "route-accepted-unserved-parent",
+        r"UDPRoute .+\.parents\..+\.Accepted$",
+        "a route whose parent Gateway renders no config, or that attaches only to listeners left "
+        "out of it, is Accepted False/Pending (ours), not True/Accepted (upstream)",
+        _route_not_accepted_unserved,
+    ),
+    Documented(
+        "route-unserved-no-cluster",
+        r"^configs\.[^.]+\.clusters\[name=[^\]]+\]\.(name|type|protocol|endpoints)$",
+        "a route that no listener of the config names gets no cluster (ours); upstream renders "
+        "an orphan cluster for it",
+        _orphan_cluster_dropped,
+    ),
+    Documented(
+        "route-missing-first-backend",
+        r"^configs\.[^.]+\.clusters\[name=[^\]]+\]\.endpoints$",
+        "a StaticService after a missing backend keeps its prefixes (ours); upstream drops them",
+        _static_prefixes_kept,
+    ),
+    Documented(
+        "premium-user-quota",
+        r"^configs\.[^.]+\.admin\.user_quota$",
+        "userQuota reaches stunnerd's admin.user_quota (ours); upstream's open build drops it",
+        _user_quota_rendered,
+    ),
+    Documented(
+        "premium-auth-lifetime",
+        r"^configs\.[^.]+\.auth\.credentials\.lifetime$",
+        "authLifetime reaches the ephemeral credentials (ours); upstream's open build drops it",
+        _auth_lifetime_rendered,
+    ),
+    Documented(
+        "premium-relay-address-discovery",
+        r"^configs\.[^.]+\.listeners\[name=[^\]]+\]\.address$",
+        "enable-relay-address-discovery puts the node-address placeholder in each listener "
+        "(ours); upstream's open build keeps $STUNNER_ADDR",
+        _node_address_placeholder,
+    ),
+    Documented(
+        "premium-stun-mode",
+        r"^configs\.[^.]+\.auth\.(type|credentials(\.(username|password|secret))?)$",
+        "stunMode: true renders auth none without credentials (ours); upstream's open build "
+        "keeps the configured auth",
+        _stun_mode_auth_none,
+    ),
+    Documented(
+        "premium-daemonset",
+        r"^deployments\.[^.]+\.(kind|replicas)$",
+        "dataplaneResource: DaemonSet renders a DaemonSet (ours); upstream's open build renders "
+        "a Deployment",
+        _daemonset_rendered,
+    ),
+    Documented(
+        "targetport-conflict",
+        r"^(configs\.[^.]+\.listeners\[name=[^\]]+\]\.(name|address|port|protocol|routes)"
+        r"|services\.[^.]+\.ports\[name=[^\]]+\]\.(name|nodePort|port|protocol|targetPort)"
+        r"|statuses\.Gateway [^.]+\.listeners\..+\.conditions\.(Accepted|Conflicted))$",
+        "a listener the targetport annotation maps onto another listener's port is conflicted "
+        "and left out of the config and the Service (ours); upstream keeps both",
+        _targetport_conflicted,
+    ),
+    Documented(
+        "listener-port-conflict-reason",
+        r"^statuses\.Gateway [^.]+\.listeners\..+\.conditions\.Conflicted$",
+        "two listeners of one protocol on one port: Conflicted PortConflict (ours), "
+        "ProtocolConflict (upstream)",
+        _port_conflict_reason,
+    ),
+    Documented(
+        "gateway-listeners-not-valid",
+        r"^statuses\.Gateway [^.]+\.conditions\.Accepted$",
+        "a Gateway with a rejected listener is Accepted with reason ListenersNotValid (ours), "
+        "plain Accepted (upstream)",
+        _listeners_not_valid,
+    ),
+    Documented(
+        "same-port-listeners-service",
+        r"^services\.[^.]+\.",
+        "two listeners on one port and protocol: upstream's Service repeats the port and the API "
+        "server refuses it, so there is none; ours leaves the later listener out and has one",
+        _service_without_a_refused_port,
     ),
 )

@@ -257,7 +257,9 @@ class Side:
             for kind in ("Deployment", "DaemonSet"):
                 for dep in self.admin.list("apps/v1", kind, ns):
                     if _owned_by_gateway(dep, gateways):
-                        snap.deployments[f"{ns}/{dep['metadata']['name']}"] = deployment_view(dep)
+                        snap.deployments[f"{ns}/{dep['metadata']['name']}"] = deployment_view(
+                            {"kind": kind, **dep}  # list items carry no kind of their own
+                        )
         return snap
 
     def _cluster_ips(self, namespaces: list[str]) -> dict[str, str]:
