@@ -152,7 +152,9 @@ def _listeners_not_valid(upstream: Any, ours: Any) -> bool:
 
 
 def _service_without_a_refused_port(upstream: Any, ours: Any) -> bool:
-    return bool(upstream == "<absent>" and ours != "<absent>")
+    if upstream == {} and ours == "<absent>":
+        return True  # ``services``: upstream has none at all in the case, ours has some
+    return bool(upstream == "<absent>" and ours not in ("<absent>", {}))
 
 
 DOCUMENTED: tuple[Documented, ...] = (
@@ -287,9 +289,9 @@ DOCUMENTED: tuple[Documented, ...] = (
     ),
     Documented(
         "same-port-listeners-service",
-        r"^services\.[^.]+\.",
-        "two listeners on one port and protocol: upstream's Service repeats the port and the API "
-        "server refuses it, so there is none; ours leaves the later listener out and has one",
+        r"^services(\.[^.]+\..+)?$",
+        "two listeners on one port of one transport: upstream's Service repeats the port and the "
+        "API server refuses it, so there is none; ours leaves the later listener out and has one",
         _service_without_a_refused_port,
     ),
 )

@@ -149,6 +149,14 @@ def test_every_documented_difference_accepts_its_example_and_not_the_reverse(
     assert not entry.accepts(ours, upstream)
 
 
+def test_a_case_where_upstream_has_no_service_at_all_is_the_refused_service() -> None:
+    """Upstream's only Service refused: its ``services`` is empty, ours has leaves instead."""
+    entry = match("services", {}, "<absent>")
+    assert entry is not None
+    assert entry.id == "same-port-listeners-service"
+    assert match("services", "<absent>", {}) is None
+
+
 def test_an_unrelated_change_on_a_documented_path_is_not_accepted() -> None:
     path = "deployments.stunner/udp-gateway.containers[name=stunner-daemon].env"
     assert match(path, ["STUNNER_ADDR"], ["STUNNER_ADDR", "SOMETHING_ELSE"]) is None
