@@ -56,3 +56,33 @@ def test_a_re_created_object_gets_its_unchanged_status_again(render: Render) -> 
     delta = r.apply(again)
     assert keys <= set(delta.statuses)
     assert all(delta.statuses[k] is not None for k in keys)
+
+
+def test_an_object_re_created_right_after_its_first_render_gets_its_status_again(
+    render: Render,
+) -> None:
+    """No render in between that left the status unchanged: the first one (which emitted a
+    changed status) must have recorded the uid too."""
+    r = render()
+    keys = {
+        ("GatewayClass", "", "stunner"),
+        ("Gateway", "stunner", "gw"),
+        ("UDPRoute", "stunner", "r"),
+    }
+    delta = r.apply(
+        [
+            *with_uid(HIERARCHY, "GatewayClass", "class-1"),
+            *with_uid(UDP_GATEWAY, "Gateway", "gw-1"),
+            *with_uid(ROUTE, "UDPRoute", "route-1"),
+        ]
+    )
+    assert keys <= set(delta.statuses)
+    delta = r.apply(
+        [
+            *with_uid(HIERARCHY, "GatewayClass", "class-2"),
+            *with_uid(UDP_GATEWAY, "Gateway", "gw-2"),
+            *with_uid(ROUTE, "UDPRoute", "route-2"),
+        ]
+    )
+    assert keys <= set(delta.statuses)
+    assert all(delta.statuses[k] is not None for k in keys)

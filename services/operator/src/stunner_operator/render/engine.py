@@ -308,7 +308,8 @@ class Renderer:
             acc.configs[cid] = config
         old_status = old.status if old is not None else None
         new_status = new.status if new is not None else None
-        if old_status != new_status or self._replaced(key, gw):
+        replaced = self._replaced(key, gw)  # records the uid whatever the status did
+        if old_status != new_status or replaced:
             acc.statuses[key] = new_status
         acc.workloads(key, old, new)
         return {r for render in (old, new) if render is not None for r in render.referencing_routes}
@@ -347,7 +348,8 @@ class Renderer:
     ) -> None:
         """Keep ``status`` as ``key``'s last one; emit it when it changed (or the object was
         replaced)."""
-        if table.get(key) != status or self._replaced(key, obj):
+        replaced = self._replaced(key, obj)  # records the uid whatever the status did
+        if table.get(key) != status or replaced:
             acc.statuses[key] = status
         if status is None:
             table.pop(key, None)
