@@ -20,7 +20,7 @@ import pytest
 
 from support.echo import udp_echo
 from support.kube_stack import NAMESPACE, KubeStack, echo_gateway, echo_route
-from support.kubelet import PodRunner, pod_runner
+from support.kubelet import PodRunner, RunningPod, pod_runner
 from support.ports import LOOPBACK, free_port, free_udp_tcp_port
 from support.turncat_harness import turncat, udp_client
 
@@ -64,6 +64,33 @@ async def _relays(local_port: int) -> bool:
     finally:
         client.close()
     return True
+
+
+async def _relays_until_the_route_goes(
+    stack: KubeStack, running: RunningPod, echo: tuple[str, int], what: str
+) -> None:
+    """turncat finds the Gateway through the CDS (``k8s://``) and relays to ``echo`` through
+    ``what``; deleting the UDPRoute stops the relaying."""
+    local = free_port(socket.SOCK_DGRAM)
+    async with turncat(
+        "--cds-server-address",
+        f"{LOOPBACK}:{stack.cds_port}",
+        f"udp://{LOOPBACK}:{local}",
+        f"k8s://{NAMESPACE}/{GATEWAY}:{LISTENER}",
+        f"udp://{echo[0]}:{echo[1]}",
+        env={"CDS_TOKEN": stack.cds_token},
+    ):
+        for _ in range(30):
+            if await _relays(local):
+                break
+        else:
+            pytest.fail(f"no echo through {what}:\n{running.proc.output()[-2000:]}")
+        stack.admin.delete("stunner.l7mp.io/v1", "UDPRoute", "echo-route", NAMESPACE)
+        for _ in range(30):
+            if not await _relays(local):
+                break
+        else:
+            pytest.fail(f"{what} kept relaying after its UDPRoute was deleted")
 
 
 async def test_a_gateway_gets_its_deployment_service_pod_and_relays_until_its_route_goes(
@@ -120,28 +147,7 @@ async def test_a_gateway_gets_its_deployment_service_pod_and_relays_until_its_ro
 
     await asyncio.to_thread(client.wait_for, "the stunnerd pod ready", serving)
 
-    local = free_port(socket.SOCK_DGRAM)
-    env = {"CDS_TOKEN": stack.cds_token}
-    async with turncat(
-        "--cds-server-address",
-        f"{LOOPBACK}:{stack.cds_port}",
-        f"udp://{LOOPBACK}:{local}",
-        f"k8s://{NAMESPACE}/{GATEWAY}:{LISTENER}",
-        f"udp://{echo[0]}:{echo[1]}",
-        env=env,
-    ):
-        for _ in range(30):
-            if await _relays(local):
-                break
-        else:
-            pytest.fail(f"no echo through the cluster's stunnerd:\n{running.proc.output()[-2000:]}")
-
-        client.delete("stunner.l7mp.io/v1", "UDPRoute", "echo-route", NAMESPACE)
-        for _ in range(30):
-            if not await _relays(local):
-                break
-        else:
-            pytest.fail("the stunnerd kept relaying after its UDPRoute was deleted")
+    await _relays_until_the_route_goes(stack, running, echo, "the cluster's stunnerd")
 
 
 def test_deleting_the_gateway_removes_its_objects_through_the_garbage_collector(
@@ -227,26 +233,7 @@ async def test_a_dataplane_with_only_an_image_follows_route_edits(
             )
 
         await asyncio.to_thread(client.wait_for, "this Gateway's config advertised", advertised)
-        local = free_port(socket.SOCK_DGRAM)
-        async with turncat(
-            "--cds-server-address",
-            f"{LOOPBACK}:{stack.cds_port}",
-            f"udp://{LOOPBACK}:{local}",
-            f"k8s://{NAMESPACE}/{GATEWAY}:{LISTENER}",
-            f"udp://{echo[0]}:{echo[1]}",
-            env={"CDS_TOKEN": stack.cds_token},
-        ):
-            for _ in range(30):
-                if await _relays(local):
-                    break
-            else:
-                pytest.fail(f"no echo through the image-only pod:\n{running.proc.output()[-2000:]}")
-            client.delete("stunner.l7mp.io/v1", "UDPRoute", "echo-route", NAMESPACE)
-            for _ in range(30):
-                if not await _relays(local):
-                    break
-            else:
-                pytest.fail("the image-only pod kept relaying after its UDPRoute was deleted")
+        await _relays_until_the_route_goes(stack, running, echo, "the image-only pod")
     finally:
         client.delete("gateway.networking.k8s.io/v1", "Gateway", GATEWAY, NAMESPACE)
         client.apply_all(_objects(free_udp_tcp_port())[:2])  # the GatewayConfig without it
