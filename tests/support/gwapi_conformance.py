@@ -282,7 +282,9 @@ def parse_results(text: str) -> dict[str, str]:
     return {m.group(2): m.group(1) for m in _RESULT.finditer(text)}
 
 
-def suite_arguments(report: Path, version: str) -> list[str]:
+def suite_arguments(
+    report: Path, version: str, implementation: Mapping[str, str] = IMPLEMENTATION
+) -> list[str]:
     overrides = ";".join(f"{k}:{v}" for k, v in TIMEOUTS.items())
     return [
         "-test.run",
@@ -292,11 +294,11 @@ def suite_arguments(report: Path, version: str) -> list[str]:
         f"--gateway-class={GATEWAY_CLASS}",
         f"--conformance-profiles={PROFILE}",
         f"--report-output={report}",
-        f"--organization={IMPLEMENTATION['organization']}",
-        f"--project={IMPLEMENTATION['project']}",
-        f"--url={IMPLEMENTATION['url']}",
+        f"--organization={implementation['organization']}",
+        f"--project={implementation['project']}",
+        f"--url={implementation['url']}",
         f"--version={version}",
-        f"--contact={IMPLEMENTATION['contact']}",
+        f"--contact={implementation['contact']}",
         f"--timeout-config-overrides={overrides}",
     ]
 
@@ -310,17 +312,25 @@ def operator_version() -> str:
         return "v0.0.0-dev"
 
 
-def run_suite(stack: KubeStack, stand_ins: ClusterStandIns, out_dir: Path) -> SuiteRun:
-    """Run the suite against ``stack`` (with ``stand_ins`` running) and collect its results."""
+def run_suite(
+    stack: KubeStack,
+    stand_ins: ClusterStandIns,
+    out_dir: Path,
+    *,
+    arguments: list[str] | None = None,
+    report_name: str = REPORT_NAME,
+) -> SuiteRun:
+    """Run the suite against ``stack`` (with ``stand_ins`` running) and collect its results.
+    ``arguments``: the suite's arguments for ``report_name`` (default: ours)."""
     binary = gobin.gateway_api_conformance() / "conformance.test"
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = out_dir / REPORT_NAME
+    report = out_dir / report_name
     log_path = out_dir / LOG_NAME
     env = {**os.environ, "KUBECONFIG": str(stack.cluster.admin_kubeconfig), "HOME": str(out_dir)}
     started = time.monotonic()
     with open(log_path, "w") as out:
         done = subprocess.run(
-            [str(binary), *suite_arguments(report, operator_version())],
+            [str(binary), *(arguments or suite_arguments(report, operator_version()))],
             cwd=out_dir,
             env=env,
             stdout=out,
@@ -377,6 +387,17 @@ def install_standard_udproute(client: KubeClient) -> None:
     client.wait_established([crd["metadata"]["name"]])
 
 
+FEATURES = ("Gateway", "ReferenceGrant", "UDPRoute")
+
+
+def class_accepted(client: KubeClient) -> bool:
+    gwc = client.get("gateway.networking.k8s.io/v1", "GatewayClass", GATEWAY_CLASS) or {}
+    return any(
+        c.get("type") == "Accepted" and c.get("status") == "True"
+        for c in (gwc.get("status") or {}).get("conditions") or []
+    )
+
+
 def class_features(client: KubeClient) -> set[str]:
     gwc = client.get("gateway.networking.k8s.io/v1", "GatewayClass", GATEWAY_CLASS) or {}
     return {f["name"] for f in (gwc.get("status") or {}).get("supportedFeatures") or []}
@@ -400,21 +421,38 @@ of ours; that operator's failures then need their own ``KNOWN_FAILURES``."""
 
 @contextlib.contextmanager
 def conformance_cluster(
-    workdir: Path, stack_factory: StackFactory = our_stack
+    workdir: Path,
+    stack_factory: StackFactory = our_stack,
+    *,
+    objects: Callable[[], list[dict[str, Any]]] = conformance_objects,
+    publishes_features: bool = True,
+    standard_udproute: bool = True,
 ) -> Iterator[tuple[KubeStack, KwokNode, ClusterStandIns]]:
-    """The stack, our GatewayClass for the suite, a kwok node and the stand-ins."""
+    """The stack, the GatewayClass for the suite (``objects``), a kwok node and the stand-ins.
+    ``publishes_features``: wait for the class's supportedFeatures (an operator that publishes
+    none gets them on the suite's command line instead). ``standard_udproute``: replace the
+    experimental UDPRoute CRD with the standard one (an operator that watches v1alpha2
+    UDPRoutes needs the experimental one)."""
     stack = stack_factory(workdir)
     try:
         stack.start()
         client = stack.admin
-        install_standard_udproute(client)
-        client.apply_all(conformance_objects())
+        if standard_udproute:
+            install_standard_udproute(client)
+        client.apply_all(objects())
         # The suite reads the features to test from the class status (GEP-2162) at its start.
-        client.wait_for(
-            "the GatewayClass's supportedFeatures",
-            lambda: class_features(client) >= {"Gateway", "UDPRoute", "ReferenceGrant"},
-            timeout_s=60.0,
-        )
+        if publishes_features:
+            client.wait_for(
+                "the GatewayClass's supportedFeatures",
+                lambda: class_features(client) >= set(FEATURES),
+                timeout_s=60.0,
+            )
+        else:
+            client.wait_for(
+                "the GatewayClass Accepted",
+                lambda: class_accepted(client),
+                timeout_s=60.0,
+            )
         cluster = stack.cluster
         assert cluster.pki is not None
         with kwok_node(
@@ -432,6 +470,184 @@ def conformance_cluster(
                 stand_ins.stop()
     finally:
         stack.stop()
+
+
+UPSTREAM_REPORT_NAME = "gateway-udp-report-upstream.yaml"
+UPSTREAM_IMPLEMENTATION = {
+    "organization": "l7mp",
+    "project": "stunner-gateway-operator",
+    "url": "https://github.com/l7mp/stunner-gateway-operator",
+    "contact": "@l7mp/stunner-maintainers",
+}
+
+
+class UpstreamStack(KubeStack):
+    """Upstream's stunner-gateway-operator (``gobin.UPSTREAM_OPERATOR_VERSION``) on the same
+    kind of API server (``APISERVER_ARGS``), started as ``conformance.sides.UpstreamSide``
+    starts it: the Gateway API release, upstream's CRDs, the operator as a local process with
+    the admin kubeconfig. No chart, Redis or CDS of ours; ReferenceGrants are not enforced
+    (upstream has no such option)."""
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir, apiserver_args=APISERVER_ARGS)
+        from conformance.sides import UpstreamSide
+
+        self.side = UpstreamSide(workdir / "upstream")
+        self.side.cluster = self.cluster
+
+    def start(self) -> KubeStack:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.side.start()
+        return self
+
+    def stop(self) -> None:
+        self.side.stop()
+
+
+def upstream_objects() -> list[dict[str, Any]]:
+    """Upstream's GatewayClass for the suite: our objects (same class name, same controller
+    name), plus the namespace of the GatewayConfig and the Dataplane ``default`` upstream
+    renders its Deployments from (our chart installs both for ours)."""
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        {
+            "apiVersion": "stunner.l7mp.io/v1",
+            "kind": "Dataplane",
+            "metadata": {"name": "default"},
+            "spec": {
+                "image": f"docker.io/l7mp/stunnerd:{gobin.UPSTREAM_OPERATOR_VERSION}",
+                "command": ["stunnerd"],
+                "args": ["-w"],
+            },
+        },
+        *conformance_objects(),
+    ]
+
+
+def upstream_arguments(report: Path) -> list[str]:
+    """The suite's arguments for upstream: its GatewayClass publishes no supportedFeatures, so
+    the profile's features come on the command line; it watches v1alpha2 UDPRoutes, so the
+    experimental UDPRoute CRD stays beside the standard channel's other CRDs
+    (``--allow-crds-mismatch``)."""
+    return [
+        *suite_arguments(report, gobin.UPSTREAM_OPERATOR_VERSION, UPSTREAM_IMPLEMENTATION),
+        f"--supported-features={','.join(FEATURES)}",
+        "--allow-crds-mismatch",
+    ]
+
+
+UPSTREAM_BEGIN = "<!-- upstream:begin (python -m support.gwapi_conformance --operator upstream) -->"
+UPSTREAM_END = "<!-- upstream:end -->"
+
+UPSTREAM_NOT_PROGRAMMED = (
+    "upstream: no Programmed condition on a UDP listener (the suite waits for Programmed=True)"
+)
+UPSTREAM_REASONS: Mapping[str, str] = {
+    "GatewayClassObservedGenerationBump": (
+        "upstream: the test's GatewayClass (no parametersRef) is never Accepted"
+    ),
+    "GatewayClassObservedGenerationBump/observedGeneration_should_increment": (
+        "upstream: the test's GatewayClass (no parametersRef) is never Accepted"
+    ),
+    "UDPRouteInvalidCrossNamespaceBackendRef": UPSTREAM_NOT_PROGRAMMED,
+    "UDPRouteMultipleRoutesAttachment": UPSTREAM_NOT_PROGRAMMED,
+    "UDPRouteReferenceGrant": UPSTREAM_NOT_PROGRAMMED,
+    "UDPRouteWeightedRouting": UPSTREAM_NOT_PROGRAMMED,
+    "UDPRoute": UPSTREAM_NOT_PROGRAMMED,
+    "UDPRoute/Simple_UDP_request_matching_UDPRoute_should_reach_coredns_backend": (
+        UPSTREAM_NOT_PROGRAMMED
+    ),
+}
+"""Why upstream's result differs from ours, by ``Test`` or ``Test/Subtest``."""
+
+_ROW = re.compile(r"^\| (.+?) \| (PASS|FAIL|SKIP) \| (.*?) ?\|$")
+
+
+def _display(name: str) -> tuple[str, str]:
+    top, _, sub = name.partition("/")
+    return top, sub.replace("_", " ")
+
+
+def published_results(readme: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """Our results as the README's results table shows them: ``(test, subtest)`` -> (result,
+    reason); subtest "" for the test itself."""
+    _, _, rest = readme.partition(RESULTS_BEGIN)
+    block, _, _ = rest.partition(RESULTS_END)
+    out: dict[tuple[str, str], tuple[str, str]] = {}
+    top = ""
+    for line in block.splitlines():
+        m = _ROW.match(line.strip())
+        if not m:
+            continue
+        shown, outcome, reason = m.groups()
+        if shown.startswith("**"):
+            top, sub = shown.strip("*"), ""
+        else:
+            sub = shown.split("↳ ", 1)[-1]
+        out[(top, sub)] = (outcome, reason.strip())
+    return out
+
+
+def side_by_side(ours: Mapping[tuple[str, str], tuple[str, str]], run: SuiteRun) -> str:
+    upstream = {_display(n): (o, n) for n, o in run.results.items() if o != "SKIP"}
+    lines = [
+        f"Upstream's suite run: {len(upstream)} tests and subtests ran in {run.seconds:.0f}s "
+        f"(exit status {run.returncode}).",
+        "",
+        "| Test | Ours | Upstream v1.2.1 | Reason |",
+        "| --- | --- | --- | --- |",
+    ]
+    for key in sorted(set(ours) | set(upstream)):
+        top, sub = key
+        our, our_reason = ours.get(key, ("—", ""))
+        theirs, name = upstream.get(key, ("—", f"{top}/{sub}" if sub else top))
+        reason = UPSTREAM_REASONS.get(name.replace(" ", "_"), "")
+        if not reason and "FAIL" in (our, theirs):
+            reason = our_reason
+        shown = f"&nbsp;&nbsp;↳ {sub}" if sub else f"**{top}**"
+        lines.append(f"| {shown} | {our} | {theirs} | {reason} |")
+    return "\n".join(lines)
+
+
+def write_upstream_docs(run: SuiteRun, docs: Path) -> None:
+    docs.mkdir(parents=True, exist_ok=True)
+    readme = docs / "README.md"
+    text = readme.read_text() if readme.exists() else ""
+    if run.report.exists():
+        shutil.copyfile(run.report, docs / UPSTREAM_REPORT_NAME)
+        table = side_by_side(published_results(text), run)
+    else:
+        table = f"Upstream's suite run wrote no report (exit status {run.returncode})."
+    if UPSTREAM_BEGIN not in text:
+        text += f"\n{UPSTREAM_BEGIN}\n{UPSTREAM_END}\n"
+    head, _, rest = text.partition(UPSTREAM_BEGIN)
+    _, _, tail = rest.partition(UPSTREAM_END)
+    readme.write_text(f"{head}{UPSTREAM_BEGIN}\n{table}\n{UPSTREAM_END}{tail}")
+
+
+def run_upstream(out: Path, workdir: Path) -> int:
+    """The suite against upstream's operator: its report and the side-by-side table. Exits 0
+    whatever the results (they are reported, not judged)."""
+    with conformance_cluster(
+        workdir,
+        UpstreamStack,
+        objects=upstream_objects,
+        publishes_features=False,
+        standard_udproute=False,
+    ) as (stack, _node, stand_ins):
+        suite = workdir / "suite"
+        run = run_suite(
+            stack,
+            stand_ins,
+            suite,
+            arguments=upstream_arguments(suite / UPSTREAM_REPORT_NAME),
+            report_name=UPSTREAM_REPORT_NAME,
+        )
+    write_upstream_docs(run, out)
+    failed = sorted(n for n, o in run.results.items() if o == "FAIL")
+    print(f"upstream: {len(run.results)} results in {run.seconds:.0f}s, {len(failed)} failed")
+    print(f"report and side-by-side table in {out}")
+    return 0
 
 
 RESULTS_BEGIN = "<!-- results:begin (python -m support.gwapi_conformance writes this) -->"
@@ -482,8 +698,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gwapi_conformance", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=gobin.REPO / "docs" / "conformance")
     parser.add_argument("--workdir", type=Path, default=gobin.REPO / ".run" / "gwapi-conformance")
+    parser.add_argument(
+        "--operator",
+        choices=("ours", "upstream"),
+        default="ours",
+        help="upstream: upstream's stunner-gateway-operator (report and side-by-side table)",
+    )
     args = parser.parse_args(argv)
     workdir = args.workdir.resolve()
+    if args.operator == "upstream":
+        workdir = workdir.with_name(workdir.name + "-upstream")
+        shutil.rmtree(workdir, ignore_errors=True)
+        return run_upstream(args.out.resolve(), workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     with conformance_cluster(workdir) as (stack, _node, stand_ins):
         run = run_suite(stack, stand_ins, workdir / "suite")
