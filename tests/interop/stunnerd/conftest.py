@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,19 @@ from support.stunnerd_process import PASSWORD, REALM, SECRET, USER, Stunnerd, st
 def stunnerd_static(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stunnerd]:
     server = start_stunnerd(
         tmp_path_factory.mktemp("static"),
+        {"type": "static", "realm": REALM, "credentials": {"username": USER, "password": PASSWORD}},
+    )
+    yield server
+    server.proc.stop()
+
+
+@pytest.fixture
+def stunnerd_static_apart(tmp_path: Path) -> Iterator[Stunnerd]:
+    """A static-auth stunnerd of one test's own: a client that fails authentication uses up its
+    address's budget of failed attempts (docs/limits.md), which would refuse the next tests'
+    clients on the same address."""
+    server = start_stunnerd(
+        tmp_path,
         {"type": "static", "realm": REALM, "credentials": {"username": USER, "password": PASSWORD}},
     )
     yield server

@@ -105,9 +105,9 @@ def test_uclient_relays_over_every_transport_with_ephemeral_turn_rest_credential
 
 
 def test_uclient_with_a_wrong_password_gets_no_allocation(
-    stunnerd_static: Stunnerd, udp_echo_peer: int
+    stunnerd_static_apart: Stunnerd, udp_echo_peer: int
 ) -> None:
-    args = [*base_args(stunnerd_static, "TURN-UDP", udp_echo_peer), "-u", USER, "-w", "nope"]
+    args = [*base_args(stunnerd_static_apart, "TURN-UDP", udp_echo_peer), "-u", USER, "-w", "nope"]
     output = uclient([*args, "127.0.0.1"], timeout_s=60)
     assert "error 401" in output or "Cannot complete Allocation" in output, output[-2000:]
     assert not re.search(r"tot_recv_msgs=[1-9]", output), output[-2000:]
