@@ -208,6 +208,13 @@ def start_redis(stack: Stack, rundir: Path, port: int) -> tuple[str, str]:
     )
 
 
+def _listening(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:`port` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.2)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 class Gateways:
     """One stunnerd per config the CDS serves, each with a health and a metrics port of its own.
 
@@ -319,6 +326,8 @@ class Gateways:
         out = []
         for gw in self.running:
             url = self.metrics_url(gw)
+            if url is not None and not _listening(self.ports[gw][1]):
+                continue  # the config turned them on; said once the stunnerd serves them
             if self.metrics_on.get(gw) != url:
                 if url is None:
                     self.metrics_on.pop(gw, None)
