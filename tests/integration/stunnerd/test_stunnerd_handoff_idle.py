@@ -106,6 +106,17 @@ def holds(pid: int, inodes: set[str]) -> bool:
     return False
 
 
+def started_with(argument: str) -> set[int]:
+    """The processes whose command line has `argument` (a path unique to one test)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if argument.encode() in (proc / "cmdline").read_bytes().split(b"\0"):
+                    found.add(int(proc.name))
+    return found
+
+
 async def wait_for(check: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + STEP_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -231,9 +242,11 @@ async def test_sigusr2_starts_a_successor_from_the_same_command_line(
     finally:
         for flow in flows:
             flow.abandon()
-        if successor:
+        # The successor is found by its socket, or else by its command line (the old process's,
+        # with this test's own handoff path), so that a failed run leaves no process behind.
+        for pid in {successor} | started_with(str(handoff)) - {0, old.proc.pid}:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(successor, signal.SIGTERM)
+                os.kill(pid, signal.SIGTERM)
                 await asyncio.sleep(0.3)
-                os.kill(successor, signal.SIGTERM)
+                os.kill(pid, signal.SIGTERM)
         await old.close()
