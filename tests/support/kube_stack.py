@@ -184,11 +184,20 @@ class KubeStack:
 
     @property
     def cds_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.cds_port}"
+        return f"http://{self.cds_host}:{self.cds_port}"
+
+    cds_host = LOOPBACK
+    """Where the CDS listens and the operator tells stunnerd pods to find it."""
+
+    def start_cluster(self) -> None:
+        self.cluster.start()
+
+    def stop_cluster(self) -> None:
+        self.cluster.stop()
 
     def start(self) -> KubeStack:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.cluster.start()
+        self.start_cluster()
         install_gateway_api(self.admin)
         install_chart(self.admin, self.chart_values)
         self.cds_token = self._secret_value(CDS_TOKEN_SECRET, "token") or ""
@@ -207,7 +216,7 @@ class KubeStack:
         return base64.b64decode(data[key]).decode() if key in data else None
 
     def start_cds(self) -> None:
-        self.cds_port = self.cds_port or free_port()
+        self.cds_port = self.cds_port or free_port(host=self.cds_host)
         env = {**os.environ, "REDIS_URL": self.redis.url}
         if self.cds_token:
             env["CDS_TOKEN"] = self.cds_token
@@ -215,14 +224,14 @@ class KubeStack:
             [
                 *command("stunner-cds", "stunner_cds"),
                 "--host",
-                LOOPBACK,
+                self.cds_host,
                 "--port",
                 str(self.cds_port),
             ],
             env=env,
             log_path=self.workdir / "cds.log",
         )
-        wait_for_tcp(LOOPBACK, self.cds_port, proc=self.cds)
+        wait_for_tcp(self.cds_host, self.cds_port, proc=self.cds)
 
     def start_operator(self, *, index: int | None = None) -> ServerProcess:
         """One more operator replica (they elect a leader through a Lease)."""
@@ -245,7 +254,7 @@ class KubeStack:
                 "--kubeconfig",
                 str(self.operator_kubeconfig),
                 "--cds-address",
-                f"{LOOPBACK}:{self.cds_port}",
+                f"{self.cds_host}:{self.cds_port}",
                 "--health-address",
                 f"{LOOPBACK}:{free_port()}",
                 "--metrics-address",
@@ -283,7 +292,7 @@ class KubeStack:
             self.cds.stop()
             self.cds = None
         self.redis.stop()
-        self.cluster.stop()
+        self.stop_cluster()
 
     # -- make kube-up / kube-down
 
