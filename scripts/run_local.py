@@ -583,6 +583,17 @@ def start_services(
     return operator_log
 
 
+def exited_message(rundir: Path, name: str, lines: int = 15) -> str:
+    """That `name` exited, the end of its log (most often the reason) and the whole log's path."""
+    log = rundir / f"{name}.log"
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        tail = []
+    shown = "".join(f"\n  | {line}" for line in tail)
+    return f"{name} exited: see {log}{shown}"
+
+
 def wait_for_gateways(
     stack: Stack, rundir: Path, gateways: Gateways, operator_log: OperatorLog
 ) -> None:
@@ -590,7 +601,7 @@ def wait_for_gateways(
     deadline = time.monotonic() + 20
     while not gateways.ports and time.monotonic() < deadline:
         if failed := stack.exited():
-            raise SystemExit(f"{failed} exited: see {rundir / (failed + '.log')}")
+            raise SystemExit(exited_message(rundir, failed))
         gateways.sync()
         time.sleep(0.2)
     for line in operator_log.poll():
@@ -679,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_for_gateways(stack, rundir, gateways, operator_log)
         print_welcome(args, rundir, ports, gateways, redis_url)
         failed = follow(stack, gateways, operator_log)
-        print(f"{failed} exited: see {rundir / (failed + '.log')}", file=sys.stderr)
+        print(exited_message(rundir, failed), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0

@@ -13,6 +13,7 @@ runs), SIGHUP (the terminal closing) and the runner's death each leave no child 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -29,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from support.local_manifests import copy_local_examples
-from support.ports import free_port, free_udp_tcp_port
+from support.ports import free_port, free_ports, free_udp_tcp_port
 from support.processes import ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -128,27 +129,6 @@ class LocalStack:
     def ready(self, gw: str) -> bool:
         log = self.logs / f"stunnerd-stunner-{gw}.log"
         return log.exists() and "ready on port" in log.read_text(errors="replace")
-
-
-def free_tcp_range(count: int) -> int:
-    """The first of `count` consecutive TCP ports that were all free a moment ago."""
-    for _ in range(200):
-        first = free_port()
-        if first + count > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(first, first + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError(f"no {count} consecutive free TCP ports")
 
 
 @contextlib.contextmanager
@@ -377,8 +357,8 @@ def test_a_users_first_day_ports_grow_mistakes_are_loud_and_refusals_are_logged(
     # The issue's collisions, staged: the auth service sits where the third stunnerd's health
     # port would be (8086 + 2 next to 8088), the operator's metrics where the first stunnerd's
     # metrics would be (8080 for both).
-    health = free_tcp_range(12)
-    metrics = free_tcp_range(12)
+    health = free_ports(12)
+    metrics = free_ports(12)
     with local_stack(
         tmp_path,
         health_port=health,
@@ -642,3 +622,25 @@ def test_a_users_first_day_ports_grow_mistakes_are_loud_and_refusals_are_logged(
             long_running.terminate()
             long_running.wait(10)
             tc_err.close()
+
+
+def test_a_process_that_exits_is_named_with_the_end_of_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What `make run` prints when a process of the stack dies: its name, the last lines of its
+    # log (where the reason is, most of the time: a port in use, a bad config) and the log's path.
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location("run_local", ROOT / "scripts" / "run_local.py")
+    assert spec
+    assert spec.loader
+    run_local = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "run_local", run_local)
+    spec.loader.exec_module(run_local)
+    lines = [f"line {i}" for i in range(40)] + ["OSError: [Errno 98] Address already in use"]
+    (tmp_path / "stunnerd-stunner-a.log").write_text("\n".join(lines) + "\n")
+    message = run_local.exited_message(tmp_path, "stunnerd-stunner-a")
+    assert message.startswith(f"stunnerd-stunner-a exited: see {tmp_path}/stunnerd-stunner-a.log")
+    assert message.endswith("  | OSError: [Errno 98] Address already in use")
+    assert "line 25" not in message
+    assert "line 26" in message
+    assert run_local.exited_message(tmp_path, "never-started").endswith("never-started.log")

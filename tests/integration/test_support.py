@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from support import ports as ports_module
 from support.leaks import assert_no_leaked_tasks
 from support.ports import free_port, free_udp_tcp_port
 from support.redis_server import RedisServer
@@ -46,6 +47,30 @@ def test_free_ports_are_bindable() -> None:
     port = free_udp_tcp_port()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         udp.bind(("127.0.0.1", port))
+    with socket.socket() as tcp:
+        tcp.bind(("127.0.0.1", port))
+
+
+def test_free_ports_stay_out_of_the_kernels_ephemeral_range() -> None:
+    # A port handed to a server's command line must not be one the kernel may give any socket
+    # bound to port 0 (or any outgoing connection) before the server binds it.
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(50)} | {free_udp_tcp_port() for _ in range(50)}
+    assert len(ports) == 100
+    if low > ports_module.HANDED_OUT.start + 64:
+        assert all(ports_module.HANDED_OUT.start <= p < min(low, 30000) for p in ports), ports
+
+
+def test_each_xdist_worker_draws_its_own_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    slices = []
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
+    for i in range(4):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{i}")
+        slices.append(set(ports_module._worker_slice()))
+    for i, one in enumerate(slices):
+        assert one
+        for other in slices[i + 1 :]:
+            assert not one & other
 
 
 async def test_leak_check_reports_a_task_left_running() -> None:

@@ -3,10 +3,91 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import random
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
+
+# Ports handed out for servers come from below the kernel's ephemeral range (Linux's default is
+# 32768-60999), so that no socket bound to port 0 and no outgoing connection of a test running
+# beside this one can take a port between the moment it is picked and the moment the server binds
+# it. Each pytest-xdist worker draws from a slice of its own, so two workers never pick the same
+# number either. 20000 leaves the services' default ports (3478-16379) alone, 30000 Kubernetes'
+# NodePort range (30000-32767) to the node tier's kube-proxy.
+HANDED_OUT = range(20000, 30000)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _worker_slice() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    top = min(HANDED_OUT.stop, _ephemeral_low())
+    size = (top - HANDED_OUT.start) // max(count, 1)
+    first = HANDED_OUT.start + (index % max(count, 1)) * size
+    return range(first, first + size)
+
+
+class _Pool:
+    """Walks this worker's slice from a random start, so that two test runs side by side (or one
+    after another, while the first one's sockets linger in TIME_WAIT) seldom meet."""
+
+    def __init__(self) -> None:
+        self.slice = _worker_slice()
+        self.cursor = random.randrange(len(self.slice)) if self.slice else 0
+
+    def block(self, count: int) -> int | None:
+        """The first of `count` consecutive numbers not handed out before; None: use port 0."""
+        if len(self.slice) < max(64, count * 4):  # an ephemeral range that starts low
+            return None
+        if self.cursor + count > len(self.slice):
+            self.cursor = 0
+        first = self.slice[self.cursor]
+        self.cursor += count
+        return first
+
+
+_pool = _Pool()
+
+
+def _bindable(host: str, first: int | None, count: int, *kinds: int) -> int | None:
+    """`first` (or the kernel's pick) if `count` ports from it bind on `host` for every kind."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with contextlib.ExitStack() as stack:
+        for offset in range(count):
+            for kind in kinds:
+                sock = stack.enter_context(socket.socket(family, kind))
+                try:
+                    sock.bind((host, 0 if first is None else first + offset))
+                except OSError:
+                    return None
+                if first is None:
+                    first = int(sock.getsockname()[1])
+        return first
+
+
+def free_ports(count: int, *kinds: int, host: str = LOOPBACK) -> int:
+    """The first of `count` consecutive ports free on `host` for each of `kinds` a moment ago.
+
+    No later call hands out any of them (until the pool wraps around, thousands of ports later).
+    """
+    kinds = kinds or (socket.SOCK_STREAM,)
+    for _ in range(2000):
+        first = _pool.block(count)
+        if first is None and count > 1:
+            first = free_port(kinds[0], host)
+        if (port := _bindable(host, first, count, *kinds)) is not None:
+            return port
+    raise RuntimeError(f"no {count} consecutive free ports on {host}")
 
 
 def free_port(kind: int = socket.SOCK_STREAM, host: str = LOOPBACK) -> int:
@@ -15,23 +96,12 @@ def free_port(kind: int = socket.SOCK_STREAM, host: str = LOOPBACK) -> int:
     Prefer binding port 0 in the code under test; this is for programs such as redis-server or
     coturn that need a number on their command line.
     """
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, kind) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1, kind, host=host)
 
 
 def free_udp_tcp_port(host: str = LOOPBACK) -> int:
     """Return a port number free for both UDP and TCP on `host` (TURN servers bind both)."""
-    for _ in range(50):
-        port = free_port(socket.SOCK_DGRAM, host)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as tcp:
-            try:
-                tcp.bind((host, port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no port free for both UDP and TCP")
+    return free_ports(1, socket.SOCK_DGRAM, socket.SOCK_STREAM, host=host)
 
 
 def ipv6_loopback_available() -> bool:
