@@ -266,7 +266,7 @@ async def _measure(port: int, path: str, redis_url: str) -> tuple[list[float], f
     """Latencies (ms) of LATENCY_UPDATES paced updates, then frames/s of a burst."""
     import redis.asyncio as aioredis
 
-    from stunner_common.store import ConfigPublisher
+    from stunner_common.io.store import ConfigPublisher
 
     redis = aioredis.Redis.from_url(redis_url)
     publisher = ConfigPublisher(redis)
@@ -368,7 +368,7 @@ def main() -> None:
 async def _seed(redis_url: str) -> None:
     import redis.asyncio as aioredis
 
-    from stunner_common.store import ConfigPublisher
+    from stunner_common.io.store import ConfigPublisher
 
     redis = aioredis.Redis.from_url(redis_url)
     await ConfigPublisher(redis).upsert(CONFIG_ID, _config(0))

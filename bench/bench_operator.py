@@ -254,7 +254,7 @@ async def _edit_latency(folder: Any, redis_url: str, edits: int) -> tuple[list[f
     import redis.asyncio as aioredis
 
     from stunner_common.contracts.redis_keys import CONFIGS_HASH, EVENTS_STREAM
-    from stunner_common.store import ConfigPublisher
+    from stunner_common.io.store import ConfigPublisher
     from stunner_operator.manifests.local import LocalOperator
     from stunner_operator.publish import RedisConfigSink
 

@@ -338,9 +338,9 @@ class CdsTarget:
     def __init__(self) -> None:
         from pydantic import ValidationError
 
-        from stunner_common.cds.client import CdsProtocolError, DeltaState
         from stunner_common.cds.wire import parse_envelope
         from stunner_common.config import ConfigError, parse_config
+        from stunner_common.io.cds.client import CdsProtocolError, DeltaState
 
         self.errors = (ValidationError,)
         self.protocol_error = CdsProtocolError
@@ -485,7 +485,7 @@ INSTRUMENTED = (
     "stunnerd.net.stream",
     "stunnerd.net.dtls",
     "stunner_common.config",
-    "stunner_common.cds.client",
+    "stunner_common.io.cds.client",
     "stunner_operator.manifests.loader",
 )
 

@@ -15,18 +15,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 import yaml
+from interop.browser.test_media_echo_chromium import FAKE_MEDIA, FRAMES, page_state_when
+from interop.stunnerd.test_stunnerd_chromium import chromium
 
 from support import gobin
+from support.devtools import devtools_page
 from support.kube import KubeError
 from support.kube_stack import NAMESPACE
+from support.media_echo import media_echo
 from support.node_call import CallReport, EchoCall
 from support.node_helm import (
     CHART_COMPONENTS,
@@ -40,6 +48,7 @@ from support.node_helm import (
 from support.node_images import UDP_ECHO_PORT, missing_images
 from support.node_stack import NODE_IP, NodeStack
 from support.ports import free_port
+from support.processes import which
 from support.turncat_harness import turncat
 
 pytestmark = pytest.mark.timeout(600)
@@ -322,6 +331,146 @@ async def _until_silent(call: EchoCall, timeout_s: float, quiet_s: float = 1.0) 
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"still relaying {timeout_s} s after the UDPRoute was deleted")
+
+
+# -- the local stack's browser page against the cluster
+
+MEDIA_ROUTE = "media-echo"
+AUTH_PORT = 8088
+"""The auth pod's port (the chart's auth.port)."""
+
+
+def media_echo_backend(api_version: str) -> list[dict[str, Any]]:
+    """A StaticService for the media echo server on the node IP (a host process, as a media
+    server outside the cluster would be) and a UDPRoute from the Gateway to it."""
+    return [
+        {
+            "apiVersion": "stunner.l7mp.io/v1",
+            "kind": "StaticService",
+            "metadata": {"name": MEDIA_ROUTE, "namespace": NAMESPACE},
+            "spec": {"prefixes": [f"{NODE_IP}/32"]},
+        },
+        {
+            "apiVersion": api_version,
+            "kind": "UDPRoute",
+            "metadata": {"name": MEDIA_ROUTE, "namespace": NAMESPACE},
+            "spec": {
+                "parentRefs": [{"name": GATEWAY}],
+                "rules": [
+                    {
+                        "backendRefs": [
+                            {
+                                "group": "stunner.l7mp.io",
+                                "kind": "StaticService",
+                                "name": MEDIA_ROUTE,
+                            }
+                        ]
+                    }
+                ],
+            },
+        },
+    ]
+
+
+def allow_origin(release: NodeRelease, origin: str) -> dict[str, Any]:
+    """`helm upgrade --reuse-values --set auth.corsOrigins=ORIGIN`, as a user does to let a web
+    page fetch /ice; the auth pod that serves it once it is Ready."""
+    admin = release.admin
+    [old] = component_pods(admin, "auth")
+    release.helm.run(
+        "upgrade",
+        "stunner",
+        str(release.chart),
+        "--namespace",
+        NAMESPACE,
+        "--reuse-values",
+        "--set",
+        f"auth.corsOrigins={origin}",
+    )
+
+    def serving() -> list[dict[str, Any]]:
+        pods = component_pods(admin, "auth")
+        return [
+            p
+            for p in pods
+            if pod_ready(p)
+            and p["metadata"]["name"] != old["metadata"]["name"]
+            and len(pods) == CHART_COMPONENTS["auth"]
+        ]
+
+    [pod] = admin.wait_for("the reconfigured auth pod Ready", serving, timeout_s=120)
+    assert isinstance(pod, dict)
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env") or []}
+    assert origin in (env.get("AUTH_CORS_ORIGINS") or ""), env
+    return pod
+
+
+async def test_a_browser_calls_through_the_gateway_with_ice_from_the_auth_pod(
+    release: NodeRelease, walkthrough: dict[str, Any], tmp_path: Path
+) -> None:
+    """The local stack's page (scripts/media_echo.html, served by its aiortc echo server on the
+    host) in headless Chromium: its RTCConfiguration comes from the auth pod's /ice, relay only;
+    the video goes through the Gateway Service's NodePort to the stunnerd pod and on to the echo
+    server on the node IP, and stops when the UDPRoute goes."""
+    binary = which("chromium", "/usr/lib/chromium") or which("chromium-browser")
+    if binary is None:
+        _unavailable("chromium is not installed")
+        return
+    admin = release.admin
+    route_version = next(
+        o["apiVersion"] for o in walkthrough_objects(admin)[0] if o["kind"] == "UDPRoute"
+    )
+    node_port = next(p for p in walkthrough["service"]["spec"]["ports"] if p["protocol"] == "UDP")
+    turn_uri = f"turn:{NODE_IP}:{node_port['nodePort']}?transport=udp"
+    query = {"service": "turn", "namespace": NAMESPACE, "gateway": GATEWAY}
+    admin.apply_all(media_echo_backend(route_version))
+    try:
+        log = tmp_path / "media-echo.log"
+        async with media_echo(log, "(in the page URL)", "--ice-address", NODE_IP) as page:
+            auth = await asyncio.to_thread(allow_origin, release, page)
+            auth_url = f"http://{auth['status']['podIP']}:{AUTH_PORT}"
+            ice = f"{auth_url}/ice?{urlencode({**query, 'iceTransportPolicy': 'relay'})}"
+            url = f"{page}/?{urlencode({'ice': ice})}"
+            async with (
+                chromium(binary, url, tmp_path / "camera", *FAKE_MEDIA) as browser_ws,
+                devtools_page(browser_ws) as evaluate,
+            ):
+                state = await page_state_when(
+                    evaluate, f"s.received.frames >= {FRAMES}", "frames to come back"
+                )
+                assert state["iceServers"] == [turn_uri], state
+                pair = state["pair"]
+                assert pair["local"]["type"] == "relay", state
+                assert pair["local"]["url"] == turn_uri, state
+                assert pair["remote"]["address"] == NODE_IP, state
+                assert state["received"]["width"] > 0, state
+                echoed = await asyncio.to_thread(_get_json, f"{page}/stats")
+                assert echoed["frames_echoed"] >= FRAMES, echoed
+
+                admin.delete(route_version, "UDPRoute", MEDIA_ROUTE, NAMESPACE)
+                deleted = time.monotonic()
+                await page_state_when(
+                    evaluate,
+                    "['disconnected', 'failed'].includes(s.iceConnectionState)",
+                    "the browser to lose its ICE connection",
+                )
+        print(
+            f"\nbrowser call through {turn_uri}: {state['received']['frames']} frames back; "
+            f"ICE down {time.monotonic() - deleted:.1f} s after the UDPRoute was deleted"
+        )
+    except BaseException:
+        with contextlib.suppress(OSError):
+            print((tmp_path / "media-echo.log").read_text(errors="replace")[-3000:])
+        raise
+    finally:
+        for obj in reversed(media_echo_backend(route_version)):
+            with contextlib.suppress(KubeError):
+                admin.delete(obj["apiVersion"], obj["kind"], MEDIA_ROUTE, NAMESPACE)
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        return json.load(reply)
 
 
 # -- faults with a call running

@@ -32,7 +32,7 @@ import redis.asyncio as aioredis
 
 from stunner_common.cds.wire import encode_v1_config
 from stunner_common.config import self_signed_pair
-from stunner_common.store import ConfigPublisher
+from stunner_common.io.store import ConfigPublisher
 from support import gobin
 from support.cds_server import CdsServer
 from support.ports import LOOPBACK, free_port, free_udp_tcp_port

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from stunner_common.auth import ephemeral_password
-from stunner_common.store import ConfigPublisher
+from stunner_common.io.store import ConfigPublisher
 from support.auth import eventually_ok, running_auth
 from support.cds import RunningCds, running_cds
 from support.ports import free_port

@@ -15,7 +15,7 @@ from websockets.exceptions import InvalidStatus
 
 from stunner_common.cds import encode_v1_config
 from stunner_common.config import parse_config, self_signed_pair
-from stunner_common.store import ConfigPublisher
+from stunner_common.io.store import ConfigPublisher
 from support.cds import (
     RunningCds,
     config,

@@ -16,7 +16,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from stunner_common.config import parse_config
-from stunner_common.store import ConfigPublisher
+from stunner_common.io.store import ConfigPublisher
 from support.cds import FRAME_TIMEOUT_S, RunningCds, config, http_get, recv_text, running_cds
 from support.redis_server import RedisServer
 

@@ -1,4 +1,4 @@
-"""The Redis publisher writes the store's layout (stunner_common.store) atomically and only
+"""The Redis publisher writes the store's layout (stunner_common.io.store) atomically and only
 when a config changed."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from stunner_common.contracts.redis_keys import (
     REV_COUNTER,
     REVS_HASH,
 )
-from stunner_common.store import (
+from stunner_common.io.store import (
     ConfigPublisher,
     ConfigReader,
     InvalidConfigIdError,

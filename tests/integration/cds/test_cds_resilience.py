@@ -24,11 +24,11 @@ from stunner_common.cds import (
     DeltaState,
     encode_v1_delete,
     parse_envelope,
-    watch_configs,
 )
 from stunner_common.config import parse_config
 from stunner_common.contracts.redis_keys import EVENTS_STREAM
-from stunner_common.store import ConfigPublisher, PublishResult
+from stunner_common.io.cds import watch_configs
+from stunner_common.io.store import ConfigPublisher, PublishResult
 from support.cds import (
     RunningCds,
     config,

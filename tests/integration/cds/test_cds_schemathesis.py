@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from stunner_common.config import parse_config
-from stunner_common.store import ConfigPublisher
+from stunner_common.io.store import ConfigPublisher
 from support.cds import config
 from support.ports import free_port
 from support.processes import ServerProcess, wait_for_tcp

@@ -18,7 +18,7 @@ from stunner_common.cds import (
     parse_envelope,
 )
 from stunner_common.config import parse_config
-from stunner_common.store import ConfigPublisher
+from stunner_common.io.store import ConfigPublisher
 from support.cds import (
     RunningCds,
     config,

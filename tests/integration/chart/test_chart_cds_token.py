@@ -22,8 +22,8 @@ import pytest
 from chart_support import NAMESPACE, Rendered, container_env, render, validate_builtin
 
 from stunner_cds.settings import CdsSettings
-from stunner_common.cds.token import token_source
 from stunner_common.crds import Dataplane, Gateway
+from stunner_common.io.cds.token import token_source
 from stunner_operator.__main__ import _options as operator_options
 from stunner_operator.__main__ import _parser as operator_parser
 from stunner_operator.render.dataplane import render_deployment

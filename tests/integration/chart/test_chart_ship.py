@@ -18,8 +18,8 @@ from redis.exceptions import NoPermissionError
 
 from stunner_auth.settings import AuthSettings
 from stunner_common.crds import Dataplane, Gateway
+from stunner_common.io.store import ConfigPublisher, ConfigReader
 from stunner_common.redis_acl import CDS_USER, DATAPLANE_USER, OPERATOR_USER, acl_config
-from stunner_common.store import ConfigPublisher, ConfigReader
 from stunner_operator.render.dataplane import render_deployment
 from stunner_operator.render.options import RenderOptions
 from stunnerd.quota import ClusterQuota, QuotaSettings

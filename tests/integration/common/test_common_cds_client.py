@@ -1,4 +1,4 @@
-"""The one CDS client (``stunner_common.cds.CdsClient``) against small loopback servers.
+"""The one CDS client (``stunner_common.io.cds.CdsClient``) against small loopback servers.
 
 The stunnerd origin and turncat both ride on this client; their own tests cover what they make
 of its answers. Here: the bearer token on both paths, how failures are classified, the size cap.
@@ -19,13 +19,13 @@ from websockets.typing import Subprotocol
 from stunner_common.backoff import Backoff
 from stunner_common.cds import (
     CDS_V2_SUBPROTOCOL,
-    CdsClient,
     CdsHttpError,
     CdsUnreachableError,
     ConfigChange,
     ConfigFrame,
     encode_snapshot,
 )
+from stunner_common.io.cds import CdsClient
 from support.ports import free_port
 
 pytestmark = pytest.mark.integration

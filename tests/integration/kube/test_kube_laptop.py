@@ -24,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from stunner_common.kube_forward import CDS_LABEL, KubeOptions, open_cds_forward
+from stunner_common.io.kube import CDS_LABEL, KubeOptions, open_cds_forward
 from support.echo import udp_echo
 from support.kube_stack import NAMESPACE, KubeStack, echo_gateway
 from support.kubelet import PodRunner, pod_runner

@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
+from stunner_common.io.store import ConfigPublisher, ConfigReader
 from stunner_common.redis_acl import (
     CDS_USER,
     OPERATOR_USER,
@@ -25,7 +26,6 @@ from stunner_common.redis_acl import (
     redis_url,
     write_secrets,
 )
-from stunner_common.store import ConfigPublisher, ConfigReader
 from support.ports import LOOPBACK, free_port
 from support.processes import ServerProcess, wait_for_tcp, which
 from support.redis_server import redis_server_binary

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from stunner_common.store import ConfigPublisher
+from stunner_common.io.store import ConfigPublisher
 from support.cds_server import CdsServer
 from support.echo import UdpEcho, udp_echo
 from support.redis_server import RedisServer

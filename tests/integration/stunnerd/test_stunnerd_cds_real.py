@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from stunner_common.backoff import Backoff
-from stunner_common.store import ConfigPublisher
+from stunner_common.io.store import ConfigPublisher
 from stunnerd.origin.base import ConfigEvent
 from stunnerd.origin.cds import CdsOrigin
 from support.cds_server import CdsServer

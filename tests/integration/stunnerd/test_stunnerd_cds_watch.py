@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from stunner_common.store import ConfigPublisher
+from stunner_common.io.store import ConfigPublisher
 from support.cds_server import CdsServer
 from support.echo import UdpEcho
 from support.stunnerd_process import (

@@ -33,7 +33,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from stunner_common.config import self_signed_pair
-from stunner_common.store import ConfigPublisher
+from stunner_common.io.store import ConfigPublisher
 from stunner_operator.render.engine import Renderer
 from support.cds_server import CdsServer
 from support.echo import UdpEcho, udp_echo

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from fixtures.stunnerd.inproc import make_config, running_server
 from interop.stunnerd.test_stunnerd_chromium import chromium, page_result, page_server
 
-from stunner_common.store import ConfigPublisher
+from stunner_common.io.store import ConfigPublisher
 from support.auth import running_auth
 from support.cds import running_cds
 from support.processes import which

@@ -21,7 +21,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from stunner_common.config import parse_config
-from stunner_common.store import ConfigPublisher
+from stunner_common.io.store import ConfigPublisher
 from support.echo import udp_echo
 from support.ports import LOOPBACK, free_port
 from support.processes import ServerProcess, wait_for_tcp

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from stunner_cds.__main__ import parse_args
 from stunner_cds.api.common import parse_go_bool
 from stunner_cds.settings import DEFAULT_PORT, CdsSettings
-from stunner_common.http import ApiError
+from stunner_common.io.http import ApiError
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from stunner_cds.store.hub import Hub, Mode, Topic, Watcher
 from stunner_cds.store.mirror import StreamGapError
 from stunner_common.cds import CdsProtocolError, DeltaState, parse_envelope
-from stunner_common.store import Position, Snapshot, StoreEvent
+from stunner_common.io.store import Position, Snapshot, StoreEvent
 
 IDS = ("ns/a", "ns/b", "other/c")
 

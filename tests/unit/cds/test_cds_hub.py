@@ -9,7 +9,7 @@ import pytest
 from stunner_cds.store.hub import Hub, Mode, Topic
 from stunner_cds.store.mirror import ConfigMirror
 from stunner_common.cds import encode_v1_delete
-from stunner_common.store import Snapshot, StoreEvent
+from stunner_common.io.store import Snapshot, StoreEvent
 
 
 def hub_with(configs: dict[str, dict[str, object]], *, max_queue: int = 16) -> Hub:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stunner_cds.store.mirror import Change, ConfigMirror, StoreResetError, StreamGapError
-from stunner_common.store import Position, Snapshot, StoreEvent
+from stunner_common.io.store import Position, Snapshot, StoreEvent
 
 
 def snap(configs: dict[str, str], rev: int, revs: dict[str, int] | None = None) -> Snapshot:

@@ -19,9 +19,9 @@ from stunner_common.cds import (
     encode_v1_config,
     encode_v1_delete,
     parse_envelope,
-    watch_url,
 )
 from stunner_common.config import parse_config, zero_config
+from stunner_common.io.cds import watch_url
 
 UPSTREAM_DELETE_FRAME = (
     '{"version":"v1","admin":{"name":"ns1/gw1"},"auth":{"type":"static",'

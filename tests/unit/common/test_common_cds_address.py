@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stunner_common.cds import CdsAddressError, CdsClient, cds_base_url, watch_url
+from stunner_common.io.cds import CdsAddressError, CdsClient, cds_base_url, watch_url
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The HTTP error model the CDS and the auth service share (stunner_common.http).
+"""The HTTP error model the CDS and the auth service share (stunner_common.io.http).
 
 Each service keeps its own bytes: the CDS ends a body with a newline and names a bad parameter
 by its location, as upstream's Go server; the auth service does neither. Driven in-process
@@ -16,7 +16,7 @@ import pytest
 from fastapi import APIRouter, FastAPI, Query
 from pydantic_settings import SettingsConfigDict
 
-from stunner_common.http import (
+from stunner_common.io.http import (
     ApiError,
     ErrorStyle,
     HttpServiceSettings,

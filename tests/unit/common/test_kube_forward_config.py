@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stunner_common.kube_forward import (
+from stunner_common.io.kube import (
     KubeDiscoveryError,
     KubeOptions,
     kubeconfig_paths,

@@ -18,7 +18,7 @@ from stunner_common.cli import (
     check_token_file,
     settings_from_args,
 )
-from stunner_common.http import RequestLimits, protocol_class, serve, uvicorn_server
+from stunner_common.io.http import RequestLimits, protocol_class, serve, uvicorn_server
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def build_server(settings: AuthSettings) -> uvicorn.Server:
     """A uvicorn server for the app; ``port=0`` picks a free port.
 
-    The request limits of `stunner_common.http.limits` (head size 431, query 414, body 413, head
+    The request limits of `stunner_common.io.http.limits` (head size 431, query 414, body 413, head
     deadline 408, connections per client IP 429) are enforced while uvicorn parses, and counted
     in ``stunner_auth_refusals{limit}``.
     """

@@ -26,8 +26,8 @@ from stunner_auth.ice import IcePolicy, IceQuery, NoMatchError, ice_config, turn
 from stunner_auth.metrics import AuthMetrics
 from stunner_auth.settings import AuthSettings
 from stunner_common.bearer import bearer_matches
-from stunner_common.cds import TokenSource
-from stunner_common.http import ApiError, ErrorStyle, create_service_app
+from stunner_common.io.cds import TokenSource
+from stunner_common.io.http import ApiError, ErrorStyle, create_service_app
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The configs the auth service answers from, kept in sync with the CDS by one watch.
 
-The shared CDS client (``stunner_common.cds.watch_configs``) resumes after disconnects and yields
+The shared CDS client (``stunner_common.io.cds.watch_configs``) resumes after disconnects and yields
 each change once; this module parses each config and keeps the latest valid one per id. A config
 that does not validate is dropped with a warning (the previous one of that id is forgotten too,
 rather than handing out credentials the dataplane no longer accepts).
@@ -13,8 +13,8 @@ import contextlib
 import json
 import logging
 
-from stunner_common.cds import CdsClient, CdsClientError, ConfigChange, TokenSource
 from stunner_common.config import ConfigError, StunnerConfig, parse_config
+from stunner_common.io.cds import CdsClient, CdsClientError, ConfigChange, TokenSource
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Prometheus metrics of one auth service process, in a registry of its own (one per app).
 
-Only the refusals of the HTTP limits (`stunner_common.http.limits`) are counted; ``/metrics``
+Only the refusals of the HTTP limits (`stunner_common.io.http.limits`) are counted; ``/metrics``
 serves them, open like the probes.
 """
 

@@ -15,9 +15,9 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from stunner_auth.ice import DEFAULT_TTL_S
-from stunner_common.cds import cds_base_url
 from stunner_common.cli import cds_address
-from stunner_common.http import HttpServiceSettings, listen_port
+from stunner_common.io.cds import cds_base_url
+from stunner_common.io.http import HttpServiceSettings, listen_port
 
 DEFAULT_PORT = 8088
 

@@ -10,7 +10,7 @@ import sys
 from stunner_cds.server import build_server
 from stunner_cds.settings import CdsSettings
 from stunner_common.cli import add_version_argument, settings_from_args
-from stunner_common.http import serve
+from stunner_common.io.http import serve
 from stunner_common.logs import LOG_FORMATS
 
 

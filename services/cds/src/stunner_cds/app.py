@@ -22,8 +22,8 @@ from stunner_cds.settings import CdsSettings
 from stunner_cds.store.feed import RedisFeed, event_lag_s, redis_client
 from stunner_cds.store.hub import Hub
 from stunner_cds.store.nodes import follow as follow_node_addresses
-from stunner_common.http import create_service_app
-from stunner_common.store import StoreEvent
+from stunner_common.io.http import create_service_app
+from stunner_common.io.store import StoreEvent
 
 log = logging.getLogger(__name__)
 

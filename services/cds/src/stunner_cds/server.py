@@ -8,7 +8,7 @@ import uvicorn
 
 from stunner_cds.app import create_app
 from stunner_cds.settings import CdsSettings
-from stunner_common.http import RequestLimits, protocol_class, uvicorn_server
+from stunner_common.io.http import RequestLimits, protocol_class, uvicorn_server
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from stunner_common.http import HttpServiceSettings, listen_port
+from stunner_common.io.http import HttpServiceSettings, listen_port
 from stunner_common.redis_acl import redact_url
 
 DEFAULT_PORT = 13478

@@ -32,7 +32,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from stunner_common.probe_http import HttpServer, Response
+from stunner_common.io.probe_http import HttpServer, Response
 from stunner_operator.render.store import ObjectStore
 
 log = logging.getLogger(__name__)

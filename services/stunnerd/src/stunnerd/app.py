@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stunner_common.backoff import Backoff
-from stunner_common.cds import token_source
 from stunner_common.config import ConfigError, StunnerConfig
+from stunner_common.io.cds import token_source
 from stunner_common.turnuri import default_config_from_uri
 from stunnerd.admin.servers import AdminServers, StatusSources
 from stunnerd.drain import drain

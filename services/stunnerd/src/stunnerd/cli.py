@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from stunner_common.cli import add_version_argument, validation_message
 from stunner_common.config import ConfigError
 from stunner_common.config.errors import ConfigValidationError
-from stunner_common.kube_forward import KubeOptions
+from stunner_common.io.kube import KubeOptions
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.logs import LOG_FORMATS, configure_logging
 from stunner_common.runtime import run as run_loop

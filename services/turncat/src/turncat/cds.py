@@ -7,7 +7,7 @@ known, so fresh TURN REST credentials are minted for every session, as upstream 
 The CDS address comes from `--cds-server-address`, else `CDS_SERVER_ADDR` (upstream's name;
 `STUNNER_CDS_ADDR` still works, with a deprecation warning); without one, a kubeconfig
 (`--kubeconfig`, `KUBECONFIG`, `~/.kube/config`; `--context`) finds the CDS pod and a
-port-forward through the API server reaches it (`stunner_common.kube_forward`, see
+port-forward through the API server reaches it (`stunner_common.io.kube`, see
 :func:`cds_endpoint`); without either, 127.0.0.1:13478 (where `make run` and compose put it).
 """
 
@@ -22,7 +22,9 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from stunner_common.auth import ephemeral_credentials
-from stunner_common.cds import (
+from stunner_common.cli import cds_address, check_token_file
+from stunner_common.config import ConfigError, ListenerConfig, StunnerConfig, parse_config
+from stunner_common.io.cds import (
     CdsAddressError,
     CdsClient,
     CdsHttpError,
@@ -30,10 +32,8 @@ from stunner_common.cds import (
     TokenSource,
     token_source,
 )
-from stunner_common.cds import cds_base_url as _cds_base_url
-from stunner_common.cli import cds_address, check_token_file
-from stunner_common.config import ConfigError, ListenerConfig, StunnerConfig, parse_config
-from stunner_common.kube_forward import (
+from stunner_common.io.cds import cds_base_url as _cds_base_url
+from stunner_common.io.kube import (
     KubeApi,
     KubeDiscoveryError,
     KubeOptions,

@@ -1,12 +1,20 @@
 """The CDS wire contract shared by the config discovery service and its clients.
 
 Upstream v1 (full configs as Go marshals them, the zero config on delete) and our
-``stunner.cds.v2`` delta envelopes, plus the one client of both (``CdsClient``).
+``stunner.cds.v2`` delta envelopes, and the client's delta state and errors: all pure. The one
+client of both (``CdsClient``) and its token source are ``stunner_common.io.cds``.
 """
 
-from stunner_common.cds import client
-from stunner_common.cds.client import *  # noqa: F403  (its __all__: the client and its errors)
-from stunner_common.cds.token import TokenSource, token_source
+from stunner_common.cds.delta import (
+    CdsAddressError,
+    CdsClientError,
+    CdsHttpError,
+    CdsProtocolError,
+    CdsUnreachableError,
+    ConfigChange,
+    ConfigFrame,
+    DeltaState,
+)
 from stunner_common.cds.wire import (
     CDS_V2_SUBPROTOCOL,
     EPOCH_HEADER,
@@ -33,20 +41,26 @@ from stunner_common.cds.wire import (
 )
 
 __all__ = [
-    *client.__all__,
     "CDS_V2_SUBPROTOCOL",
     "EPOCH_HEADER",
     "EPOCH_PARAM",
     "INITIAL_FRAMES_HEADER",
     "RESYNC_HEADER",
     "REV_HEADER",
+    "CdsAddressError",
+    "CdsClientError",
+    "CdsHttpError",
+    "CdsProtocolError",
+    "CdsUnreachableError",
+    "ConfigChange",
+    "ConfigFrame",
     "ConfigListBody",
     "DeleteEnvelope",
+    "DeltaState",
     "Envelope",
     "ErrorBody",
     "PatchEnvelope",
     "SnapshotEnvelope",
-    "TokenSource",
     "encode_config_list",
     "encode_delete",
     "encode_error",
@@ -56,6 +70,5 @@ __all__ = [
     "encode_v1_delete",
     "go_ordered",
     "parse_envelope",
-    "token_source",
     "zero_config_dict",
 ]

@@ -7,9 +7,9 @@ signals a delete. The v2 envelopes are our own delta protocol; their pydantic mo
 that the CDS (writer) and every client (reader) share one definition.
 
 Every v2 revision travels with the store's *epoch* (the id of the store's history, see
-``stunner_common.store``): in each envelope, in the handshake answer (``x-stunner-epoch``) and in a
-resume request (``?since=REV&epoch=E``), because revision N of one history says nothing about N of
-another.
+``stunner_common.io.store``): in each envelope, in the handshake answer (``x-stunner-epoch``) and
+in a resume request (``?since=REV&epoch=E``), because revision N of one history says nothing about
+N of another.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 One definition so that writer, reader and any other tool agree on the names: a hash of canonical
 configs with the revision of each, a change stream appended in the same atomic step as each hash
 write, the global revision counter that numbers those changes and the store's epoch (the
-operator's `stunner_common.store.publisher` writes them, the CDS's `reader` reads them); the
+operator's `stunner_common.io.store.publisher` writes them, the CDS's `reader` reads them); the
 Node addresses for relay address discovery (operator → CDS); and stunnerd's cluster-wide user
 quota leases. The ACL key patterns of the Redis users (`stunner_common.redis_acl`) are derived
 from these prefixes. docs/architecture.md draws the layout.

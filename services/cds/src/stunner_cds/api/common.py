@@ -1,6 +1,6 @@
 """What every route shares: the service context, the token check, Go booleans.
 
-Errors are `stunner_common.http.ApiError`, answered by the handlers `app` installs.
+Errors are `stunner_common.io.http.ApiError`, answered by the handlers `app` installs.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from stunner_cds.settings import CdsSettings
 from stunner_cds.store.feed import RedisFeed
 from stunner_cds.store.hub import Hub
 from stunner_common.bearer import bearer_matches
-from stunner_common.http import ApiError
+from stunner_common.io.http import ApiError
 
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})

@@ -39,7 +39,7 @@ from stunner_common.cds import (
     REV_HEADER,
     encode_error,
 )
-from stunner_common.http import ApiError
+from stunner_common.io.http import ApiError
 
 log = logging.getLogger(__name__)
 

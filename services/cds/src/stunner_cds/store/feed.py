@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from stunner_cds.store.hub import Hub
 from stunner_cds.store.mirror import StreamGapError
 from stunner_common.backoff import Backoff
-from stunner_common.store import ConfigReader, StoreEvent, stream_id_ms
+from stunner_common.io.store import ConfigReader, StoreEvent, stream_id_ms
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from stunner_common.contracts.listener_address import (
     has_node_placeholder,
     node_fill,
 )
-from stunner_common.store import Snapshot, StoreEvent
+from stunner_common.io.store import Snapshot, StoreEvent
 
 log = logging.getLogger(__name__)
 

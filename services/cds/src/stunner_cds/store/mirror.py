@@ -2,7 +2,7 @@
 
 It holds every config with the revision of its last change, plus tombstones for deleted ids, and
 turns a loaded snapshot or a stream entry into the list of ``Change`` values watchers must hear
-about. Revisions count within the store's epoch (``stunner_common.store``): an entry of another
+about. Revisions count within the store's epoch (``stunner_common.io.store``): an entry of another
 epoch means the store lost its history (Redis came back empty, or was rolled back) and the caller
 must reload the snapshot. Within an epoch revisions are contiguous (each change increments
 ``stunner:rev`` once and appends one stream entry in the same script), so an entry whose revision
@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from stunner_common.store import Position, Snapshot, StoreEvent
+from stunner_common.io.store import Position, Snapshot, StoreEvent
 
 log = logging.getLogger(__name__)
 

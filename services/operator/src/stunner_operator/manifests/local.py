@@ -29,7 +29,7 @@ from typing import Any
 from watchfiles import awatch
 
 from stunner_common.crds import Gateway, K8sObject, UDPRoute, UDPRouteV1A2
-from stunner_common.store import PublishResult
+from stunner_common.io.store import PublishResult
 from stunner_operator.manifests.loader import ManifestSet, object_label
 from stunner_operator.observe import OperatorMetrics
 from stunner_operator.publish import ConfigSink, PublishError, publish_configs

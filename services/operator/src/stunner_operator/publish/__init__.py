@@ -24,7 +24,7 @@ from stunner_common.contracts.redis_keys import (
     NODE_ADDRESSES_HASH,
     encode_node_addresses,
 )
-from stunner_common.store import ConfigPublisher, PublishResult, StoreError
+from stunner_common.io.store import ConfigPublisher, PublishResult, StoreError
 from stunner_operator.observe import OperatorMetrics
 
 log = logging.getLogger(__name__)

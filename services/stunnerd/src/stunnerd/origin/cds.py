@@ -25,7 +25,8 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from stunner_common.backoff import Backoff
-from stunner_common.cds import (
+from stunner_common.config import ConfigError, is_zero_config, parse_config, zero_config
+from stunner_common.io.cds import (
     CdsAddressError,
     CdsClient,
     CdsHttpError,
@@ -34,7 +35,6 @@ from stunner_common.cds import (
     DeltaState,
     TokenSource,
 )
-from stunner_common.config import ConfigError, is_zero_config, parse_config, zero_config
 from stunnerd.origin.base import ConfigEvent, ConfigOriginError, ignore_rejection, loaded_event
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from stunner_common.cds import CdsAddressError, cds_base_url
 from stunner_common.cli import CDS_ADDR_ENV
-from stunner_common.kube_forward import KubeDiscoveryError, KubeOptions, open_cds_forward
+from stunner_common.io.cds import CdsAddressError, cds_base_url
+from stunner_common.io.kube import KubeDiscoveryError, KubeOptions, open_cds_forward
 
 K8S_ORIGIN = "k8s"
 CDS_NAMESPACE_ENV = "CDS_SERVER_NAMESPACE"

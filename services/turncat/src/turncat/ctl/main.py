@@ -32,14 +32,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from stunner_common import logs
-from stunner_common.cds import CdsClient, CdsHttpError, CdsUnreachableError
-from stunner_common.cds.client import CdsAddressError
 from stunner_common.cli import (
     CDS_ADDR_ENV,
     add_version_argument,
 )
 from stunner_common.config import ConfigError, StunnerConfig, parse_config
-from stunner_common.kube_forward import KubeApi
+from stunner_common.io.cds import CdsClient, CdsHttpError, CdsUnreachableError
+from stunner_common.io.cds.client import CdsAddressError
+from stunner_common.io.kube import KubeApi
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.runtime import run as run_loop
 from turncat.cds import cds_endpoint, cds_failure, diagnose_cds, kube_options

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from stunner_common.config import StunnerConfig
-from stunner_common.kube_forward import (
+from stunner_common.io.kube.forward import (
     KubeApi,
     KubeDiscoveryError,
     Pod,

@@ -7,7 +7,7 @@ revision N", and ``stunner:meta`` (field ``epoch``: which history of the store t
 count in).
 """
 
-from stunner_common.store.publisher import (
+from stunner_common.io.store.publisher import (
     DEFAULT_STREAM_MAXLEN,
     CanonicalConfig,
     ConfigPublisher,
@@ -18,7 +18,7 @@ from stunner_common.store.publisher import (
     new_epoch,
     split_config_id,
 )
-from stunner_common.store.reader import (
+from stunner_common.io.store.reader import (
     ConfigReader,
     EventBatch,
     Position,

@@ -30,7 +30,6 @@ from stunner_common.cds.delta import (
     ConfigFrame,
     DeltaState,
 )
-from stunner_common.cds.token import TokenSource
 from stunner_common.cds.wire import (
     CDS_V2_SUBPROTOCOL,
     EPOCH_HEADER,
@@ -39,6 +38,7 @@ from stunner_common.cds.wire import (
     REV_HEADER,
     parse_envelope,
 )
+from stunner_common.io.cds.token import TokenSource
 
 __all__ = [
     "CONNECT_TIMEOUT_S",

@@ -21,7 +21,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stunner_common.cli import listen_problem
-from stunner_common.http.errors import GO_STYLE, ErrorStyle, install_error_handlers
+from stunner_common.io.http.errors import GO_STYLE, ErrorStyle, install_error_handlers
 from stunner_common.logs import LogFormat
 from stunner_common.runtime import run as run_loop
 

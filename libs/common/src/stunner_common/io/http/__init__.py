@@ -4,9 +4,14 @@ Only those two import it: stunnerd, turncat and the operator do not need FastAPI
 is the ``http`` extra of ``stunner-common``.
 """
 
-from stunner_common.http.errors import ApiError, ErrorStyle, error_response, install_error_handlers
-from stunner_common.http.limits import RequestLimits, protocol_class
-from stunner_common.http.service import (
+from stunner_common.io.http.errors import (
+    ApiError,
+    ErrorStyle,
+    error_response,
+    install_error_handlers,
+)
+from stunner_common.io.http.limits import RequestLimits, protocol_class
+from stunner_common.io.http.service import (
     HttpServiceSettings,
     create_service_app,
     listen_port,

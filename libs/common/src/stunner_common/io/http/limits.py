@@ -25,7 +25,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from stunner_common.http.errors import GO_STYLE, ErrorStyle
+from stunner_common.io.http.errors import GO_STYLE, ErrorStyle
 
 __all__ = [
     "LIMIT_NAMES",

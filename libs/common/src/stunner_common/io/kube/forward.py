@@ -13,7 +13,7 @@ error; the first message on each channel is the port, 2 bytes little-endian). A 
 whose WebSocket cannot be opened makes the next one look the pod up again, so the forward
 outlives a restarted CDS pod; it closes with the context. :func:`open_pod_forward` forwards to
 any pod port the same way (stunnerctl's ``status`` reads each stunnerd pod's ``/status`` so).
-The kubeconfig itself is read by :mod:`stunner_common.kubeconfig`.
+The kubeconfig itself is read by :mod:`stunner_common.io.kube.config`.
 
 The CDS bearer token comes from the Secret the chart makes (``stunner-cds-token``, key
 ``token``, beside the CDS pod) when the user may read it, else from the caller's fallback
@@ -37,7 +37,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.typing import Subprotocol
 
-from stunner_common.kubeconfig import (
+from stunner_common.io.kube.config import (
     KubeAccess,
     KubeDiscoveryError,
     KubeOptions,
