@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from aioice import stun
 
-from stunnerd.net.adopt import allocation_of, record_of
+from stunnerd.handoff.records import record_of
+from stunnerd.net.adopt import allocation_of
 from stunnerd.turn import effects as fx
 from stunnerd.turn.allocation import (
     CHANNEL_LIFETIME_S,

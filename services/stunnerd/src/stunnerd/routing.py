@@ -10,10 +10,18 @@ accept an IP that any routed cluster (UDP or TCP) contains, port ignored, as ups
 Protected peers need a route that names them (`stunnerd.protected`), and an IPv6 peer that
 carries an IPv4 address (NAT64, 6to4, Teredo, IPv4-compatible: `stunnerd.turn.embedded`) is
 judged by that address too (`RoutePeerPolicy`).
+
+What the edge derives from a config lives here too: the protected ranges with stunnerd's own
+addresses (`protected_for`), the terms of the cluster-wide user quota (`quota_terms`), the
+STRICT_DNS names to keep resolved (`dns_names`) and one round of resolving them (`resolve`);
+`stunnerd.net.server.TurnServer` runs the rounds and swaps the policies.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Network
@@ -36,6 +44,8 @@ from stunnerd.turn.policies import (
     StaticAuthenticator,
     UserQuota,
 )
+
+log = logging.getLogger(__name__)
 
 _CACHE_MAX = 4096
 
@@ -60,6 +70,12 @@ class DnsCache:
         self.addresses[name] = new
         self.version += 1
         return True
+
+    def keep_only(self, names: set[str]) -> None:
+        """Forget the names a config no longer mentions."""
+        for stale in set(self.addresses) - names:
+            del self.addresses[stale]
+            self.version += 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,3 +305,53 @@ def dns_names(config: StunnerConfig) -> set[str]:
         if c.type == "STRICT_DNS"
         for e in c.endpoints
     }
+
+
+def protected_for(
+    config: StunnerConfig,
+    *,
+    host_addresses: Iterable[str],
+    bind_host: str,
+    node_address: str = "",
+    relay_addresses: Iterable[str] = (),
+) -> ProtectedRanges:
+    """Peer ranges a route must name explicitly (`stunnerd.protected`), with stunnerd's own
+    addresses: what its host name resolves to, its bind address, its listeners' addresses, the
+    node's address (when set) and its extra relay addresses."""
+    own = set(host_addresses)
+    own.add(bind_host)
+    own.update(lst.address for lst in config.listeners)
+    if node_address:
+        own.add(node_address)
+    own.update(relay_addresses)
+    return ProtectedRanges.build(own)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaTerms:
+    """What the cluster-wide user quota counts under: the Gateway (`admin.name`), the realm,
+    and the allocations one user may hold (`admin.user_quota`; 0: no limit)."""
+
+    scope: str
+    realm: str
+    limit: int
+
+
+def quota_terms(config: StunnerConfig) -> QuotaTerms:
+    return QuotaTerms(config.admin.name, config.auth.realm, config.admin.user_quota)
+
+
+async def resolve(dns: DnsCache, names: Iterable[str], timeout_s: float) -> bool:
+    """One round of resolving `names` into `dns`; a name that does not resolve within
+    `timeout_s` keeps its previous answer. True when an answer changed what a name admits."""
+    loop = asyncio.get_running_loop()
+    changed = False
+    for name in names:
+        try:
+            async with asyncio.timeout(timeout_s):
+                infos = await loop.getaddrinfo(name, None, type=socket.SOCK_DGRAM)
+        except (OSError, TimeoutError) as exc:
+            log.debug("dns: cannot resolve %s: %s (keeping previous answer)", name, exc)
+            continue
+        changed |= dns.update(name, {str(info[4][0]) for info in infos})
+    return changed

@@ -17,7 +17,7 @@ from support.fake_net import MockLoop
 
 
 class FakeQuota:
-    """The cluster-wide user quota's interface, answering from a set of admitted users."""
+    """A `stunnerd.net.ports.QuotaLeases`, answering from a set of admitted users."""
 
     def __init__(self, admitted: set[str]) -> None:
         self.admitted = admitted
@@ -69,7 +69,7 @@ async def test_a_lease_is_taken_before_the_relay_renewed_and_released_with_it(
 ) -> None:
     listener, _sock = await udp_listener(loop, ports)
     quota = FakeQuota({kit.USER})
-    listener.quota = quota  # type: ignore[assignment]
+    listener.quota = quota
     client = client_at(listener, loop)
     client.allocate(lifetime_s=600)
     lease = f"{listener.name}|{CLIENT[0]}:{CLIENT[1]}"
@@ -85,7 +85,7 @@ async def test_a_user_over_the_cluster_wide_quota_is_answered_486_and_binds_noth
     loop: MockLoop, ports: RelayPorts
 ) -> None:
     listener, _sock = await udp_listener(loop, ports)
-    listener.quota = FakeQuota(set())  # type: ignore[assignment]
+    listener.quota = FakeQuota(set())
     client = client_at(listener, loop)
     reply = client.request(stun.Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17 << 24})
     assert reply.error_code == 486

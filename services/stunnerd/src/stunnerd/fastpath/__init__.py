@@ -22,6 +22,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from stunnerd.fastpath.table import FastPathRoutes
+
 try:
     from stunnerd import _fastpath
 except ImportError:  # not built (no compiler at install time): the Python path relays
@@ -35,6 +37,12 @@ Handler = Callable[[bytes, Any], None]
 
 def available() -> bool:
     return _fastpath is not None
+
+
+def factory(enabled: bool = True) -> Callable[[asyncio.AbstractEventLoop], FastPath] | None:
+    """What builds the C relay of an event loop (a `stunnerd.net.ports.FastPathFactory`): None
+    when it is turned off (`ServerTuning.fastpath`) or was not built."""
+    return FastPath if enabled and available() else None
 
 
 class FastPath:
@@ -114,6 +122,10 @@ class FastPath:
             handler = handlers.get(fd)
             if handler is not None:
                 handler(data, addr)
+
+    def routes(self, listener: socket.socket) -> FastPathRoutes:
+        """The channel routes of the listener reading `listener`, as this relay's `RouteTable`."""
+        return FastPathRoutes(self, listener)
 
     def fold(self) -> None:
         """Add the counts made in C since the last fold into their `Traffic` lists."""

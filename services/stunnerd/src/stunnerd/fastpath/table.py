@@ -9,9 +9,12 @@ datagram on any other socket never reaches its tables.
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
 
-from stunnerd.fastpath import FastPath
 from stunnerd.route_table.table import NOT_ROUTED, ChannelRoute, RouteView
+
+if TYPE_CHECKING:
+    from stunnerd.fastpath import FastPath
 
 
 class FastPathRoutes:

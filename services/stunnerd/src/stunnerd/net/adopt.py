@@ -1,20 +1,21 @@
 """Allocations that outlive the process serving them: journaled as they change, adopted elsewhere.
 
 A worker process journals each TURN-UDP allocation of its listeners to the supervisor whenever it
-changes (`AllocationJournal`): when it is created (with duplicates of its relay sockets, by
-SCM_RIGHTS), after every request its client makes (Refresh, CreatePermission, ChannelBind and
-their refreshes), and when it is deleted. What a journal entry holds is the handoff document's
-`AllocationRecord` (5-tuple, credentials' key, relay addresses, lifetime, permissions, channels),
-so the supervisor can give a replacement worker everything it needs, and a stunnerd handing off
-can give its successor the same.
+changes (`stunnerd.net.ports.AllocationJournal`): when it is created (with duplicates of its relay
+sockets, by SCM_RIGHTS), after every request its client makes (Refresh, CreatePermission,
+ChannelBind and their refreshes), and when it is deleted. The journal writes the allocation as
+the handoff document's record (`stunnerd.handoff.records.record_of`: 5-tuple, credentials' key,
+relay addresses, lifetime, permissions, channels), so the supervisor can give a replacement
+worker everything it needs, and a stunnerd handing off can give its successor the same.
 
-Adoption runs in two steps, so a client never meets a listener that does not know it: `take_over`
-puts the allocations into the engine before the listener reads a datagram (a Refresh is answered,
-ChannelData waits for its route); `open_adopted` then wraps each relay socket in the listener's
-relay protocol and announces the routes, which reach every route table (the Python dicts, the C
-relay, the kernel's maps). Expiries travel as seconds left and are read against this process's
-clock. Stream and DTLS clients are not journaled: their connection or session dies with the
-process, and their allocation with it.
+Handed-over allocations arrive as `stunnerd.net.ports.HandedAllocation`s (the document's
+records). Adoption runs in two steps, so a client never meets a listener that does not know it:
+`take_over` puts the allocations into the engine before the listener reads a datagram (a Refresh
+is answered, ChannelData waits for its route); `open_adopted` then wraps each relay socket in the
+listener's relay protocol and announces the routes, which reach every route table (the Python
+dicts, the C relay, the kernel's maps). Expiries travel as seconds left and are read against
+this process's clock. Stream and DTLS clients are not journaled: their connection or session dies
+with the process, and their allocation with it.
 """
 
 from __future__ import annotations
@@ -24,22 +25,12 @@ import socket
 from collections.abc import Sequence
 from typing import Protocol
 
-from stunnerd.handoff.state import AllocationRecord, ChannelRecord
 from stunnerd.net.allocate import RelayHost
+from stunnerd.net.ports import AllocationJournal, HandedAllocation
 from stunnerd.net.relay import Address
 from stunnerd.turn.allocation import Allocation, Channel
 
 log = logging.getLogger(__name__)
-
-
-class AllocationJournal(Protocol):
-    """Where a worker's allocations are kept while the worker lives (the supervisor)."""
-
-    def changed(self, listener: str, record: AllocationRecord, fds: Sequence[int]) -> None:
-        """The allocation as it stands; `fds` its relay sockets when it is new."""
-
-    def deleted(self, listener: str, client: Address) -> None:
-        """The allocation is gone: its relay sockets can be closed."""
 
 
 class Listener(RelayHost, Protocol):
@@ -54,30 +45,7 @@ class Listener(RelayHost, Protocol):
         """The client is gone (its allocation ends)."""
 
 
-def record_of(alloc: Allocation, now: float) -> AllocationRecord:
-    """The allocation as a handoff record, its lifetimes as seconds left after `now`."""
-    return AllocationRecord(
-        client=alloc.client,
-        user_id=alloc.user_id,
-        key=alloc.key,
-        username=alloc.username,
-        relay=alloc.relay,
-        family=alloc.family,
-        expires_in_s=max(0.0, alloc.expires - now),
-        additional=alloc.additional,
-        tcp=alloc.tcp,
-        permissions={
-            ip: expires - now for ip, expires in alloc.permissions.items() if expires > now
-        },
-        channels=tuple(
-            ChannelRecord(ch.number, ch.peer, ch.expires - now)
-            for ch in alloc.channels.values()
-            if ch.expires > now
-        ),
-    )
-
-
-def allocation_of(record: AllocationRecord, now: float) -> Allocation:
+def allocation_of(record: HandedAllocation, now: float) -> Allocation:
     """The allocation a record describes, its lifetimes counted from `now`."""
     alloc = Allocation(
         record.client,
@@ -117,9 +85,9 @@ def journal(listener: Listener, client: Address, *, created: bool = False) -> No
     alloc = listener.engine.allocations.get(client)
     if target is None or alloc is None:
         return
-    record = record_of(alloc, listener.loop.time())
+    fds = relay_sockets(alloc, listener) if created else ()
     try:
-        target.changed(listener.name, record, relay_sockets(alloc, listener) if created else ())
+        target.changed(listener.name, alloc, listener.loop.time(), fds)
     except OSError as exc:
         log.warning("listener %s: allocation of %s not journaled: %s", listener.name, client, exc)
 
@@ -134,7 +102,7 @@ def forget(listener: Listener, client: Address) -> None:
 
 
 def take_over(
-    listener: Listener, records: Sequence[AllocationRecord], sockets: dict[Address, socket.socket]
+    listener: Listener, records: Sequence[HandedAllocation], sockets: dict[Address, socket.socket]
 ) -> int:
     """Step one, before the listener reads: the engine carries the allocations on.
 

@@ -17,6 +17,7 @@ import logging
 import socket
 from typing import Protocol
 
+from stunnerd.net.ports import QuotaLeases
 from stunnerd.net.relay import (
     Address,
     DatagramRelayProtocol,
@@ -24,7 +25,6 @@ from stunnerd.net.relay import (
     bind_relay_socket,
 )
 from stunnerd.net.tasks import TaskSet
-from stunnerd.quota import ClusterQuota
 from stunnerd.turn import effects as fx
 from stunnerd.turn.engine import TurnEngine
 
@@ -38,7 +38,7 @@ class RelayHost(Protocol):
     loop: asyncio.AbstractEventLoop
     engine: TurnEngine
     closed: bool
-    quota: ClusterQuota | None
+    quota: QuotaLeases | None
     relays: dict[Address, DatagramRelayProtocol]
     dual_relays: dict[Address, DatagramRelayProtocol]
     held_ports: dict[int, socket.socket]
@@ -85,7 +85,7 @@ class RelayOpener:
 
     # ---------------------------------------------------------- the cluster-wide quota
 
-    async def _admit_then_open(self, quota: ClusterQuota, effect: fx.OpenRelay) -> None:
+    async def _admit_then_open(self, quota: QuotaLeases, effect: fx.OpenRelay) -> None:
         """The cluster-wide quota first (one Redis call), then the relay; 486 when refused."""
         lease = quota.lease_id(self.host.name, effect.client)
         admitted = await quota.acquire(effect.user_id, lease, effect.lifetime_s)

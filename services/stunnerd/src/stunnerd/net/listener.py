@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from stunner_common.config import TlsPair
-from stunnerd.fastpath import FastPath
 from stunnerd.net import adopt
 from stunnerd.net.allocate import RelayOpener
 from stunnerd.net.batch import SendBatcher
 from stunnerd.net.guard import ClientLimits
+from stunnerd.net.ports import AllocationJournal, FastPathPort, QuotaLeases
 from stunnerd.net.relay import (
     RX_BYTES,
     RX_PKTS,
@@ -47,7 +47,6 @@ from stunnerd.net.relay import (
     new_traffic,
 )
 from stunnerd.net.tuning import ServerTuning
-from stunnerd.quota import ClusterQuota
 from stunnerd.route_table.channels import ChannelRoutes
 from stunnerd.route_table.python import ClientRoutes, PythonRoutes
 from stunnerd.turn import effects as fx
@@ -154,13 +153,13 @@ class Listener:
         # instead of binding one; the listener owns it from `start` on.
         self.inherited_socket: socket.socket | None = None
         # The C relay of established channels (TURN-UDP only), set by the server before start.
-        self.fastpath: FastPath | None = None
+        self.fastpath: FastPathPort | None = None
         # The cluster-wide user quota, set by the server before start.
-        self.quota: ClusterQuota | None = None
+        self.quota: QuotaLeases | None = None
         self.opener = RelayOpener(self, spec.bind_host)
         # Where allocations are journaled (a worker's supervisor), and the relay sockets of
         # allocations adopted from another process until `start` opens them (`net.adopt`).
-        self.journal: adopt.AllocationJournal | None = None
+        self.journal: AllocationJournal | None = None
         self.adopted: dict[Address, tuple[socket.socket, socket.socket | None]] = {}
         self.frozen = False  # requests are left to the process a handoff goes to
         self._handlers = self._effect_handlers()

@@ -21,8 +21,8 @@ import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from stunnerd.fastpath import FastPath
 from stunnerd.net.batch import SendBatcher
+from stunnerd.net.ports import FastPathPort
 from stunnerd.route_table.table import Address as Address
 from stunnerd.route_table.table import PeerChannels
 from stunnerd.route_table.table import Traffic as Traffic
@@ -123,13 +123,13 @@ class DatagramRelayProtocol(asyncio.DatagramProtocol):
 
 
 class FastRelayTransport(asyncio.BaseTransport):
-    """A relay socket read by the C relay (`FastPath`) instead of the event loop.
+    """A relay socket read by the C relay (`FastPathPort`) instead of the event loop.
 
     Datagrams the C relay does not route reach the relay protocol's `datagram_received` as they
     would from a transport; closing forgets the socket's routes before the socket goes.
     """
 
-    def __init__(self, sock: socket.socket, fastpath: FastPath) -> None:
+    def __init__(self, sock: socket.socket, fastpath: FastPathPort) -> None:
         super().__init__()
         self.sock = sock
         self.fastpath = fastpath

@@ -6,6 +6,11 @@ resolved (every `ServerTuning.dns_refresh_s`, previous answer kept on failure), 
 allocation counts per listener. Its public methods are the `ListenerTarget` that
 `stunnerd.reconcile.listeners.ListenerReconciler` drives. One `UserUsage` is
 shared by all listeners, so `admin.user_quota` counts a user's allocations process-wide.
+
+What a config means for the listeners (policies, protected ranges, the quota's terms, the DNS
+names and their resolution) is derived in `stunnerd.routing`. The cluster-wide quota, the kernel
+offload, the C relay and the journal of allocations are handed in by whoever builds the server,
+as the interfaces of `stunnerd.net.ports`, and so are allocations handed over by another process.
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import stunnerd.fastpath
 from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
 from stunner_common.contracts.listener_address import (
     WILDCARD_ADDRESSES,
@@ -29,21 +33,26 @@ from stunner_common.contracts.listener_address import (
     advertised_address,
 )
 from stunner_common.contracts.socket_key import SocketKey, listener_socket_key
-from stunnerd.fastpath import FastPath
-from stunnerd.handoff.state import AllocationRecord, HandoffState
-from stunnerd.net.adopt import AllocationJournal, take_over
+from stunnerd.net.adopt import take_over
 from stunnerd.net.batch import SendBatcher, gso_supported
 from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.listener import Address, Listener, ListenerSpec, Traffic, new_traffic
+from stunnerd.net.ports import (
+    AllocationJournal,
+    FastPathFactory,
+    FastPathPort,
+    HandedAllocation,
+    HandedState,
+    OffloadPort,
+    QuotaPort,
+)
 from stunnerd.net.stream import StreamListener
 from stunnerd.net.tasks import log_unexpected_exit
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.net.udp import UdpListener
-from stunnerd.offload.manager import OffloadManager
 from stunnerd.protected import ProtectedRanges
-from stunnerd.quota import ClusterQuota
-from stunnerd.routing import DnsCache, dns_names, policies_for
+from stunnerd.routing import DnsCache, dns_names, policies_for, protected_for, quota_terms, resolve
 from stunnerd.turn.engine import Policies
 from stunnerd.turn.policies import UserUsage
 
@@ -97,7 +106,12 @@ def host_addresses() -> set[str]:
 
 
 class TurnServer:
-    """Listeners by name. `bind_host` is where sockets bind (upstream: the wildcard address)."""
+    """Listeners by name. `bind_host` is where sockets bind (upstream: the wildcard address).
+
+    `quota`, `offload`, `fastpath` and `journal` are what the process wired in
+    (`stunnerd.net.ports`); without them the quota counts in this process, no channel is
+    relayed in the kernel or in C, and allocations end with the process.
+    """
 
     def __init__(
         self,
@@ -106,21 +120,22 @@ class TurnServer:
         usage: UserUsage | None = None,
         reuse_port: bool = False,
         tuning: ServerTuning = PYTHON_RELAY,
-        offload: OffloadManager | None = None,
+        offload: OffloadPort | None = None,
         limits: ClientLimits | None = None,
         nonce_key: bytes | None = None,
         socket_source: SocketSource | None = None,
         tcp_relays: bool = True,
         relay_addresses: Sequence[str] = (),
-        quota: ClusterQuota | None = None,
+        quota: QuotaPort | None = None,
         node_address: str = "",
         journal: AllocationJournal | None = None,
+        fastpath: FastPathFactory | None = None,
     ) -> None:
         self.bind_host = bind_host
         # Where TURN-UDP allocations are journaled (a worker's supervisor), and allocations
         # handed over by another process, by listener, until that listener starts (`net.adopt`).
         self.journal = journal
-        self.adoptions: dict[str, tuple[list[AllocationRecord], dict[Address, socket.socket]]] = {}
+        self.adoptions: dict[str, tuple[list[HandedAllocation], dict[Address, socket.socket]]] = {}
         # This node's address, for listeners with the node-address placeholder.
         self.node_address = node_address
         # The cluster-wide user quota (Redis leases); None: `user_quota` counts in this process.
@@ -142,9 +157,10 @@ class TurnServer:
         # RFC 6062 relays on TCP/TLS listeners; off in worker processes, where a client's data
         # connection may reach another worker than its control connection
         self.tcp_relays = tcp_relays
-        # The C relay of established channels (TURN-UDP listeners), one per event loop.
-        self.fastpath_wanted = tuning.fastpath and stunnerd.fastpath.available()
-        self._fastpath: FastPath | None = None
+        # The C relay of established channels (TURN-UDP listeners), one per event loop, built
+        # with the first such listener where `fastpath` was given and the tuning asks for it.
+        self.fastpath = fastpath
+        self._fastpath: FastPathPort | None = None
         self.dns_refresh_s = tuning.dns_refresh_s
         self.dns_timeout_s = tuning.dns_timeout_s
         self._batcher: SendBatcher | None = None
@@ -172,13 +188,13 @@ class TurnServer:
 
     def protected(self, config: StunnerConfig) -> ProtectedRanges:
         """Peer ranges a route must name explicitly, with this server's own addresses."""
-        own = set(self._host_addresses)
-        own.add(self.bind_host)
-        own.update(lst.address for lst in config.listeners)
-        if self.node_address:
-            own.add(self.node_address)
-        own.update(self.relay_addresses)
-        return ProtectedRanges.build(own)
+        return protected_for(
+            config,
+            host_addresses=self._host_addresses,
+            bind_host=self.bind_host,
+            node_address=self.node_address,
+            relay_addresses=self.relay_addresses,
+        )
 
     # ---------------------------------------------------------------- ListenerTarget
 
@@ -238,7 +254,7 @@ class TurnServer:
             f" and {spec.other_relay_ip}" if spec.other_relay_ip else "",
         )
 
-    def adopt(self, state: HandoffState, sockets: Sequence[socket.socket]) -> None:
+    def adopt(self, state: HandedState, sockets: Sequence[socket.socket]) -> None:
         """Allocations another process made, with their relay sockets in the order the state
         names them: each listener carries its own on when it starts (`net.adopt`)."""
         if len(sockets) != len(state.relay_addresses()):
@@ -348,9 +364,9 @@ class TurnServer:
         except Exception as exc:
             raise ListenerError(f"listener {spec.name}: {exc}") from exc
         running.quota = self.quota
-        if kind is UdpListener and self.fastpath_wanted:
+        if kind is UdpListener and self.tuning.fastpath and self.fastpath is not None:
             if self._fastpath is None:
-                self._fastpath = FastPath(loop)
+                self._fastpath = self.fastpath(loop)
             running.fastpath = self._fastpath
         return running
 
@@ -365,9 +381,7 @@ class TurnServer:
 
     def _ensure_dns(self, config: StunnerConfig) -> None:
         names = dns_names(config)
-        for stale in set(self.dns.addresses) - names:
-            del self.dns.addresses[stale]
-            self.dns.version += 1
+        self.dns.keep_only(names)
         if names and self._dns_task is None:
             self._dns_task = asyncio.get_running_loop().create_task(
                 self._dns_loop(), name="stunnerd-dns-refresh"
@@ -375,19 +389,10 @@ class TurnServer:
             self._dns_task.add_done_callback(log_unexpected_exit)
 
     async def _dns_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             config = self._config
             names = dns_names(config) if config is not None else set()
-            changed = False
-            for name in names:
-                try:
-                    async with asyncio.timeout(self.dns_timeout_s):
-                        infos = await loop.getaddrinfo(name, None, type=socket.SOCK_DGRAM)
-                except (OSError, TimeoutError) as exc:
-                    log.debug("dns: cannot resolve %s: %s (keeping previous answer)", name, exc)
-                    continue
-                changed |= self.dns.update(name, {str(info[4][0]) for info in infos})
+            changed = await resolve(self.dns, names, self.dns_timeout_s)
             if changed and config is not None:
                 # policies read the shared cache: re-evaluate the routes of live allocations
                 self._swap_policies(config)
@@ -395,7 +400,8 @@ class TurnServer:
 
     def _configure_quota(self, config: StunnerConfig) -> None:
         if self.quota is not None:
-            self.quota.configure(config.admin.name, config.auth.realm, config.admin.user_quota)
+            terms = quota_terms(config)
+            self.quota.configure(terms.scope, terms.realm, terms.limit)
 
     def _swap_policies(self, config: StunnerConfig) -> None:
         by_name = {lst.name: lst for lst in config.listeners}

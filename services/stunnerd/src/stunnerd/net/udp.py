@@ -1,9 +1,10 @@
 """TURN-UDP: the listener whose clients send plain datagrams, and the client → peer fast path.
 
-Where the C relay (`stunnerd.fastpath`) is built, it reads the listener and relay sockets instead
-of the event loop and relays bound channels itself; the listener's channel routes are mirrored
-into it (and into the kernel offload's maps) as `route_table` tables, and what it does not route
-comes back to `client_slow_path` and the relay protocols.
+Where the server was given the C relay (`stunnerd.net.ports.FastPathPort`), it reads the listener
+and relay sockets instead of the event loop and relays bound channels itself; the listener's
+channel routes are mirrored into it (and into the kernel offload's maps, `OffloadPort`) as
+`route_table` tables, and what it does not route comes back to `client_slow_path` and the relay
+protocols.
 
 Also the listener sockets that TURN-UDP and TURN-DTLS share: bound with SO_REUSEPORT when several
 worker processes serve one port, and closed only once the kernel released the port.
@@ -22,10 +23,10 @@ import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from stunnerd.fastpath.table import FastPathRoutes
 from stunnerd.net.adopt import open_adopted
 from stunnerd.net.binding import allow_both_families
 from stunnerd.net.listener import Listener, ListenerSpec
+from stunnerd.net.ports import OffloadPort
 from stunnerd.net.relay import (
     TX_BYTES,
     TX_PKTS,
@@ -36,8 +37,6 @@ from stunnerd.net.relay import (
     UdpRelayProtocol,
     tune_udp_socket,
 )
-from stunnerd.offload.manager import OffloadManager
-from stunnerd.offload.table import OffloadRoutes
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +162,7 @@ class UdpListener(Listener):
     journaled = True
     relay_class = UdpRelayProtocol
 
-    def __init__(self, *args: Any, offload: OffloadManager | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, offload: OffloadPort | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.transport: asyncio.DatagramTransport | None = None
         self.protocol: UdpListenerProtocol | None = None
@@ -190,10 +189,10 @@ class UdpListener(Listener):
                     max_datagram_bytes=self.limits.request.max_udp_datagram_bytes,
                 )
                 self.fastpath.answer_binding(sock, self.engine.software)
-                self.channel_routes.add_table(FastPathRoutes(self.fastpath, sock))
+                self.channel_routes.add_table(self.fastpath.routes(sock))
             if self.offload is not None:
                 listener_addr = (self.spec.bind_host, self.bound_port)
-                table = OffloadRoutes(self.offload, self.name, listener_addr, self.traffic)
+                table = self.offload.routes(self.name, listener_addr, self.traffic)
                 self.channel_routes.add_table(table)
             await open_adopted(self)
             if self.fastpath is None:

@@ -39,6 +39,7 @@ from stunnerd.offload.datapath import (
 )
 from stunnerd.offload.libbpf import OffloadError
 from stunnerd.offload.routes import RouteError
+from stunnerd.offload.table import OffloadRoutes
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,11 @@ class OffloadManager:
         self._stop()
 
     # ------------------------------------------------------------------ channels
+
+    def routes(self, listener: str, address: Address, traffic: Traffic) -> OffloadRoutes:
+        """`listener`'s channel routes in the kernel, as a `RouteTable`: `address` is its bound
+        address, `traffic` its counters."""
+        return OffloadRoutes(self, listener, address, traffic)
 
     def channel_added(
         self,

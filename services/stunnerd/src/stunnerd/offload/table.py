@@ -8,9 +8,39 @@ this table holds fewer routes than the user-space ones: `offload_only`.
 
 from __future__ import annotations
 
-from stunnerd.offload.manager import OffloadManager
+from typing import Protocol
+
+from stunnerd.offload.datapath import Datapath
 from stunnerd.offload.maps import Fwd, client_key, destination, peer_key
 from stunnerd.route_table.table import NOT_ROUTED, Address, ChannelRoute, RouteView, Traffic
+
+
+class Channels(Protocol):
+    """What the table needs of the process-wide `stunnerd.offload.manager.OffloadManager`."""
+
+    @property
+    def datapath(self) -> Datapath | None:
+        """The maps, while an engine is attached."""
+
+    def channel_added(
+        self,
+        listener: str,
+        client: Address,
+        channel: int,
+        peer: Address,
+        *,
+        listener_addr: Address,
+        relay_addr: Address,
+        listener_traffic: Traffic,
+        cluster_traffic: Traffic,
+    ) -> None:
+        """Relay the channel in the kernel (now, or once an engine attaches)."""
+
+    def channel_removed(self, listener: str, client: Address, channel: int) -> None:
+        """Stop relaying the channel in the kernel."""
+
+    def listener_closed(self, listener: str) -> None:
+        """Stop relaying every channel of `listener` in the kernel."""
 
 
 class OffloadRoutes:
@@ -22,7 +52,7 @@ class OffloadRoutes:
 
     def __init__(
         self,
-        manager: OffloadManager,
+        manager: Channels,
         listener: str,
         listener_addr: Address,
         listener_traffic: Traffic,

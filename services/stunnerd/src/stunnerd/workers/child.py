@@ -34,6 +34,7 @@ from stunner_common.contracts.worker_messages import (
     decode_request,
 )
 from stunner_common.loglevel import apply_log_spec
+from stunnerd.handoff.records import RecordJournal
 from stunnerd.handoff.state import HandoffFormatError, decode_state
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.server import TurnServer
@@ -183,7 +184,7 @@ async def serve(
             quota=quota,
             node_address=node_address,
             offload=OffloadManager(shared_maps(inherited)),
-            journal=JournalWriter(inherited.channel),
+            journal=RecordJournal(JournalWriter(inherited.channel)),
         )
     dataplane = LocalDataplane(server)
     log.info("worker %d ready (pid %d)", index, os.getpid())

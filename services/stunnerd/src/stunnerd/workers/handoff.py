@@ -36,6 +36,7 @@ from stunnerd.handoff.channel import (
     Received,
     take_over,
 )
+from stunnerd.handoff.records import record_of
 from stunnerd.handoff.state import (
     READABLE_VERSIONS,
     VERSION,
@@ -45,7 +46,6 @@ from stunnerd.handoff.state import (
     decode_state,
     encode_state,
 )
-from stunnerd.net.adopt import record_of
 from stunnerd.net.server import TurnServer
 from stunnerd.net.udp import UdpListener
 from stunnerd.workers.local import LocalDataplane

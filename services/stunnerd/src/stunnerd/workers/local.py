@@ -1,5 +1,8 @@
 """The TURN server of this process, driven by the reconciler.
 
+The C relay (`stunnerd.fastpath`) is wired in here, where it was built and the server's tuning
+asks for it (`STUNNERD_FASTPATH`), unless the server was given one.
+
 Draining refuses new allocations by swapping in a quota policy that admits nobody, so an
 Allocate during drain is answered 486 (Allocation Quota Reached) while every live allocation,
 permission and channel keeps working. Configs that arrive after the drain started are not
@@ -14,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stunner_common.config import StunnerConfig
+from stunnerd import fastpath
 from stunnerd.net.server import TurnServer
 from stunnerd.reconcile.listeners import ListenerReconciler, ReconcileError
 from stunnerd.status import ApplyOutcome, ClusterStats, ListenerStats, StatsSnapshot, TrafficStats
@@ -33,6 +37,8 @@ class _NoNewAllocations(UserQuota):
 class LocalDataplane:
     def __init__(self, server: TurnServer | None = None) -> None:
         self.server = server if server is not None else TurnServer()
+        if self.server.fastpath is None:
+            self.server.fastpath = fastpath.factory(self.server.tuning.fastpath)
         self.reconciler = ListenerReconciler(self.server)
         self.draining = False
 

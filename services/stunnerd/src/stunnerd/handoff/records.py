@@ -1,0 +1,117 @@
+"""A live allocation as the handoff document's record, and the journal that writes such records.
+
+The edge hands its allocations to `stunnerd.net.ports.AllocationJournal` as the engine holds
+them (`stunnerd.turn.allocation.Allocation`, its expiries read on the loop's clock); what is
+journaled and handed over is the document's `AllocationRecord`, its lifetimes as seconds left.
+`record_of` makes one from the other; `RecordJournal` is the `AllocationJournal` that does so
+for a journal of records (`stunnerd.workers.journal.JournalWriter`). The way back, record to
+allocation, is the edge's (`stunnerd.net.adopt.allocation_of`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from stunnerd.handoff.state import Address, AllocationRecord, ChannelRecord
+
+
+class LiveChannel(Protocol):
+    """A bound channel as the engine holds it (`stunnerd.turn.allocation.Channel`)."""
+
+    @property
+    def number(self) -> int: ...
+
+    @property
+    def peer(self) -> Address: ...
+
+    @property
+    def expires(self) -> float: ...
+
+
+class LiveAllocation(Protocol):
+    """An allocation as the engine holds it (`stunnerd.turn.allocation.Allocation`)."""
+
+    @property
+    def client(self) -> Address: ...
+
+    @property
+    def user_id(self) -> str: ...
+
+    @property
+    def key(self) -> bytes: ...
+
+    @property
+    def username(self) -> str: ...
+
+    @property
+    def relay(self) -> Address: ...
+
+    @property
+    def family(self) -> int: ...
+
+    @property
+    def expires(self) -> float: ...
+
+    @property
+    def additional(self) -> Address | None: ...
+
+    @property
+    def tcp(self) -> bool: ...
+
+    @property
+    def permissions(self) -> Mapping[str, float]: ...
+
+    @property
+    def channels(self) -> Mapping[int, LiveChannel]: ...
+
+
+def record_of(alloc: LiveAllocation, now: float) -> AllocationRecord:
+    """The allocation as a handoff record, its lifetimes as seconds left after `now`."""
+    return AllocationRecord(
+        client=alloc.client,
+        user_id=alloc.user_id,
+        key=alloc.key,
+        username=alloc.username,
+        relay=alloc.relay,
+        family=alloc.family,
+        expires_in_s=max(0.0, alloc.expires - now),
+        additional=alloc.additional,
+        tcp=alloc.tcp,
+        permissions={
+            ip: expires - now for ip, expires in alloc.permissions.items() if expires > now
+        },
+        channels=tuple(
+            ChannelRecord(ch.number, ch.peer, ch.expires - now)
+            for ch in alloc.channels.values()
+            if ch.expires > now
+        ),
+    )
+
+
+class RecordSink(Protocol):
+    """A journal of handoff records (`stunnerd.workers.journal.JournalWriter`)."""
+
+    def changed(self, listener: str, record: AllocationRecord, fds: Sequence[int]) -> None:
+        """The allocation as it stands; `fds` its relay sockets when it is new."""
+
+    def deleted(self, listener: str, client: Address) -> None:
+        """The allocation is gone."""
+
+
+class RecordJournal:
+    """An `AllocationJournal` (`stunnerd.net.ports`) that journals each allocation as its
+    handoff record into `sink`."""
+
+    __slots__ = ("sink",)
+
+    def __init__(self, sink: RecordSink) -> None:
+        self.sink = sink
+
+    def changed(
+        self, listener: str, allocation: LiveAllocation, now: float, fds: Sequence[int]
+    ) -> None:
+        self.sink.changed(listener, record_of(allocation, now), fds)
+
+    def deleted(self, listener: str, client: Address) -> None:
+        self.sink.deleted(listener, client)
