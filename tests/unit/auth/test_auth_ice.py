@@ -182,3 +182,23 @@ def test_a_lifetime_that_is_not_a_positive_number_is_ignored(raw: str) -> None:
         )
     }
     assert turn_rest_answer(configs, IceQuery(ttl_s=123), NOW)["ttl"] == 123
+
+
+def test_a_listener_with_only_the_pod_address_placeholder_gets_no_uri() -> None:
+    # A Gateway behind a Service with no load balancer address and nodes with no external IP
+    # (a bare-metal or one-node cluster): the operator renders no public address, and the
+    # listener's address is what only stunnerd expands. Clients get a clear 404 reason, never
+    # "turn:$STUNNER_ADDR:3478".
+    pending = {
+        "stunner/pending": gateway(
+            "stunner/pending",
+            [{"name": "udp", "protocol": "TURN-UDP", "address": "$STUNNER_ADDR", "port": 3478}],
+        )
+    }
+    with pytest.raises(NoMatchError, match="gateway=pending has a listener with a client-reach"):
+        ice_config(pending, IceQuery(gateway="pending"), NOW)
+    both = {**CONFIGS, **pending}
+    assert turn_rest_answer(both, IceQuery(namespace="stunner"), NOW)["uris"] == [
+        "turn:127.0.0.1:3479?transport=tcp",
+        "turn:1.2.3.4:3478?transport=udp",
+    ]

@@ -16,14 +16,22 @@ from typing import Literal
 
 from stunner_common.auth import credential_lifetime, ephemeral_credentials
 from stunner_common.config import AuthConfig, ListenerConfig, StunnerConfig
-from stunner_common.contracts.listener_address import NODE_ADDRESS_PLACEHOLDER, WILDCARD_ADDRESSES
+from stunner_common.contracts.listener_address import (
+    NODE_ADDRESS_PLACEHOLDER,
+    POD_ADDRESS,
+    WILDCARD_ADDRESSES,
+)
 from stunner_common.turnuri import listener_turn_uri
 
 DEFAULT_TTL_S = 86400
 """Lifetime of ephemeral credentials when the client asks for none: one day, as upstream."""
 
 IcePolicy = Literal["all", "relay"]
-_UNREACHABLE = WILDCARD_ADDRESSES | {NODE_ADDRESS_PLACEHOLDER}
+# A listener with none of these has no address a client can use: a wildcard, or a placeholder
+# that only a stunnerd pod can expand (its pod IP, its node's address). Such a listener waits for
+# a public address (a load balancer's, a node's external IP with the node port, or the Gateway's
+# spec.addresses); until it has one, clients get no URI for it rather than a placeholder.
+_UNREACHABLE = WILDCARD_ADDRESSES | {NODE_ADDRESS_PLACEHOLDER, POD_ADDRESS}
 
 
 class NoMatchError(LookupError):
