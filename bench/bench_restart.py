@@ -34,7 +34,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from stunnerd.net.adopt import record_of
+from stunnerd.handoff.records import record_of
 from stunnerd.turn.allocation import Allocation, Channel
 from stunnerd.workers.journal import Journal, JournalWriter
 from stunnerd.workers.sockets import FdChannel
