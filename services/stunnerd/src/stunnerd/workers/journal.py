@@ -1,7 +1,8 @@
 """A worker's allocations, kept by the supervisor so that they outlive the worker.
 
 A worker journals every TURN-UDP allocation over its socket channel (`FdChannel`) whenever the
-allocation changes (`JournalWriter`, the `net.adopt.AllocationJournal` of a worker): an entry
+allocation changes (`JournalWriter`, which `stunnerd.handoff.records.RecordJournal` makes the
+`stunnerd.net.ports.AllocationJournal` of a worker): an entry
 (`contracts.worker_messages.JournalEntry`; `JournalDelete` when it is gone) is the allocation's
 handoff record (`stunnerd.handoff.state.AllocationRecord`) with the monotonic time it was taken
 at, and for a new allocation the duplicates of its relay sockets (SCM_RIGHTS).
