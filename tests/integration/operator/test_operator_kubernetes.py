@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,11 +19,11 @@ import aiohttp
 import kmock
 import pytest
 import redis.asyncio as aioredis
-from kubernetes_asyncio.client import ApiClient, Configuration
 
 from stunner_common.contracts.redis_keys import CONFIGS_HASH, EVENTS_STREAM
-from stunner_operator.k8s.api import KubeApi
-from stunner_operator.k8s.controller import KubeController
+from stunner_common.io.kube.api import KubeApi
+from stunner_common.io.kube.config import KubeAccess
+from stunner_operator.controller.loops import KubeController
 from stunner_operator.k8s.resources import DEPLOYMENT, WATCHED
 from stunner_operator.publish import RedisConfigSink
 from support.redis_server import RedisServer
@@ -169,7 +170,7 @@ async def controller(
     _emulator, kube = cluster
     for path, body in SEED:
         await kube.request("POST", path, body)
-    api = KubeApi(ApiClient(Configuration(host=kube.url)), timeout_s=5)
+    api = KubeApi(KubeAccess(kube.url, ssl.create_default_context()), timeout_s=5)
     sink = RedisConfigSink(redis.url, timeout_s=2)
     ctl = KubeController(
         api, sink, throttle_s=0.02, retry_s=0.05, watch_timeout_s=30, resources=RESOURCES

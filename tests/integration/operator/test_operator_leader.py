@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from stunner_operator.k8s.api import KubeApi
-from stunner_operator.k8s.leader import LEASE, LeaderElector
+from stunner_common.io.kube.api import KubeApi
+from stunner_operator.controller.leader import LEASE, LeaderElector
 
 pytestmark = pytest.mark.integration
 

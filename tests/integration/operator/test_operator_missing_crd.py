@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 import kmock
 import pytest
-from kubernetes_asyncio.client import ApiClient, Configuration
 
-from stunner_operator.k8s.api import KubeApi
-from stunner_operator.k8s.controller import KubeController
+from stunner_common.io.kube.api import KubeApi
+from stunner_common.io.kube.config import KubeAccess
+from stunner_operator.controller.loops import KubeController
 from stunner_operator.k8s.resources import WATCHED
 from stunner_operator.publish import RedisConfigSink
 from support.redis_server import RedisServer
@@ -25,22 +26,24 @@ async def test_a_missing_gateway_api_crd_is_named_once_with_how_to_install_it(
         for res in RESOURCES:
             if not res.optional and res.kind != "GatewayClass":
                 emulator.resources[f"{res.api_version}/{res.plural}"] = {}  # type: ignore[assignment]
-        api = KubeApi(ApiClient(Configuration(host=str(emulator.url).rstrip("/"))), timeout_s=5)
+        api = KubeApi(
+            KubeAccess(str(emulator.url).rstrip("/"), ssl.create_default_context()), timeout_s=5
+        )
         sink = RedisConfigSink(redis.url, timeout_s=2)
         ctl = KubeController(api, sink, retry_s=0.05, resources=RESOURCES)
         stop = asyncio.Event()
-        with caplog.at_level(logging.ERROR, logger="stunner_operator.k8s.controller"):
+        with caplog.at_level(logging.ERROR, logger="stunner_operator.controller.loops"):
             named = asyncio.Event()
             handler = logging.Handler()
             handler.emit = lambda record: named.set()  # type: ignore[method-assign]
-            logging.getLogger("stunner_operator.k8s.controller").addHandler(handler)
+            logging.getLogger("stunner_operator.controller.loops").addHandler(handler)
             try:
                 task = asyncio.create_task(ctl.run(stop), name="kube-controller")
                 async with asyncio.timeout(10):
                     await named.wait()
                 await asyncio.sleep(0.5)  # ten more retries of the missing list: no repeat
             finally:
-                logging.getLogger("stunner_operator.k8s.controller").removeHandler(handler)
+                logging.getLogger("stunner_operator.controller.loops").removeHandler(handler)
             stop.set()
             async with asyncio.timeout(10):
                 await task

@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from stunner_operator.k8s.api import KubeApi
-from stunner_operator.k8s.leader import LeaderElector
+from stunner_common.io.kube.api import KubeApi
+from stunner_operator.controller.leader import LeaderElector
 from stunner_operator.manifests.local import LocalOperator
 from stunner_operator.observe import ObservabilityServer, OperatorMetrics, parse_address
 from stunner_operator.publish import RedisConfigSink

@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -187,18 +188,19 @@ async def _serving(server: ObservabilityServer) -> AsyncIterator[None]:
 
 
 async def _run_kubernetes(settings: OperatorSettings) -> int:
-    from stunner_operator.k8s.api import KubeApi, KubeApiError, load_client
-    from stunner_operator.k8s.controller import KubeController
-    from stunner_operator.k8s.leader import LeaderElector
+    from stunner_common.io.kube.api import KubeApi, KubeApiError, load_access
+    from stunner_operator.controller.leader import LeaderElector
+    from stunner_operator.controller.loops import KubeController
     from stunner_operator.k8s.resources import watched
 
     metrics = OperatorMetrics()
     server = _server(settings, metrics)
     try:
-        client = await load_client(settings.kubeconfig)
+        # A kubeconfig's credential plugin may run for a while: off the loop.
+        access = await asyncio.to_thread(load_access, settings.kubeconfig, dict(os.environ))
     except KubeApiError as err:
         raise _StartupError(str(err)) from err
-    api = KubeApi(client, timeout_s=settings.kube_timeout_s)
+    api = KubeApi(access, timeout_s=settings.kube_timeout_s)
     try:
         sink = await _redis_sink(settings)
     except _StartupError:

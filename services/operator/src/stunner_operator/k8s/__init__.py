@@ -1,6 +1,3 @@
-"""The operator's only door to Kubernetes: the one package that imports ``kubernetes_asyncio``.
-
-`api` wraps the client, `controller` watches and reconciles, `leader` runs the leader election,
-`resources` names the API groups and kinds. An import contract in the workspace pyproject.toml
-keeps every other package (of the operator and of the whole workspace) off the client.
-"""
+"""The operator's door to the Kubernetes API: `api` is the client, `resources` names the API
+groups, kinds and paths. What the operator does with the cluster (watch, reconcile, elect a
+leader) is `stunner_operator.controller`."""

@@ -1,4 +1,5 @@
-"""The Kubernetes resources the operator watches and writes, and their REST paths.
+"""The Kubernetes resources the operator watches and writes, and their REST paths (what
+``stunner_common.io.kube.api.KubeApi`` calls them by).
 
 Each watched resource maps to a store kind of the renderer. Paths are built by hand rather than
 through the generated clients so that core types, CRDs and Gateway API objects all travel as
@@ -23,6 +24,11 @@ class Resource:
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def object_kind(self) -> str:
+        """The kind of the resource's objects (both UDPRoute versions are ``UDPRoute``)."""
+        return "UDPRoute" if self.kind == "UDPRouteV1A2" else self.kind
 
     def _base(self) -> str:
         return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"

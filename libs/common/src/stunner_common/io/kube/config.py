@@ -10,6 +10,10 @@ client-go credential plugin (``exec``: the command the cloud providers' kubeconf
 ``status`` holds a token or a client certificate. The long-removed ``auth-provider`` section is
 refused with what to use instead.
 
+A process that runs in a pod (the operator) uses its service account instead:
+:func:`in_cluster_access` (``KUBERNETES_SERVICE_HOST``/``_PORT``, the token and CA that the
+kubelet mounts; the token is read again at every request, as the kubelet rotates it).
+
 Every failure is a :class:`KubeDiscoveryError` with one line for the user.
 """
 
@@ -34,9 +38,11 @@ from stunner_common.cli import CDS_ADDR_ENV, DEPRECATED_CDS_ADDR_ENVS
 
 __all__ = [
     "EXEC_TIMEOUT_S",
+    "SERVICE_ACCOUNT_DIR",
     "KubeAccess",
     "KubeDiscoveryError",
     "KubeOptions",
+    "in_cluster_access",
     "kubeconfig_paths",
     "load_kubeconfig",
     "wants_kube_discovery",
@@ -45,6 +51,8 @@ __all__ = [
 EXEC_TIMEOUT_S = 60.0
 """How long a credential plugin may run (a plugin that opens a browser login is not waited for
 longer: tools here are not interactive)."""
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+"""Where the kubelet mounts a pod's service-account token, CA bundle and namespace."""
 EXEC_API_VERSIONS = (
     "client.authentication.k8s.io/v1",
     "client.authentication.k8s.io/v1beta1",
@@ -83,9 +91,15 @@ class KubeAccess:
     token: str | None = None
     namespace: str = "default"
     context: str = ""
+    token_file: str | None = None
+    """A token file read again at every request (a pod's rotated service-account token); the
+    last token read stays in use while the file cannot be read."""
 
     @property
     def headers(self) -> dict[str, str]:
+        if self.token_file:
+            with contextlib.suppress(OSError):
+                self.token = Path(self.token_file).read_text().strip() or self.token
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
 
@@ -374,4 +388,43 @@ def load_kubeconfig(options: KubeOptions, env: Mapping[str, str]) -> KubeAccess:
         token=creds.token,
         namespace=ctx.namespace,
         context=ctx.name,
+    )
+
+
+def in_cluster_access(
+    env: Mapping[str, str], account_dir: Path = SERVICE_ACCOUNT_DIR
+) -> KubeAccess:
+    """The API server as a pod sees it: ``KUBERNETES_SERVICE_HOST``/``_PORT``, the pod's
+    service-account token (read again at every request) and the cluster's CA."""
+    host = env.get("KUBERNETES_SERVICE_HOST", "").strip()
+    port = env.get("KUBERNETES_SERVICE_PORT", "").strip()
+    if not host or not port:
+        raise _config_error("KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set")
+    token_file = account_dir / "token"
+    try:
+        token = token_file.read_text().strip()
+    except OSError as exc:
+        raise _config_error(
+            f"cannot read the service-account token {token_file}: {exc.strerror}"
+        ) from None
+    if not token:
+        raise _config_error(f"the service-account token {token_file} is empty")
+    try:
+        ssl_context = ssl.create_default_context(cafile=str(account_dir / "ca.crt"))
+    except (OSError, ssl.SSLError) as exc:
+        raise _config_error(
+            f"cannot load the cluster's CA {account_dir / 'ca.crt'}: {exc}"
+        ) from None
+    try:
+        namespace = (account_dir / "namespace").read_text().strip() or "default"
+    except OSError:
+        namespace = "default"
+    server_host = f"[{host}]" if ":" in host else host
+    return KubeAccess(
+        server=f"https://{server_host}:{port}",
+        ssl_context=ssl_context,
+        token=token,
+        namespace=namespace,
+        context="in-cluster",
+        token_file=str(token_file),
     )

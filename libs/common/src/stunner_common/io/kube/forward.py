@@ -13,7 +13,8 @@ error; the first message on each channel is the port, 2 bytes little-endian). A 
 whose WebSocket cannot be opened makes the next one look the pod up again, so the forward
 outlives a restarted CDS pod; it closes with the context. :func:`open_pod_forward` forwards to
 any pod port the same way (stunnerctl's ``status`` reads each stunnerd pod's ``/status`` so).
-The kubeconfig itself is read by :mod:`stunner_common.io.kube.config`.
+The kubeconfig itself is read by :mod:`stunner_common.io.kube.config`; the pods and the
+Secret are read with the one API client, :class:`stunner_common.io.kube.api.KubeApi`.
 
 The CDS bearer token comes from the Secret the chart makes (``stunner-cds-token``, key
 ``token``, beside the CDS pod) when the user may read it, else from the caller's fallback
@@ -32,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.typing import Subprotocol
 
+from stunner_common.io.kube.api import KubeApi
 from stunner_common.io.kube.config import (
     KubeAccess,
     KubeDiscoveryError,
@@ -57,6 +58,8 @@ __all__ = [
     "KubeOptions",
     "Pod",
     "PodForward",
+    "cds_token",
+    "find_cds",
     "kubeconfig_paths",
     "load_kubeconfig",
     "open_cds_forward",
@@ -115,89 +118,37 @@ def _key(pod: Mapping[str, Any]) -> tuple[str, str]:
     return pod["metadata"]["namespace"], pod["metadata"]["name"]
 
 
-def _refusal(exc: httpx.HTTPStatusError, what: str, access: KubeAccess) -> KubeDiscoveryError:
-    status = exc.response.status_code
-    if status in (401, 403):
-        who = "the credentials were refused" if status == 401 else "forbidden"
-        return KubeDiscoveryError(
-            f"{what}: {who} by the API server at {access.server} "
-            f"(context {access.context!r}, HTTP {status})",
-            "forbidden",
+async def find_cds(api: KubeApi, namespace: str | None) -> Pod:
+    """The ready CDS pod (in ``namespace``, else in any namespace) and its CDS port."""
+    where = f"namespace {namespace}" if namespace else "any namespace"
+    pods = await api.list_pods(namespace, CDS_LABEL, f"listing CDS pods in {where}")
+    if not pods:
+        raise KubeDiscoveryError(
+            f"no CDS pod (label {CDS_LABEL}) in {where}: is STUNner installed"
+            + (" there? (try without -n/--cds-server-namespace)" if namespace else "?")
         )
-    return KubeDiscoveryError(f"{what}: the API server answered HTTP {status}")
-
-
-class KubeApi:
-    """The few API calls discovery makes."""
-
-    def __init__(self, access: KubeAccess, timeout_s: float) -> None:
-        self.access = access
-        self._http = httpx.AsyncClient(
-            base_url=access.server,
-            verify=access.ssl_context,
-            headers=access.headers,
-            timeout=timeout_s,
+    ready = [p for p in pods if is_ready(p)]
+    if not ready:
+        names = ", ".join("/".join(_key(p)) for p in pods)
+        raise KubeDiscoveryError(f"{len(pods)} CDS pod(s) in {where} and none is ready: {names}")
+    namespaces = {p["metadata"]["namespace"] for p in ready}
+    if len(namespaces) > 1:
+        raise KubeDiscoveryError(
+            f"CDS pods in several namespaces ({', '.join(sorted(namespaces))}): "
+            "pick one with --cds-server-namespace"
         )
+    pod = ready[0]
+    return Pod(*_key(pod), _named_port(pod, "cds", DEFAULT_CDS_PORT))
 
-    async def aclose(self) -> None:
-        await self._http.aclose()
 
-    async def _get(self, path: str, what: str, **params: str) -> dict[str, Any]:
-        try:
-            response = await self._http.get(path, params=params or None)
-            response.raise_for_status()
-        except httpx.HTTPStatusError as exc:
-            raise _refusal(exc, what, self.access) from None
-        except httpx.HTTPError as exc:
-            raise KubeDiscoveryError(
-                f"cannot reach the API server at {self.access.server}: {exc or type(exc).__name__}",
-                "unreachable",
-            ) from None
-        data: dict[str, Any] = response.json()
-        return data
-
-    async def list_pods(self, namespace: str | None, selector: str, what: str) -> list[Any]:
-        """The pods matching ``selector`` in ``namespace`` (None: every namespace)."""
-        path = f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
-        listing = await self._get(path, what, labelSelector=selector)
-        return sorted(listing.get("items") or [], key=_key)
-
-    async def find_cds(self, namespace: str | None) -> Pod:
-        where = f"namespace {namespace}" if namespace else "any namespace"
-        pods = await self.list_pods(namespace, CDS_LABEL, f"listing CDS pods in {where}")
-        if not pods:
-            raise KubeDiscoveryError(
-                f"no CDS pod (label {CDS_LABEL}) in {where}: is STUNner installed"
-                + (" there? (try without -n/--cds-server-namespace)" if namespace else "?")
-            )
-        ready = [p for p in pods if is_ready(p)]
-        if not ready:
-            names = ", ".join("/".join(_key(p)) for p in pods)
-            raise KubeDiscoveryError(
-                f"{len(pods)} CDS pod(s) in {where} and none is ready: {names}"
-            )
-        namespaces = {p["metadata"]["namespace"] for p in ready}
-        if len(namespaces) > 1:
-            raise KubeDiscoveryError(
-                f"CDS pods in several namespaces ({', '.join(sorted(namespaces))}): "
-                "pick one with --cds-server-namespace"
-            )
-        pod = ready[0]
-        return Pod(*_key(pod), _named_port(pod, "cds", DEFAULT_CDS_PORT))
-
-    async def cds_token(self, namespace: str) -> str | None:
-        """The chart's CDS token, or None when the Secret is absent or not readable."""
-        try:
-            response = await self._http.get(
-                f"/api/v1/namespaces/{quote(namespace)}/secrets/{CDS_TOKEN_SECRET}"
-            )
-        except httpx.HTTPError:
-            return None
-        if response.status_code != 200:
-            log.debug("CDS token Secret: HTTP %d", response.status_code)
-            return None
-        data = (response.json().get("data") or {}).get(CDS_TOKEN_KEY)
-        return base64.b64decode(data).decode().strip() or None if data else None
+async def cds_token(api: KubeApi, namespace: str) -> str | None:
+    """The chart's CDS token, or None when the Secret is absent or not readable."""
+    secret = await api.read_secret(namespace, CDS_TOKEN_SECRET)
+    if secret is None:
+        log.debug("CDS token Secret %s/%s: not readable", namespace, CDS_TOKEN_SECRET)
+        return None
+    data = (secret.get("data") or {}).get(CDS_TOKEN_KEY)
+    return base64.b64decode(data).decode().strip() or None if data else None
 
 
 PodLookup = Callable[[], Awaitable[Pod]]
@@ -380,14 +331,14 @@ async def open_cds_forward(
     access = load_kubeconfig(options, env)
     api = KubeApi(access, timeout_s)
     try:
-        pod = await api.find_cds(options.namespace)
-        token = await api.cds_token(pod.namespace) or fallback_token
+        pod = await find_cds(api, options.namespace)
+        token = await cds_token(api, pod.namespace) or fallback_token
     except BaseException:
         await api.aclose()
         raise
 
     async def relocate() -> Pod:
-        return await api.find_cds(options.namespace)
+        return await find_cds(api, options.namespace)
 
     forward = PodForward(api, pod, relocate, token)
     try:

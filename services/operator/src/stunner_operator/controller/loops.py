@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stunner_common.crds import CrdError, K8sObject, UnsupportedKindError, parse_object
-from stunner_operator.k8s.api import GoneError, KubeApi, KubeApiError, NotFoundError
+from stunner_common.io.kube.api import GoneError, KubeApi, KubeApiError, NotFoundError
 from stunner_operator.k8s.resources import (
     BY_KIND,
     WATCHED,

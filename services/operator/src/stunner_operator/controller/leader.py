@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from stunner_operator.k8s.api import ConflictError, KubeApi, KubeApiError
+from stunner_common.io.kube.api import ConflictError, KubeApi, KubeApiError
 from stunner_operator.k8s.resources import Resource
 from stunner_operator.observe import OperatorMetrics
 
