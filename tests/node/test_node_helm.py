@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import time
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -221,12 +222,12 @@ def walkthrough_objects(admin: Any) -> tuple[list[dict[str, Any]], list[str]]:
     return objects, changed
 
 
-def gateway_pods(admin: Any) -> list[dict[str, Any]]:
+def gateway_pods(admin: Any, gateway: str = GATEWAY) -> list[dict[str, Any]]:
     pods = admin.list(
         "v1",
         "Pod",
         NAMESPACE,
-        label_selector=f"stunner.l7mp.io/related-gateway-name={GATEWAY}",
+        label_selector=f"stunner.l7mp.io/related-gateway-name={gateway}",
     )
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
@@ -335,15 +336,29 @@ async def _until_silent(call: EchoCall, timeout_s: float, quiet_s: float = 1.0) 
 
 # -- the local stack's browser page against the cluster
 
+BROWSER_GATEWAY = "browser-gateway"
+BROWSER_PORT = 3479
 MEDIA_ROUTE = "media-echo"
 AUTH_PORT = 8088
 """The auth pod's port (the chart's auth.port)."""
 
 
-def media_echo_backend(api_version: str) -> list[dict[str, Any]]:
-    """A StaticService for the media echo server on the node IP (a host process, as a media
-    server outside the cluster would be) and a UDPRoute from the Gateway to it."""
+def browser_objects(api_version: str) -> list[dict[str, Any]]:
+    """A Gateway whose public address is the node IP (spec.addresses: the operator puts it in
+    the Service's externalIPs, so kube-proxy forwards it), a StaticService for the media echo
+    server on the node IP (a host process, as a media server outside the cluster would be),
+    and a UDPRoute from that Gateway to it."""
     return [
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": BROWSER_GATEWAY, "namespace": NAMESPACE},
+            "spec": {
+                "gatewayClassName": "stunner-gatewayclass",
+                "addresses": [{"type": "IPAddress", "value": NODE_IP}],
+                "listeners": [{"name": "udp", "port": BROWSER_PORT, "protocol": "UDP"}],
+            },
+        },
         {
             "apiVersion": "stunner.l7mp.io/v1",
             "kind": "StaticService",
@@ -355,7 +370,7 @@ def media_echo_backend(api_version: str) -> list[dict[str, Any]]:
             "kind": "UDPRoute",
             "metadata": {"name": MEDIA_ROUTE, "namespace": NAMESPACE},
             "spec": {
-                "parentRefs": [{"name": GATEWAY}],
+                "parentRefs": [{"name": BROWSER_GATEWAY}],
                 "rules": [
                     {
                         "backendRefs": [
@@ -405,13 +420,17 @@ def allow_origin(release: NodeRelease, origin: str) -> dict[str, Any]:
     return pod
 
 
-async def test_a_browser_calls_through_the_gateway_with_ice_from_the_auth_pod(
+async def test_a_browser_calls_through_a_gateway_with_ice_from_the_auth_pod(
     release: NodeRelease, walkthrough: dict[str, Any], tmp_path: Path
 ) -> None:
     """The local stack's page (scripts/media_echo.html, served by its aiortc echo server on the
     host) in headless Chromium: its RTCConfiguration comes from the auth pod's /ice, relay only;
-    the video goes through the Gateway Service's NodePort to the stunnerd pod and on to the echo
-    server on the node IP, and stops when the UDPRoute goes."""
+    the video goes through the Gateway's Service to its stunnerd pod and on to the echo server
+    on the node IP, and stops when the UDPRoute goes.
+
+    The walkthrough's Gateway has no address a client can use here: its Service's load
+    balancer stays pending and the node has only an InternalIP (upstream's operator, like ours,
+    takes a node address only from ExternalIP/ExternalDNS), so /ice answers 404 for it."""
     binary = which("chromium", "/usr/lib/chromium") or which("chromium-browser")
     if binary is None:
         _unavailable("chromium is not installed")
@@ -420,15 +439,21 @@ async def test_a_browser_calls_through_the_gateway_with_ice_from_the_auth_pod(
     route_version = next(
         o["apiVersion"] for o in walkthrough_objects(admin)[0] if o["kind"] == "UDPRoute"
     )
-    node_port = next(p for p in walkthrough["service"]["spec"]["ports"] if p["protocol"] == "UDP")
-    turn_uri = f"turn:{NODE_IP}:{node_port['nodePort']}?transport=udp"
-    query = {"service": "turn", "namespace": NAMESPACE, "gateway": GATEWAY}
-    admin.apply_all(media_echo_backend(route_version))
+    turn_uri = f"turn:{NODE_IP}:{BROWSER_PORT}?transport=udp"
+    objects = browser_objects(route_version)
+    admin.apply_all(objects)
     try:
+        await asyncio.to_thread(
+            admin.wait_for,
+            f"a Ready stunnerd pod of {BROWSER_GATEWAY}",
+            lambda: [p for p in gateway_pods(admin, BROWSER_GATEWAY) if pod_ready(p)],
+            timeout_s=120,
+        )
         log = tmp_path / "media-echo.log"
         async with media_echo(log, "(in the page URL)", "--ice-address", NODE_IP) as page:
             auth = await asyncio.to_thread(allow_origin, release, page)
             auth_url = f"http://{auth['status']['podIP']}:{AUTH_PORT}"
+            query = {"service": "turn", "namespace": NAMESPACE, "gateway": BROWSER_GATEWAY}
             ice = f"{auth_url}/ice?{urlencode({**query, 'iceTransportPolicy': 'relay'})}"
             url = f"{page}/?{urlencode({'ice': ice})}"
             async with (
@@ -444,7 +469,8 @@ async def test_a_browser_calls_through_the_gateway_with_ice_from_the_auth_pod(
                 assert pair["local"]["url"] == turn_uri, state
                 assert pair["remote"]["address"] == NODE_IP, state
                 assert state["received"]["width"] > 0, state
-                echoed = await asyncio.to_thread(_get_json, f"{page}/stats")
+                stats = await asyncio.to_thread(_get, f"{page}/stats")
+                echoed = json.loads(stats[1])
                 assert echoed["frames_echoed"] >= FRAMES, echoed
 
                 admin.delete(route_version, "UDPRoute", MEDIA_ROUTE, NAMESPACE)
@@ -454,6 +480,11 @@ async def test_a_browser_calls_through_the_gateway_with_ice_from_the_auth_pod(
                     "['disconnected', 'failed'].includes(s.iceConnectionState)",
                     "the browser to lose its ICE connection",
                 )
+            pending = await asyncio.to_thread(
+                _get, f"{auth_url}/ice?{urlencode({'service': 'turn', 'gateway': GATEWAY})}"
+            )
+            assert pending[0] == 404, pending
+            assert "client-reachable address" in pending[1], pending
         print(
             f"\nbrowser call through {turn_uri}: {state['received']['frames']} frames back; "
             f"ICE down {time.monotonic() - deleted:.1f} s after the UDPRoute was deleted"
@@ -463,14 +494,18 @@ async def test_a_browser_calls_through_the_gateway_with_ice_from_the_auth_pod(
             print((tmp_path / "media-echo.log").read_text(errors="replace")[-3000:])
         raise
     finally:
-        for obj in reversed(media_echo_backend(route_version)):
+        for obj in reversed(objects):
             with contextlib.suppress(KubeError):
-                admin.delete(obj["apiVersion"], obj["kind"], MEDIA_ROUTE, NAMESPACE)
+                admin.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], NAMESPACE)
 
 
-def _get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        return json.load(reply)
+def _get(url: str) -> tuple[int, str]:
+    """(status, body) of a GET; an HTTP error status is an answer too."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
 
 
 # -- faults with a call running
