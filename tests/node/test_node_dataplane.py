@@ -36,7 +36,7 @@ from support import gobin
 from support.kube import KubeClient, KubeError
 from support.kube_stack import NAMESPACE
 from support.node_call import EchoCall
-from support.node_helm import HelmError, NodeRelease, pod_ready, pod_summary, udp_echo
+from support.node_helm import NodeRelease, pod_ready, pod_summary, udp_echo
 from support.node_images import UDP_ECHO_PORT, missing_images
 from support.node_stack import NODE_IP, NodeStack
 from support.ports import free_port
@@ -88,29 +88,13 @@ def release(node: NodeStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def _clean_up(rel: NodeRelease) -> None:
-    admin = rel.admin
     for name in (OFFLOAD, HANDOFF):
         with contextlib.suppress(KubeError):
-            admin.delete(GATEWAY_API, "Gateway", name, NAMESPACE)
-    with contextlib.suppress(HelmError, KubeError):
-        rel.uninstall()
-    for name in (OFFLOAD, HANDOFF):
-        with contextlib.suppress(KubeError):
-            admin.delete(GATEWAY_API, "GatewayClass", name)
-        with contextlib.suppress(KubeError):
-            admin.delete(STUNNER_API, "Dataplane", name)
-    with contextlib.suppress(KubeError):
-        admin.request(
-            "DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods", params={"gracePeriodSeconds": "0"}
-        )
-        admin.delete("v1", "Namespace", NAMESPACE)
-    with contextlib.suppress(TimeoutError):
-        admin.wait_for(
-            "namespace stunner gone",
-            lambda: admin.get("v1", "Namespace", NAMESPACE) is None,
-            timeout_s=120,
-            interval_s=1.0,
-        )
+            rel.admin.delete(GATEWAY_API, "Gateway", name, NAMESPACE)
+    rel.remove(
+        *[(GATEWAY_API, "GatewayClass", name) for name in (OFFLOAD, HANDOFF)],
+        *[(STUNNER_API, "Dataplane", name) for name in (OFFLOAD, HANDOFF)],
+    )
 
 
 def _pods(admin: KubeClient, selector: str) -> list[dict[str, Any]]:

@@ -39,7 +39,6 @@ from support.media_echo import media_echo
 from support.node_call import CallReport, EchoCall
 from support.node_helm import (
     CHART_COMPONENTS,
-    HelmError,
     NodeRelease,
     component_pods,
     pod_ready,
@@ -141,30 +140,7 @@ def release(node: NodeStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         print(f"\nnode release timings: {rel.timings}")
         yield rel
     finally:
-        _clean_up(rel)
-
-
-def _clean_up(rel: NodeRelease) -> None:
-    """Leave the node as the other modules expect it: no release, no stunner namespace."""
-    admin = rel.admin
-    with contextlib.suppress(HelmError, KubeError):
-        rel.uninstall()
-    for kind, name in (("GatewayClass", "stunner-gatewayclass"),):
-        with contextlib.suppress(KubeError):
-            admin.delete("gateway.networking.k8s.io/v1", kind, name)
-    with contextlib.suppress(KubeError):
-        # stunnerd's grace period is the chart's 3600 s (it drains live allocations).
-        admin.request(
-            "DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods", params={"gracePeriodSeconds": "0"}
-        )
-        admin.delete("v1", "Namespace", NAMESPACE)
-    with contextlib.suppress(TimeoutError):
-        admin.wait_for(
-            "namespace stunner gone",
-            lambda: admin.get("v1", "Namespace", NAMESPACE) is None,
-            timeout_s=120,
-            interval_s=1.0,
-        )
+        rel.remove(("gateway.networking.k8s.io/v1", "GatewayClass", "stunner-gatewayclass"))
 
 
 def test_helm_install_runs_every_component_as_a_ready_pod(release: NodeRelease) -> None:
@@ -392,16 +368,7 @@ def allow_origin(release: NodeRelease, origin: str) -> dict[str, Any]:
     page fetch /ice; the auth pod that serves it once it is Ready."""
     admin = release.admin
     [old] = component_pods(admin, "auth")
-    release.helm.run(
-        "upgrade",
-        "stunner",
-        str(release.chart),
-        "--namespace",
-        NAMESPACE,
-        "--reuse-values",
-        "--set",
-        f"auth.corsOrigins={origin}",
-    )
+    release.upgrade(f"auth.corsOrigins={origin}")
 
     def serving() -> list[dict[str, Any]]:
         pods = component_pods(admin, "auth")
@@ -644,17 +611,7 @@ async def test_a_stunnerd_image_rollout_with_a_call_running(
     async with call_through(walkthrough) as call:
         await asyncio.sleep(1.0)
         mark = call.mark()
-        await asyncio.to_thread(
-            release.helm.run,
-            "upgrade",
-            "stunner",
-            str(release.chart),
-            "--namespace",
-            NAMESPACE,
-            "--reuse-values",
-            "--set",
-            f"dataplane.image.tag={new_tag}",
-        )
+        await asyncio.to_thread(release.upgrade, f"dataplane.image.tag={new_tag}")
         [new] = await asyncio.to_thread(
             admin.wait_for, "the new stunnerd pod Ready", new_pod_ready, timeout_s=120
         )

@@ -11,6 +11,7 @@ and runs upstream's udp-echo walkthrough pieces (the echo Deployment and Service
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from support import gobin
-from support.kube import KubeClient
+from support.kube import KubeClient, KubeError
 from support.kube_stack import NAMESPACE, RELEASE, install_gateway_api
 from support.node_images import (
     HELM_IMAGES,
@@ -183,8 +184,41 @@ class NodeRelease:
         )
         return log if isinstance(log, str) else repr(log)
 
+    def upgrade(self, *values: str) -> str:
+        """``helm upgrade --reuse-values --set V ...`` of the release, as a user changes it."""
+        sets = [arg for value in values for arg in ("--set", value)]
+        return self.helm.run(
+            "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values", *sets
+        )
+
     def uninstall(self) -> None:
         self.helm.run("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+
+    def remove(self, *cluster_scoped: tuple[str, str, str]) -> None:
+        """Leave the node as the next module expects it: no release, no ``stunner`` namespace,
+        none of ``cluster_scoped`` ((apiVersion, kind, name): GatewayClasses, Dataplanes).
+        Best effort: what is already gone is skipped."""
+        admin = self.admin
+        with contextlib.suppress(HelmError, KubeError):
+            self.uninstall()
+        for api_version, kind, name in cluster_scoped:
+            with contextlib.suppress(KubeError):
+                admin.delete(api_version, kind, name)
+        with contextlib.suppress(KubeError):
+            # stunnerd's grace period is the chart's 3600 s (it drains live allocations).
+            admin.request(
+                "DELETE",
+                f"/api/v1/namespaces/{NAMESPACE}/pods",
+                params={"gracePeriodSeconds": "0"},
+            )
+            admin.delete("v1", "Namespace", NAMESPACE)
+        with contextlib.suppress(TimeoutError):
+            admin.wait_for(
+                "namespace stunner gone",
+                lambda: admin.get("v1", "Namespace", NAMESPACE) is None,
+                timeout_s=120,
+                interval_s=1.0,
+            )
 
 
 def udp_echo(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
