@@ -1,4 +1,4 @@
-"""The probe HTTP server stunnerd shares with the operator (``stunner_common.probe_http``)."""
+"""The probe HTTP server stunnerd shares with the operator (``stunner_common.io.probe_http``)."""
 
 from stunner_common.io.probe_http import (
     MAX_REQUEST_HEAD_BYTES,

@@ -1,6 +1,6 @@
 """stunnerd's config origin on the CDS: a one-shot GET, or a watch that survives CDS outages.
 
-Both ride on the shared `stunner_common.cds.CdsClient`; this module turns what it yields into
+Both ride on the shared `stunner_common.io.cds.CdsClient`; this module turns what it yields into
 validated configs for the reconciler.
 
 The watch offers the `stunner.cds.v2` subprotocol. When the server accepts it, frames are

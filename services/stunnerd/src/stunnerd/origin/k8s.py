@@ -3,7 +3,7 @@
 `CDS_SERVER_ADDR` (host[:port], port 13478 by default) wins when set. Otherwise the kubeconfig
 (`--kubeconfig`, `KUBECONFIG`, `~/.kube/config`; `--context`; `--cds-server-namespace` or
 `CDS_SERVER_NAMESPACE`) finds the CDS pod and a port-forward through the API server reaches it
-for as long as stunnerd runs (`stunner_common.kube_forward`): the origin becomes
+for as long as stunnerd runs (`stunner_common.io.kube.forward`): the origin becomes
 `http://127.0.0.1:<port>`, watched with `-w` as any CDS origin is, and a broken forward is
 reopened by the watcher's next connection. The CDS token is the chart's Secret when readable,
 else `--cds-token-file`, `CDS_TOKEN_FILE` or `CDS_TOKEN`.
