@@ -41,6 +41,9 @@ class ListenerStats:
     traffic: TrafficStats = field(default_factory=TrafficStats)
     refusals: tuple[tuple[int, int], ...] = ()
     """(code, count) of the error answers the listener gave, by code, ascending."""
+    limit_refusals: tuple[tuple[str, int], ...] = ()
+    """(limit, count) of the refusals by the limit behind them (`stunnerd.turn.refusals.LIMITS`,
+    in that order), answered or not: dropped messages and closed connections count too."""
 
 
 def _sum_refusals(
@@ -50,6 +53,16 @@ def _sum_refusals(
     for code, n in b:
         total[code] = total.get(code, 0) + n
     return tuple(sorted(total.items()))
+
+
+def _sum_limits(
+    a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]
+) -> tuple[tuple[str, int], ...]:
+    """Summed by limit, in the order the limits first appear."""
+    total: dict[str, int] = dict(a)
+    for limit, n in b:
+        total[limit] = total.get(limit, 0) + n
+    return tuple(total.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +106,7 @@ class StatsSnapshot:
                     x.connections_total,
                     traffic(x.traffic),
                     [list(r) for r in x.refusals],
+                    [list(r) for r in x.limit_refusals],
                 ]
                 for x in self.listeners
             ],
@@ -111,6 +125,7 @@ class StatsSnapshot:
                     int(x[3]),
                     TrafficStats(*map(int, x[4])),
                     tuple((int(code), int(n)) for code, n in (x[5] if len(x) > 5 else ())),
+                    tuple((str(limit), int(n)) for limit, n in (x[6] if len(x) > 6 else ())),
                 )
                 for x in data.get("listeners", ())
             ),
@@ -138,6 +153,7 @@ def merge_snapshots(snapshots: Iterable[StatsSnapshot]) -> StatsSnapshot:
                 prev.connections_total + lst.connections_total,
                 prev.traffic + lst.traffic,
                 _sum_refusals(prev.refusals, lst.refusals),
+                _sum_limits(prev.limit_refusals, lst.limit_refusals),
             )
         for c in snap.clusters:
             prevc = clusters.get(c.name, ClusterStats(c.name))

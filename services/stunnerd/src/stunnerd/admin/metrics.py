@@ -55,9 +55,18 @@ class StunnerCollector(Collector):
             "403 peer admitted by no route, 486 quota, ...).",
             labels=["name", "code"],
         )
+        limit_refusals = CounterMetricFamily(
+            "stunner_listener_limit_refusals",
+            "Refusals by listener and the limit behind them (docs/limits.md): answered (401 "
+            "without a check, 486, 508, 400), dropped (a message over the size limit, a challenge "
+            "over the source's rate) or a connection closed or refused.",
+            labels=["name", "limit"],
+        )
         for lst in snap.listeners:
             for code, count in lst.refusals:
                 refusals.add_metric([lst.name, str(code)], count)
+            for limit, count in lst.limit_refusals:
+                limit_refusals.add_metric([lst.name, limit], count)
             per_listener.add_metric([lst.name], lst.allocations)
             conns.add_metric([lst.name], lst.connections)
             conns_total.add_metric([lst.name], lst.connections_total)
@@ -85,7 +94,7 @@ class StunnerCollector(Collector):
             c_pkts.add_metric([cl.name, "tx"], t.tx_packets)
             c_bytes.add_metric([cl.name, "rx"], t.rx_bytes)
             c_bytes.add_metric([cl.name, "tx"], t.tx_bytes)
-        yield from (per_listener, conns, conns_total, refusals)
+        yield from (per_listener, conns, conns_total, refusals, limit_refusals)
         if snap.traffic_measured:
             yield from (l_pkts, l_bytes, c_pkts, c_bytes)
 

@@ -75,13 +75,15 @@ class RelayOpener:
         else:
             self._open(effect)
 
-    def _failed(self, client: Address, code: int | None = None, reason: str = "") -> None:
+    def _failed(
+        self, client: Address, code: int | None = None, reason: str = "", limit: str = ""
+    ) -> None:
         host = self.host
         now = host.loop.time()
         if code is None:
             host.apply(host.engine.relay_failed(client, now))
         else:
-            host.apply(host.engine.relay_failed(client, now, code, reason))
+            host.apply(host.engine.relay_failed(client, now, code, reason, limit))
 
     # ---------------------------------------------------------- the cluster-wide quota
 
@@ -100,7 +102,7 @@ class RelayOpener:
                 effect.user_id,
                 quota.limit,
             )
-            self._failed(effect.client, 486, "Allocation Quota Reached")
+            self._failed(effect.client, 486, "Allocation Quota Reached", "user_quota")
             return
         self.release_lease(effect.client)  # a previous allocation's, should one linger
         self.leases[effect.client] = lease

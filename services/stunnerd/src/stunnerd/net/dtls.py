@@ -246,7 +246,10 @@ class DtlsListener(Listener):
     def hello(self, data: bytes, addr: Any) -> None:
         """A ClientHello from an unknown address: answer with a cookie, keep no state, and start
         a session only when the hello comes back carrying a valid cookie."""
-        if len(self.sessions) >= MAX_SESSIONS or self.sendto is None:
+        if self.sendto is None:
+            return
+        if len(self.sessions) >= MAX_SESSIONS:
+            self.engine.refusals.limited("dtls_sessions")
             return
         conn = SSL.Connection(self.context, None)
         conn.set_app_data((addr[0], addr[1]))
@@ -265,6 +268,7 @@ class DtlsListener(Listener):
             return
         if not self.sources.acquire(addr[0]):
             self.refused_connections += 1
+            self.engine.refusals.limited("connections_per_source")
             return
         session = DtlsSession(self, addr, conn)
         self.sessions[addr] = session
@@ -298,6 +302,7 @@ class DtlsListener(Listener):
             session.client not in self.engine.allocations
             and idle >= self.tuning.client_idle_timeout_s
         ):
+            self.engine.refusals.limited("idle_timeout")
             self.drop_session(session, "idle without an allocation")
             return
         self._arm_idle(session)
@@ -310,17 +315,20 @@ class DtlsListener(Listener):
         if session.client in self.engine.allocations:
             return
         limits = self.limits.connection
+        refusal: tuple[str, str] | None
         if not session.established:
-            reason: str | None = f"handshake not finished within {limits.handshake_timeout_s:g} s"
+            late = f"handshake not finished within {limits.handshake_timeout_s:g} s"
+            refusal = ("handshake_timeout", late)
         else:
-            reason = preauth_refusal(limits, session.records, session.window_bytes)
-        if reason is None:
+            refusal = preauth_refusal(limits, session.records, session.window_bytes)
+        if refusal is None:
             session.window_bytes = 0
             session.guard_handle = self.loop.call_later(
                 limits.preauth_window_s, self._guard_check, session
             )
             return
-        self.drop_session(session, reason)
+        self.engine.refusals.limited(refusal[0])
+        self.drop_session(session, refusal[1])
 
     def drop_session(self, session: DtlsSession, reason: str) -> None:
         if self.sessions.get(session.addr) is not session:

@@ -71,6 +71,7 @@ class StreamClientProtocol(AdmittedProtocol):
             return  # a data connection: its peer connection and allocation govern it
         if not self.active and self.client not in self.listener.engine.allocations:
             log.info("listener %s: closing idle connection %s", self.listener.name, self.client)
+            self.listener.engine.refusals.limited("idle_timeout")
             self.transport.close()
             return
         self.active = False
@@ -88,13 +89,15 @@ class StreamClientProtocol(AdmittedProtocol):
         ):
             return
         limits = self.listener.limits.connection
-        reason = preauth_refusal(limits, self.frames, self.window_bytes, "complete message")
-        if reason is None:
+        refusal = preauth_refusal(limits, self.frames, self.window_bytes, "complete message")
+        if refusal is None:
             self.window_bytes = 0
             self.guard_handle = self.listener.loop.call_later(
                 limits.preauth_window_s, self._guard_check
             )
             return
+        limit, reason = refusal
+        self.listener.engine.refusals.limited(limit)
         log.info("listener %s: closing %s: %s", self.listener.name, self.client, reason)
         self.transport.close()
 
@@ -139,6 +142,7 @@ class StreamClientProtocol(AdmittedProtocol):
             size = stream_frame_length(buf, offset)
             if size > self.max_message_bytes and buf[offset] < 0x40:
                 log.info("listener %s: %s sent an oversized message", self.listener.name, client)
+                self.listener.engine.refusals.limited("message_bytes")
                 assert self.transport is not None
                 self.transport.close()
                 buf.clear()
@@ -237,6 +241,7 @@ class StreamListener(Listener):
                 handshake_timeout_s=self.limits.connection.handshake_timeout_s,
                 admit=self.admit,
                 release=self.sources.release,
+                timed_out=lambda: self.engine.refusals.limited("handshake_timeout"),
                 new_client=lambda: StreamClientProtocol(self, admitted=True),
             )
 
@@ -271,6 +276,7 @@ class StreamListener(Listener):
         if self.sources.acquire(ip):
             return True
         self.refused_connections += 1
+        self.engine.refusals.limited("connections_per_source")
         if log.isEnabledFor(logging.DEBUG):
             log.debug("listener %s: too many connections from %s", self.name, ip)
         return False

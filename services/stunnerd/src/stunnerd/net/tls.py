@@ -66,6 +66,7 @@ class TlsAcceptor:
         admit: Callable[[str], bool],
         release: Callable[[str], None],
         new_client: Callable[[], AdmittedProtocol],
+        timed_out: Callable[[], None] = lambda: None,
     ) -> None:
         self.name = name
         self.loop = loop
@@ -74,6 +75,7 @@ class TlsAcceptor:
         self.admit = admit  # takes a slot of the source IP, or refuses
         self.release = release
         self.new_client = new_client
+        self.timed_out = timed_out  # a handshake ran out of `handshake_timeout_s`
         self.sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self.handshakes = TaskSet(loop)
@@ -110,6 +112,7 @@ class TlsAcceptor:
         """The TLS handshake of an admitted connection, within `handshake_timeout_s`; its source
         slot goes back if it fails (afterwards the connection's own close returns it)."""
         proto = self.new_client()
+        started = self.loop.time()
         try:
             await self.loop.connect_accepted_socket(
                 lambda: proto,
@@ -123,6 +126,10 @@ class TlsAcceptor:
             conn.close()
             if isinstance(exc, asyncio.CancelledError):
                 raise
+            # asyncio aborts a handshake past its deadline with ConnectionAbortedError
+            late = self.loop.time() - started >= self.handshake_timeout_s
+            if isinstance(exc, ConnectionAbortedError) and late:
+                self.timed_out()
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("listener %s: TLS handshake with %s failed: %r", self.name, ip, exc)
 

@@ -102,7 +102,10 @@ class Gatekeeper:
                 else "too many failed authentications for this user, and this source failed too"
             )
             raise UnauthorizedError(
-                THROTTLED_REASON, user=username, detail=f"{why}; credentials not checked"
+                THROTTLED_REASON,
+                user=username,
+                detail=f"{why}; credentials not checked",
+                limit=f"auth_failures_{spent}",
             )
         credential = auth.lookup(username, unix_now)
         if credential is None:

@@ -8,7 +8,7 @@ refuses raises a `TurnError`, and this is where it is answered and logged:
 * before authentication (an unknown method, a malformed request, the gate's 400): unsigned and
   not cached; the gate's refusals are logged unless they are the usual first challenge;
 * a challenge (401, 438): REALM and a fresh NONCE, while the source has challenge budget left,
-  else nothing (counted in `challenges_suppressed`);
+  else nothing (counted in `challenges_suppressed`, and as the `challenge_rate` limit);
 * after authentication: logged (a 403 with the peer and the routes considered), signed with the
   user's key and cached for retransmissions. Unknown comprehension-required attributes (420) are
   the exception: unsigned, uncached, unlogged, as before authentication.
@@ -85,6 +85,8 @@ class Dispatcher:
             else:
                 raise BadRequestError()
         except codec.StunBadRequestError as exc:
+            if isinstance(exc, precheck.TooManyAttributesError):
+                self.refusals.limited("attributes")
             self._refuse(out, client, head, BadRequestError(str(exc)))
         except TurnError as error:  # refused before authentication: not signed, not cached
             self._refuse(out, client, head, error)
@@ -152,11 +154,15 @@ class Dispatcher:
                 error.reason,
                 error.user,
                 error.detail,
+                error.limit,
             )
+        elif error.limit:
+            self.refusals.limited(error.limit)
         if error.challenge:
             challenge = self.gate.challenge(error, client, now, policies.authenticator)
             if challenge is None:
                 self.challenges_suppressed += 1
+                self.refusals.limited("challenge_rate")
                 return
             error = challenge
         self._refuse(out, client, head, error)
@@ -187,6 +193,7 @@ class Dispatcher:
             error.reason,
             req.username or req.user_id,
             detail,
+            error.limit,
         )
         self.answers.error(
             out, req.client, msg.message_method, msg.transaction_id, error, key=req.key, now=now

@@ -133,7 +133,11 @@ class TurnEngine:
             max_channels=self.limits.max_channels_per_allocation,
         )
         self._tcp = TcpRelayHandlers(
-            self.table, self.answers, stream=stream, max_connections=max_tcp_connections
+            self.table,
+            self.answers,
+            stream=stream,
+            max_connections=max_tcp_connections,
+            refusals=self.refusals,
         )
         budget = ChallengeBudget(self.limits.challenge_rate_per_s, self.limits.challenge_burst)
         self.requests = Dispatcher(
@@ -238,8 +242,10 @@ class TurnEngine:
         out: list[Effect] = []
         try:
             head = precheck.header(data, self.limits.max_message_bytes)
-        except codec.StunDecodeError:
+        except codec.StunDecodeError as exc:
             self.stats_dropped += 1
+            if isinstance(exc, precheck.MessageTooLargeError):
+                self.refusals.limited("message_bytes")
             return out
         klass = head.msg_type & 0x0110
         if klass == Class.INDICATION:
@@ -334,10 +340,17 @@ class TurnEngine:
         return self._udp.relay_opened(client, port, now, reserved_port, additional_port)
 
     def relay_failed(
-        self, client: Address, now: float, code: int = 508, reason: str = "Insufficient Capacity"
+        self,
+        client: Address,
+        now: float,
+        code: int = 508,
+        reason: str = "Insufficient Capacity",
+        limit: str = "",
     ) -> list[Effect]:
         """The edge could not give a pending Allocate its relay: answer `code` (508, or 486
-        when the cluster-wide quota refused it)."""
+        when the cluster-wide quota refused it: `limit` is then `user_quota`)."""
+        if limit:
+            self.refusals.limited(limit)
         return self._udp.relay_failed(client, now, TurnError(code, reason))
 
     def adopt(self, alloc: Allocation) -> bool:

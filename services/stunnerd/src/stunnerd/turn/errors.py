@@ -36,7 +36,8 @@ class TurnError(Exception):
 
     `attributes` are sent along (UNKNOWN-ATTRIBUTES, a challenge's REALM and NONCE); `user` and
     `detail` are only for the refusal log (who asked, and why it failed when that is not the
-    usual first request without credentials).
+    usual first request without credentials); `limit` names the limit that refused it (one of
+    `stunnerd.turn.refusals.LIMITS`), counted beside the code.
     """
 
     challenge: ClassVar[bool] = False
@@ -50,6 +51,7 @@ class TurnError(Exception):
         attributes: dict[str, Any] | None = None,
         user: str = "",
         detail: str = "",
+        limit: str = "",
     ) -> None:
         super().__init__(code, reason)
         self.code = code
@@ -57,6 +59,7 @@ class TurnError(Exception):
         self.attributes = attributes
         self.user = user
         self.detail = detail
+        self.limit = limit
 
     def __str__(self) -> str:
         return f"{self.code} {self.reason}"
@@ -75,9 +78,15 @@ class CodedError(TurnError):
         attributes: dict[str, Any] | None = None,
         user: str = "",
         detail: str = "",
+        limit: str = "",
     ) -> None:
         super().__init__(
-            self.CODE, reason or self.REASON, attributes=attributes, user=user, detail=detail
+            self.CODE,
+            reason or self.REASON,
+            attributes=attributes,
+            user=user,
+            detail=detail,
+            limit=limit,
         )
 
 

@@ -51,6 +51,7 @@ from stunnerd.turn.tcp_connections import check_transport
 
 PERMISSIONS_FULL = "Insufficient Capacity (permissions per allocation)"
 CHANNELS_FULL = "Insufficient Capacity (channels per allocation)"
+PERMISSIONS_LIMIT = "permissions_per_allocation"
 
 
 class AllocationHandlers:
@@ -155,7 +156,7 @@ class AllocationHandlers:
             if not reservations.valid(token, now):
                 raise InsufficientCapacityError("Insufficient Capacity (no such reservation)")
         if not policies.quota.allows(user_id, self.table.usage.counts):
-            raise AllocationQuotaReachedError()
+            raise AllocationQuotaReachedError(limit=policies.quota.refusal)
         return reservations.claim(token) if token is not None else 0
 
     def relay_opened(
@@ -234,7 +235,7 @@ class AllocationHandlers:
                 raise ForbiddenError()
         added = {ip for ip, _port in peers if ip not in alloc.permissions}
         if len(alloc.permissions) + len(added) > self.max_permissions:
-            raise InsufficientCapacityError(PERMISSIONS_FULL)
+            raise InsufficientCapacityError(PERMISSIONS_FULL, limit=PERMISSIONS_LIMIT)
         for ip, _port in peers:
             self.table.install_permission(alloc, ip, now)
         self.table.sync_routes(alloc, policies.peers, now, out)
@@ -259,9 +260,9 @@ class AllocationHandlers:
             # cluster's range too (CreatePermission carries no port and checks the IP only)
             raise ForbiddenError()
         if existing is None and len(alloc.channels) >= self.max_channels:
-            raise InsufficientCapacityError(CHANNELS_FULL)
+            raise InsufficientCapacityError(CHANNELS_FULL, limit="channels_per_allocation")
         if peer[0] not in alloc.permissions and len(alloc.permissions) >= self.max_permissions:
-            raise InsufficientCapacityError(PERMISSIONS_FULL)
+            raise InsufficientCapacityError(PERMISSIONS_FULL, limit=PERMISSIONS_LIMIT)
         self.table.bind_channel(alloc, number, peer, now)
         self.table.sync_routes(alloc, policies.peers, now, out)
         self._succeed(req, {}, now, out)

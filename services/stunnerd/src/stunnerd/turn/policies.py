@@ -155,6 +155,11 @@ class UserQuota:
     def allows(self, user_id: str, usage: Mapping[str, int]) -> bool:
         return self.limit <= 0 or usage.get(user_id, 0) < self.limit
 
+    @property
+    def refusal(self) -> str:
+        """The limit a refusal of this policy is counted by (`stunnerd.turn.refusals.LIMITS`)."""
+        return "user_quota"
+
 
 @dataclass(frozen=True, slots=True)
 class Policies:

@@ -44,6 +44,14 @@ _FP_HEADER = b"\x80\x28\x00\x04"
 _USERNAME, _REALM, _NONCE, _INTEGRITY, _FINGERPRINT = 0x0006, 0x0014, 0x0015, 0x0008, 0x8028
 
 
+class MessageTooLargeError(StunDecodeError):
+    """A message over the size limit: dropped unread (counted as `message_bytes`)."""
+
+
+class TooManyAttributesError(StunBadRequestError):
+    """A request with more attributes than allowed: a 400 (counted as `attributes`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Header:
     msg_type: int
@@ -67,7 +75,7 @@ def header(data: bytes, max_bytes: int) -> Header:
     """The header of a STUN message, or StunDecodeError (drop without answering)."""
     size = len(data)
     if size > max_bytes:
-        raise StunDecodeError(f"message of {size} bytes exceeds the limit of {max_bytes}")
+        raise MessageTooLargeError(f"message of {size} bytes exceeds the limit of {max_bytes}")
     if size < HEADER_LENGTH or data[0] & 0xC0 or data[3] & 0x03 or data[4:8] != _MAGIC:
         raise StunDecodeError("not a STUN message")
     msg_type, length, _cookie, tid = _HEADER.unpack_from(data)
@@ -97,7 +105,7 @@ def scan(data: bytes, head: Header, max_attributes: int = MAX_ATTRIBUTES) -> Sca
     while pos + 4 <= end:
         count += 1
         if count > max_attributes:
-            _bad(head, f"more than {max_attributes} attributes")
+            _bad(head, f"more than {max_attributes} attributes", TooManyAttributesError)
         attr_type, attr_len = _ATTR_HEADER.unpack_from(data, pos)
         stop = pos + 4 + attr_len
         if stop > end:
@@ -139,7 +147,9 @@ def _bounded(head: Header, data: bytes, start: int, stop: int, limit: int, name:
     return data[start:stop]
 
 
-def _bad(head: Header, reason: str) -> NoReturn:
+def _bad(
+    head: Header, reason: str, error: type[StunBadRequestError] = StunBadRequestError
+) -> NoReturn:
     if head.is_request:
-        raise StunBadRequestError(head.method, head.transaction_id, reason)
+        raise error(head.method, head.transaction_id, reason)
     raise StunDecodeError(reason)

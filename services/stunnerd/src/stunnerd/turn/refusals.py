@@ -11,8 +11,13 @@ only counted, and the count is logged when the interval is over and the source i
 or when any later refusal sweeps the ended intervals. So a client retrying in a loop, or a
 scanner, costs one line per code and interval, not one per request.
 
-Only the request path calls this (a refusal is an answer to a STUN request); ChannelData never
-does. `counts` (code -> refusals) feeds the `stunner_listener_refusals` metric.
+Only the request path calls `refused` (a refusal is an answer to a STUN request); ChannelData
+never does. `counts` (code -> refusals) feeds the `stunner_listener_refusals` metric.
+
+`limits` counts refusals by the limit behind them (one of `LIMITS`, the rows of docs/limits.md),
+whatever the answer was: a 401 without a check, a dropped message, a closed connection. The engine
+counts those it decides (`limited`); the edge counts those of its connections and sessions on the
+listener's engine's log. It feeds the `stunner_listener_limit_refusals` metric.
 """
 
 from __future__ import annotations
@@ -29,6 +34,25 @@ from stunnerd.turn.embedded import embedding_of
 from stunnerd.turn.policies import PeerPolicy
 
 log = logging.getLogger("stunnerd.refusals")
+
+LIMITS = (
+    "message_bytes",
+    "attributes",
+    "challenge_rate",
+    "auth_failures_source",
+    "auth_failures_user",
+    "connections_per_source",
+    "handshake_timeout",
+    "first_message_timeout",
+    "preauth_trickle",
+    "idle_timeout",
+    "dtls_sessions",
+    "user_quota",
+    "permissions_per_allocation",
+    "channels_per_allocation",
+    "tcp_connections_per_allocation",
+)
+"""Every limit a refusal is counted by (the `limit` label of `stunner_listener_limit_refusals`)."""
 
 INTERVAL_S = 60.0
 MAX_SOURCES = 4096
@@ -49,7 +73,15 @@ def _where(client: Address) -> str:
 class RefusalLog:
     """One listener's refusals: counted by code, logged per source at most once per interval."""
 
-    __slots__ = ("_next_sweep", "_sources", "counts", "interval_s", "listener", "max_sources")
+    __slots__ = (
+        "_next_sweep",
+        "_sources",
+        "counts",
+        "interval_s",
+        "limits",
+        "listener",
+        "max_sources",
+    )
 
     def __init__(
         self, listener: str = "", interval_s: float = INTERVAL_S, max_sources: int = MAX_SOURCES
@@ -58,6 +90,7 @@ class RefusalLog:
         self.interval_s = interval_s
         self.max_sources = max_sources
         self.counts: Counter[int] = Counter()
+        self.limits: Counter[str] = Counter()
         self._sources: dict[tuple[str, int], _Window] = {}
         self._next_sweep = 0.0
 
@@ -70,8 +103,12 @@ class RefusalLog:
         reason: str,
         user: str = "",
         detail: str = "",
+        limit: str = "",
     ) -> None:
+        """An error answer `code`; `limit` names the limit behind it, if one is."""
         self.counts[code] += 1
+        if limit:
+            self.limits[limit] += 1
         ip = client[0]
         key = (ip, code)
         window = self._sources.get(key)
@@ -98,6 +135,16 @@ class RefusalLog:
             reason,
             more,
         )
+
+    def limited(self, limit: str) -> None:
+        """A refusal by `limit` (one of `LIMITS`) that is no error answer: a message dropped, a
+        connection closed or refused."""
+        self.limits[limit] += 1
+
+    def limit_counts(self) -> tuple[tuple[str, int], ...]:
+        """(limit, refusals) for every one of `LIMITS`, in that order, zeros included."""
+        limits = self.limits
+        return tuple((name, limits[name]) for name in LIMITS)
 
     def _sweep(self, now: float) -> None:
         self._next_sweep = now + self.interval_s

@@ -45,6 +45,7 @@ from stunnerd.turn.errors import (
     WrongCredentialsError,
 )
 from stunnerd.turn.policies import PeerPolicy, Policies
+from stunnerd.turn.refusals import RefusalLog
 from stunnerd.turn.table import AllocationTable
 from stunnerd.turn.tcp_connections import (
     BIND_TIMEOUT_S,
@@ -58,16 +59,23 @@ from stunnerd.turn.timers import DeadlineKind
 class TcpRelayHandlers:
     """The RFC 6062 requests and edge reports over one listener's allocations and connections."""
 
-    __slots__ = ("answers", "connections", "max_connections", "stream", "table")
+    __slots__ = ("answers", "connections", "max_connections", "refusals", "stream", "table")
 
     def __init__(
-        self, table: AllocationTable, answers: Answerer, *, stream: bool, max_connections: int
+        self,
+        table: AllocationTable,
+        answers: Answerer,
+        *,
+        stream: bool,
+        max_connections: int,
+        refusals: RefusalLog | None = None,
     ) -> None:
         self.table = table
         self.connections = table.connections
         self.answers = answers
         self.stream = stream
         self.max_connections = max_connections  # peer connections per TCP allocation
+        self.refusals = refusals if refusals is not None else RefusalLog()
 
     # ------------------------------------------------------------------ requests
 
@@ -89,7 +97,10 @@ class TcpRelayHandlers:
         if not policies.peers.admits(peer[0], peer[1]):
             raise ForbiddenError()
         if self.connections.count(alloc.client) >= self.max_connections:
-            raise InsufficientCapacityError("Insufficient Capacity (too many peer connections)")
+            raise InsufficientCapacityError(
+                "Insufficient Capacity (too many peer connections)",
+                limit="tcp_connections_per_allocation",
+            )
         self.table.install_permission(alloc, peer[0], now)
         conn = self.connections.add(
             alloc.client,
@@ -175,6 +186,7 @@ class TcpRelayHandlers:
         if expires is None or expires <= now or not peers.admits(peer[0], peer[1]):
             return 0, out
         if self.connections.count(client) >= self.max_connections:
+            self.refusals.limited("tcp_connections_per_allocation")
             return 0, out
         conn = self.connections.add(
             client, peer, ConnectionState.WAITING_BIND, now + BIND_TIMEOUT_S

@@ -33,6 +33,10 @@ class _NoNewAllocations(UserQuota):
     def allows(self, user_id: str, usage: Mapping[str, int]) -> bool:
         return False
 
+    @property
+    def refusal(self) -> str:
+        return ""  # draining is no limit: the 486 is counted by code only
+
 
 class LocalDataplane:
     def __init__(self, server: TurnServer | None = None) -> None:
@@ -83,6 +87,7 @@ class LocalDataplane:
                     connections_total=lst.connections_total,
                     traffic=TrafficStats(*server.listener_traffic.get(name, (0, 0, 0, 0))),
                     refusals=tuple(sorted(lst.engine.refusals.counts.items())),
+                    limit_refusals=lst.engine.refusals.limit_counts(),
                 )
                 for name, lst in sorted(server.listeners.items())
             ),

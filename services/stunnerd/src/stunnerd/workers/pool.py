@@ -294,14 +294,17 @@ class WorkerPool:
         return out
 
     def _retire(self, worker: Worker) -> None:
-        """Forget a dead worker's gauges; keep its traffic in `retired`."""
+        """Forget a dead worker's gauges; keep its traffic and limit refusals in `retired`."""
         gone = worker.stats
         worker.stats = StatsSnapshot()
         for i, key in enumerate(("packets", "bytes")):
             self.retired_offload[i] += int(worker.offload.get(key, 0))
         worker.offload = {}
         traffic_only = StatsSnapshot(
-            tuple(ListenerStats(x.name, traffic=x.traffic) for x in gone.listeners),
+            tuple(
+                ListenerStats(x.name, traffic=x.traffic, limit_refusals=x.limit_refusals)
+                for x in gone.listeners
+            ),
             tuple(ClusterStats(c.name, c.traffic) for c in gone.clusters),
         )
         self.retired = merge_snapshots((self.retired, traffic_only))
