@@ -149,7 +149,7 @@ lock:
 	  echo "# building the images (make images). Regenerate with \`make lock\` after changing a pyproject.toml."; \
 	  .run/lock-venv/bin/pip freeze --exclude stunner-common --exclude stunnerd --exclude stunner-cds \
 	    --exclude stunner-operator --exclude turncat --exclude stunner-auth; } > requirements.lock
-	rm -rf .run/lock-venv
+	rm -rf .run/lock-venv libs/common/build $(addsuffix /build,$(wildcard services/*))
 
 bench: setup
 	$(BIN)/python -m bench

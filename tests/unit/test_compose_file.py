@@ -1,4 +1,4 @@
-"""docker-compose.yml keeps every server on loopback, as `make run` does (issue 27, item 6).
+"""docker-compose.yml keeps every server on loopback, as `make run` does.
 
 The stack runs on the host network, so a service that binds the wildcard address is reachable
 from the whole network: each one is told 127.0.0.1 (flags or environment).

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -71,3 +73,28 @@ def test_import_contracts_forbid_services_importing_each_other() -> None:
         "turncat",
         "stunner_auth",
     }
+
+
+# What a reader of this repository cannot follow: sections of documents that are not in it, the
+# tracker's issue numbers, and folders of one machine. Docstrings and docs cite RFCs, public
+# URLs and this repository's own files instead.
+UNFOLLOWABLE = re.compile(
+    r"reference §|SPEC(\.md)? §|\b[Ii]ssue \d+\b|\.\./shared/reference|/work/main|/home/\w+/"
+)
+
+
+def test_no_file_cites_what_a_reader_cannot_follow() -> None:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    offenders = []
+    for name in filter(None, listed.split("\0")):
+        path = ROOT / name
+        if path.suffix not in {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".c", ".h", ".sh"}:
+            continue
+        if name == "tests/unit/test_layout.py" or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if UNFOLLOWABLE.search(line):
+                offenders.append(f"{name}:{number}: {line.strip()}")
+    assert offenders == [], "\n".join(offenders)

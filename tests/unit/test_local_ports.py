@@ -1,4 +1,4 @@
-"""The local stack's one port allocator (scripts/local_ports.py, issue 27, item 1)."""
+"""The local stack's one port allocator (scripts/local_ports.py)."""
 
 from __future__ import annotations
 

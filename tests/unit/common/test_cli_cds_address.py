@@ -1,4 +1,4 @@
-"""One CDS address for every tool (issue 27, item 4): the flag, else CDS_SERVER_ADDR (upstream's
+"""One CDS address for every tool: the flag, else CDS_SERVER_ADDR (upstream's
 name), else a deprecated name with a warning, else 127.0.0.1:13478; and one token-file rule."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""TURN REST ephemeral credentials and the long-term key (reference §3.2-§3.4)."""
+"""TURN REST ephemeral credentials and the long-term key."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The stunnerd config v1 model: defaults, normalisation and validation rules (reference §1)."""
+"""The stunnerd config v1 model: defaults, normalisation and validation rules."""
 
 from __future__ import annotations
 

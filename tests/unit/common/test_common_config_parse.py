@@ -1,4 +1,4 @@
-"""The parsing pipeline (reference §1.8): YAML/JSON, key case, v1alpha1, env substitution."""
+"""The parsing pipeline: YAML/JSON, key case, v1alpha1, env substitution."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def tls_b64() -> tuple[str, str]:
     return self_signed_pair("127.0.0.1")
 
 
-# The operator-rendered example of reference §1.9, with real TLS material substituted in the test.
+# An operator-rendered config, with real TLS material substituted in the test.
 EXAMPLE_1_9 = """
 {
   "version": "v1",

@@ -1,4 +1,4 @@
-"""Endpoint syntax ``ip[/prefix][:<lo-hi>]`` and peer matching (reference §1.6, §8.6-7, §8.27)."""
+"""Endpoint syntax ``ip[/prefix][:<lo-hi>]`` and peer matching."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Upstream log-level specs mapped to Python logging (reference §6.4)."""
+"""Upstream log-level specs mapped to Python logging."""
 
 from __future__ import annotations
 

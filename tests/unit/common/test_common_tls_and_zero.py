@@ -1,4 +1,4 @@
-"""TLS material loading and the zero (deleted) config (reference §1.4, §1.10, CDS §deletes)."""
+"""TLS material loading and the zero (deleted) config."""
 
 from __future__ import annotations
 

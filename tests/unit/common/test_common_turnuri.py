@@ -1,4 +1,4 @@
-"""TURN URIs (reference §1.4, §1.10, §8 item 10): parsing, the default config, listener URIs."""
+"""TURN URIs: parsing, the default config, listener URIs."""
 
 from __future__ import annotations
 

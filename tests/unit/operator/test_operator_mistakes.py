@@ -1,4 +1,4 @@
-"""Local mode's mistakes are loud, precise and not destructive (issue 27, item 2).
+"""Local mode's mistakes are loud, precise and not destructive.
 
 A Gateway listener the renderer rejects keeps the Gateway's last good version (listeners and
 allocations live on); a later schema error keeps the last good version of that object, not the

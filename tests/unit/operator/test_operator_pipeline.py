@@ -1,4 +1,4 @@
-"""End-to-end renders ported from upstream's managed-mode pipeline tests (reference §19)."""
+"""End-to-end renders ported from upstream's managed-mode pipeline tests."""
 
 from __future__ import annotations
 

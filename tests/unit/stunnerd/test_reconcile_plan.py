@@ -1,4 +1,4 @@
-"""The reconcile planner against every row of the upstream change table (reference §2.3)."""
+"""The reconcile planner against every row of the upstream change table."""
 
 from __future__ import annotations
 

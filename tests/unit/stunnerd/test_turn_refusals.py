@@ -1,4 +1,4 @@
-"""stunnerd says why it refused a client (issue 27, item 3).
+"""stunnerd says why it refused a client.
 
 A wrong password (401) or a peer no route admits (403) is logged at INFO with who, from where,
 which request and code, and for 403 the peer and the routes considered; a source is logged once

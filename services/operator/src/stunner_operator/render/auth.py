@@ -1,4 +1,4 @@
-"""GatewayConfig → ``auth`` of the stunnerd config (reference §7).
+"""GatewayConfig → ``auth`` of the stunnerd config (https://github.com/l7mp/stunner/blob/main/docs/AUTH.md).
 
 Credentials come either inline from the GatewayConfig or, when ``authRef`` is set, exclusively
 from that Secret (no fallback to the inline fields). Upstream's type aliases apply in both places:

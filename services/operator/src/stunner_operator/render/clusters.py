@@ -1,4 +1,4 @@
-"""UDPRoute backends → one stunnerd cluster per route (reference §11.2).
+"""UDPRoute backends → one stunnerd cluster per route (UDPRoute in https://github.com/l7mp/stunner/blob/main/docs/GATEWAY.md).
 
 A cluster admits peers: the addresses of a route's backend Services (EndpointSlice addresses plus
 the ClusterIP) or the prefixes of its StaticServices, each optionally narrowed to a port range.

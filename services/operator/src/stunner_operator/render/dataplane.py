@@ -1,4 +1,4 @@
-"""The per-Gateway stunnerd Deployment (or DaemonSet), as a manifest (reference §13).
+"""The per-Gateway stunnerd Deployment (or DaemonSet), as a manifest (Dataplane in https://github.com/l7mp/stunner/blob/main/docs/GATEWAY.md).
 
 The renderer only computes what the workload should look like: the cluster controller applies
 it, merging with fields owned by others. The Dataplane is its template; the Gateway's merged
@@ -168,7 +168,7 @@ def quota_env(dataplane: Dataplane, kind: str, options: RenderOptions) -> list[d
 def render_deployment(
     gw: Gateway, dataplane: Dataplane, annotations: dict[str, str], options: RenderOptions
 ) -> dict[str, Any]:
-    """The desired stunnerd Deployment of ``gw`` from the Dataplane template (reference §13).
+    """The desired stunnerd Deployment of ``gw`` from the Dataplane template.
 
     ``annotations`` are the merged GatewayConfig and Gateway annotations: GATEWAY.md has both
     propagate to the Deployment (the pods get only the Dataplane's, to avoid restarts).

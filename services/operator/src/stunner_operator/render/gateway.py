@@ -1,6 +1,6 @@
 """One Gateway → one stunnerd config, its status, and its desired Service and Deployment.
 
-This follows reference §5-§10: the GatewayClass → GatewayConfig → Dataplane hierarchy must
+This follows https://github.com/l7mp/stunner/blob/main/docs/GATEWAY.md: the GatewayClass → GatewayConfig → Dataplane hierarchy must
 resolve, auth must render, then each listener is checked (protocol, port conflicts, TLS), given a
 public address, and given the routes attached to it; the routes' clusters complete the config.
 A broken hierarchy or auth invalidates the Gateway: it gets a status that says why, no config

@@ -2,7 +2,7 @@
 
 `render_gateway` (in ``gateway.py``) walks the listeners in spec order and records on a
 `_ListenerState` what it finds: conflicts, TLS material from Secrets, the public address from the
-Service or the nodes (reference §9). This module holds that per-listener state and the pieces that
+Service or the nodes (https://github.com/l7mp/stunner/blob/main/docs/GATEWAY.md). This module holds that per-listener state and the pieces that
 read or render it (the `ListenerConfig` and the listener's status conditions), so ``gateway.py``
 keeps only the Gateway-level flow.
 """
@@ -153,7 +153,7 @@ def _public_address(
     stored: Service | None,
     desired: dict[str, Any] | None,
 ) -> tuple[str, str, int] | None:
-    """(type, address, port) clients use to reach ``ls`` (reference §9)."""
+    """(type, address, port) clients use to reach ``ls``."""
     node_port: int | None
     if stored is not None:
         sport = next(

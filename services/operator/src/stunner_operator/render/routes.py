@@ -1,4 +1,4 @@
-"""Which listeners a UDPRoute attaches to (reference §11.1), and the route's status.
+"""Which listeners a UDPRoute attaches to (https://gateway-api.sigs.k8s.io/reference/spec/), and the route's status.
 
 A parentRef attaches a route to a listener when it names the Gateway (namespace defaulting to the
 route's), its ``sectionName`` (if any) names the listener, and the listener's

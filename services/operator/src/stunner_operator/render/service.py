@@ -1,4 +1,4 @@
-"""The per-Gateway LoadBalancer Service, as a manifest (reference §10).
+"""The per-Gateway LoadBalancer Service, as a manifest (https://github.com/l7mp/stunner/blob/main/docs/GATEWAY.md).
 
 The renderer only computes what the Service should look like: the cluster controller applies it,
 merging with fields owned by others. Without the mixed-protocol annotation it exposes the
