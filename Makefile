@@ -120,16 +120,29 @@ PODMAN := $(shell command -v podman 2>/dev/null)
 COMPOSE ?= $(if $(PODMAN),$(BIN)/podman-compose,docker compose)
 CONTAINERS_ENV := $(if $(and $(PODMAN),$(wildcard /usr/sbin/runc)),CONTAINERS_CONF=$${CONTAINERS_CONF:-$(CURDIR)/deploy/containers.conf})
 BASE_ROOTFS := .run/debian-py-rootfs.tar
+RUNTIME_ROOTFS := .run/debian-py-slim-rootfs.tar
+NO_DOCS := $(foreach d,doc man locale info lintian,--dpkgopt='path-exclude=/usr/share/$(d)/*')
 
 images: setup
 	$(CONTAINERS_ENV) $(BIN)/python scripts/images.py
 
-# A Debian bookworm base image with Python built locally (no registry): mmdebstrap + podman import.
+# The two Debian bookworm base images the Dockerfiles use, built locally (no registry):
+# mmdebstrap + podman import. localhost/debian-py:bookworm builds (Python with venv, apt for the
+# offload's clang, binutils' strip); localhost/debian-py-slim:bookworm is what every image is made
+# of: the interpreter, the libraries it links, the CA bundle, dash and three busybox tools, the
+# stunner user (scripts/slim_rootfs.sh). Both come from the same mirror in one run, so both carry
+# the same Python.
 base-image:
 	mkdir -p .run
-	mmdebstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm $(BASE_ROOTFS)
+	mmdebstrap --variant=minbase $(NO_DOCS) --include=python3,python3-venv,ca-certificates,binutils \
+		bookworm $(BASE_ROOTFS)
 	$(CONTAINERS_ENV) podman import $(BASE_ROOTFS) localhost/debian-py:bookworm
 	rm -f $(BASE_ROOTFS)
+	mmdebstrap --variant=essential $(NO_DOCS) \
+		--include=python3-minimal,libpython3.11-stdlib,ca-certificates,busybox \
+		--customize-hook='scripts/slim_rootfs.sh "$$1"' bookworm $(RUNTIME_ROOTFS)
+	$(CONTAINERS_ENV) podman import $(RUNTIME_ROOTFS) localhost/debian-py-slim:bookworm
+	rm -f $(RUNTIME_ROOTFS)
 
 compose-up: setup
 	$(CONTAINERS_ENV) $(COMPOSE) up -d

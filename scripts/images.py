@@ -3,9 +3,12 @@
     localhost/stunner-<name>:<version>   for stunnerd, cds, operator, turncat, auth (and redis,
                                          the compose stack's Redis)
 
-No registry is needed. The base image is $BASE_IMAGE, else localhost/debian-py:bookworm when it
-exists (`make base-image` builds it with mmdebstrap), else the Dockerfiles' default (a public
-Python slim image). pip inside the build uses the host's package index: the host's `pip config`
+No registry is needed. The build stages run on $BASE_IMAGE, else localhost/debian-py:bookworm when
+it exists, else the Dockerfiles' default (a public Python slim image); the images are made of
+$RUNTIME_IMAGE, else localhost/debian-py-slim:bookworm when it and the local build base exist,
+else the build base (`make base-image` builds both local ones with mmdebstrap). At the end it
+prints each image's size; one over SIZE_BUDGET_MB (as `podman images` counts: 10^6 bytes) is
+marked. pip inside the build uses the host's package index: the host's `pip config`
 (index-url, extra-index-url, find-links, cert) is handed to the build, and local index folders
 are mounted read-only into it (podman; docker can only use network indexes).
 
@@ -40,7 +43,7 @@ BUILD_ARGS = {
         "SERVICE": "stunnerd",
         "COMMAND": "stunnerd",
         "OFFLOAD": "yes",
-        "RUNTIME_PACKAGES": "libbpf1",
+        "RUNTIME_PACKAGES": "libbpf1 libelf1",
     },
     "cds": {"SERVICE": "cds", "COMMAND": "stunner-cds"},
     "operator": {"SERVICE": "operator", "COMMAND": "stunner-operator"},
@@ -48,8 +51,13 @@ BUILD_ARGS = {
     "auth": {"SERVICE": "auth", "COMMAND": "stunner-auth"},
 }
 """What services/Dockerfile builds for each Python service: its folder, its command (the
-entrypoint), and for stunnerd the offload object and libbpf."""
+entrypoint), and for stunnerd the offload object and libbpf (with libelf, which the runtime image
+lacks)."""
 LOCAL_BASE = "localhost/debian-py:bookworm"
+LOCAL_RUNTIME = "localhost/debian-py-slim:bookworm"
+SIZE_BUDGET_MB = 150
+"""The most an image may weigh: upstream ships one static Go binary per image, and every node
+pulls each of them."""
 PIP_KEYS = ("index-url", "extra-index-url", "find-links", "trusted-host", "cert")
 CONTAINERS_CONF = ROOT / "deploy" / "containers.conf"
 
@@ -115,13 +123,57 @@ def pip_conf(settings: dict[str, str]) -> str:
     return "[global]\n" + "".join(f"{key} = {value}\n" for key, value in settings.items())
 
 
+def image_exists(eng: str, ref: str) -> bool:
+    found = subprocess.run(
+        [eng, "image", "inspect", ref], capture_output=True, env=engine_env(eng), check=False
+    )
+    return found.returncode == 0
+
+
 def base_image(eng: str) -> str | None:
     if os.environ.get("BASE_IMAGE"):
         return os.environ["BASE_IMAGE"]
-    found = subprocess.run(
-        [eng, "image", "inspect", LOCAL_BASE], capture_output=True, env=engine_env(eng), check=False
+    return LOCAL_BASE if image_exists(eng, LOCAL_BASE) else None
+
+
+def runtime_image(eng: str, base: str | None) -> str | None:
+    """What the final stages start from; None: the build base (the Dockerfiles' default)."""
+    if os.environ.get("RUNTIME_IMAGE"):
+        return os.environ["RUNTIME_IMAGE"]
+    if base == LOCAL_BASE and image_exists(eng, LOCAL_RUNTIME):
+        return LOCAL_RUNTIME
+    if base == LOCAL_BASE:
+        print(f"note: no {LOCAL_RUNTIME} (make base-image): the images are made of {base}")
+    return None
+
+
+def image_size(eng: str, env: dict[str, str], ref: str) -> int | None:
+    """The image's size in bytes, as `podman images` shows it (None where the engine says none)."""
+    out = subprocess.run(
+        [eng, "image", "inspect", "--format", "{{.Size}}", ref],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
     )
-    return LOCAL_BASE if found.returncode == 0 else None
+    try:
+        return int(out.stdout.strip()) if out.returncode == 0 else None
+    except ValueError:
+        return None
+
+
+def size_table(sizes: dict[str, int | None], budget_mb: int = SIZE_BUDGET_MB) -> str:
+    """One line per image: its name and size in MB (10^6 bytes), marked when over the budget."""
+    width = max(len("image"), *(len(ref) for ref in sizes))
+    lines = [f"{'image':<{width}}  {'size':>8}"]
+    for ref, size in sizes.items():
+        if size is None:
+            lines.append(f"{ref:<{width}}  {'?':>8}")
+            continue
+        megabytes = size / 1e6
+        over = f"  over the {budget_mb} MB budget" if megabytes > budget_mb else ""
+        lines.append(f"{ref:<{width}}  {megabytes:>5.1f} MB{over}")
+    return "\n".join(lines)
 
 
 def dangling(eng: str, env: dict[str, str]) -> set[str]:
@@ -163,11 +215,14 @@ def _build(eng: str, env: dict[str, str], names: list[str], tag: str | None) -> 
     settings = host_pip_config()
     mounts = local_paths(settings)
     base = base_image(eng)
+    runtime = runtime_image(eng, base)
     built = []
     for name in names:
         argv = [eng, "build", "--network", "host", "-f", IMAGES[name], "-t", image_name(name, tag)]
         if base:
             argv += ["--build-arg", f"BASE_IMAGE={base}"]
+        if runtime:
+            argv += ["--build-arg", f"RUNTIME_IMAGE={runtime}"]
         argv += ["--build-arg", f"PIP_CONF={pip_conf(settings)}"]
         for key, value in BUILD_ARGS.get(name, {}).items():
             argv += ["--build-arg", f"{key}={value}"]
@@ -176,7 +231,10 @@ def _build(eng: str, env: dict[str, str], names: list[str], tag: str | None) -> 
         elif mounts:
             print(f"note: docker cannot mount {', '.join(mounts)} into builds", file=sys.stderr)
         argv.append(str(ROOT))
-        print(f"building {image_name(name, tag)} ({IMAGES[name]}, base {base or 'default'})")
+        print(
+            f"building {image_name(name, tag)} ({IMAGES[name]}, base {base or 'default'}, "
+            f"runtime {runtime or base or 'default'})"
+        )
         result = subprocess.run(argv, cwd=ROOT, env=env, check=False)
         if result.returncode != 0:
             raise SystemExit(f"make images: building {name} failed (exit {result.returncode})")
@@ -194,8 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.names) - set(IMAGES))
     if unknown:
         parser.error(f"unknown image(s) {', '.join(unknown)}; known: {', '.join(IMAGES)}")
-    for image in build(args.names or list(IMAGES), args.tag):
+    built = build(args.names or list(IMAGES), args.tag)
+    for image in built:
         print(f"built {image}")
+    eng = engine()
+    env = engine_env(eng)
+    print(size_table({image: image_size(eng, env, image) for image in built}))
     return 0
 
 

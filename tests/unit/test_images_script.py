@@ -182,5 +182,7 @@ def test_the_runtime_base_keeps_no_package_tool_and_the_wrappers_commands() -> N
     compose = (ROOT / "docker-compose.yml").read_text()
     helm_test = (ROOT / "charts/stunner/templates/tests/turncat-test.yaml").read_text()
     # What the compose stack's Redis-password wrapper and the chart's helm test call.
-    assert "sleep 0.1" in compose and "cat " in compose and "timeout 30 turncat" in helm_test
+    assert "sleep 0.1" in compose
+    assert "cat " in compose
+    assert "timeout 30 turncat" in helm_test
     assert {"cat", "sleep", "timeout"} <= set(tools)
