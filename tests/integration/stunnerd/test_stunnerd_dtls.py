@@ -139,6 +139,11 @@ async def returned_cookie(client: DtlsClient, port: int) -> None:
     await client.flush()
 
 
+def limits_moved(listener: DtlsListener) -> dict[str, int]:
+    """The limits the listener counted refusals by (`stunner_listener_limit_refusals`)."""
+    return {limit: n for limit, n in listener.engine.refusals.limit_counts() if n}
+
+
 async def eventually(check: Callable[[], bool], what: str) -> None:
     async with asyncio.timeout(10):
         while not check():  # noqa: ASYNC110 - the server's timers decide
@@ -157,6 +162,7 @@ async def test_dtls_sessions_over_the_per_source_cap_are_not_started(
             await eventually(lambda: listener.refused_connections == 1, "third refused")
             assert len(listener.sessions) == 2
             assert listener.sources.counts == {"127.0.0.1": 2}
+            assert limits_moved(listener) == {"connections_per_source": 1}
         finally:
             for client in clients:
                 client.sock.close()
@@ -170,6 +176,7 @@ async def test_a_dtls_handshake_that_stalls_is_dropped(no_leaked_tasks: None) ->
             await eventually(lambda: len(listener.sessions) == 1, "session started")
             await eventually(lambda: not listener.sessions, "stalled session dropped")
             assert listener.sources.counts == {}
+            assert limits_moved(listener) == {"handshake_timeout": 1}
         finally:
             client.sock.close()
 
@@ -182,6 +189,7 @@ async def test_a_dtls_session_without_a_first_message_is_dropped(no_leaked_tasks
             await eventually(lambda: listener.connections == 1, "session established")
             await eventually(lambda: not listener.sessions, "silent session dropped")
             assert listener.connections == 0
+            assert limits_moved(listener) == {"first_message_timeout": 1}
         finally:
             client.sock.close()
 
@@ -211,6 +219,7 @@ async def test_a_trickle_before_allocating_is_closed_on_dtls_too(no_leaked_tasks
             task = asyncio.create_task(trickle())
             try:
                 await eventually(lambda: not listener.sessions, "trickling session dropped")
+                assert limits_moved(listener) == {"preauth_trickle": 1}
             finally:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -46,6 +46,12 @@ async def server_with(config: StunnerConfig, **connection: float) -> AsyncIterat
         await dataplane.close()
 
 
+def limits_moved(server: TurnServer) -> dict[str, int]:
+    """The limits the only listener counted refusals by (`stunner_listener_limit_refusals`)."""
+    (listener,) = server.listeners.values()
+    return {limit: n for limit, n in listener.engine.refusals.limit_counts() if n}
+
+
 def stream_listener(server: TurnServer) -> StreamListener:
     (listener,) = server.listeners.values()
     assert isinstance(listener, StreamListener)
@@ -124,6 +130,7 @@ async def test_connections_over_the_per_source_cap_are_closed_at_once(
             assert all([await closed_by_server(reader) for reader in extra])
             assert listener.connections == 5
             assert listener.refused_connections == 3
+            assert limits_moved(server) == {"connections_per_source": 3}
             assert listener.sources.counts == {ATTACKER: 5}
             await real_client_echoes(port)  # another source is not affected
         finally:
@@ -144,6 +151,7 @@ async def test_a_connection_that_sends_no_message_is_closed(no_leaked_tasks: Non
         finally:
             await close_all([writer])
         assert stream_listener(server).connections == 0
+        assert limits_moved(server) == {"first_message_timeout": 1}
 
 
 async def test_a_trickle_before_allocating_is_closed_and_an_allocation_is_exempt(
@@ -156,7 +164,7 @@ async def test_a_trickle_before_allocating_is_closed_and_an_allocation_is_exempt
         "preauth_window_s": 0.5,
         "preauth_min_bytes_per_s": 200.0,
     }
-    async with server_with(config, **limits):
+    async with server_with(config, **limits) as server:
         reader, writer = await connect(port)
         binding = bytes(stun.Message(stun.Method.BINDING, stun.Class.REQUEST))
         try:
@@ -164,6 +172,7 @@ async def test_a_trickle_before_allocating_is_closed_and_an_allocation_is_exempt
             assert await closed_while_trickling(reader, writer)  # ... then 10 bytes a second
         finally:
             await close_all([writer])
+        assert limits_moved(server) == {"preauth_trickle": 1}
         # a client that allocated sends nothing for several windows and is still served
         async with echo_peer() as (_peer, peer_addr):
             turn, collector = await create_turn_endpoint(
@@ -213,6 +222,7 @@ async def test_an_oversized_stun_frame_closes_the_connection_before_it_is_buffer
         finally:
             await close_all([writer])
         assert stream_listener(server).connections == 0
+        assert limits_moved(server) == {"message_bytes": 1}
 
 
 def idle_connections(port: int, count: int, socks: list[socket.socket]) -> None:
@@ -315,6 +325,7 @@ async def test_half_open_tls_connections_count_against_the_cap_before_their_hand
                 while listener.refused_connections < 1:  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
             assert listener.sources.counts == {ATTACKER: cap}
+            assert limits_moved(server) == {"connections_per_source": 1}
             closed = [
                 reader.at_eof() or await closed_by_server(reader) for reader, _ in half_open[cap:]
             ]
@@ -344,6 +355,7 @@ async def test_a_tls_handshake_that_never_starts_is_closed_at_its_deadline(
             async with asyncio.timeout(WAIT_S):
                 while listener.sources.counts:  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
+            assert limits_moved(server) == {"handshake_timeout": 1}
         finally:
             await close_all([writer])
 
@@ -371,6 +383,7 @@ async def test_a_trickle_before_allocating_is_closed_on_tls_too(no_leaked_tasks:
         async with asyncio.timeout(WAIT_S):
             while listener.connections or listener.sources.counts:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
+        assert limits_moved(server) == {"preauth_trickle": 1}
 
 
 @pytest.mark.parametrize("fastpath", [False, True])
