@@ -22,6 +22,7 @@ import pytest
 from chart_support import NAMESPACE, Rendered, container_env, render, validate_builtin
 
 from stunner_cds.settings import CdsSettings
+from stunner_common.contracts.listener_port import TargetPorts
 from stunner_common.crds import Dataplane, Gateway
 from stunner_common.io.cds.token import token_source
 from stunner_operator.__main__ import _options as operator_options
@@ -96,7 +97,7 @@ def _stunnerd(rendered: Rendered, namespace: str = NAMESPACE) -> dict[str, Any]:
         {**GATEWAY, "metadata": {**GATEWAY["metadata"], "namespace": namespace}}
     )
     dataplane = Dataplane.model_validate(rendered.get("Dataplane", "default"))
-    return render_deployment(gateway, dataplane, {}, operator_options(settings))
+    return render_deployment(gateway, dataplane, {}, operator_options(settings), TargetPorts())
 
 
 def _token_users(rendered: Rendered) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -17,6 +17,7 @@ from chart_support import NAMESPACE, Rendered, container_env, render
 from redis.exceptions import NoPermissionError
 
 from stunner_auth.settings import AuthSettings
+from stunner_common.contracts.listener_port import TargetPorts
 from stunner_common.crds import Dataplane, Gateway
 from stunner_common.io.store import ConfigPublisher, ConfigReader
 from stunner_common.redis_acl import CDS_USER, DATAPLANE_USER, OPERATOR_USER, acl_config
@@ -90,7 +91,7 @@ def test_the_dataplane_pods_the_operator_builds_run_restricted_with_a_writable_t
             "spec": {"gatewayClassName": "c", "listeners": []},
         }
     )
-    deployment = render_deployment(gateway, dataplane, {}, RenderOptions())
+    deployment = render_deployment(gateway, dataplane, {}, RenderOptions(), TargetPorts())
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     ctx = container["securityContext"]
     assert ctx["readOnlyRootFilesystem"] is True
@@ -289,9 +290,8 @@ def test_the_cds_is_reachable_from_dataplane_pods_the_operator_and_the_auth_serv
             "spec": {"gatewayClassName": "c", "listeners": []},
         }
     )
-    pod_labels = render_deployment(gateway, dataplane, {}, RenderOptions())["spec"]["template"][
-        "metadata"
-    ]["labels"]
+    deployment = render_deployment(gateway, dataplane, {}, RenderOptions(), TargetPorts())
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     dataplane_peer = next(
         p for p in policy["spec"]["ingress"][0]["from"] if "namespaceSelector" in p
     )

@@ -28,6 +28,7 @@ from chart_support import (
 )
 
 from stunner_cds.settings import CdsSettings
+from stunner_common.contracts.listener_port import TargetPorts
 from stunner_common.crds import Dataplane, Gateway
 from stunner_operator.__main__ import _parser as operator_parser
 from stunner_operator.k8s.resources import BY_KIND, WRITABLE, watched
@@ -542,7 +543,7 @@ def test_stunnerd_deployment_from_the_default_dataplane_is_valid_and_finds_the_c
         _container(default.get("Deployment", "stunner-operator"))["args"]
     )
     deployment = render_deployment(
-        gateway, dataplane, {}, RenderOptions(cds_address=operator_args.cds_address)
+        gateway, dataplane, {}, RenderOptions(cds_address=operator_args.cds_address), TargetPorts()
     )
     assert validate_builtin(deployment) == []
     container = _container(deployment)

@@ -83,13 +83,12 @@ def dataplane_problems(dataplane: Dataplane) -> list[str]:
     return problems
 
 
-def container_ports(gw: Gateway, annotations: dict[str, str]) -> list[dict[str, Any]]:
+def container_ports(gw: Gateway, targetports: TargetPorts) -> list[dict[str, Any]]:
     """The listeners' ports, for a pod on the host network (where they are the host's ports).
 
     The ``targetport`` annotation moves a listener, as it does in the config. Unnamed: listener
     names rarely fit a port name's 15 characters.
     """
-    targetports = TargetPorts.decode(annotations)
     seen: set[tuple[int, str]] = set()
     out: list[dict[str, Any]] = []
     for ls in gw.spec.listeners:
@@ -166,12 +165,17 @@ def quota_env(dataplane: Dataplane, kind: str, options: RenderOptions) -> list[d
 
 
 def render_deployment(
-    gw: Gateway, dataplane: Dataplane, annotations: dict[str, str], options: RenderOptions
+    gw: Gateway,
+    dataplane: Dataplane,
+    annotations: dict[str, str],
+    options: RenderOptions,
+    targetports: TargetPorts,
 ) -> dict[str, Any]:
     """The desired stunnerd Deployment of ``gw`` from the Dataplane template.
 
     ``annotations`` are the merged GatewayConfig and Gateway annotations: GATEWAY.md has both
-    propagate to the Deployment (the pods get only the Dataplane's, to avoid restarts).
+    propagate to the Deployment (the pods get only the Dataplane's, to avoid restarts);
+    ``targetports`` is their targetport annotation, decoded once per render.
     """
     ns, name = gw.metadata.namespace, gw.metadata.name
     dp = dataplane.spec
@@ -188,7 +192,7 @@ def render_deployment(
     )
     pod_annotations = dict(dp.annotations)
     pod_annotations[RELATED_GATEWAY_NAME] = f"{ns}/{name}"
-    container = _container(gw, dataplane, kind, annotations, options)
+    container = _container(gw, dataplane, kind, annotations, options, targetports)
     pod_spec = _pod_spec(dataplane, container)
     if handoff_enabled(dataplane, kind):
         add_handoff(pod_spec, dataplane)
@@ -254,6 +258,7 @@ def _container(
     kind: str,
     annotations: dict[str, str],
     options: RenderOptions,
+    targetports: TargetPorts,
 ) -> dict[str, Any]:
     """The stunnerd container: image, environment, ports, probes, security context."""
     ns, name = gw.metadata.namespace, gw.metadata.name
@@ -288,7 +293,7 @@ def _container(
         container["resources"] = dp.resources
     container["ports"] = [{"name": "metrics-port", "containerPort": METRICS_PORT}]
     if dp.host_network:
-        container["ports"] += container_ports(gw, annotations)
+        container["ports"] += container_ports(gw, targetports)
     if not dp.disable_health_check:
         for probe, path in (("livenessProbe", "/live"), ("readinessProbe", "/ready")):
             container[probe] = {

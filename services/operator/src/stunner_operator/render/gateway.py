@@ -1,8 +1,9 @@
 """One Gateway → one stunnerd config, its status, and its desired Service and Deployment.
 
-This follows https://github.com/l7mp/stunner/blob/main/docs/GATEWAY.md: the GatewayClass → GatewayConfig → Dataplane hierarchy must
-resolve, auth must render, then each listener is checked (protocol, port conflicts, TLS), given a
-public address, and given the routes attached to it; the routes' clusters complete the config.
+This follows upstream's GATEWAY.md (https://github.com/l7mp/stunner/blob/main/docs/GATEWAY.md):
+the GatewayClass → GatewayConfig → Dataplane hierarchy must resolve, auth must render, then each
+listener is checked (protocol, port conflicts, TLS), given a public address, and given the routes
+attached to it; the routes' clusters complete the config.
 A broken hierarchy or auth invalidates the Gateway: it gets a status that says why, no config
 (so the dataplane's config is deleted), and its Service and Deployment are marked for deletion.
 The hierarchy lives in ``hierarchy.py`` and the per-listener pieces in ``listeners.py``.
@@ -208,7 +209,7 @@ def _render_valid(
         + dataplane_problems(dataplane)
     )
     states = _check_listeners(view, gw, targetports, options)
-    service = _expose(view, gw, states, annotations)
+    service = _expose(view, gw, states, annotations, targetports)
     attached = _attach_routes(view, gw, routes, states)
     listener_cfgs = _listener_configs(ns, name, states, targetports, annotations)
     clusters: list[ClusterConfig] = []
@@ -229,7 +230,9 @@ def _render_valid(
 
     status = _gateway_status(gw, states, options, warnings)
     deletes: tuple[ObjKey, ...] = ()
-    deployment: dict[str, Any] | None = render_deployment(gw, dataplane, annotations, options)
+    deployment: dict[str, Any] | None = render_deployment(
+        gw, dataplane, annotations, options, targetports
+    )
     if is_true(annotations.get(DISABLE_MANAGED_DATAPLANE)):
         deletes = ((workload_kind(dataplane), ns, name),)
         deployment = None
@@ -302,7 +305,11 @@ def _conflicts(
 
 
 def _expose(
-    view: View, gw: Gateway, states: list[_ListenerState], annotations: dict[str, str]
+    view: View,
+    gw: Gateway,
+    states: list[_ListenerState],
+    annotations: dict[str, str],
+    targetports: TargetPorts,
 ) -> dict[str, Any] | None:
     """The Gateway's Service; marks the listeners it exposes and their public addresses."""
     candidates = [
@@ -312,7 +319,7 @@ def _expose(
     ]
     exposed = exposed_listeners(candidates, annotations)
     stored_svc = _public_service(view, gw)
-    service = render_service(gw, exposed, annotations, stored_svc)
+    service = render_service(gw, exposed, annotations, stored_svc, targetports)
     for item in exposed:
         st = next(s for s in states if s.spec is item.listener)
         st.exposed = True

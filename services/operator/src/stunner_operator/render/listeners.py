@@ -2,9 +2,9 @@
 
 `render_gateway` (in ``gateway.py``) walks the listeners in spec order and records on a
 `_ListenerState` what it finds: conflicts, TLS material from Secrets, the public address from the
-Service or the nodes (https://github.com/l7mp/stunner/blob/main/docs/GATEWAY.md). This module holds that per-listener state and the pieces that
-read or render it (the `ListenerConfig` and the listener's status conditions), so ``gateway.py``
-keeps only the Gateway-level flow.
+Service or the nodes (https://github.com/l7mp/stunner/blob/main/docs/GATEWAY.md). This module
+holds that per-listener state and the pieces that read or render it (the `ListenerConfig` and the
+listener's status conditions), so ``gateway.py`` keeps only the Gateway-level flow.
 """
 
 from __future__ import annotations

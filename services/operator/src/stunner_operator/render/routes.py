@@ -1,4 +1,6 @@
-"""Which listeners a UDPRoute attaches to (https://gateway-api.sigs.k8s.io/reference/spec/), and the route's status.
+"""Which listeners a UDPRoute attaches to, and the route's status.
+
+The rules are Gateway API's (https://gateway-api.sigs.k8s.io/reference/spec/).
 
 A parentRef attaches a route to a listener when it names the Gateway (namespace defaulting to the
 route's), its ``sectionName`` (if any) names the listener, and the listener's

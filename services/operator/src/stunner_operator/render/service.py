@@ -74,13 +74,16 @@ def render_service(
     exposed: list[ExposedListener],
     annotations: dict[str, str],
     existing: Service | None,
+    targetports: TargetPorts,
 ) -> dict[str, Any] | None:
-    """The desired LB Service of ``gw``, or None when no listener can be exposed."""
+    """The desired LB Service of ``gw``, or None when no listener can be exposed.
+
+    ``targetports`` is the targetport annotation of ``annotations``, decoded once per render."""
     if not exposed:
         return None
     ns, name = gw.metadata.namespace, gw.metadata.name
     svc_type = service_type(annotations)
-    ports = _service_ports(exposed, annotations, existing)
+    ports = _service_ports(exposed, annotations, existing, targetports)
     if svc_type == "LoadBalancer" and (hc := _health_check_port(annotations)) is not None:
         ports.append({"name": HEALTH_CHECK_PORT_NAME, "protocol": "TCP", "port": hc})
     spec: dict[str, Any] = {
@@ -121,12 +124,14 @@ def render_service(
 
 
 def _service_ports(
-    exposed: list[ExposedListener], annotations: dict[str, str], existing: Service | None
+    exposed: list[ExposedListener],
+    annotations: dict[str, str],
+    existing: Service | None,
+    targetports: TargetPorts,
 ) -> list[dict[str, Any]]:
     """One port per exposed listener; its target and node ports from the annotations, else
     kept from the Service as it stands (Kubernetes assigned them)."""
     nodeports = port_map(annotations, NODEPORT)
-    targetports = TargetPorts.decode(annotations)
     old_ports = {p.name: p for p in existing.spec.ports} if existing is not None else {}
     ports: list[dict[str, Any]] = []
     for item in exposed:
