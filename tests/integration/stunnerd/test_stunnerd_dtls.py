@@ -12,6 +12,7 @@ from aioice import stun
 from fixtures.stunnerd.inproc import make_config, running_server
 from OpenSSL import SSL
 
+from stunnerd.net import dtls
 from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.guard import ClientLimits, ConnectionLimits
 from stunnerd.net.server import TurnServer
@@ -166,6 +167,26 @@ async def test_dtls_sessions_over_the_per_source_cap_are_not_started(
         finally:
             for client in clients:
                 client.sock.close()
+
+
+async def test_hellos_past_the_session_table_are_ignored_and_counted(
+    no_leaked_tasks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dtls, "MAX_SESSIONS", 1)
+    async with dtls_server() as (listener, port):
+        first, second = DtlsClient(("127.0.0.1", port)), DtlsClient(("127.0.0.1", port))
+        try:
+            await first.handshake()
+            with contextlib.suppress(SSL.WantReadError):
+                second.conn.do_handshake()
+            hello = second.conn.bio_read(65536)
+            await asyncio.get_running_loop().sock_sendto(second.sock, hello, ("127.0.0.1", port))
+            await eventually(lambda: "dtls_sessions" in limits_moved(listener), "hello ignored")
+            assert limits_moved(listener) == {"dtls_sessions": 1}
+            assert len(listener.sessions) == 1
+        finally:
+            first.sock.close()
+            second.sock.close()
 
 
 async def test_a_dtls_handshake_that_stalls_is_dropped(no_leaked_tasks: None) -> None:

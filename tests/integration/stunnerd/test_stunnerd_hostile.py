@@ -286,9 +286,32 @@ async def test_500_held_idle_connections_do_not_stop_a_real_client_and_time_out(
                 while listener.connections:  # noqa: ASYNC110 - first-message deadline
                     await asyncio.sleep(0.05)
             assert listener.sources.counts == {}
+            assert limits_moved(server) == {"first_message_timeout": 500}
         finally:
             for sock in socks:
                 sock.close()
+
+
+async def test_a_connection_idle_without_an_allocation_is_closed(no_leaked_tasks: None) -> None:
+    """A first message, then silence past the idle timeout (no minimum rate is set)."""
+    config = make_config(("TURN-TCP",))
+    connection = ConnectionLimits(preauth_min_bytes_per_s=0)
+    tuning = ServerTuning(client_idle_timeout_s=0.3)
+    server = TurnServer(
+        bind_host="127.0.0.1", limits=ClientLimits(connection=connection), tuning=tuning
+    )
+    dataplane = LocalDataplane(server)
+    try:
+        await dataplane.reconciler.apply(config)
+        reader, writer = await connect(config.listeners[0].port)
+        try:
+            assert (await binding_over(reader, writer)).message_class == stun.Class.RESPONSE
+            assert await closed_by_server(reader)
+        finally:
+            await close_all([writer])
+        assert limits_moved(server) == {"idle_timeout": 1}
+    finally:
+        await dataplane.close()
 
 
 def client_tls() -> ssl.SSLContext:

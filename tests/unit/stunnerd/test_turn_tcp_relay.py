@@ -239,6 +239,9 @@ def test_connections_per_allocation_are_capped_with_508() -> None:
     assert reply is not None
     assert reply.error_code == 508
     assert engine.peer_arrived(conn.addr, (PEER[0], 4), T0) == (0, [])
+    # the Connect and the incoming peer both count against the cap, and nothing else does
+    moved = {limit: n for limit, n in engine.refusals.limit_counts() if n}
+    assert moved == {"tcp_connections_per_allocation": 2}
 
 
 # --------------------------------------------------------------------------- ConnectionBind
