@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from stunner_cds.store.feed import RedisFeed, redis_client
+from stunner_cds.store.feed import FeedOptions, RedisFeed, redis_client
 from stunner_cds.store.hub import Hub, Mode, Topic
 from stunner_common.cds import (
     CDS_V2_SUBPROTOCOL,
@@ -154,7 +154,7 @@ async def test_a_stream_trimmed_past_the_cds_reloads_and_sends_only_differences(
         await publisher.upsert(config_id, realm_config(config_id, "r0"))
     hub = Hub()
     client = redis_client(redis.url, timeout_s=2, block_ms=50)
-    feed = RedisFeed(client, hub, block_ms=50)
+    feed = RedisFeed(client, hub, FeedOptions(block_ms=50))
     feed.start()
     try:
         async with asyncio.timeout(5):
@@ -276,7 +276,7 @@ async def test_malformed_stream_entries_are_stepped_over(
     await publisher.upsert("ns/a", realm_config("ns/a", "r0"))
     hub = Hub()
     client = redis_client(redis.url, timeout_s=2, block_ms=50)
-    feed = RedisFeed(client, hub, block_ms=50)
+    feed = RedisFeed(client, hub, FeedOptions(block_ms=50))
     feed.start()
     try:
         async with asyncio.timeout(5):

@@ -19,7 +19,7 @@ from stunner_cds.api.common import CdsContext
 from stunner_cds.api.watch import send_watchdog
 from stunner_cds.metrics import CdsMetrics
 from stunner_cds.settings import CdsSettings
-from stunner_cds.store.feed import RedisFeed, event_lag_s, redis_client
+from stunner_cds.store.feed import FeedOptions, RedisFeed, event_lag_s, redis_client
 from stunner_cds.store.hub import Hub
 from stunner_cds.store.nodes import follow as follow_node_addresses
 from stunner_common.io.http import create_service_app
@@ -37,6 +37,16 @@ resume. Errors are `{"code": N, "message": "..."}`.
 """
 
 
+def feed_options(settings: CdsSettings) -> FeedOptions:
+    """The feed's knobs, taken from the settings once per app."""
+    return FeedOptions(
+        block_ms=settings.redis_block_ms,
+        timeout_s=settings.redis_timeout_s,
+        min_backoff_s=settings.reconnect_min_s,
+        max_backoff_s=settings.reconnect_max_s,
+    )
+
+
 def create_app(settings: CdsSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -52,10 +62,7 @@ def create_app(settings: CdsSettings) -> FastAPI:
         feed = RedisFeed(
             redis,
             hub,
-            block_ms=settings.redis_block_ms,
-            timeout_s=settings.redis_timeout_s,
-            min_backoff_s=settings.reconnect_min_s,
-            max_backoff_s=settings.reconnect_max_s,
+            feed_options(settings),
             on_event=observed,
             on_reload=metrics.reloads.inc,
             on_reset=metrics.resets.inc,

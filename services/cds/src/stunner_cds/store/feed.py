@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -42,6 +43,21 @@ def redis_client(url: str, *, timeout_s: float, block_ms: int) -> aioredis.Redis
     )
 
 
+@dataclass(frozen=True, slots=True)
+class FeedOptions:
+    """How the feed reads Redis and how it backs off; `stunner_cds.app` builds it from the
+    settings (``CDS_REDIS_BLOCK_MS``, ``CDS_REDIS_TIMEOUT_S``, ``CDS_RECONNECT_MIN_S``/``MAX_S``).
+    """
+
+    block_ms: int = 1000
+    """How long one XREAD of the change stream blocks."""
+    timeout_s: float = 5.0
+    """Bound on every other Redis round trip (the snapshot, the position, the epoch)."""
+    min_backoff_s: float = 0.05
+    """First delay before reconnecting; doubles, with jitter, up to ``max_backoff_s``."""
+    max_backoff_s: float = 2.0
+
+
 class RedisFeed:
     """Owns the Redis connection of one CDS process and feeds every change into the hub."""
 
@@ -49,20 +65,17 @@ class RedisFeed:
         self,
         redis: aioredis.Redis,
         hub: Hub,
+        options: FeedOptions = FeedOptions(),
         *,
-        block_ms: int = 1000,
-        timeout_s: float = 5.0,
-        min_backoff_s: float = 0.05,
-        max_backoff_s: float = 2.0,
         on_event: Callable[[StoreEvent], None] | None = None,
         on_reload: Callable[[], None] | None = None,
         on_reset: Callable[[], None] | None = None,
     ) -> None:
         self._reader = ConfigReader(redis)
         self.hub = hub
-        self._block_ms = block_ms
-        self._timeout_s = timeout_s
-        self._backoff = Backoff(initial_s=min_backoff_s, cap_s=max_backoff_s)
+        self._block_ms = options.block_ms
+        self._timeout_s = options.timeout_s
+        self._backoff = Backoff(initial_s=options.min_backoff_s, cap_s=options.max_backoff_s)
         self._on_event = on_event
         self._on_reload = on_reload
         self._on_reset = on_reset
