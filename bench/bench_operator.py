@@ -255,12 +255,12 @@ async def _edit_latency(folder: Any, redis_url: str, edits: int) -> tuple[list[f
 
     from stunner_common.contracts.redis_keys import CONFIGS_HASH, EVENTS_STREAM
     from stunner_common.io.store import ConfigPublisher
-    from stunner_operator.manifests.local import LocalOperator
+    from stunner_operator.manifests.local import LocalOperator, LocalOptions
     from stunner_operator.publish import RedisConfigSink
 
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     sink = RedisConfigSink(redis_url)
-    operator = LocalOperator(folder, sink, debounce_ms=20)
+    operator = LocalOperator(folder, sink, LocalOptions(debounce_ms=20))
     stop = asyncio.Event()
     task = asyncio.create_task(operator.run(stop), name="bench-operator")
     edit_s: list[float] = []

@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from stunner_common.contracts.redis_keys import CONFIGS_HASH, EVENTS_STREAM
 from stunner_common.io.kube.api import KubeApi
 from stunner_common.io.kube.config import KubeAccess
-from stunner_operator.controller.loops import KubeController
+from stunner_operator.controller.loops import ControllerOptions, KubeController
 from stunner_operator.k8s.resources import DEPLOYMENT, WATCHED
 from stunner_operator.publish import RedisConfigSink
 from support.redis_server import RedisServer
@@ -172,9 +172,10 @@ async def controller(
         await kube.request("POST", path, body)
     api = KubeApi(KubeAccess(kube.url, ssl.create_default_context()), timeout_s=5)
     sink = RedisConfigSink(redis.url, timeout_s=2)
-    ctl = KubeController(
-        api, sink, throttle_s=0.02, retry_s=0.05, watch_timeout_s=30, resources=RESOURCES
+    options = ControllerOptions(
+        throttle_s=0.02, retry_s=0.05, watch_timeout_s=30, resources=RESOURCES
     )
+    ctl = KubeController(api, sink, options)
     stop = asyncio.Event()
     task = asyncio.create_task(ctl.run(stop), name="kube-controller")
     try:

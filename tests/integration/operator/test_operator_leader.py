@@ -7,20 +7,16 @@ import asyncio
 import pytest
 
 from stunner_common.io.kube.api import KubeApi
-from stunner_operator.controller.leader import LEASE, LeaderElector
+from stunner_operator.controller.leader import LEASE, LeaderElector, LeaderOptions
 
 pytestmark = pytest.mark.integration
 
 
 def elector(api: KubeApi, identity: str) -> LeaderElector:
-    return LeaderElector(
-        api,
-        namespace="stunner",
-        name="op",
-        identity=identity,
-        lease_duration_s=1,
-        renew_period_s=0.1,
+    options = LeaderOptions(
+        namespace="stunner", name="op", identity=identity, lease_duration_s=1, renew_period_s=0.1
     )
+    return LeaderElector(api, options)
 
 
 async def holder(api: KubeApi) -> str | None:

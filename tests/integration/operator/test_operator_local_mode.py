@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,7 +24,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from stunner_common.contracts.redis_keys import CONFIGS_HASH, EVENTS_STREAM
-from stunner_operator.manifests.local import LocalOperator
+from stunner_operator.manifests.local import LocalOperator, LocalOptions
 from stunner_operator.publish import RedisConfigSink
 from support.processes import ServerProcess
 from support.redis_server import RedisServer
@@ -100,11 +101,14 @@ async def configs(client: aioredis.Redis) -> dict[str, dict[str, object]]:
     return {k: json.loads(v) for k, v in raw.items()}
 
 
+QUICK = LocalOptions(debounce_ms=20)
+
+
 async def start(
-    folder: Path, redis_url: str, **kwargs: float
+    folder: Path, redis_url: str, options: LocalOptions = QUICK
 ) -> tuple[asyncio.Task[None], asyncio.Event, RedisConfigSink]:
     sink = RedisConfigSink(redis_url, timeout_s=1.0)
-    operator = LocalOperator(folder, sink, debounce_ms=20, **kwargs)  # type: ignore[arg-type]
+    operator = LocalOperator(folder, sink, options)
     stop = asyncio.Event()
     task = asyncio.create_task(operator.run(stop), name="local-operator")
     return task, stop, sink
@@ -203,7 +207,7 @@ async def test_configs_are_published_once_redis_comes_up(
     no_leaked_tasks: None, redis: RedisServer, folder: Path, logs: LogQueue
 ) -> None:
     redis.stop()
-    task, stop, sink = await start(folder, redis.url, retry_s=0.05)
+    task, stop, sink = await start(folder, redis.url, replace(QUICK, retry_s=0.05))
     try:
         await logs.wait_for(logging.WARNING, "publishing to Redis failed")
         redis.start()

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from stunner_operator.manifests.local import LocalOperator
+from stunner_operator.manifests.local import LocalOperator, LocalOptions
 from stunner_operator.observe import ObservabilityServer, OperatorMetrics
 from stunner_operator.publish import RedisConfigSink
 from support.redis_server import RedisServer
@@ -81,7 +81,7 @@ async def test_each_loop_counts_and_times_its_events_and_is_idle_after(
     metrics, server = served
     (tmp_path / "all.yaml").write_text(BASE.read_text())
     sink = RedisConfigSink(redis.url, timeout_s=2)
-    operator = LocalOperator(tmp_path, sink, retry_s=0.05, metrics=metrics)
+    operator = LocalOperator(tmp_path, sink, LocalOptions(retry_s=0.05), metrics=metrics)
     stop = asyncio.Event()
     task = asyncio.create_task(operator.run(stop))
     try:
@@ -110,7 +110,7 @@ async def test_a_hung_publish_leaves_its_active_loop_gauge_raised(
     metrics, server = served
     (tmp_path / "all.yaml").write_text(BASE.read_text())
     sink = RedisConfigSink(silent_redis, timeout_s=50)
-    operator = LocalOperator(tmp_path, sink, retry_s=0.05, metrics=metrics)
+    operator = LocalOperator(tmp_path, sink, LocalOptions(retry_s=0.05), metrics=metrics)
     task = asyncio.create_task(operator.run(asyncio.Event()))
     try:
         async with aiohttp.ClientSession() as http:

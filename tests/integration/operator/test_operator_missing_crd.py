@@ -11,7 +11,7 @@ import pytest
 
 from stunner_common.io.kube.api import KubeApi
 from stunner_common.io.kube.config import KubeAccess
-from stunner_operator.controller.loops import KubeController
+from stunner_operator.controller.loops import ControllerOptions, KubeController
 from stunner_operator.k8s.resources import WATCHED
 from stunner_operator.publish import RedisConfigSink
 from support.redis_server import RedisServer
@@ -30,7 +30,7 @@ async def test_a_missing_gateway_api_crd_is_named_once_with_how_to_install_it(
             KubeAccess(str(emulator.url).rstrip("/"), ssl.create_default_context()), timeout_s=5
         )
         sink = RedisConfigSink(redis.url, timeout_s=2)
-        ctl = KubeController(api, sink, retry_s=0.05, resources=RESOURCES)
+        ctl = KubeController(api, sink, ControllerOptions(retry_s=0.05, resources=RESOURCES))
         stop = asyncio.Event()
         with caplog.at_level(logging.ERROR, logger="stunner_operator.controller.loops"):
             named = asyncio.Event()

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 
 from stunner_common.io.kube.api import KubeApi
-from stunner_operator.controller.leader import LeaderElector
-from stunner_operator.manifests.local import LocalOperator
+from stunner_operator.controller.leader import LeaderElector, LeaderOptions
+from stunner_operator.manifests.local import LocalOperator, LocalOptions
 from stunner_operator.observe import ObservabilityServer, OperatorMetrics, parse_address
 from stunner_operator.publish import RedisConfigSink
 from support.redis_server import RedisServer
@@ -71,7 +71,7 @@ def served(metrics: OperatorMetrics) -> ObservabilityServer:
 async def run_local(
     folder: Path, sink: RedisConfigSink, metrics: OperatorMetrics
 ) -> tuple[asyncio.Task[None], asyncio.Event]:
-    operator = LocalOperator(folder, sink, retry_s=0.05, metrics=metrics)
+    operator = LocalOperator(folder, sink, LocalOptions(retry_s=0.05), metrics=metrics)
     stop = asyncio.Event()
     return asyncio.create_task(operator.run(stop)), stop
 
@@ -142,15 +142,10 @@ async def test_local_mode_is_not_ready_while_redis_is_unreachable(
 
 
 def elector(api: KubeApi, identity: str, metrics: OperatorMetrics | None = None) -> LeaderElector:
-    return LeaderElector(
-        api,
-        namespace="stunner",
-        name="op",
-        identity=identity,
-        lease_duration_s=5,
-        renew_period_s=0.1,
-        metrics=metrics,
+    options = LeaderOptions(
+        namespace="stunner", name="op", identity=identity, lease_duration_s=5, renew_period_s=0.1
     )
+    return LeaderElector(api, options, metrics=metrics)
 
 
 async def test_a_standby_replica_is_ready_and_not_leader(

@@ -28,16 +28,20 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
-from typing import Any, NoReturn, TypedDict
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from stunner_common.cli import add_version_argument, settings_from_args
 from stunner_common.redis_acl import redact_url
 from stunner_common.runtime import run as run_loop
-from stunner_operator.manifests.local import LocalOperator
+from stunner_operator.manifests.local import LocalOperator, LocalOptions
 from stunner_operator.observe import ObservabilityServer, OperatorMetrics, parse_address
 from stunner_operator.publish import PublishError, RedisConfigSink
 from stunner_operator.render.options import RenderOptions, parse_label_filter
 from stunner_operator.settings import OperatorSettings
+
+if TYPE_CHECKING:
+    from stunner_operator.controller.leader import LeaderOptions
+    from stunner_operator.controller.loops import ControllerOptions
 
 log = logging.getLogger("stunner_operator")  # not __name__: "__main__" under python -m
 
@@ -109,6 +113,39 @@ def _options(settings: OperatorSettings) -> RenderOptions:
     )
 
 
+def _local_options(settings: OperatorSettings) -> LocalOptions:
+    return LocalOptions(
+        render=_options(settings),
+        debounce_ms=settings.watch_debounce_ms,
+        retry_s=settings.publish_retry_s,
+    )
+
+
+def _controller_options(settings: OperatorSettings) -> ControllerOptions:
+    from stunner_operator.controller.loops import ControllerOptions
+    from stunner_operator.k8s.resources import watched
+
+    return ControllerOptions(
+        render=_options(settings),
+        throttle_s=settings.throttle_s,
+        retry_s=settings.publish_retry_s,
+        watch_timeout_s=settings.watch_timeout_s,
+        resources=watched(enforce_reference_grants=settings.enforce_reference_grants),
+    )
+
+
+def _leader_options(settings: OperatorSettings) -> LeaderOptions:
+    from stunner_operator.controller.leader import LeaderOptions
+
+    return LeaderOptions(
+        namespace=settings.lease_namespace,
+        name=settings.lease_name,
+        identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+        lease_duration_s=settings.lease_duration_s,
+        renew_period_s=settings.lease_renew_s,
+    )
+
+
 def _stop_on_signals() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -164,17 +201,6 @@ def _server(settings: OperatorSettings, metrics: OperatorMetrics) -> Observabili
     return ObservabilityServer(metrics, health_address=health, metrics_address=prom)
 
 
-class _LoopArgs(TypedDict):
-    options: RenderOptions
-    retry_s: float
-    metrics: OperatorMetrics
-
-
-def _loop_args(settings: OperatorSettings, metrics: OperatorMetrics) -> _LoopArgs:
-    """What the Kubernetes controller and the local operator both take from the settings."""
-    return {"options": _options(settings), "retry_s": settings.publish_retry_s, "metrics": metrics}
-
-
 @contextlib.asynccontextmanager
 async def _serving(server: ObservabilityServer) -> AsyncIterator[None]:
     try:
@@ -191,10 +217,10 @@ async def _run_kubernetes(settings: OperatorSettings) -> int:
     from stunner_common.io.kube.api import KubeApi, KubeApiError, load_access
     from stunner_operator.controller.leader import LeaderElector
     from stunner_operator.controller.loops import KubeController
-    from stunner_operator.k8s.resources import watched
 
     metrics = OperatorMetrics()
     server = _server(settings, metrics)
+    options = _controller_options(settings)
     try:
         # A kubeconfig's credential plugin may run for a while: off the loop.
         access = await asyncio.to_thread(load_access, settings.kubeconfig, dict(os.environ))
@@ -209,14 +235,7 @@ async def _run_kubernetes(settings: OperatorSettings) -> int:
 
     async def lead(lost: asyncio.Event) -> None:
         # A fresh controller per term: it lists everything again before rendering.
-        controller = KubeController(
-            api,
-            sink,
-            throttle_s=settings.throttle_s,
-            watch_timeout_s=settings.watch_timeout_s,
-            resources=watched(enforce_reference_grants=settings.enforce_reference_grants),
-            **_loop_args(settings, metrics),
-        )
+        controller = KubeController(api, sink, options, metrics=metrics)
         await controller.run(lost)
 
     stop = _stop_on_signals()
@@ -224,15 +243,7 @@ async def _run_kubernetes(settings: OperatorSettings) -> int:
     try:
         async with _serving(server):
             if settings.leader_elect:
-                elector = LeaderElector(
-                    api,
-                    namespace=settings.lease_namespace,
-                    name=settings.lease_name,
-                    identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
-                    lease_duration_s=settings.lease_duration_s,
-                    renew_period_s=settings.lease_renew_s,
-                    metrics=metrics,
-                )
+                elector = LeaderElector(api, _leader_options(settings), metrics=metrics)
                 await elector.run(lead, stop)
             else:
                 metrics.mark_leading()
@@ -247,9 +258,7 @@ async def _run_local(settings: OperatorSettings, root: Path) -> int:
     metrics = OperatorMetrics()
     server = _server(settings, metrics)
     sink = await _redis_sink(settings)
-    operator = LocalOperator(
-        root, sink, debounce_ms=settings.watch_debounce_ms, **_loop_args(settings, metrics)
-    )
+    operator = LocalOperator(root, sink, _local_options(settings), metrics=metrics)
     server.gateway_report = operator.gateway_report
     stop = _stop_on_signals()
     log.info("local mode: watching %s, publishing to %s", root, redact_url(settings.redis_url))
@@ -272,7 +281,7 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
 
 
 def _print_once(settings: OperatorSettings, root: Path) -> int:
-    operator = LocalOperator(root, None, options=_options(settings))
+    operator = LocalOperator(root, None, _local_options(settings))
     operator.sync()
     for _cid, config in sorted(operator.renderer.configs().items()):
         print(config.canonical_json())

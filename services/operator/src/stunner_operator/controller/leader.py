@@ -14,6 +14,7 @@ import asyncio
 import datetime
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from stunner_common.io.kube.api import ConflictError, KubeApi, KubeApiError
@@ -29,26 +30,37 @@ def _micro_time() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+@dataclass(frozen=True, slots=True)
+class LeaderOptions:
+    """Which Lease a candidate competes for, under which name, and how often it renews;
+    ``__main__`` builds it once from the settings (``OPERATOR_LEASE_*``, ``POD_NAMESPACE``)."""
+
+    namespace: str
+    name: str
+    identity: str
+    """This candidate's holder identity (unique per process)."""
+    lease_duration_s: int = 15
+    renew_period_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.renew_period_s >= self.lease_duration_s:
+            raise ValueError("renew_period_s must be shorter than lease_duration_s")
+
+
 class LeaderElector:
     def __init__(
         self,
         api: KubeApi,
+        options: LeaderOptions,
         *,
-        namespace: str,
-        name: str,
-        identity: str,
-        lease_duration_s: int = 15,
-        renew_period_s: float = 5.0,
         metrics: OperatorMetrics | None = None,
     ) -> None:
-        if renew_period_s >= lease_duration_s:
-            raise ValueError("renew_period_s must be shorter than lease_duration_s")
         self._api = api
-        self._namespace = namespace
-        self._name = name
-        self.identity = identity
-        self._duration_s = lease_duration_s
-        self._renew_s = renew_period_s
+        self._namespace = options.namespace
+        self._name = options.name
+        self.identity = options.identity
+        self._duration_s = options.lease_duration_s
+        self._renew_s = options.renew_period_s
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._metrics = metrics or OperatorMetrics()

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stunner_common.crds import CrdError, K8sObject, UnsupportedKindError, parse_object
@@ -85,29 +85,43 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@dataclass(frozen=True, slots=True)
+class ControllerOptions:
+    """What the Kubernetes controller is told by the operator's settings; ``__main__`` builds it
+    once (``OPERATOR_THROTTLE_S``, ``OPERATOR_PUBLISH_RETRY_S``, ``OPERATOR_WATCH_TIMEOUT_S``,
+    ``--enforce-reference-grants`` and the render options)."""
+
+    render: RenderOptions = field(default_factory=RenderOptions)
+    throttle_s: float = 0.05
+    """How long the render loop gathers events into one batch."""
+    retry_s: float = 1.0
+    """Delay before a failed list, publish or write is tried again."""
+    resync_check_s: float = 1.0
+    """Bound on the Redis check that the published configs are still there."""
+    watch_timeout_s: int = 300
+    """How long one watch request lasts before it is renewed from the last resource version."""
+    resources: tuple[Resource, ...] = WATCHED
+    """The resources listed and watched (`stunner_operator.k8s.resources.watched`)."""
+
+
 class KubeController:
     def __init__(
         self,
         api: KubeApi,
         sink: ConfigSink,
+        options: ControllerOptions = ControllerOptions(),
         *,
-        options: RenderOptions | None = None,
-        throttle_s: float = 0.05,
-        retry_s: float = 1.0,
-        resync_check_s: float = 1.0,
-        watch_timeout_s: int = 300,
-        resources: tuple[Resource, ...] = WATCHED,
         metrics: OperatorMetrics | None = None,
     ) -> None:
-        self.renderer = Renderer(options)
+        self.renderer = Renderer(options.render)
         self.metrics = metrics or OperatorMetrics()
         self._api = api
         self._sink = sink
-        self._throttle_s = throttle_s
-        self._retry_s = retry_s
-        self._resync_check_s = resync_check_s
-        self._watch_timeout_s = watch_timeout_s
-        self._resources = resources
+        self._throttle_s = options.throttle_s
+        self._retry_s = options.retry_s
+        self._resync_check_s = options.resync_check_s
+        self._watch_timeout_s = options.watch_timeout_s
+        self._resources = resources = options.resources
         self._events: asyncio.Queue[_Event] = asyncio.Queue()
         self._known: dict[str, set[ObjKey]] = {r.kind: set() for r in resources}
         self._served: dict[str, Resource] = {}

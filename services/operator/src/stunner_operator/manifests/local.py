@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,20 @@ def _merge(first: RenderDelta, second: RenderDelta) -> RenderDelta:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class LocalOptions:
+    """What the local operator is told by the operator's settings; ``__main__`` builds it once
+    (``OPERATOR_WATCH_DEBOUNCE_MS``, ``OPERATOR_PUBLISH_RETRY_S`` and the render options)."""
+
+    render: RenderOptions = field(default_factory=RenderOptions)
+    debounce_ms: int = 50
+    """How long the folder must be quiet before a change is rendered."""
+    retry_s: float = 1.0
+    """Delay before a failed publish is tried again."""
+    resync_check_s: float = 1.0
+    """Bound on the Redis check that the published configs are still there."""
+
+
 class LocalOperator:
     """Owns the renderer for one folder; ``sync`` is the pure-ish step, ``run`` the loop."""
 
@@ -111,16 +126,13 @@ class LocalOperator:
         self,
         root: Path,
         sink: ConfigSink | None,
+        options: LocalOptions = LocalOptions(),
         *,
-        options: RenderOptions | None = None,
-        debounce_ms: int = 50,
-        retry_s: float = 1.0,
-        resync_check_s: float = 1.0,
         metrics: OperatorMetrics | None = None,
     ) -> None:
         self.root = root
         self.metrics = metrics or OperatorMetrics()
-        self.renderer = Renderer(options)
+        self.renderer = Renderer(options.render)
         self.manifests = ManifestSet(root)
         self._sink = sink
         self._applied: dict[ObjKey, K8sObject] = {}
@@ -130,9 +142,9 @@ class LocalOperator:
         """Gateway versions refused for a rejected listener (the folder still holds them)."""
         self.problems: dict[ObjKey, str] = {}
         """Per refused Gateway: why, and what stays in force (for /gateways and the metric)."""
-        self._debounce_ms = debounce_ms
-        self._retry_s = retry_s
-        self._resync_check_s = resync_check_s
+        self._debounce_ms = options.debounce_ms
+        self._retry_s = options.retry_s
+        self._resync_check_s = options.resync_check_s
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
 
