@@ -441,5 +441,45 @@ async def test_a_udp_datagram_over_the_read_limit_is_dropped_even_on_a_bound_cha
             client.send_raw(fits)
             assert await client.recv_raw() == fits
             assert peer.received == 1
+        assert limits_refused(dataplane) == {"udp_datagram_bytes": 1}
+    finally:
+        await dataplane.close()
+
+
+def limits_refused(dataplane: LocalDataplane) -> dict[str, int]:
+    """The limits the only listener counted refusals by, as the metrics read them (what the C
+    relay dropped included)."""
+    (listener,) = dataplane.stats().listeners
+    return {limit: n for limit, n in listener.limit_refusals if n}
+
+
+@pytest.mark.parametrize("fastpath", [False, True])
+async def test_a_stun_message_over_the_size_limit_is_dropped_and_counted(
+    no_leaked_tasks: None, fastpath: bool
+) -> None:
+    from stunnerd import fastpath as c_relay
+
+    if fastpath and not c_relay.available():
+        pytest.skip("stunnerd._fastpath is not built")
+    config = make_config()
+    limits = ClientLimits(RequestLimits(max_message_bytes=600))
+    tuning = ServerTuning(fastpath=fastpath)
+    dataplane = LocalDataplane(TurnServer(bind_host="127.0.0.1", limits=limits, tuning=tuning))
+    try:
+        await dataplane.reconciler.apply(config)
+        big = stun.Message(stun.Method.BINDING, stun.Class.REQUEST)
+        big.attributes["SOFTWARE"] = "x" * 700
+        small = stun.Message(stun.Method.BINDING, stun.Class.REQUEST)
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.setblocking(False)
+            sock.bind((ATTACKER, 0))
+            server = ("127.0.0.1", config.listeners[0].port)
+            await loop.sock_sendto(sock, bytes(big), server)
+            await loop.sock_sendto(sock, bytes(small), server)
+            async with asyncio.timeout(WAIT_S):
+                answer = stun.parse_message(await loop.sock_recv(sock, 2048))
+        assert answer.transaction_id == small.transaction_id  # the big one got no answer
+        assert limits_refused(dataplane) == {"message_bytes": 1}
     finally:
         await dataplane.close()

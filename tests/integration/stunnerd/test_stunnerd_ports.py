@@ -219,6 +219,9 @@ class PythonFastPath:
     def fold(self) -> None:
         self.folds += 1
 
+    def take_drops(self, listener: socket.socket) -> tuple[int, int]:
+        return 0, 0
+
     def stats(self) -> dict[str, int]:
         return {"watched": len(self.watched)}
 

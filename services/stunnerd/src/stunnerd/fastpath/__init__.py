@@ -139,6 +139,15 @@ class FastPath:
             counts[2] += tx_pkts
             counts[3] += tx_bytes
 
+    def take_drops(self, listener: socket.socket) -> tuple[int, int]:
+        """Datagrams dropped on a watched listener since the last call: (over its STUN message
+        size limit, over its datagram limit)."""
+        fd = listener.fileno()
+        if fd < 0 or self.closed:
+            return 0, 0
+        oversized, truncated = self.relay.take_drops(fd)
+        return oversized, truncated
+
     def stats(self) -> dict[str, int]:
         return dict(self.relay.stats())
 

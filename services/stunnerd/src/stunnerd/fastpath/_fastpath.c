@@ -14,7 +14,8 @@
  * to Python by `take_counters()`, which zeroes them.
  *
  * A listener socket may be given a STUN size limit: then what the engine would drop unread is
- * dropped here, before any Python object exists (counted in `stats()["dropped"]`): a datagram
+ * dropped here, before any Python object exists (counted in `stats()["dropped"]`, and per
+ * listener, those over the size limit and those truncated, in `take_drops(fd)`): a datagram
  * that is neither ChannelData (first byte 0x40-0x7F) nor a STUN message with a valid header
  * (two zero bits, the magic cookie, a length matching the datagram and a multiple of 4, at most
  * the limit), and anything truncated: a listener may also be given a datagram limit, and then
@@ -58,7 +59,21 @@ static PyObject *FastRelay_watch(FastRelay *self, PyObject *args) {
     self->fds[fd].slot = slot;
     self->fds[fd].max_stun = kind == KIND_LISTENER ? (uint32_t)max_stun : 0;
     self->fds[fd].max_datagram = kind == KIND_LISTENER ? (uint32_t)max_datagram : 0;
+    self->fds[fd].oversized = self->fds[fd].truncated = 0;
     Py_RETURN_NONE;
+}
+
+static PyObject *FastRelay_take_drops(FastRelay *self, PyObject *args) {
+    int fd;
+    if (!PyArg_ParseTuple(args, "i", &fd))
+        return NULL;
+    if (fd < 0 || (size_t)fd >= self->nfds)
+        return Py_BuildValue("(KK)", 0ULL, 0ULL);
+    FdInfo *info = &self->fds[fd];
+    PyObject *out = Py_BuildValue("(KK)", (unsigned long long)info->oversized,
+                                  (unsigned long long)info->truncated);
+    info->oversized = info->truncated = 0;
+    return out;
 }
 
 static PyObject *FastRelay_answer_binding(FastRelay *self, PyObject *args) {
@@ -313,6 +328,9 @@ static PyMethodDef FastRelay_methods[] = {
      "Relay what is routed; return [(fd, data, address)] for everything else."},
     {"take_counters", (PyCFunction)FastRelay_take_counters, METH_NOARGS,
      "[(slot, rx_pkts, rx_bytes, tx_pkts, tx_bytes)] since the last call."},
+    {"take_drops", (PyCFunction)FastRelay_take_drops, METH_VARARGS,
+     "take_drops(listener_fd): (over the STUN size limit, over the datagram limit) datagrams "
+     "dropped on it since the last call."},
     {"stats", (PyCFunction)FastRelay_stats, METH_NOARGS,
      "Relayed, missed (given to Python) and dropped datagrams, and the route counts."},
     {"close", (PyCFunction)FastRelay_close, METH_NOARGS, "Close the epoll descriptor."},

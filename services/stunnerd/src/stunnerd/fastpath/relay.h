@@ -34,6 +34,8 @@ typedef struct {
     int binding;           /* listener: plain Binding requests are answered here */
     uint8_t *software;     /* ... with this SOFTWARE (software_len bytes, none when 0) */
     size_t software_len;
+    uint64_t oversized; /* listener: dropped over max_stun, since the last take_drops */
+    uint64_t truncated; /* listener: dropped over max_datagram, since the last take_drops */
 } FdInfo;
 
 typedef struct {
@@ -254,8 +256,14 @@ static int drain_listener(FastRelay *self, int fd, PyObject *out) {
             uint8_t *d = self->rx_iov[i].iov_base;
             size_t size = self->rx[i].msg_len;
             count(self, lslot, RX_PKTS, size);
-            if (self->rx[i].msg_hdr.msg_flags & MSG_TRUNC ||
-                (max_stun > 0 && !engine_reads(d, size, max_stun))) {
+            if (self->rx[i].msg_hdr.msg_flags & MSG_TRUNC) {
+                self->fds[fd].truncated++;
+                self->dropped++;
+                continue;
+            }
+            if (max_stun > 0 && !engine_reads(d, size, max_stun)) {
+                if (size > max_stun) /* not ChannelData: the engine's message size limit */
+                    self->fds[fd].oversized++;
                 self->dropped++;
                 continue;
             }

@@ -190,6 +190,10 @@ class Listener:
     def recount_tcp_relays(self) -> None:
         """Stream listeners: their TCP relays' peer connections may change cluster too."""
 
+    def fold_refusals(self) -> None:
+        """Add what the C relay dropped by a limit on this listener's socket to its engine's
+        refusals (TURN-UDP)."""
+
     def tcp_relay_effect(self, effect: fx.TcpRelayEffect) -> None:
         """RFC 6062 effects; only stream listeners get them (their engine may open TCP relays)."""
         if isinstance(effect, fx.OpenRelay):

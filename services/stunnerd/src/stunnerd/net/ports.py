@@ -112,6 +112,10 @@ class FastPathPort(Protocol):
     def fold(self) -> None:
         """Add what C counted since the last fold into the traffic counters."""
 
+    def take_drops(self, listener: socket.socket) -> tuple[int, int]:
+        """Datagrams dropped on a watched listener since the last call: (over its STUN message
+        size limit, over its datagram limit)."""
+
     def stats(self) -> dict[str, int]:
         """Its counters, for `/status`."""
 

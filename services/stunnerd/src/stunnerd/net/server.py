@@ -371,9 +371,12 @@ class TurnServer:
         return running
 
     def fold_counters(self) -> None:
-        """Bring the traffic counters up to date with what the C relay counted."""
+        """Bring the traffic counters, and the listeners' refusals by limit, up to date with
+        what the C relay counted."""
         if self._fastpath is not None:
             self._fastpath.fold()
+            for lst in self.listeners.values():
+                lst.fold_refusals()
 
     @property
     def fastpath_stats(self) -> dict[str, int] | None:

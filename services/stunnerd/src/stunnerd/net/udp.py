@@ -122,11 +122,12 @@ async def open_listener_socket(
 class UdpListenerProtocol(ClosingDatagramProtocol):
     """TURN-UDP: routed ChannelData is forwarded right here; the rest goes to the engine."""
 
-    __slots__ = ("max_datagram", "routes", "send", "slow_path", "traffic")
+    __slots__ = ("max_datagram", "refusals", "routes", "send", "slow_path", "traffic")
 
     def __init__(self, listener: UdpListener) -> None:
         super().__init__()
         self.max_datagram = listener.limits.request.max_udp_datagram_bytes
+        self.refusals = listener.engine.refusals
         self.routes = listener.routes
         self.send = listener.batcher.send
         self.slow_path = listener.client_slow_path
@@ -138,6 +139,7 @@ class UdpListenerProtocol(ClosingDatagramProtocol):
         counts[0] += 1
         counts[1] += size
         if size > self.max_datagram:
+            self.refusals.limited("udp_datagram_bytes")
             return  # as the C relay, which reads no more than this
         if size >= 4 and 0x40 <= data[0] <= 0x7F:
             route = self.routes.get((addr, (data[0] << 8) | data[1]))
@@ -235,8 +237,18 @@ class UdpListener(Listener):
             counts[TX_BYTES] += len(data)
             self._sendto(data, client)
 
+    def fold_refusals(self) -> None:
+        if self.fastpath is not None and self.sock is not None:
+            oversized, truncated = self.fastpath.take_drops(self.sock)
+            refusals = self.engine.refusals
+            if oversized:
+                refusals.limited("message_bytes", oversized)
+            if truncated:
+                refusals.limited("udp_datagram_bytes", truncated)
+
     async def _close_transport(self) -> None:
         if self.fastpath is not None and self.sock is not None:
+            self.fold_refusals()
             self.fastpath.unwatch(self.sock)
             self.sock.close()
             self.sock = None

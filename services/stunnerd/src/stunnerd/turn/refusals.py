@@ -37,6 +37,7 @@ log = logging.getLogger("stunnerd.refusals")
 
 LIMITS = (
     "message_bytes",
+    "udp_datagram_bytes",
     "attributes",
     "challenge_rate",
     "auth_failures_source",
@@ -136,10 +137,10 @@ class RefusalLog:
             more,
         )
 
-    def limited(self, limit: str) -> None:
-        """A refusal by `limit` (one of `LIMITS`) that is no error answer: a message dropped, a
-        connection closed or refused."""
-        self.limits[limit] += 1
+    def limited(self, limit: str, count: int = 1) -> None:
+        """`count` refusals by `limit` (one of `LIMITS`) that are no error answer: messages
+        dropped, connections closed or refused."""
+        self.limits[limit] += count
 
     def limit_counts(self) -> tuple[tuple[str, int], ...]:
         """(limit, refusals) for every one of `LIMITS`, in that order, zeros included."""
