@@ -8,6 +8,7 @@ summed over workers (`merge_snapshots`) and come out of the metrics collector as
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -30,6 +31,7 @@ from stunnerd.turn import effects as fx
 from stunnerd.turn.engine import TurnEngine
 from stunnerd.turn.guard import RequestLimits
 from stunnerd.turn.refusals import LIMITS
+from stunnerd.workers.local import _NoNewAllocations
 
 pytestmark = pytest.mark.usefixtures("aioice_turn_attributes")
 
@@ -148,6 +150,14 @@ def test_the_user_quota_and_the_cluster_quota_count_as_user_quota() -> None:
     other.relay_failed(second.addr, T0, 486, "Allocation Quota Reached", "user_quota")
     other.relay_failed(("192.0.2.4", 1), T0)  # a relay socket that would not open: no limit
     assert moved(other) == {"user_quota": 1}
+
+
+def test_a_drain_refuses_allocations_with_486_but_counts_no_limit() -> None:
+    base = static_policies()
+    engine = make_engine(dataclasses.replace(base, quota=_NoNewAllocations()))
+    assert Client(engine).allocate().error_code == 486
+    assert engine.refusals.counts[486] == 1
+    assert moved(engine) == {}
 
 
 def listener(name: str, **counts: int) -> ListenerStats:
