@@ -17,18 +17,35 @@ has none), so every challenge is answered; the load average is printed before an
 
 The second part (`limits`) is what an attacker can make a server *hold*: for each resource an
 attacker at 10x stunnerd's default limit (docs/limits.md) beside 20 honest clients (each an
-allocation sending Send indications to a UDP echo peer): password guesses (the 401 oracle),
-permissions of one allocation and channels of one allocation. It prints, per server, the
-server's RSS and fd count before and after, the honest clients' loss and the attacker's
-refusals by code, and `RATIO limits_rss_growth[...] stunnerd/coturn`. coturn has no knob for
-any of the three (`--user-quota` and `--total-quota` bound allocations only), so it is run with
-its defaults. `BENCH_HOSTILE_PART=cpu|limits` runs one part; `BENCH_HOSTILE_LIMITS_SCALE`
-(default 1.0) scales the attack counts.
+allocation sending Send indications to a UDP echo peer). It prints, per server, the server's RSS
+and fd count before and after (with what the attacker opened still held), the honest clients'
+loss and the attacker's answers by code, and `RATIO limits_rss_growth[...] stunnerd/coturn`:
+  - auth-guess: wrong-password Allocates, 10x the per-source failure burst (the 401 oracle);
+  - permissions, channels: one allocation asks for 10x the per-allocation cap;
+  - user-quota: both servers with the same allocation quota per user (the config's
+    `admin.user_quota`, coturn's `--user-quota`; `BENCH_HOSTILE_USER_QUOTA`, default 10) and
+    TURN REST credentials (one shared secret); the attacker opens 10x the quota with one username,
+    each from a source port of its own, the honest clients have usernames of their own;
+  - tcp-per-source: 10x the per-source cap (64) of idle TCP connections to the TURN port (stunnerd
+    gets a TURN-TCP listener beside its UDP one, coturn listens on both anyway), held while the
+    honest clients run: how many connected and how many the server kept;
+  - tcp-slowloris: 64 connections (from 127.0.0.3) that send 10 bytes of a STUN header and stall:
+    how long until the server closes them, and how many are open after
+    `BENCH_HOSTILE_SLOW_WAIT_S` (15; stunnerd's `STUNNERD_FIRST_MESSAGE_TIMEOUT_S` is left at
+    its 10 s default).
+coturn has a knob for none of these but the quota (`--total-quota` bounds allocations in all),
+so it runs with its defaults for the others. RFC 6062 peer connections per allocation are left
+out: coturn needs a TCP relay set up for them, and a Connect flood a TCP peer per connection.
+Then the CDS and the auth service, which have no coturn equivalent (`bench.hostile_http`).
+`BENCH_HOSTILE_PART=cpu|limits` runs one part; `BENCH_HOSTILE_LIMITS_SCALE` (default 1.0)
+scales the attack counts; `BENCH_HOSTILE_ATTACKS=name,...` picks attacks by name.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -317,12 +334,19 @@ def rss_and_fds(pid: int) -> tuple[int, int]:
 class SyncTurn:
     """A blocking long-term-credential TURN client on one UDP socket (127.0.0.1 only)."""
 
-    def __init__(self, port: int, source: str = "127.0.0.1", password: str = PASSWORD) -> None:
+    def __init__(
+        self,
+        port: int,
+        source: str = "127.0.0.1",
+        password: str = PASSWORD,
+        username: str = USER,
+    ) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind((source, 0))
         self.sock.settimeout(ANSWER_TIMEOUT_S)
         self.server = ("127.0.0.1", port)
         self.password = password
+        self.username = username
         self.nonce: bytes | None = None
         self.realm = REALM
 
@@ -335,8 +359,9 @@ class SyncTurn:
         for _ in range(2):
             msg = stun_.Message(stun_.Method(method), stun_.Class.REQUEST, attributes=dict(attrs))
             if self.nonce is not None:
-                msg.attributes.update({"USERNAME": USER, "REALM": self.realm, "NONCE": self.nonce})
-                key = f"{USER}:{self.realm}:{self.password}".encode()
+                attrs_ = {"USERNAME": self.username, "REALM": self.realm, "NONCE": self.nonce}
+                msg.attributes.update(attrs_)
+                key = f"{self.username}:{self.realm}:{self.password}".encode()
                 msg.add_message_integrity(hashlib.md5(key).digest())
             self.sock.sendto(bytes(msg), self.server)
             reply = self._answer(msg.transaction_id)
@@ -407,27 +432,38 @@ def echo_server() -> tuple[socket.socket, int]:
     return sock, int(sock.getsockname()[1])
 
 
-def guesses(port: int) -> dict[int | str, int]:
+Answers = dict[int | str, float]
+Finish = Callable[[], Answers]
+
+
+def _no_finish() -> Answers:
+    return {}
+
+
+def _count(answers: Answers, key: int | str) -> None:
+    answers[key] = answers.get(key, 0) + 1
+
+
+def guesses(port: int) -> tuple[Answers, Finish]:
     """10x the failure burst of wrong-password Allocates from 127.0.0.2."""
     attacker = SyncTurn(port, "127.0.0.2", password="guess")
-    refusals: dict[int | str, int] = {}
+    refusals: Answers = {}
     try:
         deadline = time.monotonic() + ATTACK_TIMEOUT_S
         for _ in range(int(10 * AUTH_FAILURE_BURST * LIMITS_SCALE)):
             code, reason = attacker.allocate()
-            key: int | str = "401 (not checked)" if "too many" in reason else code
-            refusals[key] = refusals.get(key, 0) + 1
+            _count(refusals, "401 (not checked)" if "too many" in reason else code)
             if time.monotonic() > deadline:
                 break
     finally:
         attacker.close()
-    return refusals
+    return refusals, _no_finish
 
 
-def hoard(port: int, kind: str) -> dict[int | str, int]:
+def hoard(port: int, kind: str) -> tuple[Answers, Finish]:
     """One allocation from 127.0.0.2 asks for 10x the permissions (or channels) cap."""
     attacker = SyncTurn(port, "127.0.0.2")
-    refusals: dict[int | str, int] = {}
+    refusals: Answers = {}
     try:
         attacker.allocate()
         cap = MAX_PERMISSIONS if kind == "permissions" else MAX_CHANNELS
@@ -440,18 +476,188 @@ def hoard(port: int, kind: str) -> dict[int | str, int]:
                 number = 0x4000 + i % 0x1000
                 attrs = {"XOR-PEER-ADDRESS": ("127.9.0.1", 10000 + i), "CHANNEL-NUMBER": number}
                 code, _ = attacker.request(0x009, attrs)
-            refusals[code] = refusals.get(code, 0) + 1
+            _count(refusals, code)
             if time.monotonic() > deadline:
                 break
     finally:
         attacker.close()
-    return refusals
+    return refusals, _no_finish
 
 
-ATTACKS: dict[str, Callable[[int], dict[int | str, int]]] = {
-    "auth-guess": guesses,
-    "permissions": lambda port: hoard(port, "permissions"),
-    "channels": lambda port: hoard(port, "channels"),
+# --- allocations per user: both servers run with the same quota and TURN REST credentials
+
+USER_QUOTA = int(os.environ.get("BENCH_HOSTILE_USER_QUOTA", "10"))
+SECRET = "bench-hostile-secret"
+
+
+def rest_credentials(user_id: str, now: float | None = None) -> tuple[str, str]:
+    """A TURN REST username (``expiry:user``) valid for an hour and its password."""
+    expiry = int((time.time() if now is None else now) + 3600)
+    username = f"{expiry}:{user_id}"
+    digest = hmac.new(SECRET.encode(), username.encode(), hashlib.sha1).digest()
+    return username, base64.b64encode(digest).decode("ascii")
+
+
+def quota_config(port: int) -> dict[str, object]:
+    cfg = stunnerd_config(port)
+    cfg["auth"] = {"type": "ephemeral", "realm": REALM, "credentials": {"secret": SECRET}}
+    admin = cfg["admin"]
+    assert isinstance(admin, dict)
+    admin["user_quota"] = USER_QUOTA
+    return cfg
+
+
+def quota_args() -> list[str]:
+    return ["--use-auth-secret", f"--static-auth-secret={SECRET}", f"--user-quota={USER_QUOTA}"]
+
+
+def honest_user(index: int) -> tuple[str, str]:
+    return rest_credentials(f"honest-{index}")
+
+
+def over_quota(port: int) -> tuple[Answers, Finish]:
+    """10x the quota of allocations, one username, each from a port of its own on 127.0.0.2."""
+    username, password = rest_credentials("attacker")
+    refusals: Answers = {}
+    held: list[SyncTurn] = []
+    deadline = time.monotonic() + ATTACK_TIMEOUT_S
+    for _ in range(int(10 * USER_QUOTA * LIMITS_SCALE)):
+        client = SyncTurn(port, "127.0.0.2", password=password, username=username)
+        code, _ = client.allocate()
+        _count(refusals, code)
+        if code == 0:
+            held.append(client)
+        else:
+            client.close()
+        if time.monotonic() > deadline:
+            break
+
+    def finish() -> Answers:
+        for client in held:
+            client.request(0x004, {"LIFETIME": 0})
+            client.close()
+        return {}
+
+    return refusals, finish
+
+
+# --- TCP: idle connections per source and half-sent messages
+
+MAX_CONNECTIONS_PER_SOURCE = 64
+SLOW_WAIT_S = float(os.environ.get("BENCH_HOSTILE_SLOW_WAIT_S", "15"))
+SLOW_POLL_S = 0.25
+
+
+def tcp_config(port: int) -> dict[str, object]:
+    """stunnerd_config with a TURN-TCP listener on the UDP listener's port (as coturn has)."""
+    cfg = stunnerd_config(port)
+    listeners = cfg["listeners"]
+    assert isinstance(listeners, list)
+    tcp = dict(listeners[0], name="bench/tcp", protocol="TURN-TCP")
+    cfg["listeners"] = [*listeners, tcp]
+    return cfg
+
+
+def still_open(sock: socket.socket) -> bool:
+    """Whether the server has neither closed nor reset the connection (nothing is read)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def open_tcp(port: int, source: str, count: int, first: bytes = b"") -> list[socket.socket]:
+    socks: list[socket.socket] = []
+    deadline = time.monotonic() + ATTACK_TIMEOUT_S
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.settimeout(ANSWER_TIMEOUT_S)
+        try:
+            sock.bind((source, 0))
+            sock.connect(("127.0.0.1", port))
+            if first:
+                sock.sendall(first)
+            sock.setblocking(False)  # still_open must not wait
+        except OSError:
+            sock.close()
+            continue
+        socks.append(sock)
+        if time.monotonic() > deadline:
+            break
+    return socks
+
+
+def idle_tcp(port: int) -> tuple[Answers, Finish]:
+    """10x the per-source cap of idle TCP connections from 127.0.0.2, held while honest clients
+    run (well inside the 10 s first-message deadline)."""
+    attempts = int(10 * MAX_CONNECTIONS_PER_SOURCE * LIMITS_SCALE)
+    socks = open_tcp(port, "127.0.0.2", attempts)
+    time.sleep(SETTLE_S)
+    answers: Answers = {
+        "connected": len(socks),
+        "kept": sum(still_open(s) for s in socks),
+    }
+
+    def finish() -> Answers:
+        kept = sum(still_open(s) for s in socks)
+        for sock in socks:
+            sock.close()
+        return {"kept at end": kept}
+
+    return answers, finish
+
+
+def slowloris(port: int) -> tuple[Answers, Finish]:
+    """The per-source cap of connections from 127.0.0.3, each 10 bytes of a STUN header and then
+    nothing: when does the server close them (waiting at most SLOW_WAIT_S)? The ones still open
+    are held until the honest clients are done."""
+    partial = struct.pack("!HHI", ALLOCATE, 8, MAGIC)[:8] + os.urandom(2)
+    socks = open_tcp(port, "127.0.0.3", int(MAX_CONNECTIONS_PER_SOURCE * LIMITS_SCALE), partial)
+    started = time.monotonic()
+    closed_after: dict[int, float] = {}
+    while len(closed_after) < len(socks) and time.monotonic() - started < SLOW_WAIT_S:
+        for i, sock in enumerate(socks):
+            if i not in closed_after and not still_open(sock):
+                closed_after[i] = time.monotonic() - started
+        time.sleep(SLOW_POLL_S)
+
+    def finish() -> Answers:
+        for sock in socks:
+            sock.close()
+        return {}
+
+    return slow_answers(len(socks), list(closed_after.values()), SLOW_WAIT_S), finish
+
+
+def slow_answers(sent: int, closed_after_s: list[float], waited_s: float) -> Answers:
+    """How many half-sent connections the server closed, when, and how many it still held."""
+    answers: Answers = {"stalled": sent, f"closed by {waited_s:g} s": len(closed_after_s)}
+    if closed_after_s:
+        answers["median s to close"] = round(statistics.median(closed_after_s), 1)
+    answers[f"open at {waited_s:g} s"] = sent - len(closed_after_s)
+    return answers
+
+
+@dataclass(frozen=True)
+class Attack:
+    """One attack and the servers it runs against: stunnerd's config and coturn's extra flags,
+    and the credentials of honest client i (None: the static user)."""
+
+    run: Callable[[int], tuple[Answers, Finish]]
+    config: Callable[[int], dict[str, object]] = stunnerd_config
+    coturn_extra: tuple[str, ...] = ()
+    honest: Callable[[int], tuple[str, str]] | None = None
+
+
+ATTACKS: dict[str, Attack] = {
+    "auth-guess": Attack(guesses),
+    "permissions": Attack(lambda port: hoard(port, "permissions")),
+    "channels": Attack(lambda port: hoard(port, "channels")),
+    "user-quota": Attack(over_quota, quota_config, tuple(quota_args()), honest_user),
+    "tcp-per-source": Attack(idle_tcp, tcp_config),
+    "tcp-slowloris": Attack(slowloris, tcp_config),
 }
 
 
@@ -463,25 +669,30 @@ class Held:
     fds_after: int = 0
     honest_sent: int = 0
     honest_lost: int = 0
-    refusals: dict[int | str, int] = field(default_factory=dict)
+    refusals: Answers = field(default_factory=dict)
 
 
-def run_attack(pid: int, port: int, attack: Callable[[int], dict[int | str, int]]) -> Held:
+def run_attack(pid: int, port: int, attack: Attack) -> Held:
     echo, echo_port = echo_server()
-    honest = [SyncTurn(port) for _ in range(HONEST)]
+    honest = []
+    for i in range(HONEST):
+        username, password = attack.honest(i) if attack.honest else (USER, PASSWORD)
+        honest.append(SyncTurn(port, password=password, username=username))
     held = Held()
+    finish: Finish = _no_finish
     try:
         for client in honest:
             client.allocate()
             client.request(0x008, {"XOR-PEER-ADDRESS": ("127.0.0.1", echo_port)})
         held.rss_before, held.fds_before = rss_and_fds(pid)
-        held.refusals = attack(port)
+        held.refusals, finish = attack.run(port)
         time.sleep(SETTLE_S)
         held.rss_after, held.fds_after = rss_and_fds(pid)
         for client in honest:
             held.honest_sent += HONEST_DATAGRAMS
             held.honest_lost += client.echo_loss(("127.0.0.1", echo_port), HONEST_DATAGRAMS)
     finally:
+        held.refusals.update(finish())
         for client in honest:
             client.request(0x004, {"LIFETIME": 0})
             client.close()
@@ -493,17 +704,27 @@ def limits_main() -> None:
     turnserver = shutil.which("turnserver") or "/usr/bin/turnserver"
     if not os.access(turnserver, os.X_OK):
         print("bench hostile limits: turnserver (coturn) is not installed; skipped")
-        return
+    else:
+        limits_report(turn_limits(turnserver))
+    from bench import hostile_http
+
+    hostile_http.main(LIMITS_SCALE)
+
+
+def turn_limits(turnserver: str) -> dict[str, dict[str, Held]]:
     stunnerd = str(Path(sys.executable).with_name("stunnerd"))
+    names = os.environ.get("BENCH_HOSTILE_ATTACKS")
+    chosen = {k: v for k, v in ATTACKS.items() if not names or k in names.split(",")}
     results: dict[str, dict[str, Held]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-limits-") as tmp_name:
         tmp = Path(tmp_name)
-        for name, attack in ATTACKS.items():
+        for name, attack in chosen.items():
             results[name] = {}
             coturn_port, stunnerd_port = free_port(), free_port()
             cfg = tmp / f"stunnerd-{name}.json"
-            cfg.write_text(json.dumps(stunnerd_config(stunnerd_port)))
+            cfg.write_text(json.dumps(attack.config(stunnerd_port)))
             argv = coturn_args(turnserver, coturn_port, tmp, min_port=52000)
+            argv += attack.coturn_extra
             with (
                 process(argv, tmp / f"coturn-{name}.log") as coturn,
                 process(
@@ -514,41 +735,57 @@ def limits_main() -> None:
                 wait_udp_listening(stunnerd_port, sd, tmp / f"sd-{name}.log")
                 results[name]["stunnerd"] = run_attack(sd.pid, stunnerd_port, attack)
                 results[name]["coturn"] = run_attack(coturn.pid, coturn_port, attack)
-    limits_report(results)
+    return results
+
+
+def format_answers(answers: Answers) -> str:
+    """``code: count`` pairs, codes in order then named counts as they came (0 is success)."""
+    codes = sorted((k, v) for k, v in answers.items() if isinstance(k, int))
+    named = [(k, v) for k, v in answers.items() if not isinstance(k, int)]
+    return ", ".join(f"{k}: {v:g}" for k, v in [*codes, *named])
+
+
+def held_row(name: str, server: str, h: Held) -> str:
+    honest = f"{h.honest_lost:>5}/{h.honest_sent:<6}"
+    return (
+        f"{name:<16} {server:<9} {h.rss_before / 2**20:>9.1f}MB "
+        f"{h.rss_after / 2**20:>8.1f}MB {h.fds_before:>4}->{h.fds_after:<4} "
+        f"{honest}  {format_answers(h.refusals)}"
+    )
+
+
+def ratio_line(name: str, sd: Held, coturn: Held) -> str:
+    sd_growth = sd.rss_after - sd.rss_before
+    c_growth = coturn.rss_after - coturn.rss_before
+    if c_growth > 0:
+        return (
+            f"RATIO limits_rss_growth[{name}] stunnerd/coturn = {sd_growth / c_growth:.2f} "
+            f"(stunnerd {sd_growth / 1024:.0f} KiB, coturn {c_growth / 1024:.0f} KiB)"
+        )
+    return (
+        f"limits_rss_growth[{name}]: coturn grew {c_growth / 1024:.0f} KiB; "
+        f"stunnerd {sd_growth / 1024:.0f} KiB"
+    )
+
+
+HEADER = (
+    f"{'attack':<16} {'server':<9} {'RSS before':>11} {'RSS after':>10} {'fds':>9} "
+    f"{'honest loss':>12}  attacker answers (code: count)"
+)
 
 
 def limits_report(results: dict[str, dict[str, Held]]) -> None:
     print(
-        f"limits: each attack from 127.0.0.2 at 10x stunnerd's default (scale {LIMITS_SCALE:g}) "
-        f"beside {HONEST} honest allocations, {HONEST_DATAGRAMS} echoed datagrams each after it"
+        f"limits: each attack from 127.0.0.2 (slowloris 127.0.0.3) at 10x stunnerd's default "
+        f"(scale {LIMITS_SCALE:g}; user quota {USER_QUOTA} at both) beside {HONEST} honest "
+        f"allocations, {HONEST_DATAGRAMS} echoed datagrams each after it"
     )
-    print(
-        f"{'attack':<12} {'server':<9} {'RSS before':>11} {'RSS after':>10} {'fds':>9} "
-        f"{'honest loss':>12}  attacker answers (code: count)"
-    )
+    print(HEADER)
     for name, by_server in results.items():
         for server, h in by_server.items():
-            answers = ", ".join(f"{k}: {v}" for k, v in sorted(h.refusals.items(), key=str))
-            print(
-                f"{name:<12} {server:<9} {h.rss_before / 2**20:>9.1f}MB "
-                f"{h.rss_after / 2**20:>8.1f}MB {h.fds_before:>4}->{h.fds_after:<4} "
-                f"{h.honest_lost:>5}/{h.honest_sent:<6}"
-                f"  {answers}"
-            )
+            print(held_row(name, server, h))
     for name, by_server in results.items():
-        sd, coturn = by_server["stunnerd"], by_server["coturn"]
-        sd_growth = sd.rss_after - sd.rss_before
-        c_growth = coturn.rss_after - coturn.rss_before
-        if c_growth > 0:
-            print(
-                f"RATIO limits_rss_growth[{name}] stunnerd/coturn = {sd_growth / c_growth:.2f} "
-                f"(stunnerd {sd_growth / 1024:.0f} KiB, coturn {c_growth / 1024:.0f} KiB)"
-            )
-        else:
-            print(
-                f"limits_rss_growth[{name}]: coturn grew {c_growth / 1024:.0f} KiB; "
-                f"stunnerd {sd_growth / 1024:.0f} KiB"
-            )
+        print(ratio_line(name, by_server["stunnerd"], by_server["coturn"]))
 
 
 def main() -> None:
