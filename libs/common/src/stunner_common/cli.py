@@ -9,9 +9,11 @@ import socket
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
+from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
-from pydantic import ValidationError
+from pydantic import PrivateAttr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stunner_common.logs import configure_logging
 
@@ -19,6 +21,7 @@ __all__ = [
     "CDS_ADDR_ENV",
     "DEFAULT_CDS_ADDRESS",
     "DEPRECATED_CDS_ADDR_ENVS",
+    "ProcessSettings",
     "add_version_argument",
     "cds_address",
     "check_token_file",
@@ -27,6 +30,28 @@ __all__ = [
     "settings_from_args",
     "validation_message",
 ]
+
+
+class ProcessSettings(BaseSettings):
+    """The one settings style of the operator, the CDS, the auth service and turncat.
+
+    A subclass sets its ``env_prefix`` (``OPERATOR_``, ``CDS_``, ``AUTH_``, ``TURNCAT_``) and is
+    built once, where the process starts: from the environment, with the flags over it
+    (`settings_from_args`; a subclass that takes flags sets ``populate_by_name``, so that a flag
+    is given by its field's name beside an aliased variable), frozen afterwards. ``environ`` keeps the environment
+    as it was read then, for what is looked up by name further down (a kubeconfig through
+    ``KUBECONFIG`` and ``HOME``, the CDS through ``CDS_SERVER_ADDR``, a credential plugin's own
+    environment): below the settings module nothing reads ``os.environ``.
+    """
+
+    model_config = SettingsConfigDict(frozen=True)
+
+    _environ: dict[str, str] = PrivateAttr(default_factory=lambda: dict(os.environ))
+
+    @property
+    def environ(self) -> Mapping[str, str]:
+        """The process environment when these settings were read (read-only)."""
+        return MappingProxyType(self._environ)
 
 
 class LoggingSettings(Protocol):

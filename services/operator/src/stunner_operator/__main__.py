@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
 import sys
@@ -223,7 +222,7 @@ async def _run_kubernetes(settings: OperatorSettings) -> int:
     options = _controller_options(settings)
     try:
         # A kubeconfig's credential plugin may run for a while: off the loop.
-        access = await asyncio.to_thread(load_access, settings.kubeconfig, dict(os.environ))
+        access = await asyncio.to_thread(load_access, settings.kubeconfig, settings.environ)
     except KubeApiError as err:
         raise _StartupError(str(err)) from err
     api = KubeApi(access, timeout_s=settings.kube_timeout_s)

@@ -2,6 +2,8 @@
 
 Environment: ``OPERATOR_*`` (``OPERATOR_MANIFESTS``, ``OPERATOR_CDS_ADDRESS``, ...) and
 ``REDIS_URL``; command-line flags override both. Every timeout carries its unit in its name.
+The Kubernetes client finds its cluster in ``environ`` (``KUBECONFIG``, ``HOME``,
+``KUBERNETES_SERVICE_HOST``/``PORT``, a credential plugin's environment), read with the rest.
 """
 
 from __future__ import annotations
@@ -9,14 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import AliasChoices, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from stunner_common.cli import ProcessSettings
 from stunner_operator.render.options import DEFAULT_CDS_ADDRESS
 from stunner_operator.render.status import CONTROLLER_NAME
 
 
-class OperatorSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="OPERATOR_", frozen=True, populate_by_name=True)
+class OperatorSettings(ProcessSettings):
+    model_config = SettingsConfigDict(env_prefix="OPERATOR_", populate_by_name=True)
 
     manifests: Path | None = None
     kubeconfig: Path | None = None

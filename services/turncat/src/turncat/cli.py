@@ -39,7 +39,7 @@ from turncat.errors import (
 )
 from turncat.relay import Tunnel
 from turncat.session import CredentialSource, DataCallback, LostCallback, TurnSession
-from turncat.settings import TurncatSettings, load_settings, process_environment
+from turncat.settings import TurncatSettings, load_settings
 from turncat.uri import K8sTarget, LocalAddress, parse_local, parse_peer, parse_server
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ async def run(args: argparse.Namespace, settings: TurncatSettings) -> None:
         # The forward (if any) lives for the lookup only: nothing later asks the CDS.
         async with cds_endpoint(
             "turncat",
-            process_environment(),
+            settings.environ,
             address_flag=args.cds_server_address,
             token_file=args.cds_token_file,
             kube=kube_options(args),

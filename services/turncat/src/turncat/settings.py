@@ -7,21 +7,24 @@ duration carries its unit in the name.
 
 from __future__ import annotations
 
-import os
-
 from pydantic import AliasChoices, Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from stunner_common.cli import validation_message
+from stunner_common.cli import ProcessSettings, validation_message
 from turncat.errors import BadInputError
 
 OPERATOR_ADDR_ENV = "STUNNER_OPERATOR_ADDR"
 
 
-class TurncatSettings(BaseSettings):
-    """What turncat and stunnerctl read from the environment, once, in their `main`."""
+class TurncatSettings(ProcessSettings):
+    """What turncat and stunnerctl read from the environment, once, in their `main`.
 
-    model_config = SettingsConfigDict(env_prefix="TURNCAT_", frozen=True)
+    ``environ`` is what the CDS lookup reads (``CDS_SERVER_ADDR``, ``CDS_TOKEN[_FILE]``,
+    ``CDS_SERVER_NAMESPACE``, ``KUBECONFIG``, ``HOME`` and ``PATH`` for a kubeconfig's
+    credential plugin).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="TURNCAT_")
 
     connect_timeout_s: float = Field(default=5.0, gt=0)
     """Opening the transport to the TURN server, including the TLS/DTLS handshake."""
@@ -53,13 +56,6 @@ class TurncatSettings(BaseSettings):
     )
     """stunnerctl status: the operator whose `/gateways` report says which Gateway is degraded
     (`STUNNER_OPERATOR_ADDR`; "" asks none)."""
-
-
-def process_environment() -> dict[str, str]:
-    """A copy of the environment, for what the CDS lookup reads there (`CDS_SERVER_ADDR`,
-    `CDS_TOKEN[_FILE]`, `CDS_SERVER_NAMESPACE`, `KUBECONFIG`, `HOME` and `PATH` for a
-    kubeconfig's credential plugin): the only place turncat and stunnerctl read it."""
-    return dict(os.environ)
 
 
 def load_settings() -> TurncatSettings:

@@ -68,7 +68,6 @@ from turncat.settings import (
     OPERATOR_ADDR_ENV,
     TurncatSettings,
     load_settings,
-    process_environment,
 )
 
 log = logging.getLogger(__name__)
@@ -351,7 +350,7 @@ async def run(args: argparse.Namespace, settings: TurncatSettings) -> int:
         check_icetest_args(args)
     async with cds_endpoint(
         "stunnerctl",
-        process_environment(),
+        settings.environ,
         address_flag=_option(args, "cds", None),
         token_file=_option(args, "cds_token_file", None),
         kube=kube_options(args),

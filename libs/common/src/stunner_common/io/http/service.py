@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 import uvicorn
 from fastapi import APIRouter, FastAPI
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from stunner_common.cli import listen_problem
+from stunner_common.cli import ProcessSettings, listen_problem
 from stunner_common.io.http.errors import GO_STYLE, ErrorStyle, install_error_handlers
 from stunner_common.logs import LogFormat
 from stunner_common.runtime import run as run_loop
@@ -41,14 +41,14 @@ def listen_port(default: int) -> Any:
     return Field(default, ge=0, le=65535)
 
 
-class HttpServiceSettings(BaseSettings):
+class HttpServiceSettings(ProcessSettings):
     """Where an HTTP service listens, how long its shutdown may drain, how it logs.
 
     Subclasses set ``env_prefix`` in their ``model_config`` and declare ``port`` with their
     default (`listen_port`).
     """
 
-    model_config = SettingsConfigDict(frozen=True, populate_by_name=True)
+    model_config = SettingsConfigDict(populate_by_name=True)
 
     host: str = "0.0.0.0"
     port: int = listen_port(0)
