@@ -739,10 +739,11 @@ def turn_limits(turnserver: str) -> dict[str, dict[str, Held]]:
 
 
 def format_answers(answers: Answers) -> str:
-    """``code: count`` pairs, codes in order then named counts as they came (0 is success)."""
-    codes = sorted((k, v) for k, v in answers.items() if isinstance(k, int))
-    named = [(k, v) for k, v in answers.items() if not isinstance(k, int)]
-    return ", ".join(f"{k}: {v:g}" for k, v in [*codes, *named])
+    """``code: count`` pairs, codes in order then named counts as they came (0 is success, -1
+    no answer)."""
+    codes = sorted((k, v) for k, v in answers.items() if isinstance(k, int) and k >= 0)
+    named = [(k, v) for k, v in answers.items() if not isinstance(k, int) or k < 0]
+    return ", ".join(f"{'no answer' if k == -1 else k}: {v:g}" for k, v in [*codes, *named])
 
 
 def held_row(name: str, server: str, h: Held) -> str:

@@ -54,6 +54,7 @@ def test_slow_answers_count_closed_and_still_open_connections() -> None:
 def test_answers_list_codes_in_order_then_named_counts() -> None:
     answers = {486: 90, "kept": 64, 0: 10, "connected": 640}
     assert hostile.format_answers(answers) == "0: 10, 486: 90, kept: 64, connected: 640"
+    assert hostile.format_answers({401: 31, -1: 1}) == "401: 31, no answer: 1"
 
 
 def test_a_report_row_and_the_ratio_line() -> None:
