@@ -196,6 +196,8 @@ async def fetch_config(
     cds_address: str,
     timeout_s: float,
     token: str | TokenSource | None = None,
+    *,
+    env: Mapping[str, str],
 ) -> StunnerConfig:
     base = cds_base_url(cds_address)
     client = CdsClient(base, token=token, timeout_s=timeout_s)
@@ -209,7 +211,7 @@ async def fetch_config(
             failure = LookupFailedError(f"{failure}; {hint}" if hint else str(failure))
         raise failure from None
     try:
-        return parse_config(body)
+        return parse_config(body, env=env)
     except ConfigError as exc:
         hint = await diagnose_cds(client, None, None)
         raise LookupFailedError(
@@ -258,13 +260,16 @@ async def resolve_k8s(
     cds_address: str | None,
     timeout_s: float,
     token: str | TokenSource | None = None,
+    *,
+    env: Mapping[str, str],
 ) -> tuple[TurnTarget, CredentialSource]:
-    """Look the listener up in the CDS and return where to connect and how to log in."""
+    """Look the listener up in the CDS and return where to connect and how to log in; ``env``
+    (the settings' ``environ``) fills the ``$VAR`` references of the config."""
     if not cds_address:
         raise LookupFailedError(
             "k8s:// needs the CDS address: pass --cds-server-address or set CDS_SERVER_ADDR"
         )
-    config = await fetch_config(target, cds_address, timeout_s, token)
+    config = await fetch_config(target, cds_address, timeout_s, token, env=env)
     listener = pick_listener(config, target)
     transport = TRANSPORT_BY_PROTOCOL.get(listener.protocol)
     if not listener.public_address or not listener.public_port or transport is None:

@@ -177,7 +177,7 @@ async def run(args: argparse.Namespace, settings: TurncatSettings) -> None:
             timeout_s=settings.cds_timeout_s,
         ) as cds:
             target, credentials = await resolve_k8s(
-                target, cds.address, settings.cds_timeout_s, cds.token
+                target, cds.address, settings.cds_timeout_s, cds.token, env=settings.environ
             )
     else:
         credentials = _static_credentials(target.username, target.password)

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -215,7 +215,12 @@ def selector(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 async def load_configs(
-    client: CdsClient, ns: str | None, name: str | None, *, has_token: bool
+    client: CdsClient,
+    ns: str | None,
+    name: str | None,
+    *,
+    has_token: bool,
+    env: Mapping[str, str],
 ) -> list[Gateway]:
     """The configs the CDS serves for the selection, sorted by Gateway, each parsed (validated,
     defaults applied) and as it was sent (for `-o json|yaml`)."""
@@ -235,7 +240,7 @@ async def load_configs(
     try:
         doc = json.loads(body)
         items = [doc] if name else list(doc.get("items") or [])
-        gateways = [Gateway(parse_config(json.dumps(item)), dict(item)) for item in items]
+        gateways = [Gateway(parse_config(json.dumps(item), env=env), dict(item)) for item in items]
     except (ValueError, AttributeError, TypeError, ConfigError) as exc:
         hint = await diagnose_cds(client, None, None)
         why = hint or f"the CDS at {base} sent an invalid config: {exc}"
@@ -262,7 +267,12 @@ async def _gather(
     served = configs
     if args.gateway or _option(args, "namespace", None):
         # make run and compose number the health ports over every Gateway, not just these.
-        served = [g.config for g in await load_configs(client, None, None, has_token=True)]
+        served = [
+            g.config
+            for g in await load_configs(
+                client, None, None, has_token=True, env=cds.settings.environ
+            )
+        ]
     return await gather_status(
         configs,
         cds_host=urlsplit(client.base_url).hostname or "127.0.0.1",
@@ -368,7 +378,7 @@ async def run(args: argparse.Namespace, settings: TurncatSettings) -> int:
 async def run_with(args: argparse.Namespace, client: CdsClient, cds: Lookup) -> int:
     ns, name = selector(args)
     has_token = cds.has_token
-    gateways = await load_configs(client, ns, name, has_token=has_token)
+    gateways = await load_configs(client, ns, name, has_token=has_token, env=cds.settings.environ)
     configs = [g.config for g in gateways]
     output = _option(args, "output", "summary")
     if not configs:
