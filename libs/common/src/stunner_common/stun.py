@@ -16,14 +16,46 @@ import binascii
 import enum
 import hashlib
 import hmac
+import importlib
+import importlib.util
 import ipaddress
 import os
 import struct
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from aioice import stun as _aioice
+
+def _aioice_stun() -> ModuleType:
+    """`aioice.stun` without running `aioice/__init__`, which imports aioice's ICE stack
+    (dnspython, ifaddr, about 7 MiB) that a codec does not need.
+
+    The package is registered without its body; the body runs the first time anything else asks
+    the package for a name (`from aioice import Connection`, `aioice.__version__`), so another
+    user of aioice in the process sees the package as shipped. Submodules (`aioice.ice`,
+    `aioice.turn`) import as usual either way."""
+    if "aioice" not in sys.modules:
+        spec = importlib.util.find_spec("aioice")
+        if spec is not None and spec.loader is not None:
+            package = importlib.util.module_from_spec(spec)
+            loader = spec.loader
+
+            def complete(name: str) -> Any:
+                del package.__dict__["__getattr__"]
+                loader.exec_module(package)
+                return getattr(package, name)
+
+            package.__dict__["__getattr__"] = complete
+            sys.modules["aioice"] = package
+    return importlib.import_module("aioice.stun")
+
+
+if TYPE_CHECKING:
+    from aioice import stun as _aioice
+else:
+    _aioice = _aioice_stun()
 
 COOKIE = _aioice.COOKIE
 HEADER_LENGTH = _aioice.HEADER_LENGTH
