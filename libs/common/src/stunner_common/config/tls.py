@@ -4,7 +4,8 @@ Validation only checks that `cert` and `key` base64-decode to PEM blocks of the 
 is cheap enough to run on every config the operator renders. `load_tls_pair` does the full job
 (parse the chain and the key, check that they belong together) and is what the dataplane calls
 before it opens a TLS or DTLS listener. `self_signed_pair` backs the default config a
-``turns:`` URI implies.
+``turns:`` URI implies. Both import cryptography when called, so that a process whose listeners
+carry no TLS material never loads it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,6 @@ import binascii
 import datetime
 import ipaddress
 from dataclasses import dataclass
-
-from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from stunner_common.config.errors import ConfigValidationError
 
@@ -64,6 +59,10 @@ def load_tls_pair(cert_b64: str, key_b64: str) -> TlsPair:
 
     Raises `ConfigValidationError` (``cannot load cert/key pair: ...``) on any failure.
     """
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
     try:
         cert_pem = decode_pem(cert_b64, what="cert")
         key_pem = decode_pem(key_b64, what="key")
@@ -84,6 +83,11 @@ def load_tls_pair(cert_b64: str, key_b64: str) -> TlsPair:
 
 def self_signed_pair(host: str, *, now: datetime.datetime | None = None) -> tuple[str, str]:
     """A fresh self-signed ECDSA P-256 cert and key for `host`, both as base64 of PEM."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     start = now or datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host or "localhost")])
