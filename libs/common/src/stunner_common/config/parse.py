@@ -18,8 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from stunner_common.config.errors import ConfigError, ConfigParseError, ConfigValidationError
 from stunner_common.config.model import API_VERSION, DEFAULT_PORT, StunnerConfig
 
@@ -32,10 +30,23 @@ _DIGITS = re.compile(r"^[0-9]+$")
 _GO_INT = re.compile(r"^[+-]?[0-9]{1,19}$")
 _SPECIAL = frozenset("*#$@!?-0123456789")
 
-# The C loader is much faster; PyYAML has it only when built against libyaml.
-_YamlLoader: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(
-    yaml, "CSafeLoader", yaml.SafeLoader
-)
+
+def _load_yaml(data: str) -> Any:
+    """PyYAML is imported only for a config that is not JSON (a file origin's YAML)."""
+    import yaml
+
+    # The C loader is much faster; PyYAML has it only when built against libyaml.
+    loader: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(
+        yaml, "CSafeLoader", yaml.SafeLoader
+    )
+    try:
+        return yaml.load(data, Loader=loader)
+    except yaml.YAMLError as exc:
+        raise _YamlError(exc) from exc
+
+
+class _YamlError(Exception):
+    """PyYAML's error, raised without PyYAML imported where it is caught."""
 
 
 def _is_alnum(char: str) -> bool:
@@ -112,8 +123,8 @@ def _load_text(data: str | bytes) -> Any:
         except (ValueError, RecursionError):
             pass
     try:
-        return yaml.load(data, Loader=_YamlLoader)
-    except (yaml.YAMLError, RecursionError, ValueError, TypeError) as yaml_error:
+        return _load_yaml(data)
+    except (_YamlError, RecursionError, ValueError, TypeError) as yaml_error:
         try:
             return json.loads(data)
         except (ValueError, RecursionError):
