@@ -26,12 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from stunner_common.backoff import Backoff
 from stunner_common.config import ConfigError, StunnerConfig
-from stunner_common.io.cds import token_source
 from stunner_common.turnuri import default_config_from_uri
 from stunnerd.admin.servers import AdminServers, StatusSources
 from stunnerd.drain import drain
 from stunnerd.origin.base import ConfigOrigin, ConfigOriginError, parse_origin
-from stunnerd.origin.cds import CdsOrigin
 from stunnerd.origin.file import FileOrigin
 from stunnerd.reconcile.dataplane import Dataplane
 from stunnerd.reconcile.reconciler import Reconciler
@@ -68,6 +66,10 @@ def make_origin(settings: StunnerdSettings, env: Mapping[str, str]) -> ConfigOri
             poll_interval_s=settings.file_poll_interval_s,
             suppress_delete=False,
         )
+    # The CDS client (httpx, websockets, jsonpatch) is imported only for an http(s)/ws(s) origin.
+    from stunner_common.io.cds import token_source
+    from stunnerd.origin.cds import CdsOrigin
+
     return CdsOrigin(
         spec.location,
         settings.namespace,
@@ -107,18 +109,20 @@ def make_dataplane(settings: StunnerdSettings, successor: Successor | None = Non
 
             seed(pool, successor.state, successor.listener_socks, successor.relays)
         return pool
-    from stunnerd.net.server import TurnServer
+    from stunnerd.net.server import ServerOptions, TurnServer
     from stunnerd.offload.manager import OffloadManager
     from stunnerd.workers.local import LocalDataplane
 
     server = TurnServer(
-        bind_host=settings.bind_host,
-        tuning=settings.tuning,
+        ServerOptions(
+            bind_host=settings.bind_host,
+            relay_addresses=settings.relay_address_list(),
+            node_address=settings.node_address,
+            tuning=settings.tuning,
+            limits=settings.limits,
+        ),
         offload=OffloadManager(),
-        limits=settings.limits,
-        relay_addresses=settings.relay_address_list(),
         quota=make_quota(settings),
-        node_address=settings.node_address,
         nonce_key=successor.state.nonce_key if successor is not None else None,
         socket_source=successor.sockets.take if successor is not None else None,
     )
@@ -341,7 +345,7 @@ class ManagedDataplane:
 async def dry_run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
     """`--dry-run` (upstream's flag): load the config once and check it as an apply would,
     listeners included (addresses, TLS material), without binding a socket."""
-    from stunnerd.net.server import ListenerError, TurnServer
+    from stunnerd.net.server import ListenerError, ServerOptions, TurnServer
 
     try:
         if settings.turn_uri is not None:
@@ -349,9 +353,11 @@ async def dry_run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
         else:
             config = (await make_origin(settings, env).load()).config
         server = TurnServer(
-            bind_host=settings.bind_host,
-            relay_addresses=settings.relay_address_list(),
-            node_address=settings.node_address,
+            ServerOptions(
+                bind_host=settings.bind_host,
+                relay_addresses=settings.relay_address_list(),
+                node_address=settings.node_address,
+            )
         )
         for listener in config.listeners:
             server.check_listener(listener)

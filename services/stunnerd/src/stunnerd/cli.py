@@ -17,14 +17,12 @@ from pydantic import ValidationError
 from stunner_common.cli import add_version_argument, validation_message
 from stunner_common.config import ConfigError
 from stunner_common.config.errors import ConfigValidationError
-from stunner_common.io.kube import KubeOptions
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.logs import LOG_FORMATS, configure_logging
 from stunner_common.runtime import run as run_loop
 from stunner_common.turnuri import default_config_from_uri
 from stunnerd.app import EXIT_CONFIG, dry_run, run
-from stunnerd.origin.base import ConfigOriginError, parse_origin
-from stunnerd.origin.k8s import is_k8s_origin, run_with_k8s_origin
+from stunnerd.origin.base import ConfigOriginError, is_k8s_origin, parse_origin
 from stunnerd.settings import DEFAULT_GRACE_PERIOD_S, environment, load_settings
 
 
@@ -150,6 +148,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return EXIT_CONFIG
     runner = dry_run if args.dry_run else run
     if is_k8s_origin(settings.origin):
+        # The Kubernetes client (httpx, websockets) is imported only for `-c k8s`.
+        from stunner_common.io.kube import KubeOptions
+        from stunnerd.origin.k8s import run_with_k8s_origin
+
         kube = KubeOptions(args.kubeconfig, args.context, args.cds_server_namespace)
         return int(run_loop(run_with_k8s_origin(settings, env, kube, runner)))
     return run_loop(runner(settings, env))

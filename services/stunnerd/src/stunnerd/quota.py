@@ -33,13 +33,14 @@ import os
 import socket
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import redis.asyncio as aioredis
 from annotated_types import Ge, Gt
-from redis.exceptions import RedisError
 
 from stunner_common.contracts.redis_keys import QuotaKey
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,11 @@ class ClusterQuota:
     def __init__(self, settings: QuotaSettings, replica_id: str | None = None) -> None:
         self.settings = settings
         self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
+        # redis (about 10 MiB) is imported only by a process that has a quota to count.
+        import redis.asyncio as aioredis
+        from redis.exceptions import RedisError
+
+        self._errors: tuple[type[Exception], ...] = (RedisError, OSError, TimeoutError)
         self._redis: aioredis.Redis = aioredis.Redis.from_url(
             settings.redis_url,
             socket_timeout=settings.timeout_s,
@@ -233,7 +239,7 @@ class ClusterQuota:
                         args=[self.limit, lease, self._lease_ms(lifetime_s)],
                     )
                 )
-            except (RedisError, OSError, TimeoutError) as exc:
+            except self._errors as exc:
                 self._failed(exc)
             else:
                 self._recovered()
@@ -291,7 +297,7 @@ class ClusterQuota:
         await asyncio.gather(
             *self._tasks, *([self._renewer] if self._renewer else []), return_exceptions=True
         )
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*self._errors):
             await self._redis.aclose()
 
     # ------------------------------------------------------------------ background
@@ -308,7 +314,7 @@ class ClusterQuota:
                     keys=[self._key(held.user_id)], args=[lease, self._lease_ms(held.lifetime_s)]
                 )
             )
-        except (RedisError, OSError, TimeoutError) as exc:
+        except self._errors as exc:
             self._failed(exc)
         else:
             self._recovered()
@@ -316,7 +322,7 @@ class ClusterQuota:
     async def _release_one(self, lease: str, user_id: str) -> None:
         try:
             await self._call(self._redis.zrem(self._key(user_id), lease))
-        except (RedisError, OSError, TimeoutError) as exc:
+        except self._errors as exc:
             self._failed(exc)  # the lease runs out by itself
 
     async def _renew_all(self) -> None:
@@ -333,7 +339,7 @@ class ClusterQuota:
                         client=pipe,
                     )
                 await self._call(pipe.execute())
-        except (RedisError, OSError, TimeoutError) as exc:
+        except self._errors as exc:
             self._failed(exc)
         else:
             self._recovered()

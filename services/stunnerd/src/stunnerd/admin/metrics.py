@@ -7,7 +7,7 @@ appear only once a cluster has relayed something, as upstream.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -16,7 +16,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from stunnerd.admin.http import Response
-from stunnerd.status import StatsSnapshot
+from stunnerd.status import ListenerState, StatsSnapshot
 
 
 class StunnerCollector(Collector):
@@ -97,6 +97,40 @@ class StunnerCollector(Collector):
         yield from (per_listener, conns, conns_total, refusals, limit_refusals)
         if snap.traffic_measured:
             yield from (l_pkts, l_bytes, c_pkts, c_bytes)
+
+
+class ApplyFailureCollector(Collector):
+    """`stunner_config_apply_failures_total{reason}` and `stunner_listeners{state}`."""
+
+    def __init__(
+        self,
+        failures: Callable[[], Mapping[str, int]],
+        states: Callable[[], Mapping[str, ListenerState]],
+    ) -> None:
+        self._failures = failures
+        self._states = states
+
+    def collect(self) -> Iterator[Metric]:
+        failures = CounterMetricFamily(
+            "stunner_config_apply_failures",
+            "Config apply failures by reason: a listener that did not come up (port_in_use, "
+            "bind_error, bad_certificate, listener_error; each try), a config refused whole "
+            "(invalid_config, dataplane_error), an admin endpoint not bound (health_bind, "
+            "metrics_bind).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self._failures().items()):
+            failures.add_metric([reason], count)
+        listeners = GaugeMetricFamily(
+            "stunner_listeners", "Configured listeners by state.", labels=["state"]
+        )
+        counts = {"serving": 0, "retrying": 0, "rejected": 0}
+        for state in self._states().values():
+            counts[state.state] = counts.get(state.state, 0) + 1
+        for name, count in counts.items():
+            listeners.add_metric([name], count)
+        yield failures
+        yield listeners
 
 
 def metrics_registry(snapshot: Callable[[], StatsSnapshot]) -> CollectorRegistry:

@@ -14,13 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from annotated_types import Gt, Interval
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from stunner_common.config import StunnerConfig
 from stunner_common.loglevel import apply_log_spec
@@ -33,9 +31,11 @@ from stunnerd.admin.endpoint import (
 from stunnerd.admin.handed import HandedHttpServer, close_gently, listening_sockets
 from stunnerd.admin.health import health_handler
 from stunnerd.admin.http import REQUEST_HEAD_TIMEOUT_S, Handler, HttpServer, Response
-from stunnerd.admin.metrics import metrics_handler, metrics_registry
 from stunnerd.handoff.channel import NamedSocket
 from stunnerd.status import Lifecycle, ListenerState, Plan, Rejection, StatsSnapshot, TrafficStats
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
@@ -122,40 +122,6 @@ def status_document(
         for c in config.clusters
     ]
     return doc
-
-
-class ApplyFailureCollector(Collector):
-    """`stunner_config_apply_failures_total{reason}` and `stunner_listeners{state}`."""
-
-    def __init__(
-        self,
-        failures: Callable[[], Mapping[str, int]],
-        states: Callable[[], Mapping[str, ListenerState]],
-    ) -> None:
-        self._failures = failures
-        self._states = states
-
-    def collect(self) -> Iterator[Metric]:
-        failures = CounterMetricFamily(
-            "stunner_config_apply_failures",
-            "Config apply failures by reason: a listener that did not come up (port_in_use, "
-            "bind_error, bad_certificate, listener_error; each try), a config refused whole "
-            "(invalid_config, dataplane_error), an admin endpoint not bound (health_bind, "
-            "metrics_bind).",
-            labels=["reason"],
-        )
-        for reason, count in sorted(self._failures().items()):
-            failures.add_metric([reason], count)
-        listeners = GaugeMetricFamily(
-            "stunner_listeners", "Configured listeners by state.", labels=["state"]
-        )
-        counts = {"serving": 0, "retrying": 0, "rejected": 0}
-        for state in self._states().values():
-            counts[state.state] = counts.get(state.state, 0) + 1
-        for name, count in counts.items():
-            listeners.add_metric([name], count)
-        yield failures
-        yield listeners
 
 
 def _nothing() -> None:
@@ -259,10 +225,7 @@ class AdminServers:
         self.metrics: HttpServer | None = None
         self._health_at: BindAddress | None = None
         self._metrics_at: BindAddress | None = None
-        self._registry = metrics_registry(stats)
-        self._registry.register(
-            ApplyFailureCollector(self.sources.apply_failures, self.sources.listener_states)
-        )
+        self._registry: CollectorRegistry | None = None  # built when metrics are first served
 
     def status(self) -> dict[str, Any]:
         sources = self.sources
@@ -353,7 +316,7 @@ class AdminServers:
         self._metrics_at = at
         if at is None:
             return
-        handler = self._refreshing(metrics_handler(self._registry, at.path), None)
+        handler = self._refreshing(self._metrics_handler(at.path), None)
         try:
             self.metrics = await _listen(
                 "metrics", at, handler, self.settings.request_timeout_s, self.handed
@@ -364,6 +327,21 @@ class AdminServers:
                 f"{exc.strerror} (set STUNNERD_METRICS_PORT or another admin.metrics_endpoint)"
             )
             log.error("%s", self.metrics_error)
+
+    def _metrics_handler(self, path: str) -> Callable[[str], Response]:
+        """The `/metrics` handler; prometheus_client is imported only once metrics are served."""
+        from stunnerd.admin.metrics import (
+            ApplyFailureCollector,
+            metrics_handler,
+            metrics_registry,
+        )
+
+        if self._registry is None:
+            self._registry = metrics_registry(self._stats)
+            self._registry.register(
+                ApplyFailureCollector(self.sources.apply_failures, self.sources.listener_states)
+            )
+        return metrics_handler(self._registry, path)
 
     async def _close_health(self) -> None:
         if self.health is not None:

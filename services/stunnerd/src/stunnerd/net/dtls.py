@@ -16,16 +16,8 @@ handshake work), a handshake within `handshake_timeout_s`, a first record within
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import hmac
 import logging
-import os
-from typing import Any
-
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from OpenSSL import SSL
+from typing import TYPE_CHECKING, Any
 
 from stunner_common.config import TlsPair
 from stunnerd.net.admission import preauth_refusal
@@ -33,150 +25,24 @@ from stunnerd.net.guard import SourceCounter
 from stunnerd.net.listener import Address, Listener, SendTo
 from stunnerd.net.udp import ClosingDatagramProtocol, close_endpoint, open_listener_socket
 
+if TYPE_CHECKING:
+    from OpenSSL import SSL
+
+    from stunnerd.net.dtls_session import DtlsSession
+
 log = logging.getLogger(__name__)
 
-DTLS_MTU_BYTES = 1400
 MAX_SESSIONS = 10_000
 _RECORD_HANDSHAKE = 22
 
 
-def _cookie(secret: bytes, addr: Any) -> bytes:
-    return hmac.new(secret, repr(addr).encode(), hashlib.sha256).digest()[:16]
-
-
 def dtls_context(pair: TlsPair) -> SSL.Context:
-    """Server context; a HelloVerifyRequest cookie (RFC 6347 §4.2.1) bound to the client address
-    must come back before any state is kept or the certificate flight is sent."""
-    ctx = SSL.Context(SSL.DTLS_METHOD)
-    secret = os.urandom(32)
-    ctx.set_cookie_generate_callback(lambda conn: _cookie(secret, conn.get_app_data()))
-    ctx.set_cookie_verify_callback(
-        lambda conn, cookie: hmac.compare_digest(cookie, _cookie(secret, conn.get_app_data()))
-    )
-    chain = x509.load_pem_x509_certificates(pair.cert_pem)
-    ctx.use_certificate(chain[0])
-    for extra in chain[1:]:
-        ctx.add_extra_chain_cert(extra)
-    key = serialization.load_pem_private_key(pair.key_pem, password=None)
-    ctx.use_privatekey(key)  # type: ignore[arg-type]
-    ctx.check_privatekey()
-    ctx.set_options(SSL.OP_NO_QUERY_MTU)
-    return ctx
+    """The server context of a TURN-DTLS listener (`stunnerd.net.dtls_session.dtls_context`).
 
+    pyOpenSSL and cryptography are imported only once a DTLS listener is configured."""
+    from stunnerd.net.dtls_session import dtls_context as build
 
-class DtlsSession:
-    """One client's DTLS association over the shared listener socket."""
-
-    __slots__ = (
-        "addr",
-        "client",
-        "conn",
-        "established",
-        "guard_handle",
-        "idle_handle",
-        "last_seen",
-        "listener",
-        "records",
-        "timer",
-        "window_bytes",
-    )
-
-    def __init__(self, listener: DtlsListener, addr: Any, conn: SSL.Connection) -> None:
-        self.listener = listener
-        self.addr = addr
-        self.client: Address = (addr[0], addr[1])
-        self.conn = conn  # past DTLSv1_listen: the client proved it owns its address
-        self.established = False
-        self.timer: asyncio.TimerHandle | None = None
-        self.idle_handle: asyncio.TimerHandle | None = None
-        self.guard_handle: asyncio.TimerHandle | None = None
-        self.last_seen = listener.loop.time()
-        self.records = 0
-        self.window_bytes = 0
-
-    def feed(self, data: bytes) -> None:
-        self.last_seen = self.listener.loop.time()
-        self.window_bytes += len(data)
-        conn = self.conn
-        try:
-            if data:
-                conn.bio_write(data)
-            if not self.established:
-                try:
-                    conn.do_handshake()
-                except SSL.WantReadError:
-                    self.flush()
-                    self._arm_timer()
-                    return
-                self.established = True
-                self._cancel_timer()
-                self.listener.session_established(self)
-            while True:
-                try:
-                    record = conn.recv(65536)
-                except SSL.WantReadError:
-                    break
-                self.records += 1
-                self.listener.client_record(record, self.client)
-        except SSL.ZeroReturnError:
-            self.listener.drop_session(self, "closed by the client")
-            return
-        except SSL.Error as exc:
-            self.flush()  # send the alert, if any
-            self.listener.drop_session(self, f"DTLS error: {exc}")
-            return
-        self.flush()
-
-    def send(self, data: bytes, _addr: Any = None) -> None:
-        try:
-            self.conn.send(data)
-        except SSL.Error:
-            return
-        self.flush()
-
-    def flush(self) -> None:
-        sendto = self.listener.sendto
-        if sendto is None:
-            return
-        while True:
-            try:
-                out = self.conn.bio_read(65536)
-            except SSL.WantReadError:
-                return
-            sendto(out, self.addr)
-
-    def _arm_timer(self) -> None:
-        self._cancel_timer()
-        timeout = self.conn.DTLSv1_get_timeout()
-        if timeout is not None:
-            self.timer = self.listener.loop.call_later(timeout, self._on_timer)
-
-    def _cancel_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _on_timer(self) -> None:
-        self.timer = None
-        try:
-            self.conn.DTLSv1_handle_timeout()
-        except SSL.Error:
-            self.listener.drop_session(self, "handshake failed")
-            return
-        self.flush()
-        if not self.established:
-            self._arm_timer()
-
-    def close(self, notify: bool) -> None:
-        self._cancel_timer()
-        for handle in (self.idle_handle, self.guard_handle):
-            if handle is not None:
-                handle.cancel()
-        self.idle_handle = self.guard_handle = None
-        if notify:
-            with contextlib.suppress(SSL.Error):
-                self.conn.shutdown()
-            self.flush()
+    return build(pair)
 
 
 class DtlsListenerProtocol(ClosingDatagramProtocol):
@@ -251,20 +117,10 @@ class DtlsListener(Listener):
         if len(self.sessions) >= MAX_SESSIONS:
             self.engine.refusals.limited("dtls_sessions")
             return
-        conn = SSL.Connection(self.context, None)
-        conn.set_app_data((addr[0], addr[1]))
-        conn.set_accept_state()
-        conn.set_ciphertext_mtu(DTLS_MTU_BYTES)
-        try:
-            conn.bio_write(data)
-            conn.DTLSv1_listen()
-        except SSL.WantReadError:
-            while True:  # the HelloVerifyRequest
-                try:
-                    self.sendto(conn.bio_read(65536), addr)
-                except SSL.WantReadError:
-                    return
-        except SSL.Error:
+        from stunnerd.net.dtls_session import DtlsSession, listen
+
+        conn = listen(self.context, data, addr, self.sendto)
+        if conn is None:
             return
         if not self.sources.acquire(addr[0]):
             self.refused_connections += 1

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from stunner_common.config import StunnerConfig
 
 DEFAULT_ORIGIN = ":13478"
+K8S_ORIGIN = "k8s"  # the CDS found through the kubeconfig (`stunnerd.origin.k8s`)
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]*):\d{1,5}(/.*)?$")
 
 
@@ -79,6 +80,10 @@ class OriginSpec:
     kind: OriginKind
     location: str
     tls: bool = False
+
+
+def is_k8s_origin(origin: str) -> bool:
+    return origin.strip() == K8S_ORIGIN
 
 
 def parse_origin(text: str) -> OriginSpec:

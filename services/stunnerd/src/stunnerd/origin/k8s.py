@@ -20,17 +20,14 @@ from pydantic import BaseModel
 from stunner_common.cli import CDS_ADDR_ENV
 from stunner_common.io.cds import CdsAddressError, cds_base_url
 from stunner_common.io.kube import KubeDiscoveryError, KubeOptions, open_cds_forward
+from stunnerd.origin.base import K8S_ORIGIN, is_k8s_origin
 
-K8S_ORIGIN = "k8s"
+__all__ = ["CDS_NAMESPACE_ENV", "K8S_ORIGIN", "is_k8s_origin", "run_with_k8s_origin"]
 CDS_NAMESPACE_ENV = "CDS_SERVER_NAMESPACE"
 EXIT_CONFIG = 1
 
 S = TypeVar("S", bound=BaseModel)
 """stunnerd's settings (with ``origin`` and ``cds_token_file``), passed through unread."""
-
-
-def is_k8s_origin(origin: str) -> bool:
-    return origin.strip() == K8S_ORIGIN
 
 
 async def run_with_k8s_origin(
