@@ -38,10 +38,11 @@ class ProcessSettings(BaseSettings):
     A subclass sets its ``env_prefix`` (``OPERATOR_``, ``CDS_``, ``AUTH_``, ``TURNCAT_``) and is
     built once, where the process starts: from the environment, with the flags over it
     (`settings_from_args`; a subclass that takes flags sets ``populate_by_name``, so that a flag
-    is given by its field's name beside an aliased variable), frozen afterwards. ``environ`` keeps the environment
-    as it was read then, for what is looked up by name further down (a kubeconfig through
-    ``KUBECONFIG`` and ``HOME``, the CDS through ``CDS_SERVER_ADDR``, a credential plugin's own
-    environment): below the settings module nothing reads ``os.environ``.
+    is given by its field's name beside an aliased variable), frozen afterwards. ``environ``
+    keeps the environment as it was read then, for what is looked up by name further down (a
+    kubeconfig through ``KUBECONFIG`` and ``HOME``, the CDS through ``CDS_SERVER_ADDR``, a
+    credential plugin's own environment): below the settings module nothing reads
+    ``os.environ``.
     """
 
     model_config = SettingsConfigDict(frozen=True)
