@@ -2,7 +2,9 @@
 
 `WorkerPool` starts each worker as `python -m stunnerd.worker_main` with its settings on the
 command line (as JSON) and the secrets it needs (the cluster-wide quota's Redis URL) in its
-environment, read here through `stunnerd.settings` as the supervisor's are in `stunnerd.cli`.
+environment, read here through `stunnerd.settings` as the supervisor's are in `stunnerd.cli`, and
+only with `--quota`: a worker without a quota never imports the settings models
+(pydantic-settings) nor redis.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ from stunner_common.runtime import run as run_loop
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.offload.libbpf import Libbpf
-from stunnerd.quota import ClusterQuota, QuotaSettings
-from stunnerd.settings import worker_environment
 from stunnerd.workers.child import serve
 
 
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quota", default=None, help="QuotaSettings as JSON, without the URL")
     parser.add_argument("--node-address", default="", help="the node's address (placeholder)")
+    parser.add_argument("--libbpf", default="", help="the libbpf the kernel offload loads")
     return parser
 
 
@@ -52,10 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     relay_addresses = tuple(ip for ip in args.relay_addresses.split(",") if ip)
-    env = worker_environment()
-    Libbpf.library = env.libbpf
+    Libbpf.library = args.libbpf
     quota = None
     if args.quota:
+        from stunnerd.quota import ClusterQuota, QuotaSettings
+        from stunnerd.settings import worker_environment
+
+        env = worker_environment()
         settings = QuotaSettings.from_worker_json(args.quota, env.quota_redis_url)
         quota = ClusterQuota(settings, f"{socket.gethostname()}-{os.getpid()}")
     return run_loop(

@@ -35,6 +35,7 @@ from stunner_common.contracts.worker_messages import (
 from stunner_common.logs import LogFormat
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
+from stunnerd.offload.libbpf import Libbpf
 from stunnerd.quota import QuotaSettings
 from stunnerd.status import StatsSnapshot
 from stunnerd.workers.journal import Journal
@@ -107,6 +108,8 @@ class Worker:
             *(["--relay-addresses", ",".join(relay_addresses)] if relay_addresses else []),
             *(["--quota", quota.to_worker_json()] if quota is not None else []),
             *(["--node-address", node_address] if node_address else []),
+            # The supervisor's libbpf (`STUNNERD_LIBBPF`), so that a worker reads no settings.
+            *(["--libbpf", Libbpf.library] if Libbpf.library else []),
         ]
         self._stop_timeout_s = stop_timeout_s
         self.proc: asyncio.subprocess.Process | None = None
