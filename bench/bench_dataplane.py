@@ -272,7 +272,7 @@ def hundred_listeners(ports: list[int], realm: str = REALM) -> Any:
 
 
 async def apply_latency() -> None:
-    from stunnerd.net.server import TurnServer
+    from stunnerd.net.server import ServerOptions, TurnServer
     from stunnerd.workers.local import LocalDataplane
 
     ports = distinct_udp_ports(LISTENERS)
@@ -285,7 +285,7 @@ async def apply_latency() -> None:
     timings: dict[str, list[float]] = {"initial": [], "one-listener delta": [], "identical": []}
     rebuild: list[float] = []
     for _ in range(APPLY_ROUNDS):
-        dp = LocalDataplane(TurnServer(bind_host="127.0.0.1"))
+        dp = LocalDataplane(TurnServer(ServerOptions(bind_host="127.0.0.1")))
         try:
             for label, config in (
                 ("initial", full),

@@ -17,7 +17,7 @@ from typing import Any
 from aioice import stun
 
 from stunnerd.net.guard import ClientLimits, ConnectionLimits
-from stunnerd.net.listener import Listener, ListenerSpec
+from stunnerd.net.listener import Listener, ListenerContext, ListenerOptions, ListenerSpec
 from stunnerd.net.stream import StreamClientProtocol, StreamListener
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.net.udp import UdpListener
@@ -86,16 +86,12 @@ def build(
     **kw: Any,
 ) -> Any:
     """A listener of `kind` on the fake loop, binding its relays through `ports`."""
-    listener = kind(
-        spec(protocol, **kw),
-        policies(),
-        nonce_secret=b"n" * 32,
-        usage=UserUsage(),
-        loop=loop,  # type: ignore[arg-type]
-        clock_offset_s=0.0,
-        limits=client_limits,
+    options = ListenerOptions(
+        limits=client_limits or ClientLimits(),
         tuning=tuning or ServerTuning(fastpath=False, udp_gso=False),
     )
+    context = ListenerContext(loop, UserUsage(), clock_offset_s=0.0)  # type: ignore[arg-type]
+    listener = kind(spec(protocol, **kw), policies(), options, context, nonce_secret=b"n" * 32)
     listener.opener.bind_socket = ports.bind  # type: ignore[assignment]
     listener.opener.bind_pair = ports.bind_pair  # type: ignore[assignment]
     return listener

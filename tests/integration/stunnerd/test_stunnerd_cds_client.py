@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,12 +30,13 @@ from stunner_common.cds import (
     encode_v1_delete,
 )
 from stunnerd.origin.base import ConfigEvent, ConfigOriginError
-from stunnerd.origin.cds import CdsOrigin
+from stunnerd.origin.cds import CdsOptions, CdsOrigin
 from support.stunnerd_process import WATCH_ID, watch_config
 
 pytestmark = pytest.mark.integration
 
 STEP_TIMEOUT_S = 5.0
+GATEWAY = CdsOptions("stunner", "udp-gateway")
 FAST = Backoff(initial_s=0.02, cap_s=0.1)
 
 
@@ -121,14 +123,12 @@ class Follower:
 
 
 @contextlib.asynccontextmanager
-async def following(port: int, **kwargs: Any) -> AsyncIterator[Follower]:
+async def following(port: int, **options: Any) -> AsyncIterator[Follower]:
     origin = CdsOrigin(
         f"ws://127.0.0.1:{port}",
-        "stunner",
-        "udp-gateway",
+        dataclasses.replace(GATEWAY, **options),
         env={"STUNNER_ADDR": "127.0.0.5"},
         backoff=FAST,
-        **kwargs,
     )
     follower = Follower(origin)
     try:
@@ -300,7 +300,9 @@ async def test_a_one_shot_get_loads_the_config_and_sends_the_node(no_leaked_task
     server, seen = await _http_responder(200, json.dumps(watch_config("get")).encode())
     port = server.sockets[0].getsockname()[1]
     try:
-        origin = CdsOrigin(f"http://127.0.0.1:{port}", "stunner", "udp-gateway", node="worker-1")
+        origin = CdsOrigin(
+            f"http://127.0.0.1:{port}", dataclasses.replace(GATEWAY, node="worker-1")
+        )
         event = await origin.load()
     finally:
         server.close()
@@ -316,7 +318,7 @@ async def test_a_one_shot_get_of_a_missing_config_fails_with_the_status(
     port = server.sockets[0].getsockname()[1]
     try:
         with pytest.raises(ConfigOriginError, match="404"):
-            await CdsOrigin(f"http://127.0.0.1:{port}", "stunner", "missing").load()
+            await CdsOrigin(f"http://127.0.0.1:{port}", CdsOptions("stunner", "missing")).load()
     finally:
         server.close()
         await server.wait_closed()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,13 +18,14 @@ import pytest
 from stunner_common.backoff import Backoff
 from stunner_common.io.store import ConfigPublisher
 from stunnerd.origin.base import ConfigEvent
-from stunnerd.origin.cds import CdsOrigin
+from stunnerd.origin.cds import CdsOptions, CdsOrigin
 from support.cds_server import CdsServer
 from support.stunnerd_process import WATCH_ID, watch_config
 
 pytestmark = pytest.mark.integration
 
 STEP_TIMEOUT_S = 10.0
+GATEWAY = CdsOptions("stunner", "udp-gateway")
 
 
 class Follower:
@@ -42,14 +44,12 @@ class Follower:
 
 
 @contextlib.asynccontextmanager
-async def following(cds: CdsServer, **kwargs: Any) -> AsyncIterator[Follower]:
+async def following(cds: CdsServer, **options: Any) -> AsyncIterator[Follower]:
     origin = CdsOrigin(
         f"http://127.0.0.1:{cds.port}",
-        "stunner",
-        "udp-gateway",
+        dataclasses.replace(GATEWAY, **options),
         env={"STUNNER_ADDR": "127.0.0.7"},
         backoff=Backoff(initial_s=0.05, cap_s=0.3),
-        **kwargs,
     )
     follower = Follower(origin)
     try:
@@ -102,6 +102,6 @@ async def test_a_one_shot_load_reads_the_stored_config(
     no_leaked_tasks: None, cds: CdsServer, publisher: ConfigPublisher
 ) -> None:
     await publisher.upsert(WATCH_ID, watch_config("get"))
-    origin = CdsOrigin(f"http://127.0.0.1:{cds.port}", "stunner", "udp-gateway")
+    origin = CdsOrigin(f"http://127.0.0.1:{cds.port}", GATEWAY)
     event = await origin.load()
     assert event.config.auth.realm == "get"

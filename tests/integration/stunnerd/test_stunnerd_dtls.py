@@ -15,7 +15,7 @@ from OpenSSL import SSL
 from stunnerd.net import dtls
 from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.guard import ClientLimits, ConnectionLimits
-from stunnerd.net.server import TurnServer
+from stunnerd.net.server import ServerOptions, TurnServer
 from stunnerd.turn.guard import RequestLimits
 from stunnerd.workers.local import LocalDataplane
 
@@ -118,7 +118,7 @@ async def test_a_spoofed_hello_gets_only_a_small_cookie_and_leaves_no_state(
 async def dtls_server(**connection: float) -> AsyncIterator[tuple[DtlsListener, int]]:
     config = make_config(("TURN-DTLS",))
     limits = ClientLimits(RequestLimits(), ConnectionLimits(**connection))  # type: ignore[arg-type]
-    dataplane = LocalDataplane(TurnServer(bind_host="127.0.0.1", limits=limits))
+    dataplane = LocalDataplane(TurnServer(ServerOptions(bind_host="127.0.0.1", limits=limits)))
     try:
         await dataplane.reconciler.apply(config)
         listener = dataplane.server.listeners["turn-dtls"]

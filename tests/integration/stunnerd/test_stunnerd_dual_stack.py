@@ -19,7 +19,7 @@ from fixtures.stunnerd.client import UdpTurnClient
 
 from stunner_common.config import StunnerConfig, parse_config, self_signed_pair
 from stunnerd import fastpath
-from stunnerd.net.server import TurnServer
+from stunnerd.net.server import ServerOptions, TurnServer
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.workers.local import LocalDataplane
 from support.echo import UdpEcho, udp_echo
@@ -66,7 +66,9 @@ async def dual_stack_server(
     """A listener on [::]:port (IPv4 clients too) advertising 127.0.0.1 and ::1 as relays."""
     port = free_udp_tcp_port()
     server = TurnServer(
-        bind_host="::", relay_addresses=("::1",), tuning=ServerTuning(fastpath=use_fastpath)
+        ServerOptions(
+            bind_host="::", relay_addresses=("::1",), tuning=ServerTuning(fastpath=use_fastpath)
+        )
     )
     dataplane = LocalDataplane(server)
     try:
@@ -228,7 +230,7 @@ async def test_dual_allocation_without_an_ipv6_relay_address_gets_ipv4_and_addre
     no_leaked_tasks: None,
 ) -> None:
     port = free_udp_tcp_port()
-    dataplane = LocalDataplane(TurnServer(bind_host="127.0.0.1"))
+    dataplane = LocalDataplane(TurnServer(ServerOptions(bind_host="127.0.0.1")))
     try:
         await dataplane.reconciler.apply(dual_config(port))
         async with client_at(port, "127.0.0.1") as client:
@@ -271,7 +273,7 @@ async def test_a_listener_on_the_ipv6_wildcard_answers_ipv4_and_ipv6_clients(
     if protocol == "TURN-TLS":
         listener["cert"], listener["key"] = self_signed_pair("localhost")
     config = parse_config({**dual_config(port).to_dict(), "listeners": [listener]})
-    dataplane = LocalDataplane(TurnServer(bind_host="::"))
+    dataplane = LocalDataplane(TurnServer(ServerOptions(bind_host="::")))
     try:
         await dataplane.reconciler.apply(config)
         for host in ("127.0.0.1", "::1"):

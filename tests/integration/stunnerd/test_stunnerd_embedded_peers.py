@@ -29,7 +29,7 @@ from fixtures.stunnerd.tcp_client import (
 )
 
 from stunner_common.config import StunnerConfig, parse_config
-from stunnerd.net.server import TurnServer
+from stunnerd.net.server import ServerOptions, TurnServer
 from stunnerd.net.tcp_relay import bind_tcp_relay
 from stunnerd.workers.local import LocalDataplane
 from support.ports import free_udp_tcp_port, ipv6_loopback_available
@@ -110,7 +110,7 @@ async def serving(
     """A TURN-UDP and a TURN-TCP listener on `::` (IPv4 and IPv6 clients), relaying from
     127.0.0.1 and ::1."""
     ports = {"udp": free_udp_tcp_port(), "tcp": free_udp_tcp_port()}
-    dataplane = LocalDataplane(TurnServer(bind_host="::", relay_addresses=("::1",)))
+    dataplane = LocalDataplane(TurnServer(ServerOptions(bind_host="::", relay_addresses=("::1",))))
     try:
         await dataplane.reconciler.apply(wildcard_config(ports["udp"], ports["tcp"], endpoints))
         yield dataplane, ports

@@ -21,7 +21,7 @@ from fixtures.stunnerd.inproc import make_config
 
 from stunner_common.config import StunnerConfig
 from stunnerd.net.guard import ClientLimits, ConnectionLimits
-from stunnerd.net.server import TurnServer
+from stunnerd.net.server import ServerOptions, TurnServer
 from stunnerd.net.stream import StreamListener
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.turn.guard import RequestLimits
@@ -38,7 +38,7 @@ WAIT_S = 10.0
 @contextlib.asynccontextmanager
 async def server_with(config: StunnerConfig, **connection: float) -> AsyncIterator[TurnServer]:
     limits = ClientLimits(RequestLimits(), ConnectionLimits(**connection))  # type: ignore[arg-type]
-    dataplane = LocalDataplane(TurnServer(bind_host="127.0.0.1", limits=limits))
+    dataplane = LocalDataplane(TurnServer(ServerOptions(bind_host="127.0.0.1", limits=limits)))
     try:
         await dataplane.reconciler.apply(config)
         yield dataplane.server
@@ -298,7 +298,9 @@ async def test_a_connection_idle_without_an_allocation_is_closed(no_leaked_tasks
     connection = ConnectionLimits(preauth_min_bytes_per_s=0)
     tuning = ServerTuning(client_idle_timeout_s=0.3)
     server = TurnServer(
-        bind_host="127.0.0.1", limits=ClientLimits(connection=connection), tuning=tuning
+        ServerOptions(
+            bind_host="127.0.0.1", limits=ClientLimits(connection=connection), tuning=tuning
+        )
     )
     dataplane = LocalDataplane(server)
     try:
@@ -422,7 +424,9 @@ async def test_a_udp_datagram_over_the_read_limit_is_dropped_even_on_a_bound_cha
     config = make_config()
     limits = ClientLimits(RequestLimits(max_udp_datagram_bytes=2048))
     tuning = ServerTuning(fastpath=fastpath)
-    dataplane = LocalDataplane(TurnServer(bind_host="127.0.0.1", limits=limits, tuning=tuning))
+    dataplane = LocalDataplane(
+        TurnServer(ServerOptions(bind_host="127.0.0.1", limits=limits, tuning=tuning))
+    )
     try:
         await dataplane.reconciler.apply(config)
         async with (
@@ -464,7 +468,9 @@ async def test_a_stun_message_over_the_size_limit_is_dropped_and_counted(
     config = make_config()
     limits = ClientLimits(RequestLimits(max_message_bytes=600))
     tuning = ServerTuning(fastpath=fastpath)
-    dataplane = LocalDataplane(TurnServer(bind_host="127.0.0.1", limits=limits, tuning=tuning))
+    dataplane = LocalDataplane(
+        TurnServer(ServerOptions(bind_host="127.0.0.1", limits=limits, tuning=tuning))
+    )
     try:
         await dataplane.reconciler.apply(config)
         big = stun.Message(stun.Method.BINDING, stun.Class.REQUEST)

@@ -23,7 +23,7 @@ from stunnerd.net.ports import (
     OffloadPort,
     QuotaPort,
 )
-from stunnerd.net.server import TurnServer
+from stunnerd.net.server import ServerOptions, TurnServer
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.route_table.table import NOT_ROUTED, Address, ChannelRoute, RouteView, Traffic
 from stunnerd.turn.allocation import Allocation
@@ -103,7 +103,7 @@ async def test_the_server_asks_the_quota_it_was_given_and_refuses_over_it_with_4
     quota = RecordingQuota(admitted=set())
     port: QuotaPort = quota
     config = make_config(user_quota=1)
-    dataplane = LocalDataplane(TurnServer(bind_host="127.0.0.1", quota=port))
+    dataplane = LocalDataplane(TurnServer(ServerOptions(bind_host="127.0.0.1"), quota=port))
     try:
         await dataplane.apply(config)
         assert quota.terms[-1] == (config.admin.name, config.auth.realm, 1)
@@ -152,7 +152,7 @@ async def test_a_turn_udp_listener_mirrors_its_channel_routes_into_the_offload_i
     offload = RecordingOffload()
     port: OffloadPort = offload
     config = make_config()
-    dataplane = LocalDataplane(TurnServer(bind_host="127.0.0.1", offload=port))
+    dataplane = LocalDataplane(TurnServer(ServerOptions(bind_host="127.0.0.1"), offload=port))
     try:
         await dataplane.apply(config)
         address, table = offload.tables["turn-udp"]
@@ -239,7 +239,9 @@ async def test_turn_udp_sockets_are_read_by_the_relay_the_factory_built(
         return built[-1]
 
     config = make_config()
-    server = TurnServer(bind_host="127.0.0.1", tuning=ServerTuning(fastpath=True), fastpath=factory)
+    server = TurnServer(
+        ServerOptions(bind_host="127.0.0.1", tuning=ServerTuning(fastpath=True)), fastpath=factory
+    )
     dataplane = LocalDataplane(server)
     try:
         await dataplane.apply(config)
@@ -279,7 +281,7 @@ async def test_turn_udp_allocations_are_journaled_where_the_server_was_told(
     journal = RecordingJournal()
     port: AllocationJournal = journal
     config = make_config()
-    dataplane = LocalDataplane(TurnServer(bind_host="127.0.0.1", journal=port))
+    dataplane = LocalDataplane(TurnServer(ServerOptions(bind_host="127.0.0.1"), journal=port))
     try:
         await dataplane.apply(config)
         async with UdpTurnClient(server_addr(config)) as client:
@@ -335,7 +337,7 @@ async def test_a_handed_over_allocation_is_carried_on_when_its_listener_starts(
     state: HandedState = HandedDocument(
         (HandedListenerRecord("turn-udp", (Handed(client, relay.getsockname()),)),)
     )
-    server = TurnServer(bind_host="127.0.0.1")
+    server = TurnServer(ServerOptions(bind_host="127.0.0.1"))
     with pytest.raises(ValueError, match="0 relay sockets for 1"):
         server.adopt(state, [])
     server.adopt(state, [relay])

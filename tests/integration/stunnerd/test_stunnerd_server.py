@@ -15,7 +15,7 @@ from fixtures.stunnerd.client import UdpTurnClient
 from fixtures.stunnerd.inproc import make_config, running_dataplane, running_server
 
 from stunner_common.config import parse_config, self_signed_pair
-from stunnerd.net.server import TurnServer
+from stunnerd.net.server import ServerOptions, TurnServer
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.workers.local import LocalDataplane
 from support.echo import echo_peer, udp_echo
@@ -232,7 +232,7 @@ async def test_ipv6_listener_relays_to_an_ipv6_peer(no_leaked_tasks: None) -> No
         }
     )  # fmt: skip
     loop = asyncio.get_running_loop()
-    dataplane = LocalDataplane(TurnServer(bind_host="::1"))
+    dataplane = LocalDataplane(TurnServer(ServerOptions(bind_host="::1")))
     async with udp_echo("::1") as peer_echo:
         peer = peer_echo.addr
         try:

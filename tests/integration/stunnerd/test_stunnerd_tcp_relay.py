@@ -15,7 +15,7 @@ from fixtures.stunnerd.tcp_client import (
     tcp_echo,
 )
 
-from stunnerd.net.server import TurnServer
+from stunnerd.net.server import ServerOptions, TurnServer
 from stunnerd.workers.local import LocalDataplane
 from support.stun import aioice_knows_turn_attributes
 from support.stunnerd_process import ManagedStunnerd, base_config, health_port, listener_ports
@@ -206,7 +206,7 @@ async def test_a_reconcile_that_drops_the_route_closes_the_data_connection(
 
 async def test_tcp_allocations_are_refused_with_442_on_udp_listeners_and_in_workers() -> None:
     config = make_config(("TURN-TCP",))
-    dataplane = LocalDataplane(TurnServer(bind_host="127.0.0.1", tcp_relays=False))
+    dataplane = LocalDataplane(TurnServer(ServerOptions(bind_host="127.0.0.1", tcp_relays=False)))
     try:
         await dataplane.reconciler.apply(config)
         control = await TurnTcpConnection.open(listener_addr(config), Credentials())

@@ -6,7 +6,7 @@ import pytest
 
 from stunner_common.config import ListenerConfig
 from stunner_common.contracts.listener_address import NODE_ADDRESS_PLACEHOLDER
-from stunnerd.net.server import TurnServer
+from stunnerd.net.server import ServerOptions, TurnServer
 from stunnerd.workers.sockets import listener_key
 
 
@@ -24,7 +24,7 @@ def test_the_supervisor_and_a_worker_derive_the_same_key(
     address: str, node_address: str, protocol: str
 ) -> None:
     listener = ListenerConfig(name="l", protocol=protocol, address=address, port=3478)
-    server = TurnServer(bind_host="0.0.0.0", node_address=node_address)
+    server = TurnServer(ServerOptions(bind_host="0.0.0.0", node_address=node_address))
     worker_key = server._socket_key(listener)
     assert worker_key == listener_key(listener, "0.0.0.0", node_address)
     assert server._spec(listener).bind_host == worker_key.host

@@ -68,16 +68,13 @@ def make_origin(settings: StunnerdSettings, env: Mapping[str, str]) -> ConfigOri
         )
     # The CDS client (httpx, websockets, jsonpatch) is imported only for an http(s)/ws(s) origin.
     from stunner_common.io.cds import token_source
-    from stunnerd.origin.cds import CdsOrigin
+    from stunnerd.origin.cds import CdsOptions, CdsOrigin
 
     return CdsOrigin(
         spec.location,
-        settings.namespace,
-        settings.name,
-        node=settings.node,
+        CdsOptions(settings.namespace, settings.name, node=settings.node, suppress_delete=False),
         env=env,
         token=token_source(env, settings.cds_token_file),
-        suppress_delete=False,
     )
 
 

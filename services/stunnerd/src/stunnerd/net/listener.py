@@ -26,7 +26,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stunner_common.config import TlsPair
@@ -56,6 +56,8 @@ from stunnerd.turn.policies import UserUsage
 __all__ = [
     "Address",
     "Listener",
+    "ListenerContext",
+    "ListenerOptions",
     "ListenerSpec",
     "SendTo",
     "Traffic",
@@ -65,6 +67,31 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_TUNING = ServerTuning()
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerOptions:
+    """The settings every listener of a server runs with: one value, shared by all of them."""
+
+    limits: ClientLimits = field(default_factory=ClientLimits)
+    """What bounds unauthenticated clients (`STUNNERD_MAX_CONNECTIONS_PER_SOURCE`, ...)."""
+    tuning: ServerTuning = DEFAULT_TUNING
+    """Timeouts and switches of its sockets (`STUNNERD_CLIENT_IDLE_TIMEOUT_S`, ...)."""
+    tcp_relays: bool = True
+    """RFC 6062 relays on TCP/TLS listeners (off in worker processes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerContext:
+    """What a server shares with each of its listeners: the event loop and its offset to wall
+    time, the process-wide user usage, the send batcher and the counters by cluster name."""
+
+    loop: asyncio.AbstractEventLoop
+    usage: UserUsage
+    clock_offset_s: float = 0.0
+    batcher: SendBatcher | None = None
+    """None: the listener sends through a batcher of its own, without GSO."""
+    cluster_traffic: dict[str, Traffic] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,41 +125,36 @@ class Listener:
         self,
         spec: ListenerSpec,
         policies: Policies,
+        options: ListenerOptions,
+        context: ListenerContext,
         *,
         nonce_secret: bytes,
-        usage: UserUsage,
-        loop: asyncio.AbstractEventLoop,
-        clock_offset_s: float,
-        batcher: SendBatcher | None = None,
         traffic: Traffic | None = None,
-        cluster_traffic: dict[str, Traffic] | None = None,
-        limits: ClientLimits | None = None,
-        tuning: ServerTuning = DEFAULT_TUNING,
-        tcp_relays: bool = True,
     ) -> None:
         self.spec = spec
-        self.tuning = tuning
+        self.options = options
+        self.tuning = tuning = options.tuning
+        self.limits = options.limits
         self.name = spec.name
-        self.loop = loop
-        self.limits = limits if limits is not None else ClientLimits()
+        self.loop = loop = context.loop
         self.engine = TurnEngine(
             relay_ip=spec.relay_ip,
             other_relay_ip=spec.other_relay_ip,
             nonce_secret=nonce_secret,
             policies=policies,
-            usage=usage,
+            usage=context.usage,
             stream=self.stream,
-            clock_offset_s=clock_offset_s,
+            clock_offset_s=context.clock_offset_s,
             limits=self.limits.request,
-            tcp_relays=tcp_relays and self.stream,
+            tcp_relays=options.tcp_relays and self.stream,
             max_tcp_connections=tuning.max_tcp_connections_per_allocation,
         )
         self.engine.refusals.listener = self.name
-        self.batcher = batcher if batcher is not None else SendBatcher(loop, enabled=False)
-        self.traffic: Traffic = traffic if traffic is not None else new_traffic()
-        self.cluster_traffic: dict[str, Traffic] = (
-            cluster_traffic if cluster_traffic is not None else {}
+        self.batcher = (
+            context.batcher if context.batcher is not None else SendBatcher(loop, enabled=False)
         )
+        self.traffic: Traffic = traffic if traffic is not None else new_traffic()
+        self.cluster_traffic: dict[str, Traffic] = context.cluster_traffic
         self._unattributed = new_traffic()  # peers of a policy without named clusters
         # (client address, channel) -> (relay socket, peer, cluster counters): client → peer
         self.routes: ClientRoutes = {}

@@ -24,6 +24,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from stunner_common.config import ListenerConfig, StunnerConfig, load_tls_pair
@@ -37,7 +38,15 @@ from stunnerd.net.adopt import take_over
 from stunnerd.net.batch import SendBatcher, gso_supported
 from stunnerd.net.dtls import DtlsListener
 from stunnerd.net.guard import ClientLimits
-from stunnerd.net.listener import Address, Listener, ListenerSpec, Traffic, new_traffic
+from stunnerd.net.listener import (
+    Address,
+    Listener,
+    ListenerContext,
+    ListenerOptions,
+    ListenerSpec,
+    Traffic,
+    new_traffic,
+)
 from stunnerd.net.ports import (
     AllocationJournal,
     FastPathFactory,
@@ -105,58 +114,81 @@ def host_addresses() -> set[str]:
     return {str(info[4][0]) for info in infos}
 
 
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """How a `TurnServer` runs its listeners: the settings it is built with, one frozen value.
+
+    stunnerd builds it from `StunnerdSettings`; a worker process from its command line. Tests
+    change one field with `dataclasses.replace`.
+    """
+
+    bind_host: str = "0.0.0.0"
+    """Where listener and relay sockets bind (upstream: the wildcard address)."""
+    relay_addresses: tuple[str, ...] = ()
+    """Relay addresses beyond the listeners' own (`STUNNERD_RELAY_ADDRESSES`): each listener also
+    advertises the first one of the other family (dual-stack, RFC 8656 §7.2)."""
+    node_address: str = ""
+    """This node's address, for listeners with the node-address placeholder."""
+    reuse_port: bool = False
+    """Listener sockets share their port with other worker processes (SO_REUSEPORT)."""
+    tcp_relays: bool = True
+    """RFC 6062 relays on TCP/TLS listeners; off in worker processes, where a client's data
+    connection may reach another worker than its control connection."""
+    tuning: ServerTuning = PYTHON_RELAY
+    limits: ClientLimits = field(default_factory=ClientLimits)
+
+    def listener_options(self) -> ListenerOptions:
+        return ListenerOptions(self.limits, self.tuning, self.tcp_relays)
+
+
+PYTHON_SERVER = ServerOptions()
+"""The options of a server built without any (tests, tools): relays in Python, binds 0.0.0.0."""
+
+
 class TurnServer:
-    """Listeners by name. `bind_host` is where sockets bind (upstream: the wildcard address).
+    """Listeners by name, run as `options` say.
 
     `quota`, `offload`, `fastpath` and `journal` are what the process wired in
     (`stunnerd.net.ports`); without them the quota counts in this process, no channel is
-    relayed in the kernel or in C, and allocations end with the process.
+    relayed in the kernel or in C, and allocations end with the process. `nonce_key` is shared
+    with other processes (worker processes, a successor); `socket_source` hands over pre-bound
+    listener sockets.
     """
 
     def __init__(
         self,
+        options: ServerOptions = PYTHON_SERVER,
         *,
-        bind_host: str = "0.0.0.0",
-        usage: UserUsage | None = None,
-        reuse_port: bool = False,
-        tuning: ServerTuning = PYTHON_RELAY,
         offload: OffloadPort | None = None,
-        limits: ClientLimits | None = None,
+        quota: QuotaPort | None = None,
+        fastpath: FastPathFactory | None = None,
+        journal: AllocationJournal | None = None,
         nonce_key: bytes | None = None,
         socket_source: SocketSource | None = None,
-        tcp_relays: bool = True,
-        relay_addresses: Sequence[str] = (),
-        quota: QuotaPort | None = None,
-        node_address: str = "",
-        journal: AllocationJournal | None = None,
-        fastpath: FastPathFactory | None = None,
     ) -> None:
-        self.bind_host = bind_host
+        self.options = options
+        self.bind_host = options.bind_host
         # Where TURN-UDP allocations are journaled (a worker's supervisor), and allocations
         # handed over by another process, by listener, until that listener starts (`net.adopt`).
         self.journal = journal
         self.adoptions: dict[str, tuple[list[HandedAllocation], dict[Address, socket.socket]]] = {}
-        # This node's address, for listeners with the node-address placeholder.
-        self.node_address = node_address
+        self.node_address = options.node_address
         # The cluster-wide user quota (Redis leases); None: `user_quota` counts in this process.
         self.quota = quota
-        # Relay addresses beyond the listeners' own (STUNNERD_RELAY_ADDRESSES): each listener
-        # also advertises the first one of the other family (dual-stack, RFC 8656 §7.2).
-        self.relay_addresses = tuple(relay_addresses)
+        self.relay_addresses = options.relay_addresses
         self.offload = offload  # the kernel fast path, for this process's TURN-UDP listeners
-        self.limits = limits if limits is not None else ClientLimits()
+        self.limits = options.limits
         self._host_addresses = host_addresses()
-        self.reuse_port = reuse_port
+        self.reuse_port = options.reuse_port
         # One key for every listener (and, in worker processes, every worker and incarnation):
         # a nonce one of them issued is honoured by all. Random when not shared.
         self.nonce_key = nonce_key if nonce_key is not None else secrets.token_bytes(32)
         # Pre-bound listener sockets (the supervisor's SO_REUSEPORT members), by kind/host/port.
         self.socket_source = socket_source
-        self.tuning = tuning
+        self.tuning = tuning = options.tuning
         self.udp_gso = tuning.udp_gso and gso_supported()
-        # RFC 6062 relays on TCP/TLS listeners; off in worker processes, where a client's data
-        # connection may reach another worker than its control connection
-        self.tcp_relays = tcp_relays
+        self.tcp_relays = options.tcp_relays
+        self._listener_options = options.listener_options()
         # The C relay of established channels (TURN-UDP listeners), one per event loop, built
         # with the first such listener where `fastpath` was given and the tuning asks for it.
         self.fastpath = fastpath
@@ -164,7 +196,7 @@ class TurnServer:
         self.dns_refresh_s = tuning.dns_refresh_s
         self.dns_timeout_s = tuning.dns_timeout_s
         self._batcher: SendBatcher | None = None
-        self.usage = usage if usage is not None else UserUsage()
+        self.usage = UserUsage()
         self.listeners: dict[str, Listener] = {}
         # Traffic counters by listener and by cluster name; kept here so that a restarted
         # listener keeps counting where it left off (Prometheus counters must not go back).
@@ -344,22 +376,22 @@ class TurnServer:
         if self._batcher is None:
             self._batcher = SendBatcher(loop, enabled=self.udp_gso)
         extra: dict[str, Any] = {"offload": self.offload} if kind is UdpListener else {}
-        if kind is StreamListener:
-            extra["tcp_relays"] = self.tcp_relays
+        context = ListenerContext(
+            loop,
+            self.usage,
+            clock_offset_s=time.time() - loop.time(),
+            batcher=self._batcher,
+            cluster_traffic=self.cluster_traffic,
+        )
         try:
             running = kind(
                 spec,
                 policies,
+                self._listener_options,
+                context,
                 nonce_secret=hmac.digest(self.nonce_key, spec.name.encode(), hashlib.sha256),
-                usage=self.usage,
-                loop=loop,
-                clock_offset_s=time.time() - loop.time(),
-                batcher=self._batcher,
                 traffic=self.listener_traffic.setdefault(spec.name, new_traffic()),
-                cluster_traffic=self.cluster_traffic,
                 **extra,
-                limits=self.limits,
-                tuning=self.tuning,
             )
         except Exception as exc:
             raise ListenerError(f"listener {spec.name}: {exc}") from exc

@@ -235,14 +235,13 @@ class StreamListener(Listener):
                 raise ValueError(f"listener {self.name}: TURN-TLS needs a certificate")
             self.ssl_context = server_ssl_context(self.spec.tls)
             self.tls = TlsAcceptor(
-                name=self.name,
-                loop=self.loop,
-                context=self.ssl_context,
-                handshake_timeout_s=self.limits.connection.handshake_timeout_s,
-                admit=self.admit,
-                release=self.sources.release,
-                timed_out=lambda: self.engine.refusals.limited("handshake_timeout"),
+                self.name,
+                self.loop,
+                self.ssl_context,
+                self.limits.connection,
+                self,
                 new_client=lambda: StreamClientProtocol(self, admitted=True),
+                timed_out=lambda: self.engine.refusals.limited("handshake_timeout"),
             )
 
     async def start(self) -> None:
@@ -280,6 +279,10 @@ class StreamListener(Listener):
         if log.isEnabledFor(logging.DEBUG):
             log.debug("listener %s: too many connections from %s", self.name, ip)
         return False
+
+    def release(self, ip: str) -> None:
+        """Give back a connection slot of `ip` (a TLS handshake that failed)."""
+        self.sources.release(ip)
 
     def rotate_certificate(self, pair: TlsPair) -> bool:
         """New connections get the new certificate; established ones keep theirs."""

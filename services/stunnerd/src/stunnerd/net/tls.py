@@ -17,8 +17,10 @@ import socket
 import ssl
 import tempfile
 from collections.abc import Callable
+from typing import Protocol
 
 from stunner_common.config import TlsPair
+from stunnerd.net.guard import ConnectionLimits
 from stunnerd.net.tasks import TaskSet, log_unexpected_exit
 
 log = logging.getLogger(__name__)
@@ -53,27 +55,41 @@ class AdmittedProtocol(asyncio.Protocol):
     """True from `connection_made` on: from then, closing the connection returns the slot."""
 
 
+class Admission(Protocol):
+    """Who counts a TLS listener's connections by source IP (its `SourceCounter`)."""
+
+    def admit(self, ip: str) -> bool:
+        """Take one of `ip`'s slots, or refuse (and count the refusal)."""
+
+    def release(self, ip: str) -> None:
+        """Give a slot back."""
+
+
 class TlsAcceptor:
-    """The accept loop of one TLS listener and the handshakes under way."""
+    """The accept loop of one TLS listener and the handshakes under way.
+
+    `limits` is the listener's `ConnectionLimits` (the handshake deadline); `sources` admits and
+    releases connections by source IP; `new_client` builds the protocol of an admitted
+    connection and `timed_out` is told of each handshake that ran out of time.
+    """
 
     def __init__(
         self,
-        *,
         name: str,
         loop: asyncio.AbstractEventLoop,
         context: ssl.SSLContext,
-        handshake_timeout_s: float,
-        admit: Callable[[str], bool],
-        release: Callable[[str], None],
+        limits: ConnectionLimits,
+        sources: Admission,
         new_client: Callable[[], AdmittedProtocol],
         timed_out: Callable[[], None] = lambda: None,
     ) -> None:
         self.name = name
         self.loop = loop
         self.context = context
-        self.handshake_timeout_s = handshake_timeout_s
-        self.admit = admit  # takes a slot of the source IP, or refuses
-        self.release = release
+        self.limits = limits
+        self.handshake_timeout_s = limits.handshake_timeout_s
+        self.admit = sources.admit  # takes a slot of the source IP, or refuses
+        self.release = sources.release
         self.new_client = new_client
         self.timed_out = timed_out  # a handshake ran out of `handshake_timeout_s`
         self.sock: socket.socket | None = None

@@ -21,6 +21,7 @@ import logging
 import random
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -46,26 +47,41 @@ CDS_RECONNECT_MAX_S = 2.0
 """Reconnects back off up to this: a CDS that returns is followed within about this long."""
 
 
+@dataclass(frozen=True, slots=True)
+class CdsOptions:
+    """Which config stunnerd asks the CDS for and how it keeps the link: one frozen value, built
+    from the settings in `stunnerd.app` (tests change one field with `dataclasses.replace`)."""
+
+    namespace: str
+    name: str
+    node: str | None = None
+    """This node's name (`STUNNER_NODENAME`): the CDS fills the node-address placeholder."""
+    connect_timeout_s: float = CDS_CONNECT_TIMEOUT_S
+    ping_interval_s: float = CDS_PING_INTERVAL_S
+    pong_timeout_s: float = CDS_PONG_TIMEOUT_S
+    offer_v2: bool = True
+    """Offer the `stunner.cds.v2` subprotocol (deltas, resume); False: full configs only."""
+    suppress_delete: bool = True
+    """Drop delete updates here; False: they reach the reconciler, which ignores and counts them."""
+
+
 class CdsOrigin:
-    """A CDS server at `base_url` (http(s):// or ws(s)://) serving config `namespace/name`."""
+    """A CDS server at `base_url` (http(s):// or ws(s)://) serving the config `options` name.
+
+    `env` is what `$VAR`s in a config expand from; `token` authenticates to the CDS (a
+    `TokenSource` re-reads its file when it changes).
+    """
 
     def __init__(
         self,
         base_url: str,
-        namespace: str,
-        name: str,
+        options: CdsOptions,
         *,
-        node: str | None = None,
         env: Mapping[str, str] | None = None,
         token: str | TokenSource | None = None,
         ssl_context: ssl.SSLContext | None = None,
         backoff: Backoff | None = None,
         rand: Callable[[], float] = random.random,
-        connect_timeout_s: float = CDS_CONNECT_TIMEOUT_S,
-        ping_interval_s: float = CDS_PING_INTERVAL_S,
-        pong_timeout_s: float = CDS_PONG_TIMEOUT_S,
-        offer_v2: bool = True,
-        suppress_delete: bool = True,
     ) -> None:
         for address in base_url.split(","):  # several replicas: "ws://a:13478,ws://b:13478"
             parts = urlsplit(address.strip())
@@ -76,21 +92,22 @@ class CdsOrigin:
                 base_url,
                 token=token,
                 ssl_context=ssl_context,
-                timeout_s=connect_timeout_s,
-                ping_interval_s=ping_interval_s,
-                pong_timeout_s=pong_timeout_s,
+                timeout_s=options.connect_timeout_s,
+                ping_interval_s=options.ping_interval_s,
+                pong_timeout_s=options.pong_timeout_s,
             )
         except CdsAddressError as exc:
             raise ConfigOriginError(str(exc)) from exc
+        self.options = options
         self._netloc = self._client.netloc
-        self.namespace = namespace
-        self.name = name
-        self._node = node or None
+        self.namespace = options.namespace
+        self.name = options.name
+        self._node = options.node or None
         self._env = env
         self._backoff = backoff or Backoff(cap_s=CDS_RECONNECT_MAX_S)
         self._rand = rand
-        self._offer_v2 = offer_v2
-        self._suppress_delete = suppress_delete
+        self._offer_v2 = options.offer_v2
+        self._suppress_delete = options.suppress_delete
         # Delta-protocol state: the raw config as the server holds it, kept across reconnects.
         self._state = DeltaState()
         self.on_rejected = ignore_rejection

@@ -37,7 +37,7 @@ from stunner_common.loglevel import apply_log_spec
 from stunnerd.handoff.records import RecordJournal
 from stunnerd.handoff.state import HandoffFormatError, decode_state
 from stunnerd.net.guard import ClientLimits
-from stunnerd.net.server import TurnServer
+from stunnerd.net.server import ServerOptions, TurnServer
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.offload.datapath import Datapath, SharedMaps
 from stunnerd.offload.libbpf import OffloadError
@@ -159,30 +159,24 @@ async def serve(
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     w_transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
     inherited = None
+    options = ServerOptions(
+        bind_host=bind_host,
+        relay_addresses=relay_addresses,
+        node_address=node_address,
+        reuse_port=True,
+        tcp_relays=False,  # see the stunnerd README: TCP relays and worker processes
+        tuning=tuning,
+        limits=limits,
+    )
     if fd_channel is None:
-        server = TurnServer(
-            bind_host=bind_host,
-            reuse_port=True,
-            tuning=tuning,
-            limits=limits,
-            tcp_relays=False,  # see the stunnerd README: TCP relays and worker processes
-            relay_addresses=relay_addresses,
-            quota=quota,
-            node_address=node_address,
-        )
+        server = TurnServer(options, quota=quota)
     else:
         inherited = InheritedSockets(FdChannel.from_fd(fd_channel))
         server = TurnServer(
-            bind_host=bind_host,
-            reuse_port=True,
-            tuning=tuning,
-            limits=limits,
+            options,
             nonce_key=inherited.wait_nonce_key(),
             socket_source=inherited.take,
-            tcp_relays=False,
-            relay_addresses=relay_addresses,
             quota=quota,
-            node_address=node_address,
             offload=OffloadManager(shared_maps(inherited)),
             journal=RecordJournal(JournalWriter(inherited.channel)),
         )
