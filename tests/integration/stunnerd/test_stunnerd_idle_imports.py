@@ -1,0 +1,135 @@
+"""An idle stunnerd imports only what its config uses (docs/scale.md, the footprint section).
+
+A stunnerd with one plain TURN/UDP listener from a JSON file (no TLS or DTLS, no quota, no
+offload, no metrics, no CDS or Kubernetes origin) must not have loaded the packages that only
+those features need: each costs megabytes of resident memory in every process, the supervisor
+and each worker alike. A `sitecustomize` on the child's PYTHONPATH dumps `sys.modules` of every
+Python process of the tree (the supervisor and, with `--udp-thread-num`, each worker) on a
+real-time signal, once the listener serves; nothing about memory is timed or measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.ports import free_port, free_udp_tcp_port
+from support.processes import ServerProcess
+from support.stunnerd_process import PASSWORD, USER, wait_ready
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+STUNNERD = str(Path(sys.executable).with_name("stunnerd"))
+DUMP_SIGNAL = signal.SIGRTMIN + 3
+OUT_ENV = "IDLE_IMPORTS_OUT"
+
+SITECUSTOMIZE = f"""
+import json, os, signal, sys
+
+def _dump(*_):
+    path = os.path.join(os.environ[{OUT_ENV!r}], f"{{os.getpid()}}.json")
+    with open(path + ".tmp", "w") as out:
+        json.dump(sorted(sys.modules), out)
+    os.replace(path + ".tmp", path)
+
+if os.environ.get({OUT_ENV!r}):
+    signal.signal({int(DUMP_SIGNAL)}, _dump)
+"""
+
+# What each package is for: a process whose config does not use it must not import it.
+LAZY = {
+    "cryptography": "TLS/DTLS certificates",
+    "OpenSSL": "TURN-DTLS listeners",
+    "redis": "the cluster-wide quota (STUNNERD_QUOTA_REDIS_URL)",
+    "prometheus_client": "a metrics endpoint",
+    "dns": "aioice's ICE stack (the codec needs aioice.stun alone)",
+    "ifaddr": "aioice's ICE stack",
+    "yaml": "a YAML (not JSON) config",
+    "httpx": "a CDS or Kubernetes origin",
+    "websockets": "a CDS or Kubernetes origin",
+    "jsonpatch": "a CDS origin (v2 patches)",
+}
+# A worker gets its settings on the command line; only the supervisor reads the environment.
+WORKER_LAZY = {**LAZY, "pydantic_settings": "reading the settings (the supervisor's job)"}
+
+
+def plain_udp_config(port: int, health_port: int) -> dict[str, object]:
+    return {
+        "version": "v1",
+        "admin": {
+            "name": "default/idle",
+            "loglevel": "all:INFO",
+            "healthcheck_endpoint": f"http://127.0.0.1:{health_port}",
+            "metrics_endpoint": "",
+        },
+        "auth": {"type": "static", "credentials": {"username": USER, "password": PASSWORD}},
+        "listeners": [
+            {"name": "udp", "protocol": "TURN-UDP", "address": "127.0.0.1", "port": port}
+        ],
+        "clusters": [],
+    }
+
+
+def children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(child) for child in text.split()]
+
+
+def dump_modules(pids: list[int], out: Path, timeout_s: float = 20.0) -> dict[int, set[str]]:
+    for pid in pids:
+        os.kill(pid, DUMP_SIGNAL)
+    deadline = time.monotonic() + timeout_s
+    paths = {pid: out / f"{pid}.json" for pid in pids}
+    while not all(path.exists() for path in paths.values()):
+        assert time.monotonic() < deadline, f"no module list from {sorted(paths)}"
+        time.sleep(0.05)
+    return {pid: set(json.loads(path.read_text())) for pid, path in paths.items()}
+
+
+def loaded(modules: set[str], packages: dict[str, str]) -> dict[str, str]:
+    tops = {name.split(".")[0] for name in modules}
+    return {package: why for package, why in packages.items() if package in tops}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_idle_plain_udp_stunnerd_imports_no_package_of_a_feature_it_does_not_use(
+    tmp_path: Path, workers: int
+) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    out = tmp_path / "modules"
+    out.mkdir()
+    config = tmp_path / "stunnerd.json"
+    config.write_text(json.dumps(plain_udp_config(free_udp_tcp_port(), free_port())))
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("STUNNERD_", "STUNNER_", "CDS_"))
+    }
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    env[OUT_ENV] = str(out)
+    argv = [STUNNERD, "-c", str(config), "--bind", "127.0.0.1", "--grace-period", "0"]
+    if workers:
+        argv += ["--udp-thread-num", str(workers)]
+    proc = ServerProcess(argv, env=env, log_path=tmp_path / "stunnerd.log")
+    try:
+        wait_ready(proc, 1)
+        time.sleep(0.5)  # idle: past the first apply
+        worker_pids = children(proc.pid)
+        assert len(worker_pids) == workers, proc.output()[-3000:]
+        modules = dump_modules([proc.pid, *worker_pids], out)
+    finally:
+        proc.stop()
+    supervisor = modules.pop(proc.pid)
+    assert "stunnerd.app" in supervisor  # the dump is of stunnerd itself
+    assert loaded(supervisor, LAZY) == {}
+    for pid, worker in modules.items():
+        assert "stunnerd.workers.child" in worker
+        assert loaded(worker, WORKER_LAZY) == {}, f"worker {pid}"
