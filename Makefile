@@ -73,7 +73,7 @@ test-kube: setup
 # The images the chart runs (turncat: helm test's) and the node's Go programs come first, so no
 # test waits on a build inside its time limit.
 test-node: setup
-	$(CONTAINERS_ENV) podman image exists localhost/debian-py:bookworm || $(MAKE) base-image
+	$(CONTAINERS_ENV) podman image exists localhost/debian-py:bookworm && $(CONTAINERS_ENV) podman image exists localhost/debian-py-slim:bookworm || $(MAKE) base-image
 	$(CONTAINERS_ENV) $(BIN)/python scripts/images.py stunnerd cds operator auth turncat redis
 	cd tests && ../$(BIN)/python -m support.go_peers node coredns helm
 	$(BIN)/pytest -m "node and not slow" tests/node $(PYTEST_ARGS)

@@ -44,6 +44,7 @@ BUILD_ARGS = {
         "COMMAND": "stunnerd",
         "OFFLOAD": "yes",
         "RUNTIME_PACKAGES": "libbpf1 libelf1",
+        "BUILD_PACKAGES": "gcc libc6-dev python3-dev",
     },
     "cds": {"SERVICE": "cds", "COMMAND": "stunner-cds"},
     "operator": {"SERVICE": "operator", "COMMAND": "stunner-operator"},
@@ -51,8 +52,8 @@ BUILD_ARGS = {
     "auth": {"SERVICE": "auth", "COMMAND": "stunner-auth"},
 }
 """What services/Dockerfile builds for each Python service: its folder, its command (the
-entrypoint), and for stunnerd the offload object and libbpf (with libelf, which the runtime image
-lacks)."""
+entrypoint), and for stunnerd the offload object, libbpf (with libelf, which the runtime image
+lacks) and the compiler and headers its C relay is built with (in the build stage only)."""
 LOCAL_BASE = "localhost/debian-py:bookworm"
 LOCAL_RUNTIME = "localhost/debian-py-slim:bookworm"
 SIZE_BUDGET_MB = 150

@@ -212,15 +212,29 @@ def missing_images(names: tuple[str, ...] = HELM_IMAGES) -> list[str]:
 
 def redis_server_image() -> str:
     """``localhost/stunner-redis-server:<version>``: stunner-redis with redis-server as its
-    entrypoint (see REDIS_SERVER_CONTAINERFILE), built from it with podman when missing."""
+    entrypoint (see REDIS_SERVER_CONTAINERFILE), built from it with podman when missing or when
+    stunner-redis was rebuilt since (the image carries its base's ID as a label)."""
     ref = f"localhost/stunner-redis-server:{stunner_version()}"
-    if podman_image_exists(ref):
-        return ref
     base = stunner_image("redis")
     if not podman_image_exists(base):
         raise ImageError(f"podman has no image {base} (scripts/images.py redis)")
+    base_id = _podman_inspect(base, "{{.Id}}")
+    built_from = _podman_inspect(ref, '{{index .Labels "' + BASE_LABEL + '"}}')
+    if podman_image_exists(ref) and built_from == base_id:
+        return ref
     done = subprocess.run(
-        ["podman", "build", "--pull=never", "-t", ref, "-f", "-", str(gobin.REPO / "deploy")],
+        [
+            "podman",
+            "build",
+            "--pull=never",
+            "--label",
+            f"{BASE_LABEL}={base_id}",
+            "-t",
+            ref,
+            "-f",
+            "-",
+            str(gobin.REPO / "deploy"),
+        ],
         input=REDIS_SERVER_CONTAINERFILE.format(base=base),
         capture_output=True,
         text=True,
@@ -231,6 +245,20 @@ def redis_server_image() -> str:
     if done.returncode != 0:
         raise ImageError(f"podman build {ref}: {(done.stdout + done.stderr).strip()[-2000:]}")
     return ref
+
+
+BASE_LABEL = "io.l7mp.stunner.base-id"
+
+
+def _podman_inspect(ref: str, template: str) -> str:
+    done = subprocess.run(
+        ["podman", "image", "inspect", "--format", template, ref],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=_podman_env(),
+    )
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def _podman_env() -> dict[str, str]:

@@ -104,6 +104,8 @@ def test_each_python_service_is_built_from_the_one_dockerfile_with_its_own_argum
         "COMMAND": "stunnerd",
         "OFFLOAD": "yes",
         "RUNTIME_PACKAGES": "libbpf1 libelf1",
+        # the C relay (an optional extension: without a compiler the image relays in Python)
+        "BUILD_PACKAGES": "gcc libc6-dev python3-dev",
     }
     assert args_of(cds) == {"SERVICE": "cds", "COMMAND": "stunner-cds"}
     assert args_of(redis) == {}
