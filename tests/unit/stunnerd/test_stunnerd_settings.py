@@ -84,16 +84,42 @@ def test_a_bad_id_is_refused() -> None:
     ],
 )
 def test_each_origin_form_builds_the_matching_client(origin: str, kind: type) -> None:
-    built = make_origin(StunnerdSettings(origin=origin, namespace="ns", name="gw"), {})
+    built = make_origin(StunnerdSettings(origin=origin, namespace="ns", name="gw"))
     assert isinstance(built, kind)
 
 
 def test_the_cds_client_gets_the_identity_and_node() -> None:
     settings = StunnerdSettings(origin="ws://h:1", namespace="ns", name="gw", node="n1")
-    origin = make_origin(settings, {})
+    origin = make_origin(settings)
     assert isinstance(origin, CdsOrigin)
     assert origin.ws_url() == "ws://h:1/api/v1/configs/ns/gw?node=n1&watch=true"
     assert origin.ws_url(since=7) == "ws://h:1/api/v1/configs/ns/gw?node=n1&since=7&watch=true"
+
+
+@pytest.mark.parametrize(
+    ("env", "flag", "token", "file"),
+    [
+        ({"CDS_TOKEN": " t0k "}, None, "t0k", None),
+        ({"CDS_TOKEN": "t0k", "CDS_TOKEN_FILE": "/env/token"}, None, None, "/env/token"),
+        ({"CDS_TOKEN_FILE": "/env/token"}, "/flag/token", None, "/flag/token"),
+        ({}, None, None, None),
+    ],
+)
+def test_the_cds_token_is_read_once_into_the_settings(
+    env: dict[str, str], flag: str | None, token: str | None, file: str | None
+) -> None:
+    settings = load_settings(
+        env, config="ws://h:1", watch=True, turn_uri=None, ident="ns/gw", cds_token_file=flag
+    )
+    assert settings.environ == env
+    assert "t0k" not in repr(settings)
+    origin = make_origin(settings)
+    assert isinstance(origin, CdsOrigin)
+    source = origin._client._token
+    assert (source.current() if file is None else None, source.file) == (
+        token,
+        None if file is None else Path(file),
+    )
 
 
 def test_the_parser_accepts_upstream_flags() -> None:

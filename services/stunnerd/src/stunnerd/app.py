@@ -20,7 +20,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,26 +55,29 @@ class ConfigExit(Exception):
     is `EXIT_CONFIG`."""
 
 
-def make_origin(settings: StunnerdSettings, env: Mapping[str, str]) -> ConfigOrigin:
+def make_origin(settings: StunnerdSettings) -> ConfigOrigin:
     spec = parse_origin(settings.origin)
     if spec.kind == "file":
         # Zero (delete) configs reach the reconciler, which ignores them and counts them in
         # /status: a dataplane being drained must keep its listeners (upstream's suppressDelete).
         return FileOrigin(
             spec.location,
-            env=env,
+            env=settings.environ,
             poll_interval_s=settings.file_poll_interval_s,
             suppress_delete=False,
         )
     # The CDS client (httpx, websockets, jsonpatch) is imported only for an http(s)/ws(s) origin.
-    from stunner_common.io.cds import token_source
+    from stunner_common.io.cds import TokenSource
     from stunnerd.origin.cds import CdsOptions, CdsOrigin
 
+    # --cds-token-file, else CDS_TOKEN_FILE, else CDS_TOKEN (a file is re-read when it changes)
+    path = settings.cds_token_file or settings.cds_token_env_file
+    token = settings.cds_token
     return CdsOrigin(
         spec.location,
         CdsOptions(settings.namespace, settings.name, node=settings.node, suppress_delete=False),
-        env=env,
-        token=token_source(env, settings.cds_token_file),
+        env=settings.environ,
+        token=TokenSource(file=path) if path else TokenSource(token) if token else None,
     )
 
 
@@ -207,14 +210,14 @@ class ManagedDataplane:
 
     # ------------------------------------------------------------------ the first config
 
-    async def serve(self, env: Mapping[str, str]) -> None:
+    async def serve(self) -> None:
         """Take the first config (a TURN URI's, or the origin's) and follow the origin where it
         is watched; raises `ConfigExit` when there is nothing to serve."""
         if self.settings.turn_uri is not None:
             await self._serve_uri(self.settings.turn_uri)
             return
         try:
-            origin = make_origin(self.settings, env)
+            origin = make_origin(self.settings)
         except ConfigOriginError as exc:
             raise ConfigExit(str(exc)) from exc
         kind = parse_origin(self.settings.origin).kind
@@ -339,7 +342,7 @@ class ManagedDataplane:
         await self.dataplane.close()
 
 
-async def dry_run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
+async def dry_run(settings: StunnerdSettings) -> int:
     """`--dry-run` (upstream's flag): load the config once and check it as an apply would,
     listeners included (addresses, TLS material), without binding a socket."""
     from stunnerd.net.server import ListenerError, ServerOptions, TurnServer
@@ -348,7 +351,7 @@ async def dry_run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
         if settings.turn_uri is not None:
             config = default_config_from_uri(settings.turn_uri)
         else:
-            config = (await make_origin(settings, env).load()).config
+            config = (await make_origin(settings).load()).config
         server = TurnServer(
             ServerOptions(
                 bind_host=settings.bind_host,
@@ -369,7 +372,7 @@ async def dry_run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
-async def run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
+async def run(settings: StunnerdSettings) -> int:
     try:
         successor = await take_over(settings)
     except ConfigExit as exc:
@@ -381,7 +384,7 @@ async def run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
     try:
         with _signal_queue() as signals, successor_on_sigusr2(settings):
             await dataplane.start()
-            await _serve_first(app, env, successor)
+            await _serve_first(app, successor)
             handoff = await serve_handoff(settings, dataplane, app.admin.listening)
             first = await signal_or_handoff(signals, handoff)
             if first is not None:
@@ -403,12 +406,10 @@ async def run(settings: StunnerdSettings, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
-async def _serve_first(
-    app: ManagedDataplane, env: Mapping[str, str], successor: Successor | None
-) -> None:
+async def _serve_first(app: ManagedDataplane, successor: Successor | None) -> None:
     """The first config; a process that took over answers the old one how it went."""
     try:
-        await app.serve(env)
+        await app.serve()
         if successor is not None:
             await app.first_config(FIRST_CONFIG_TIMEOUT_S)
     except BaseException as exc:

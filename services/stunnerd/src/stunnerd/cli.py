@@ -153,8 +153,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         from stunnerd.origin.k8s import run_with_k8s_origin
 
         kube = KubeOptions(args.kubeconfig, args.context, args.cds_server_namespace)
-        return int(run_loop(run_with_k8s_origin(settings, env, kube, runner)))
-    return run_loop(runner(settings, env))
+        return int(run_loop(run_with_k8s_origin(settings, settings.environ, kube, runner)))
+    return run_loop(runner(settings))
 
 
 def _one_line(exc: Exception) -> str:

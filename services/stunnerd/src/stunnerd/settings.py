@@ -4,15 +4,19 @@ Flags win over the environment. Variables with the `STUNNERD_` prefix set the se
 name (`STUNNERD_BIND_HOST`, `STUNNERD_HEALTH_PORT`, `STUNNERD_UDP_GSO`, `STUNNERD_GRACE_PERIOD_S`,
 ...); the upstream variables keep their names: `STUNNER_CONFIG_ORIGIN` (the origin when `-c` is
 not given), `STUNNER_NAMESPACE`/`STUNNER_NAME` (the identity toward the CDS when `--id` is not
-given) and `STUNNER_NODENAME`. Every duration is in seconds and its name ends in `_s`.
+given), `STUNNER_NODENAME`, and `CDS_TOKEN_FILE`/`CDS_TOKEN` (the CDS token when
+`--cds-token-file` is not given). Every duration is in seconds and its name ends in `_s`.
 
 The settings of the process itself are declared below. The groups it hands down whole are
 declared once, in the layer that uses them, as frozen dataclasses whose fields carry their
 default, their bounds (annotated) and their docstring: `ServerTuning`, `ClientLimits`,
 `QuotaSettings`, `AdminSettings` and `WorkerTimeouts`. A `Group` only says which flat setting
 each field is read from; the flat settings are validated in one pass (an error names the
-variable's setting, e.g. `quota_replicas`), then the groups are built. This module is the only
-reader of the environment in stunnerd: everything below receives what it needs as arguments.
+variable's setting, e.g. `quota_replicas`), then the groups are built. The options objects of
+the classes that take settings whole (`net.server.ServerOptions`, `origin.cds.CdsOptions`) are
+built from them in `stunnerd.app` and `stunnerd.workers.child`. This module is the only
+reader of the environment in stunnerd: everything below receives what it needs as arguments,
+the environment itself included (`environ`, what the `$VAR`s of a config expand from).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from stunnerd.quota import QuotaSettings
 from stunnerd.workers.worker import WorkerTimeouts
 
 DEFAULT_GRACE_PERIOD_S = 3600.0
+CDS_TOKEN_ENV = "CDS_TOKEN"  # upstream's names, as `stunner_common.io.cds.token` reads them
+CDS_TOKEN_FILE_ENV = "CDS_TOKEN_FILE"
 DEFAULT_SIGINT_GRACE_PERIOD_S = 5.0
 
 G = TypeVar("G")
@@ -207,6 +213,13 @@ class StunnerdSettings(ProcessSettings):
     """How the health and metrics servers listen."""
     worker_timeouts: WorkerTimeouts = WorkerTimeouts()
     """How long the supervisor waits on its worker processes (`--udp-thread-num`)."""
+    cds_token_env_file: str | None = None
+    """`CDS_TOKEN_FILE`: the CDS token's file when `cds_token_file` names none."""
+    cds_token: str | None = Field(None, repr=False)
+    """`CDS_TOKEN`: the CDS bearer token when no file names one (`-c k8s`: the chart's Secret's
+    token, over `CDS_TOKEN_FILE` and `CDS_TOKEN`)."""
+    environ: Mapping[str, str] = Field(default_factory=dict, repr=False, exclude=True)
+    """The environment as it was read: what the `$VAR`s of a config expand from."""
 
     def relay_address_list(self) -> tuple[str, ...]:
         return relay_address_list(self.relay_addresses)
@@ -226,11 +239,13 @@ _FlatSettings: type[ProcessSettings] = create_model(
 """What the environment and the flags set: the process's settings and each group's, flat."""
 
 
-def _from_flat(flat: ProcessSettings) -> StunnerdSettings:
+def _from_flat(flat: ProcessSettings, **resolved: Any) -> StunnerdSettings:
+    """The settings from the flat ones and those `load_settings` resolved itself."""
     values = flat.model_dump()
     quota = QUOTA.build(values)
     return StunnerdSettings.model_validate(
         {
+            **resolved,
             **{name: values[name] for name in ProcessSettings.model_fields},
             "tuning": TUNING.build(values),
             "limits": LIMITS.build(values),
@@ -325,7 +340,12 @@ def load_settings(
         "handoff_socket": handoff_socket,
     }
     values.update({key: value for key, value in flags.items() if value is not None})
-    return _from_flat(_FlatSettings.model_validate(values))
+    return _from_flat(
+        _FlatSettings.model_validate(values),
+        cds_token_env_file=env.get(CDS_TOKEN_FILE_ENV) or None,
+        cds_token=env.get(CDS_TOKEN_ENV, "").strip() or None,
+        environ=dict(env),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,16 +27,18 @@ CDS_NAMESPACE_ENV = "CDS_SERVER_NAMESPACE"
 EXIT_CONFIG = 1
 
 S = TypeVar("S", bound=BaseModel)
-"""stunnerd's settings (with ``origin`` and ``cds_token_file``), passed through unread."""
+"""stunnerd's settings (with ``origin``, ``cds_token_file``, ``cds_token_env_file`` and
+``cds_token``), passed through unread."""
 
 
 async def run_with_k8s_origin(
     settings: S,
     env: Mapping[str, str],
     options: KubeOptions,
-    runner: Callable[[S, Mapping[str, str]], Awaitable[int]],
+    runner: Callable[[S], Awaitable[int]],
 ) -> int:
-    """Run ``runner`` with the `k8s` origin replaced by the CDS's address."""
+    """Run ``runner`` with the `k8s` origin replaced by the CDS's address (`env`: the
+    environment the settings were read from)."""
     explicit = env.get(CDS_ADDR_ENV, "").strip()
     if explicit:
         try:
@@ -44,17 +46,16 @@ async def run_with_k8s_origin(
         except CdsAddressError as exc:
             print(f"stunnerd: {CDS_ADDR_ENV}: {exc}", file=sys.stderr)
             return EXIT_CONFIG
-        return await runner(settings.model_copy(update={"origin": origin}), env)
+        return await runner(settings.model_copy(update={"origin": origin}))
     if options.namespace is None and env.get(CDS_NAMESPACE_ENV, "").strip():
         options = KubeOptions(options.kubeconfig, options.context, env[CDS_NAMESPACE_ENV].strip())
     try:
         async with open_cds_forward(options, env) as forward:
-            run_env = dict(env)
+            update: dict[str, object] = {"origin": f"http://{forward.address}"}
             if forward.token and not getattr(settings, "cds_token_file", None):
-                run_env.pop("CDS_TOKEN_FILE", None)
-                run_env["CDS_TOKEN"] = forward.token
-            origin = f"http://{forward.address}"
-            return await runner(settings.model_copy(update={"origin": origin}), run_env)
+                # the Secret's token, over CDS_TOKEN_FILE and CDS_TOKEN (not --cds-token-file)
+                update.update(cds_token_env_file=None, cds_token=forward.token)
+            return await runner(settings.model_copy(update=update))
     except KubeDiscoveryError as exc:
         print(f"stunnerd: -c k8s: {exc}", file=sys.stderr)
         return EXIT_CONFIG
