@@ -18,7 +18,7 @@ from stunner_common.cli import (
     check_token_file,
     settings_from_args,
 )
-from stunner_common.io.http import RequestLimits, protocol_class, serve, uvicorn_server
+from stunner_common.io.http import protocol_class, serve, uvicorn_server
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,13 +61,7 @@ def build_server(settings: AuthSettings) -> uvicorn.Server:
         create_app(settings, metrics),
         settings,
         http=protocol_class(
-            RequestLimits(
-                max_header_bytes=settings.max_header_bytes,
-                max_query_bytes=settings.max_query_bytes,
-                max_body_bytes=settings.max_body_bytes,
-                request_head_timeout_s=settings.request_head_timeout_s,
-                max_connections_per_client=settings.max_connections_per_client,
-            ),
+            settings.request_limits(settings.max_connections_per_client),
             errors=ERRORS,
             on_refusal=refused,
             logger=logging.getLogger(__name__),

@@ -58,23 +58,6 @@ class AuthSettings(HttpServiceSettings):
     default_ttl_s: int = Field(DEFAULT_TTL_S, gt=0)
     max_ttl_s: int = Field(7 * 86400, gt=0)
     cds_timeout_s: float = Field(5.0, gt=0)
-    max_header_bytes: int = Field(
-        16 * 1024,
-        ge=1024,
-        description="Request line and headers together; a longer head is answered 431 and closed.",
-    )
-    max_query_bytes: int = Field(
-        2048,
-        ge=64,
-        description="Query string of a request (the rest of the URI counts in the head);"
-        " a longer one is answered 414 and closed.",
-    )
-    max_body_bytes: int = Field(
-        64 * 1024, ge=0, description="Request body; the API takes none (413, closed)."
-    )
-    request_head_timeout_s: float = Field(
-        10.0, gt=0, description="Time a client has to send a complete request head (408)."
-    )
     max_connections_per_client: int = Field(
         256,
         ge=0,

@@ -8,7 +8,7 @@ import uvicorn
 
 from stunner_cds.app import create_app
 from stunner_cds.settings import CdsSettings
-from stunner_common.io.http import RequestLimits, protocol_class, uvicorn_server
+from stunner_common.io.http import protocol_class, uvicorn_server
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +42,7 @@ def build_server(
         app,
         settings,
         http=protocol_class(
-            RequestLimits(
-                max_header_bytes=settings.max_header_bytes,
-                max_query_bytes=settings.max_query_bytes,
-                max_body_bytes=settings.max_body_bytes,
-                request_head_timeout_s=settings.request_head_timeout_s,
-                max_connections_per_client=settings.max_http_connections_per_client,
-            ),
+            settings.request_limits(settings.max_http_connections_per_client),
             on_refusal=refused,
             logger=log,
         ),

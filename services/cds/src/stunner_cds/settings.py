@@ -36,16 +36,8 @@ class CdsSettings(HttpServiceSettings):
     redis_timeout_s: float = Field(5.0, gt=0)
     reconnect_min_s: float = Field(0.05, gt=0)
     reconnect_max_s: float = Field(2.0, gt=0)
-    max_header_bytes: int = Field(16 * 1024, ge=1024, description="Request line and headers (431).")
-    max_query_bytes: int = Field(2048, ge=64, description="Query string of a request (414).")
-    max_body_bytes: int = Field(
-        64 * 1024, ge=0, description="Request body; the API takes none (413)."
-    )
     ws_max_message_bytes: int = Field(
         64 * 1024, ge=1024, description="A WebSocket message from a client (closed with 1009)."
-    )
-    request_head_timeout_s: float = Field(
-        10.0, gt=0, description="Time a client has to send a complete request head (408)."
     )
     max_http_connections_per_client: int = Field(
         64,

@@ -22,6 +22,7 @@ from pydantic_settings import SettingsConfigDict
 
 from stunner_common.cli import ProcessSettings, listen_problem
 from stunner_common.io.http.errors import GO_STYLE, ErrorStyle, install_error_handlers
+from stunner_common.io.http.limits import RequestLimits
 from stunner_common.logs import LogFormat
 from stunner_common.runtime import run as run_loop
 
@@ -55,6 +56,34 @@ class HttpServiceSettings(ProcessSettings):
     shutdown_timeout_s: float = Field(5.0, gt=0)
     log_level: str = "INFO"
     log_format: LogFormat = "text"
+    max_header_bytes: int = Field(
+        16 * 1024,
+        ge=1024,
+        description="Request line and headers together; a longer head is answered 431 and closed.",
+    )
+    max_query_bytes: int = Field(
+        2048,
+        ge=64,
+        description="Query string of a request (the rest of the URI counts in the head);"
+        " a longer one is answered 414 and closed.",
+    )
+    max_body_bytes: int = Field(
+        64 * 1024, ge=0, description="Request body; the API takes none (413, closed)."
+    )
+    request_head_timeout_s: float = Field(
+        10.0, gt=0, description="Time a client has to send a complete request head (408)."
+    )
+
+    def request_limits(self, max_connections_per_client: int) -> RequestLimits:
+        """The limits uvicorn's parser enforces (`stunner_common.io.http.limits`), with the
+        service's own cap on connections per client IP."""
+        return RequestLimits(
+            max_header_bytes=self.max_header_bytes,
+            max_query_bytes=self.max_query_bytes,
+            max_body_bytes=self.max_body_bytes,
+            request_head_timeout_s=self.request_head_timeout_s,
+            max_connections_per_client=max_connections_per_client,
+        )
 
 
 def create_service_app(
