@@ -43,6 +43,12 @@ def _aioice_stun() -> ModuleType:
             loader = spec.loader
 
             def complete(name: str) -> Any:
+                # A submodule being imported (`from . import mdns` in `aioice.ice`) or a probe
+                # of a dunder is not a name of the body: the import system goes on without it.
+                if (name.startswith("__") and name not in ("__all__", "__version__")) or (
+                    importlib.util.find_spec(f"aioice.{name}") is not None
+                ):
+                    raise AttributeError(name)
                 del package.__dict__["__getattr__"]
                 loader.exec_module(package)
                 return getattr(package, name)
