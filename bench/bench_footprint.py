@@ -130,7 +130,7 @@ def idle_servers(stunnerd: str, tmp: Path) -> list[tuple[str, list[str]]]:
 
 def measure_idle(stunnerd: str, tmp: Path) -> None:
     print(f"idle footprint after {IDLE_S:g} s, one TURN/UDP listener, no allocation (MiB)")
-    print(f"{'server':<15} {'procs':>5} {'RSS':>7} {'PSS':>7}  per process RSS")
+    print(f"{'server':<15} {'procs':>5} {'RSS':>7} {'PSS':>7}  per process RSS/PSS")
     rows: dict[str, float] = {}
     for label, template in idle_servers(stunnerd, tmp):
         port = free_port()
@@ -145,7 +145,7 @@ def measure_idle(stunnerd: str, tmp: Path) -> None:
         rss = sum(m[1] for m in mem) / 1024
         pss = sum(m[2] for m in mem) / 1024
         rows[label] = pss
-        each = " ".join(f"{m[1] / 1024:.1f}" for m in mem)
+        each = " ".join(f"{m[1] / 1024:.1f}/{m[2] / 1024:.1f}" for m in mem)
         print(f"{label:<15} {len(mem):>5} {rss:>7.1f} {pss:>7.1f}  {each}")
     for ours in ("stunnerd", "stunnerd -u 2"):
         for peer in ("upstream x1", "coturn"):
