@@ -102,6 +102,10 @@ class ControllerOptions:
     """How long one watch request lasts before it is renewed from the last resource version."""
     resources: tuple[Resource, ...] = WATCHED
     """The resources listed and watched (`stunner_operator.k8s.resources.watched`)."""
+    writers: int = 8
+    """Writes to the API server in flight at once, each to another object: one at a time, a
+    thousand Gateways' Services, Deployments and statuses queue behind each other for minutes
+    (every write waits for etcd), and a Gateway added meanwhile waits for all of them."""
 
 
 class KubeController:
@@ -121,6 +125,7 @@ class KubeController:
         self._retry_s = options.retry_s
         self._resync_check_s = options.resync_check_s
         self._watch_timeout_s = options.watch_timeout_s
+        self._writers = max(1, options.writers)
         self._resources = resources = options.resources
         self._events: asyncio.Queue[_Event] = asyncio.Queue()
         self._known: dict[str, set[ObjKey]] = {r.kind: set() for r in resources}
@@ -134,6 +139,8 @@ class KubeController:
         self._publish_wake = asyncio.Event()
         self._write_wake = asyncio.Event()
         self._writes: dict[tuple[str, ObjKey], _Write] = {}
+        self._writing: set[tuple[str, ObjKey]] = set()
+        """Slots with a write in flight: a newer intent for one waits until it is done."""
         self._transitions: dict[tuple[ObjKey, str], tuple[str, str]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -145,7 +152,10 @@ class KubeController:
             ]
             tasks.append(tg.create_task(self._render_loop(), name="operator-render"))
             tasks.append(tg.create_task(self._publish_loop(), name="operator-publish"))
-            tasks.append(tg.create_task(self._write_loop(), name="operator-k8s-writer"))
+            tasks += [
+                tg.create_task(self._write_loop(), name=f"operator-k8s-writer-{i}")
+                for i in range(self._writers)
+            ]
             await stop.wait()
             for task in tasks:
                 task.cancel()
@@ -369,32 +379,46 @@ class KubeController:
         except PublishError as err:
             log.warning("publishing the node addresses to Redis failed: %s", err)
 
+    def _next_write(self) -> tuple[tuple[str, ObjKey], _Write] | None:
+        """The oldest intent whose object has no write in flight, taken off the queue."""
+        slot = next((s for s in self._writes if s not in self._writing), None)
+        if slot is None:
+            return None
+        self._writing.add(slot)
+        return slot, self._writes.pop(slot)
+
     async def _write_loop(self) -> None:
+        """One of ``writers`` loops: writes the queued intents, oldest first, never two for the
+        same object at once (the newest intent for an object replaces an older queued one)."""
+        loop = asyncio.get_running_loop()
         while True:
-            await self._write_wake.wait()
-            self._write_wake.clear()
-            failed: list[tuple[tuple[str, ObjKey], _Write]] = []
-            with self.metrics.loop("write"):
-                while self._writes:
-                    slot = next(iter(self._writes))
-                    write = self._writes.pop(slot)
-                    try:
-                        await self._perform(write)
-                    except KubeApiError as err:
-                        self.metrics.write_errors.inc()
-                        if err.status == 422:
-                            # The API server refuses the object itself (e.g. a Gateway address
-                            # in a range Services may not use): the same body would fail
-                            # forever. The next render that changes it is written again.
-                            log.error("the API server refused %s: %s", _label(write.key), err)
-                            continue
-                        log.warning("writing %s failed: %s", _label(write.key), err)
-                        failed.append((slot, write))
-            if failed:
-                await asyncio.sleep(self._retry_s)
-                for slot, write in failed:
-                    self._writes.setdefault(slot, write)  # unless a newer intent replaced it
-                self._write_wake.set()
+            taken = self._next_write()
+            if taken is None:
+                self._write_wake.clear()
+                await self._write_wake.wait()
+                continue
+            slot, write = taken
+            try:
+                with self.metrics.loop("write"):
+                    await self._perform(write)
+            except KubeApiError as err:
+                self.metrics.write_errors.inc()
+                if err.status == 422:
+                    # The API server refuses the object itself (e.g. a Gateway address in a
+                    # range Services may not use): the same body would fail forever. The next
+                    # render that changes it is written again.
+                    log.error("the API server refused %s: %s", _label(write.key), err)
+                else:
+                    log.warning("writing %s failed: %s", _label(write.key), err)
+                    loop.call_later(self._retry_s, self._retry, slot, write)
+            finally:
+                self._writing.discard(slot)
+                if slot in self._writes:  # a newer intent came while this one was written
+                    self._write_wake.set()
+
+    def _retry(self, slot: tuple[str, ObjKey], write: _Write) -> None:
+        self._writes.setdefault(slot, write)  # unless a newer intent replaced it
+        self._write_wake.set()
 
     async def _perform(self, write: _Write) -> None:
         kind, ns, name = write.key
