@@ -204,7 +204,8 @@ class Side:
     def admin(self) -> KubeClient:
         raise NotImplementedError
 
-    def cds_configs(self) -> dict[str, Any]:
+    def cds_configs(self, config_id: str = "") -> dict[str, Any]:
+        """The configs the side's CDS serves by id (only ``config_id``'s, if given)."""
         raise NotImplementedError
 
     def start(self) -> None:
@@ -411,10 +412,15 @@ class UpstreamSide(Side):
         )
         wait_for_tcp(LOOPBACK, self.cds_port, timeout_s=60.0, proc=self.operator)
 
-    def cds_configs(self) -> dict[str, Any]:
-        reply = httpx.get(f"http://{LOOPBACK}:{self.cds_port}/api/v1/configs", timeout=5.0)
+    def cds_configs(self, config_id: str = "") -> dict[str, Any]:
+        path = f"/api/v1/configs/{config_id}" if config_id else "/api/v1/configs"
+        reply = httpx.get(f"http://{LOOPBACK}:{self.cds_port}{path}", timeout=5.0)
+        if config_id and reply.status_code == 404:
+            return {}
         reply.raise_for_status()
-        return {c["admin"]["name"]: c for c in reply.json().get("items") or []}
+        body = reply.json()
+        items = body.get("items", [body]) if isinstance(body, dict) else body
+        return {c["admin"]["name"]: c for c in items or []}
 
     def log_tail(self) -> str:
         return self.operator.output()[-3000:] if self.operator else ""
@@ -440,8 +446,8 @@ class OursSide(Side):
         self.stack.start()
         self.admin.forget_discovery()
 
-    def cds_configs(self) -> dict[str, Any]:
-        return self.stack.cds_configs()
+    def cds_configs(self, config_id: str = "") -> dict[str, Any]:
+        return self.stack.cds_configs(config_id)
 
     def log_tail(self) -> str:
         return self.stack.operators[0].output()[-3000:] if self.stack.operators else ""

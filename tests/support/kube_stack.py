@@ -273,13 +273,17 @@ class KubeStack:
         for proc in self.operators:
             proc.stop()
 
-    def cds_configs(self) -> dict[str, Any]:
-        """Every config the CDS serves, by ``namespace/name``."""
+    def cds_configs(self, config_id: str = "") -> dict[str, Any]:
+        """Every config the CDS serves, by ``namespace/name`` (only ``config_id``'s if given:
+        ``GET /api/v1/configs/NS/NAME``; none where the CDS has no such config)."""
         headers = {"Authorization": f"Bearer {self.cds_token}"} if self.cds_token else {}
-        response = httpx.get(f"{self.cds_url}/api/v1/configs", headers=headers, timeout=5.0)
+        path = f"/api/v1/configs/{config_id}" if config_id else "/api/v1/configs"
+        response = httpx.get(f"{self.cds_url}{path}", headers=headers, timeout=5.0)
+        if config_id and response.status_code == 404:
+            return {}
         response.raise_for_status()
         body = response.json()
-        items = body.get("items", body) if isinstance(body, dict) else body
+        items = body.get("items", [body]) if isinstance(body, dict) else body
         out = {}
         for cfg in items:
             admin = cfg.get("admin", {})
