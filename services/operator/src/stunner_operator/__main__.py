@@ -127,6 +127,7 @@ def _controller_options(settings: OperatorSettings) -> ControllerOptions:
     return ControllerOptions(
         render=_options(settings),
         throttle_s=settings.throttle_s,
+        writers=settings.writers,
         retry_s=settings.publish_retry_s,
         watch_timeout_s=settings.watch_timeout_s,
         resources=watched(enforce_reference_grants=settings.enforce_reference_grants),

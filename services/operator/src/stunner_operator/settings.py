@@ -59,6 +59,9 @@ class OperatorSettings(ProcessSettings):
     redis_timeout_s: float = Field(5.0, gt=0)
     kube_timeout_s: float = Field(10.0, gt=0)
     throttle_s: float = Field(0.05, ge=0)
+    writers: int = Field(8, ge=1, le=64)
+    """Writes to the API server in flight at once (``OPERATOR_WRITERS``), each to another
+    object (`stunner_operator.controller.loops.ControllerOptions.writers`)."""
     leader_elect: bool = True
     lease_namespace: str = Field(
         "default",
