@@ -188,3 +188,7 @@ def test_the_runtime_base_keeps_no_package_tool_and_the_wrappers_commands() -> N
     assert "cat " in compose
     assert "timeout 30 turncat" in helm_test
     assert {"cat", "sleep", "timeout"} <= set(tools)
+    # What the operator runs in the stunnerd image: the handoff DaemonSet's init container.
+    from stunner_operator.render.handoff import handoff_dir_command
+
+    assert handoff_dir_command(10001, 10001)[0] in tools

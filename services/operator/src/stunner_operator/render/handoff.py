@@ -68,6 +68,13 @@ def handoff_ids(dataplane: Dataplane) -> tuple[int, int]:
     return int(uid), int(gid)
 
 
+def handoff_dir_command(uid: int, gid: int) -> list[str]:
+    """The init container's command: the handoff folder on the host, owned by stunnerd's user.
+    It runs in the stunnerd image, whose runtime base has busybox's ``install`` for it
+    (scripts/slim_rootfs.sh)."""
+    return ["install", "-d", "-o", str(uid), "-g", str(gid), "-m", "0700", HANDOFF_DIR]
+
+
 def add_handoff(pod_spec: dict[str, Any], dataplane: Dataplane) -> None:
     """The hostPath directory, its init container and the stunnerd container's uid.
 
@@ -91,7 +98,7 @@ def add_handoff(pod_spec: dict[str, Any], dataplane: Dataplane) -> None:
             "name": HANDOFF_INIT_CONTAINER,
             "image": container["image"],
             "imagePullPolicy": container["imagePullPolicy"],
-            "command": ["install", "-d", "-o", str(uid), "-g", str(gid), "-m", "0700", HANDOFF_DIR],
+            "command": handoff_dir_command(uid, gid),
             "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False},
             "volumeMounts": [dict(mount)],
         }
