@@ -10,7 +10,7 @@
 # util-linux, dpkg and apt's tools, PAM, ...) with no maintainer script run, glibc's iconv
 # modules (gconv: Python's codecs are its own), and the parts of the standard library a service
 # never imports. busybox provides the few commands the compose stack's and the chart's wrappers
-# call (cat, sleep, timeout, install; see BUSYBOX_TOOLS). The standard library is compiled to bytecode
+# call (cat, sleep, timeout; see BUSYBOX_TOOLS). The standard library is compiled to bytecode
 # here, as the containers run read-only. Adds the stunner user and group (10001), so no RUN step
 # is needed on top of this image.
 set -eu
@@ -22,9 +22,9 @@ readline-common libsqlite3-0 libuuid1 libnsl2 libtirpc3 libtirpc-common libgssap
 libkrb5-3 libk5crypto3 libkrb5support0 libkeyutils1 libcom-err2 libdb5.3 media-types
 libpython3.11-minimal libpython3.11-stdlib python3.11-minimal python3-minimal ca-certificates busybox"
 
-# docker-compose.yml's Redis-password wrapper: cat, sleep; the chart's helm test: timeout; the
-# init container of the operator's handoff DaemonSet (render/handoff.py): install -d.
-BUSYBOX_TOOLS="cat sleep timeout install"
+# docker-compose.yml's Redis-password wrapper: cat, sleep; the chart's helm test: timeout. (The
+# operator's handoff init container runs python3: services/operator/.../render/handoff.py.)
+BUSYBOX_TOOLS="cat sleep timeout"
 
 # The standard library's parts a service never imports (bookworm ships most of the rest, tests,
 # idlelib, tkinter, lib2to3 and ensurepip, in packages this image does not install).

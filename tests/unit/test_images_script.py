@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -188,7 +190,21 @@ def test_the_runtime_base_keeps_no_package_tool_and_the_wrappers_commands() -> N
     assert "cat " in compose
     assert "timeout 30 turncat" in helm_test
     assert {"cat", "sleep", "timeout"} <= set(tools)
-    # What the operator runs in the stunnerd image: the handoff DaemonSet's init container.
+    # What the operator runs in the stunnerd image: the handoff DaemonSet's init container needs
+    # only the interpreter (its busybox has no `install`, and there are no coreutils).
     from stunner_operator.render.handoff import handoff_dir_command
 
-    assert handoff_dir_command(10001, 10001)[0] in tools
+    assert handoff_dir_command(10001, 10001)[0] == "python3"
+    assert "python3-minimal" in keep
+
+
+def test_the_handoff_init_container_makes_its_folder_owned_and_private(tmp_path: Path) -> None:
+    from stunner_operator.render.handoff import handoff_dir_command
+
+    folder = tmp_path / "run" / "stunner"
+    command = handoff_dir_command(os.getuid(), os.getgid(), str(folder))
+    subprocess.run([sys.executable, *command[1:]], check=True)
+    info = folder.stat()
+    assert stat.S_IMODE(info.st_mode) == 0o700
+    assert (info.st_uid, info.st_gid) == (os.getuid(), os.getgid())
+    subprocess.run([sys.executable, *command[1:]], check=True)  # again: the folder is there

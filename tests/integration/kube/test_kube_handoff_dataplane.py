@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from stunner_operator.render.handoff import handoff_dir_command
 from support.kube import KubeClient
 from support.kube_stack import CONTROLLER_NAME, KubeStack
 from support.kwok_node import NODE_NAME, KwokNode, kwok_node
@@ -110,7 +111,7 @@ def test_the_api_server_accepts_the_handoff_daemonset(handoff: KubeClient) -> No
     ]
     (init,) = pod["initContainers"]
     assert init["image"] == "localhost/stunnerd:test"
-    assert init["command"] == ["install", "-d", "-o", "10001", "-g", "10001", "-m", "0700", DIR]
+    assert init["command"] == handoff_dir_command(10001, 10001, DIR)
     assert init["securityContext"] == {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False}
     assert init["volumeMounts"] == [{"name": "stunner-handoff", "mountPath": DIR}]
     (container,) = pod["containers"]

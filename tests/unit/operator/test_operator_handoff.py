@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from stunner_operator.render.engine import Renderer
+from stunner_operator.render.handoff import handoff_dir_command
 from support.operator import HIERARCHY, UDP_GATEWAY
 
 Render = Callable[..., Renderer]
@@ -78,9 +79,8 @@ def test_a_root_init_container_makes_the_directory_the_stunnerd_users(render: Re
     (init,) = pod["initContainers"]
     assert init["image"] == "stunnerd:test"
     assert init["imagePullPolicy"] == pod["containers"][0]["imagePullPolicy"]
-    assert init["command"] == [
-        "install", "-d", "-o", "10001", "-g", "10001", "-m", "0700", "/var/run/stunner",
-    ]  # fmt: skip
+    assert init["command"] == handoff_dir_command(10001, 10001)
+    assert init["command"][-3:] == ["/var/run/stunner", "10001", "10001"]
     assert init["securityContext"] == {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False}
     assert init["volumeMounts"] == [{"name": "stunner-handoff", "mountPath": "/var/run/stunner"}]
 
@@ -104,7 +104,7 @@ def test_the_directory_belongs_to_the_uid_stunnerd_runs_as(
         "spec"
     ]
     command = pod["initContainers"][0]["command"]
-    assert (command[3], command[5]) == ids
+    assert tuple(command[-2:]) == ids
     context = pod["containers"][0]["securityContext"]
     assert (str(context["runAsUser"]), str(context["runAsGroup"])) == ids
 

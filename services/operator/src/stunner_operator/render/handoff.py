@@ -68,11 +68,16 @@ def handoff_ids(dataplane: Dataplane) -> tuple[int, int]:
     return int(uid), int(gid)
 
 
-def handoff_dir_command(uid: int, gid: int) -> list[str]:
-    """The init container's command: the handoff folder on the host, owned by stunnerd's user.
-    It runs in the stunnerd image, whose runtime base has busybox's ``install`` for it
-    (scripts/slim_rootfs.sh)."""
-    return ["install", "-d", "-o", str(uid), "-g", str(gid), "-m", "0700", HANDOFF_DIR]
+def handoff_dir_command(uid: int, gid: int, path: str = HANDOFF_DIR) -> list[str]:
+    """The init container's command: the handoff folder on the host, owned by stunnerd's user,
+    mode 0700. It runs in the stunnerd image, so it uses the interpreter every stunnerd image
+    has: the runtime base has no coreutils (scripts/slim_rootfs.sh), and its busybox has no
+    ``install``."""
+    code = (
+        "import os, sys; d, u, g = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]); "
+        "os.makedirs(d, exist_ok=True); os.chown(d, u, g); os.chmod(d, 0o700)"
+    )
+    return ["python3", "-c", code, path, str(uid), str(gid)]
 
 
 def add_handoff(pod_spec: dict[str, Any], dataplane: Dataplane) -> None:
