@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from support import ports as ports_module
 from support.leaks import assert_no_leaked_tasks
+from support.node_call import EchoCall
 from support.ports import free_port, free_udp_tcp_port
 from support.redis_server import RedisServer
 
@@ -84,3 +85,29 @@ async def test_leak_check_reports_a_task_left_running() -> None:
 
 async def test_leak_check_passes_when_tasks_finish(no_leaked_tasks: None) -> None:
     await asyncio.create_task(asyncio.sleep(0))
+
+
+async def test_a_settled_call_report_does_not_count_datagrams_in_flight_as_lost() -> None:
+    # The node tier's calls (support.node_call) are read while they run: a datagram sent just
+    # before the read is still on its way back, and must not count as lost.
+    loop = asyncio.get_running_loop()
+
+    class SlowEcho(asyncio.DatagramProtocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+
+        def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+            loop.call_later(0.1, self.transport.sendto, data, addr)  # type: ignore[attr-defined]
+
+    echo, _ = await loop.create_datagram_endpoint(SlowEcho, local_addr=("127.0.0.1", 0))
+    call = EchoCall(echo.get_extra_info("sockname")[1], interval_s=0.02)
+    try:
+        await call.start()
+        await asyncio.sleep(0.3)
+        assert call.report().lost > 0  # read at once: what is still on its way counts
+        settled = await call.settled(call.whole())
+        assert settled.sent > 0
+        assert settled.lost == 0, settled
+    finally:
+        await call.stop(drain_s=0.0)
+        echo.close()

@@ -294,7 +294,7 @@ async def test_the_tc_offload_attaches_to_the_pods_eth0_and_relays_a_call_in_the
         during = await asyncio.to_thread(status, pod_ip)
         await asyncio.sleep(5.0)
         after = await asyncio.to_thread(status, pod_ip)
-        report = call.report_since(mark, call.mark())
+        report = await call.settled(mark)
     kernel = after["offload"]["packets"] - during["offload"]["packets"]
     print(
         f"\noffload: pod Ready {ready_s:.1f} s after the Gateway; capabilities {caps}; "
@@ -427,7 +427,7 @@ async def test_a_host_network_daemonset_rollout_hands_a_running_call_to_the_new_
             )
         old_gone_s = loop.time() - mark[1]
         await asyncio.sleep(AFTER_ROLLOUT_S)
-        report = call.report_since(mark, call.mark())
+        report = await call.settled(mark)
         tail = call.report_since((call.sent - 100, loop.time() - 2.0), call.mark())
         new_status = await asyncio.to_thread(status, NODE_IP)
     new_log = release.pod_log(new["metadata"]["name"])

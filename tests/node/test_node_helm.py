@@ -571,12 +571,12 @@ async def test_a_call_survives_redis_cds_and_operator_pod_deletions_and_edits_ta
             back = asyncio.get_running_loop().time()
             in_force_s = await _wait_probe(walkthrough, second_peer, admitted, timeout_s=30.0)
             await asyncio.sleep(0.5)
-            report: CallReport = call.report_since(mark, call.mark())
+            report: CallReport = await call.settled(mark)
             figures.append(
                 f"{component} {pod}: back in {back - mark[1]:.1f} s, edit in force "
                 f"{in_force_s:.1f} s after; call {report}"
             )
-        total = call.report()
+        total = await call.settled(call.whole())
     print("\n" + "\n".join([*figures, f"whole call: {total}"]))
     assert total.lost == 0, figures
 
@@ -617,7 +617,7 @@ async def test_a_stunnerd_image_rollout_with_a_call_running(
         )
         ready_s = call.mark()[1] - mark[1]
         await asyncio.sleep(ROLLOUT_WATCH_S)
-        report = call.report_since(mark, call.mark())
+        report = await call.settled(mark)
         old_now = admin.get("v1", "Pod", old["metadata"]["name"], NAMESPACE)
     print(
         f"\nrollout: new pod Ready {ready_s:.1f} s after helm upgrade; the running call over "

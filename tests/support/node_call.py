@@ -17,6 +17,8 @@ from support.ports import LOOPBACK
 
 HEADER = struct.Struct("!4sI")
 MAGIC = b"CALL"
+SETTLE_S = 0.5
+"""How long a datagram may take to come back before a report counts it lost."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,7 @@ class EchoCall(asyncio.DatagramProtocol):
     _transport: asyncio.DatagramTransport | None = None
     _task: asyncio.Task[None] | None = None
     _first_reply: asyncio.Event = field(default_factory=asyncio.Event)
+    _started_at: float = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -62,6 +65,7 @@ class EchoCall(asyncio.DatagramProtocol):
         async with asyncio.timeout(timeout_s):
             await self._first_reply.wait()
         self.sent, self.arrivals = 0, {}  # count from the first answered datagram on
+        self._started_at = loop.time()
 
     async def _send(self) -> None:
         loop = asyncio.get_running_loop()
@@ -92,6 +96,17 @@ class EchoCall(asyncio.DatagramProtocol):
         edges = [since, *times, end]
         gaps = [b - a for a, b in itertools.pairwise(edges)]
         return CallReport(last - first, received, last - first - received, max(gaps, default=0.0))
+
+    def whole(self) -> tuple[int, float]:
+        """The mark of the call's start (its first answered datagram), for the whole call."""
+        return 0, self._started_at
+
+    async def settled(self, mark: tuple[int, float], settle_s: float = SETTLE_S) -> CallReport:
+        """``report_since(mark, now)``, read ``settle_s`` later: a datagram sent just before now
+        and still on its way back is not counted lost (the call goes on meanwhile)."""
+        until = self.mark()
+        await asyncio.sleep(settle_s)
+        return self.report_since(mark, until)
 
     async def stop(self, drain_s: float = 1.0) -> CallReport:
         if self._task is not None:
