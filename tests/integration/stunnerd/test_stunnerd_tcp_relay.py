@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fixtures.stunnerd.inproc import make_config, running_dataplane
+from fixtures.stunnerd.inproc import DEFAULT_TUNING, make_config, running_dataplane
 from fixtures.stunnerd.tcp_client import (
     Credentials,
     TurnTcpConnection,
@@ -239,3 +241,29 @@ async def test_worker_processes_refuse_tcp_allocations_with_442_and_keep_udp_one
             await control.close()
     finally:
         await server.close()
+
+
+async def test_connects_at_ten_times_the_per_allocation_limit_get_508_and_others_relay() -> None:
+    # RFC 6062 peer connections per allocation (docs/limits.md), the attacker at 10x a lowered
+    # limit beside 20 honest allocations: only `limit` peer connections are opened for it, each
+    # one more Connect is answered 508 (RFC 8656 §11.2's Insufficient Capacity), and every honest
+    # allocation still connects and relays.
+    limit = 4
+    tuning = dataclasses.replace(DEFAULT_TUNING, max_tcp_connections_per_allocation=limit)
+    config = make_config(("TURN-TCP",))
+    server = listener_addr(config)
+    async with running_dataplane(config, tuning=tuning), contextlib.AsyncExitStack() as stack:
+        peers = [await stack.enter_async_context(tcp_echo()) for _ in range(10 * limit)]
+        attacker = await TurnTcpConnection.open(server, Credentials())
+        assert (await attacker.allocate_tcp()).error_code is None
+        codes = [(await attacker.connect(peer.addr)).error_code for peer in peers]
+        assert codes.count(None) == limit, codes
+        assert codes.count(508) == 9 * limit, codes
+        honest = [await relayed_to(server, peers[i].addr) for i in range(20)]
+        # Each peer saw the connections made to it: the attacker's `limit`, one per honest one.
+        assert sum(len(peer.writers) for peer in peers) == limit + len(honest)
+        for control, data in honest:
+            assert await echoed(data, b"still here") == b"still here"
+            await data.close()
+            await control.close()
+        await attacker.close()
