@@ -1,8 +1,10 @@
 """Golden tests: every YAML example of the Gateway API reference renders to the checked-in output.
 
-The YAML examples of the seed documents (GATEWAY.md, GATEWAY-v1alpha1.md) are kept one per file in
-tests/fixtures/operator/seeds/, and a test checks them against the documents themselves wherever
-those sit beside the checkout (../shared/seeds). Each renders on top of ``base.yaml`` (the objects
+The YAML examples of upstream's GATEWAY.md and GATEWAY-v1alpha1.md
+(https://github.com/l7mp/stunner/tree/main/docs) are kept one per file in
+tests/fixtures/operator/seeds/; where copies of those documents sit beside the checkout
+(../shared/seeds), a test checks the kept examples against them, else it skips. Each renders on
+top of ``base.yaml`` (the objects
 the examples refer to). Expected output lives in tests/fixtures/operator/golden/; set
 UPDATE_GOLDENS=1 to rewrite it after a deliberate change, and review the diff.
 """
