@@ -348,7 +348,10 @@ async def _open_watchers(port: int, token: str, watchers: _Watchers) -> list[asy
                 )
             return proto
 
-        transport, _ = await loop.create_connection(factory, "127.0.0.1", port)
+        # From addresses of their own, as stunnerd pods would be: the CDS admits 256 watches
+        # per client address (docs/limits.md). 200 per address, on 127.0.1.1 upwards.
+        source = (f"127.0.{1 + i // 200 // 250}.{1 + (i // 200) % 250}", 0)
+        transport, _ = await loop.create_connection(factory, "127.0.0.1", port, local_addr=source)
         transports.append(transport)
         async with asyncio.timeout(10):
             await ready
