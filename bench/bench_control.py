@@ -398,6 +398,9 @@ async def _churn(side: Side, addresses: list[list[str]]) -> list[str]:
         except TimeoutError:
             pass
         stale = sum(1 for n in watchers.newest if n < last_seq)
+        # The CDS closes a watcher with too many frames queued (1013, try again later); a
+        # stunnerd reconnects and gets the newest config, these raw watchers do not.
+        dropped = sum(1 for transport in transports if transport.is_closing())
         # the served config itself (HTTP) must carry the last write too
         served = str(side.cds_configs().get(f"{CHURN_NS}/{CHURN_GW}", "")).encode()
         served_ok = cr.newest_marker(served.replace(b"'", b'"')) == last_seq
@@ -420,7 +423,8 @@ async def _churn(side: Side, addresses: list[list[str]]) -> list[str]:
         f"churn CDS fan-out, first to last watcher per update (ms, {len(fanout)} updates): "
         f"p50 {cr.percentile(fanout, 0.5):.1f}  p99 {cr.percentile(fanout, 0.99):.1f}",
         f"churn after the last write: every watcher on it after {caught_up * 1e3:.0f} ms; "
-        f"watchers left stale after {SETTLE_TIMEOUT_S:.0f} s: {stale} of {CHURN_WATCHERS}; "
+        f"watchers left stale after {SETTLE_TIMEOUT_S:.0f} s: {stale} of {CHURN_WATCHERS} "
+        f"({dropped} closed by the CDS as too slow, not reconnected by the bench); "
         f"the CDS serves the last write over HTTP: {'yes' if served_ok else 'NO'}",
     ]
 
