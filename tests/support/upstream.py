@@ -204,6 +204,13 @@ async def upstream_turncat(
     return tc
 
 
+HEALTH_CHECK_RACE = "internal/object.(*Admin).reconcileHealthCheck.func1"
+"""Where upstream stunnerd v1.2.1 panics now and then when its first config moves the health
+check off its default ``:8086``: the reconcile closes the default server and sets it to nil
+before the goroutine that serves it has started (``internal/object/admin.go``, a nil
+``*http.Server`` in ``Serve``). docs/upstream-differences.md ("Upstream bugs our tests meet")."""
+
+
 class UpstreamStunnerd:
     """Upstream stunnerd as a process; ``/status`` on the health port the config names."""
 
@@ -220,12 +227,24 @@ class UpstreamStunnerd:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("STUNNER_")}
         full_env.update(env or {})
         full_env["KUBECONFIG"] = os.devnull
-        self.proc = ServerProcess(
-            [str(binary_dir / "stunnerd"), *args],
-            env=full_env,
-            log_path=workdir / f"{name}.log",
-        )
+        self._argv = [str(binary_dir / "stunnerd"), *args]
+        self._env = full_env
+        self._log_path = workdir / f"{name}.log"
+        self.restarts = 0
+        self.proc = ServerProcess(self._argv, env=self._env, log_path=self._log_path)
         self._http = httpx.AsyncClient(timeout=2.0)
+
+    def _alive_or_restarted(self) -> bool:
+        """Whether the process runs; once, one that died of upstream's health-check race is
+        started again (see HEALTH_CHECK_RACE)."""
+        if self.proc.alive():
+            return True
+        if self.restarts == 0 and HEALTH_CHECK_RACE in self.proc.output():
+            self.restarts += 1
+            self._log_path = self._log_path.with_suffix(".restarted.log")
+            self.proc = ServerProcess(self._argv, env=self._env, log_path=self._log_path)
+            return True
+        return False
 
     async def status(self) -> dict[str, Any]:
         reply = await self._http.get(f"http://{LOOPBACK}:{self.health_port}/status")
@@ -236,7 +255,7 @@ class UpstreamStunnerd:
         last: dict[str, Any] = {}
         async with asyncio.timeout(STEP_TIMEOUT_S):
             while True:
-                if not self.proc.alive():
+                if not self._alive_or_restarted():
                     raise AssertionError(f"upstream stunnerd exited:\n{self.log()}")
                 with contextlib.suppress(httpx.HTTPError, ValueError):
                     last = await self.status()
@@ -249,7 +268,7 @@ class UpstreamStunnerd:
         try:
             async with asyncio.timeout(STEP_TIMEOUT_S):
                 while self.proc.output().count(text) < count:
-                    if not self.proc.alive():
+                    if not self._alive_or_restarted():
                         raise AssertionError(f"upstream stunnerd exited:\n{self.log()}")
                     await asyncio.sleep(POLL_S)
         except TimeoutError:
