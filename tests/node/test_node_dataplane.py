@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -32,12 +31,11 @@ from typing import Any
 
 import pytest
 
-from support import gobin
 from support.kube import KubeClient, KubeError
 from support.kube_stack import NAMESPACE
 from support.node_call import EchoCall
-from support.node_helm import NodeRelease, pod_ready, pod_summary, udp_echo
-from support.node_images import UDP_ECHO_PORT, missing_images
+from support.node_helm import NodeRelease, installed_release, pod_ready, pod_summary, udp_echo
+from support.node_images import UDP_ECHO_PORT
 from support.node_stack import NODE_IP, NodeStack
 from support.ports import free_port
 from support.turncat_harness import turncat
@@ -53,48 +51,30 @@ LISTENER_PORT = 3478
 SMALL = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason + " (CI must run the node tests)")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def release(node: NodeStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeRelease]:
-    missing = missing_images()
-    if missing:
-        _unavailable(f"podman has no {', '.join(missing)}: run scripts/images.py")
-    try:
-        gobin.helm()
-    except gobin.GoBuildError as err:
-        _unavailable(f"the helm CLI did not build: {err}")
     handoff_dir_existed = HANDOFF_DIR.exists()
-    rel = NodeRelease(node, tmp_path_factory.mktemp("helm-dataplane"))
+    leftovers = [(GATEWAY_API, "GatewayClass", n) for n in (OFFLOAD, HANDOFF)]
+    leftovers += [(STUNNER_API, "Dataplane", n) for n in (OFFLOAD, HANDOFF)]
+    workdir = tmp_path_factory.mktemp("helm-dataplane")
     try:
-        rel.load_images()
-        rel.install()
-        rel.wait_ready()
-        rel.admin.apply_all(udp_echo())
-        rel.admin.wait_for(
-            "the udp-echo pod Ready",
-            lambda: [p for p in _pods(rel.admin, "app=udp-echo") if pod_ready(p)],
-            timeout_s=60,
-        )
-        yield rel
+        with installed_release(node, workdir, *leftovers) as rel:
+            try:
+                rel.admin.apply_all(udp_echo())
+                rel.admin.wait_for(
+                    "the udp-echo pod Ready",
+                    lambda: [p for p in _pods(rel.admin, "app=udp-echo") if pod_ready(p)],
+                    timeout_s=60,
+                )
+                yield rel
+            finally:
+                # Their pods go before the release does (the rest goes with the namespace).
+                for name in (OFFLOAD, HANDOFF):
+                    with contextlib.suppress(KubeError):
+                        rel.admin.delete(GATEWAY_API, "Gateway", name, NAMESPACE)
     finally:
-        _clean_up(rel)
         if not handoff_dir_existed:
             shutil.rmtree(HANDOFF_DIR, ignore_errors=True)
-
-
-def _clean_up(rel: NodeRelease) -> None:
-    for name in (OFFLOAD, HANDOFF):
-        with contextlib.suppress(KubeError):
-            rel.admin.delete(GATEWAY_API, "Gateway", name, NAMESPACE)
-    rel.remove(
-        *[(GATEWAY_API, "GatewayClass", name) for name in (OFFLOAD, HANDOFF)],
-        *[(STUNNER_API, "Dataplane", name) for name in (OFFLOAD, HANDOFF)],
-    )
 
 
 def _pods(admin: KubeClient, selector: str) -> list[dict[str, Any]]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
 import time
 import urllib.error
@@ -31,7 +30,6 @@ import yaml
 from interop.browser.test_media_echo_chromium import FAKE_MEDIA, FRAMES, page_state_when
 from interop.stunnerd.test_stunnerd_chromium import chromium
 
-from support import gobin
 from support.devtools import devtools_page
 from support.kube import KubeError
 from support.kube_stack import NAMESPACE
@@ -41,11 +39,13 @@ from support.node_helm import (
     CHART_COMPONENTS,
     NodeRelease,
     component_pods,
+    installed_release,
     pod_ready,
     pod_summary,
+    software_missing,
     udp_echo,
 )
-from support.node_images import UDP_ECHO_PORT, missing_images
+from support.node_images import UDP_ECHO_PORT
 from support.node_stack import NODE_IP, NodeStack
 from support.ports import free_port
 from support.processes import which
@@ -110,37 +110,12 @@ spec:
 SERVED_INSTEAD = {"gateway.networking.k8s.io/v1alpha2": "gateway.networking.k8s.io/v1"}
 
 
-def _unavailable(reason: str) -> None:
-    """Software missing: skip, but fail under CI=true (as tests/node/conftest.py does)."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason + " (CI must run the node tests)")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def release(node: NodeStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeRelease]:
-    missing = missing_images()
-    if missing:
-        _unavailable(
-            f"podman has no {', '.join(missing)}: run scripts/images.py "
-            "stunnerd cds operator auth turncat redis"
-        )
-    try:
-        started = time.monotonic()
-        gobin.helm()
-        build_s = time.monotonic() - started
-    except gobin.GoBuildError as err:
-        _unavailable(f"the helm CLI did not build: {err}")
-    rel = NodeRelease(node, tmp_path_factory.mktemp("helm"))
-    rel.timings["helm-build"] = round(build_s, 1)
-    try:
-        rel.load_images()
-        rel.install()
-        rel.wait_ready()
+    gateway_class = ("gateway.networking.k8s.io/v1", "GatewayClass", "stunner-gatewayclass")
+    with installed_release(node, tmp_path_factory.mktemp("helm"), gateway_class) as rel:
         print(f"\nnode release timings: {rel.timings}")
         yield rel
-    finally:
-        rel.remove(("gateway.networking.k8s.io/v1", "GatewayClass", "stunner-gatewayclass"))
 
 
 def test_helm_install_runs_every_component_as_a_ready_pod(release: NodeRelease) -> None:
@@ -400,7 +375,7 @@ async def test_a_browser_calls_through_a_gateway_with_ice_from_the_auth_pod(
     takes a node address only from ExternalIP/ExternalDNS), so /ice answers 404 for it."""
     binary = which("chromium", "/usr/lib/chromium") or which("chromium-browser")
     if binary is None:
-        _unavailable("chromium is not installed")
+        software_missing("chromium is not installed")
         return
     admin = release.admin
     route_version = next(

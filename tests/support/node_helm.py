@@ -15,9 +15,12 @@ import contextlib
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from support import gobin
 from support.kube import KubeClient, KubeError
@@ -27,6 +30,7 @@ from support.node_images import (
     UDP_ECHO_IMAGE,
     UDP_ECHO_PORT,
     ctr_import,
+    missing_images,
     redis_server_image,
     stunner_image,
     stunner_version,
@@ -261,3 +265,41 @@ def udp_echo(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
             },
         },
     ]
+
+
+def software_missing(reason: str) -> None:
+    """Software the node tests need is missing: skip, but fail under CI=true (as
+    tests/node/conftest.py does: CI must run them)."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason + " (CI must run the node tests)")
+    pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def installed_release(
+    node: NodeStack, workdir: Path, *cluster_scoped: tuple[str, str, str]
+) -> Iterator[NodeRelease]:
+    """The chart installed by helm with every pod Ready; afterwards the release, the namespace
+    and ``cluster_scoped`` (see `NodeRelease.remove`) are gone. Skips (fails under CI) where
+    the images or the helm CLI are missing."""
+    missing = missing_images()
+    if missing:
+        software_missing(
+            f"podman has no {', '.join(missing)}: run scripts/images.py "
+            "stunnerd cds operator auth turncat redis"
+        )
+    try:
+        started = time.monotonic()
+        gobin.helm()
+        build_s = time.monotonic() - started
+    except gobin.GoBuildError as err:
+        software_missing(f"the helm CLI did not build: {err}")
+    rel = NodeRelease(node, workdir)
+    rel.timings["helm-build"] = round(build_s, 1)
+    try:
+        rel.load_images()
+        rel.install()
+        rel.wait_ready()
+        yield rel
+    finally:
+        rel.remove(*cluster_scoped)
