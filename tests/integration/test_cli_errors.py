@@ -188,6 +188,11 @@ def run(
             {"OPERATOR_REDIS_TIMEOUT_S": "-1"},
             "stunner-operator: invalid settings: ",
         ),
+        (
+            ["stunner-operator", "--manifests", "."],
+            {"OPERATOR_WRITERS": "0"},
+            "stunner-operator: invalid settings: writers: ",
+        ),
         (["stunner-auth"], {"AUTH_PORT": "99999"}, "stunner-auth: invalid settings: port: "),
     ],
 )
