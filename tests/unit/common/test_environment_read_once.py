@@ -4,7 +4,8 @@ Each builds its settings (`stunner_common.cli.ProcessSettings`) once where the p
 what is looked up by name further down (a kubeconfig, the CDS address, a credential plugin's
 environment) comes from the settings' ``environ``. import-linter cannot forbid an attribute of
 ``os``, so this test reads the source tree: below the settings modules nothing reads
-``os.environ`` or calls ``os.getenv``. stunnerd has its own scheme (``stunnerd.settings``).
+``os.environ`` or calls ``os.getenv``. stunnerd's settings derive from the same base; its own
+test (tests/unit/stunnerd/test_stunnerd_settings.py) reads its sources.
 """
 
 from __future__ import annotations
@@ -74,3 +75,28 @@ def test_the_check_finds_a_read() -> None:
         "d.py": "env = settings.environ\n",
     }
     assert [line.split(":")[0] for line in reads(files)] == ["a.py", "b.py", "c.py"]
+
+
+def test_every_process_shares_one_settings_style() -> None:
+    from stunner_auth.settings import AuthSettings
+    from stunner_cds.settings import CdsSettings
+    from stunner_common.cli import ProcessSettings
+    from stunner_operator.settings import OperatorSettings
+    from stunnerd.settings import StunnerdSettings
+    from turncat.settings import TurncatSettings
+
+    classes = (StunnerdSettings, OperatorSettings, CdsSettings, AuthSettings, TurncatSettings)
+    assert [c.__name__ for c in classes if not issubclass(c, ProcessSettings)] == []
+    assert [c.__name__ for c in classes if not c.model_config.get("frozen")] == []
+
+
+def test_settings_read_from_another_mapping_keep_it_as_their_environment() -> None:
+    from stunnerd.settings import load_settings
+
+    env = {"STUNNERD_BIND_HOST": "127.0.0.1", "ONLY_HERE": "1"}
+    settings = load_settings(env, config="ws://h:1", watch=True, turn_uri=None, ident="ns/gw")
+    assert settings.bind_host == "127.0.0.1"
+    assert dict(settings.environ) == env
+    copy = settings.read_from({"OTHER": "2"})
+    assert dict(copy.environ) == {"OTHER": "2"}
+    assert dict(settings.environ) == env

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from types import MappingProxyType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 from pydantic import PrivateAttr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,16 +33,19 @@ __all__ = [
 
 
 class ProcessSettings(BaseSettings):
-    """The one settings style of the operator, the CDS, the auth service and turncat.
+    """The one settings style of every process: stunnerd, the operator, the CDS, the auth service
+    and turncat.
 
-    A subclass sets its ``env_prefix`` (``OPERATOR_``, ``CDS_``, ``AUTH_``, ``TURNCAT_``) and is
-    built once, where the process starts: from the environment, with the flags over it
-    (`settings_from_args`; a subclass that takes flags sets ``populate_by_name``, so that a flag
-    is given by its field's name beside an aliased variable), frozen afterwards. ``environ``
-    keeps the environment as it was read then, for what is looked up by name further down (a
-    kubeconfig through ``KUBECONFIG`` and ``HOME``, the CDS through ``CDS_SERVER_ADDR``, a
-    credential plugin's own environment): below the settings module nothing reads
-    ``os.environ``.
+    A subclass sets its ``env_prefix`` (``STUNNERD_``, ``OPERATOR_``, ``CDS_``, ``AUTH_``,
+    ``TURNCAT_``) and is built once, where the process starts: from the environment, with the
+    flags over it (`settings_from_args`; a subclass that takes flags sets ``populate_by_name``, so
+    that a flag is given by its field's name beside an aliased variable), frozen afterwards.
+    ``environ`` keeps the environment as it was read then, for what is looked up by name further
+    down (a kubeconfig through ``KUBECONFIG`` and ``HOME``, the CDS through ``CDS_SERVER_ADDR``,
+    a credential plugin's own environment, the ``$VAR``s of a stunnerd config): below the
+    settings module nothing reads ``os.environ``. Settings read from another mapping than the
+    process environment (stunnerd's `load_settings` takes a mapping; a test) say so with
+    `read_from`.
     """
 
     model_config = SettingsConfigDict(frozen=True)
@@ -53,6 +56,13 @@ class ProcessSettings(BaseSettings):
     def environ(self) -> Mapping[str, str]:
         """The process environment when these settings were read (read-only)."""
         return MappingProxyType(self._environ)
+
+    def read_from(self, env: Mapping[str, str]) -> Self:
+        """A copy of these settings whose ``environ`` is ``env``, the mapping they were read
+        from."""
+        copy = self.model_copy()
+        copy._environ = dict(env)
+        return copy
 
 
 class LoggingSettings(Protocol):

@@ -7,7 +7,8 @@ not given), `STUNNER_NAMESPACE`/`STUNNER_NAME` (the identity toward the CDS when
 given), `STUNNER_NODENAME`, and `CDS_TOKEN_FILE`/`CDS_TOKEN` (the CDS token when
 `--cds-token-file` is not given). Every duration is in seconds and its name ends in `_s`.
 
-The settings of the process itself are declared below. The groups it hands down whole are
+The settings of the process itself are declared below, in the settings style every process of
+the project shares (`stunner_common.cli.ProcessSettings`). The groups it hands down whole are
 declared once, in the layer that uses them, as frozen dataclasses whose fields carry their
 default, their bounds (annotated) and their docstring: `ServerTuning`, `ClientLimits`,
 `QuotaSettings`, `AdminSettings` and `WorkerTimeouts`. A `Group` only says which flat setting
@@ -29,9 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, get_type_hints
 
 from pydantic import Field, create_model, field_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+from pydantic_settings import EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
+from stunner_common.cli import ProcessSettings
 from stunner_common.config import DEFAULT_HEALTHCHECK_ENDPOINT
 from stunner_common.contracts.listener_address import POD_ADDRESS_ENV
 from stunnerd.admin.servers import AdminSettings
@@ -128,12 +130,11 @@ ADMIN = Group(
 )
 
 
-class ProcessSettings(BaseSettings):
-    """The settings of the stunnerd process itself (the groups it hands down are apart)."""
+class DaemonSettings(ProcessSettings):
+    """The settings of the stunnerd process itself (the groups it hands down are apart), in the
+    settings style every process shares (`stunner_common.cli.ProcessSettings`)."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="STUNNERD_", frozen=True, extra="forbid", env_ignore_empty=True
-    )
+    model_config = SettingsConfigDict(env_prefix="STUNNERD_", extra="forbid", env_ignore_empty=True)
 
     origin: str = DEFAULT_ORIGIN
     watch: bool = False
@@ -200,7 +201,7 @@ class ProcessSettings(BaseSettings):
         return value
 
 
-class StunnerdSettings(ProcessSettings):
+class StunnerdSettings(DaemonSettings):
     """Everything `stunnerd.app.run` needs: the process's settings and the groups it hands down."""
 
     tuning: ServerTuning = ServerTuning()
@@ -218,16 +219,14 @@ class StunnerdSettings(ProcessSettings):
     cds_token: str | None = Field(None, repr=False)
     """`CDS_TOKEN`: the CDS bearer token when no file names one (`-c k8s`: the chart's Secret's
     token, over `CDS_TOKEN_FILE` and `CDS_TOKEN`)."""
-    environ: Mapping[str, str] = Field(default_factory=dict, repr=False, exclude=True)
-    """The environment as it was read: what the `$VAR`s of a config expand from."""
 
     def relay_address_list(self) -> tuple[str, ...]:
         return relay_address_list(self.relay_addresses)
 
 
-_FlatSettings: type[ProcessSettings] = create_model(
+_FlatSettings: type[DaemonSettings] = create_model(
     "StunnerdSettings",
-    __base__=ProcessSettings,
+    __base__=DaemonSettings,
     **{
         **TUNING.settings(),
         **LIMITS.settings(),
@@ -239,14 +238,14 @@ _FlatSettings: type[ProcessSettings] = create_model(
 """What the environment and the flags set: the process's settings and each group's, flat."""
 
 
-def _from_flat(flat: ProcessSettings, **resolved: Any) -> StunnerdSettings:
+def _from_flat(flat: DaemonSettings, **resolved: Any) -> StunnerdSettings:
     """The settings from the flat ones and those `load_settings` resolved itself."""
     values = flat.model_dump()
     quota = QUOTA.build(values)
     return StunnerdSettings.model_validate(
         {
             **resolved,
-            **{name: values[name] for name in ProcessSettings.model_fields},
+            **{name: values[name] for name in DaemonSettings.model_fields},
             "tuning": TUNING.build(values),
             "limits": LIMITS.build(values),
             "quota": quota if quota.redis_url else None,
@@ -344,8 +343,7 @@ def load_settings(
         _FlatSettings.model_validate(values),
         cds_token_env_file=env.get(CDS_TOKEN_FILE_ENV) or None,
         cds_token=env.get(CDS_TOKEN_ENV, "").strip() or None,
-        environ=dict(env),
-    )
+    ).read_from(env)
 
 
 @dataclass(frozen=True, slots=True)
