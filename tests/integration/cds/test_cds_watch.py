@@ -287,21 +287,69 @@ async def _no_watchers(cds: RunningCds) -> bool:
     return await watchers(cds) == 0
 
 
-async def test_a_slow_watcher_is_closed_with_a_reason_and_never_delays_others(
+async def _stalled_watch(cds: Any, path: str) -> ClientConnection:
+    """A watch on a socket with a tiny receive buffer, for a client that stops reading."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", cds.port))
+    return await connect(
+        f"{cds.ws_url}{path}", sock=sock, max_queue=1, max_size=None, close_timeout=0.5
+    )
+
+
+async def test_a_watcher_that_stops_reading_gets_the_newest_config_when_it_reads_again(
     no_leaked_tasks: None, redis: RedisServer, publisher: ConfigPublisher
 ) -> None:
-    # 200 updates of 32 KB: more than the kernel can buffer for the stalled connection (the
-    # send buffer grows to 4 MB), so its queue must overflow.
+    # 200 updates of 32 KB: more than the kernel buffers for the stalled connection (the send
+    # buffer grows to 4 MB) and far more than its queue of 8; one config, so each newer update
+    # replaces the one still queued.
     big = {"pad": "x" * 32_000}
     await publisher.upsert("ns/gw", config("ns/gw", "r-0", **big))
     async with running_cds(redis.url, queue_size=8, send_timeout_s=30) as cds:
-        url = f"{cds.ws_url}/api/v1/configs/ns/gw?watch=true"
-        stalled_sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        stalled_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        stalled_sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(stalled_sock, ("127.0.0.1", cds.port))
+        path = "/api/v1/configs/ns/gw?watch=true"
+        url = f"{cds.ws_url}{path}"
         async with (
-            connect(url, sock=stalled_sock, max_queue=1, max_size=None, close_timeout=0.5) as slow,
+            await _stalled_watch(cds, path) as slow,
+            connect(url, max_size=None, max_queue=None) as fast,
+        ):
+            for ws in (slow, fast):
+                await recv_json(ws)
+            updates = 200
+            for i in range(1, updates + 1):
+                await publisher.upsert("ns/gw", config("ns/gw", f"r-{i}", **big))
+            last = f"r-{updates}"
+            for ws in (fast, slow):
+                realms: list[int] = []
+                async with asyncio.timeout(10):
+                    while not realms or realms[-1] != updates:
+                        realms.append(int((await recv_json(ws))["auth"]["realm"][2:]))
+                # newer and newer, never an older state after a newer one, ending at the last
+                assert realms == sorted(set(realms)), realms
+                assert f"r-{realms[-1]}" == last
+        metrics = (await http_get(cds, "/metrics")).text
+        assert 'stunner_cds_watchers_dropped_total{reason="slow"}' not in metrics
+        superseded = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith('stunner_cds_frames_superseded_total{mode="v1"}')
+        ]
+        assert superseded
+        assert float(superseded[0].split()[-1]) > 0
+
+
+async def test_a_slow_watcher_is_closed_with_a_reason_and_never_delays_others(
+    no_leaked_tasks: None, redis: RedisServer, publisher: ConfigPublisher
+) -> None:
+    # 200 configs of 32 KB changed once each: more than the kernel can buffer for the stalled
+    # connection, and each a config of its own, so its queue (8) must overflow.
+    big = {"pad": "x" * 32_000}
+    await publisher.upsert("ns/gw", config("ns/gw", "r-0", **big))
+    async with running_cds(redis.url, queue_size=8, send_timeout_s=30) as cds:
+        path = "/api/v1/configs/ns?watch=true"
+        url = f"{cds.ws_url}{path}"
+        async with (
+            await _stalled_watch(cds, path) as slow,
             # The fast ones buffer whatever arrives (max_queue=None): they always keep up.
             connect(url, max_size=None, max_queue=None) as fast1,
             connect(url, max_size=None, max_queue=None) as fast2,
@@ -310,11 +358,11 @@ async def test_a_slow_watcher_is_closed_with_a_reason_and_never_delays_others(
                 await recv_json(ws)
             updates = 200
             for i in range(1, updates + 1):
-                await publisher.upsert("ns/gw", config("ns/gw", f"r-{i}", **big))
-            # The fast watchers get every update while the slow one is not reading at all.
+                await publisher.upsert(f"ns/gw{i}", config(f"ns/gw{i}", f"r-{i}", **big))
+            # The fast watchers get every config while the slow one is not reading at all.
             for ws in (fast1, fast2):
-                realms = [(await recv_json(ws))["auth"]["realm"] for _ in range(updates)]
-                assert realms == [f"r-{i}" for i in range(1, updates + 1)]
+                names = [(await recv_json(ws))["admin"]["name"] for _ in range(updates)]
+                assert names == [f"ns/gw{i}" for i in range(1, updates + 1)]
             received, closed = await drain_until_closed(slow)
             assert received < updates
             assert closed.rcvd is not None

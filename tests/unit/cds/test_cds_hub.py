@@ -1,14 +1,16 @@
-"""Fan-out: topics, modes, initial snapshots, resume, and slow watchers dropped alone."""
+"""Fan-out: topics, modes, initial snapshots, resume, the newest change of a config replacing the
+one still queued, and slow watchers dropped alone."""
 
 from __future__ import annotations
 
 import json
+from collections import deque
 
 import pytest
 
 from stunner_cds.store.hub import Hub, Mode, Topic
 from stunner_cds.store.mirror import ConfigMirror
-from stunner_common.cds import encode_v1_delete
+from stunner_common.cds import DeltaState, encode_v1_delete, parse_envelope
 from stunner_common.io.store import Snapshot, StoreEvent
 
 
@@ -56,11 +58,14 @@ def test_changes_reach_only_matching_watchers() -> None:
     only_b, _ = hub.subscribe(Topic("b", "x"), Mode.V1)
     change(hub, "a/x", json.dumps(cfg("a/x")))
     change(hub, "b/x", json.dumps(cfg("b/x")))
-    change(hub, "a/x", None)
-    assert len(everything.frames) == 3
-    assert len(namespace_a.frames) == 2
-    assert namespace_a.frames[-1] == encode_v1_delete("a/x")
+    assert len(everything.frames) == 2
+    assert len(namespace_a.frames) == 1
     assert [json.loads(f)["admin"]["name"] for f in only_b.frames] == ["b/x"]
+    for watcher in (everything, namespace_a, only_b):
+        watcher.frames.clear()  # sent
+    change(hub, "a/x", None)
+    assert everything.frames == namespace_a.frames == deque([encode_v1_delete("a/x")])
+    assert not only_b.frames
 
 
 def test_v2_watchers_get_patches_for_updates_and_envelopes_for_deletes() -> None:
@@ -68,8 +73,10 @@ def test_v2_watchers_get_patches_for_updates_and_envelopes_for_deletes() -> None
     watcher, delta = hub.subscribe(Topic(), Mode.V2)
     assert not delta
     change(hub, "a/x", json.dumps(cfg("a/x", "two")))
-    change(hub, "a/x", None)
     frames = [json.loads(f) for f in watcher.frames]
+    watcher.frames.clear()  # sent
+    change(hub, "a/x", None)
+    frames += [json.loads(f) for f in watcher.frames]
     assert [f["type"] for f in frames] == ["snapshot", "patch", "delete"]
     assert frames[1]["patch"] == [{"op": "replace", "path": "/auth/realm", "value": "two"}]
     assert [f["rev"] for f in frames] == [1, 2, 3]
@@ -128,7 +135,7 @@ def test_a_slow_watcher_is_dropped_with_a_reason_and_the_others_get_everything()
     slow, _ = hub.subscribe(Topic(), Mode.V1)
     fast, _ = hub.subscribe(Topic(), Mode.V1)
     for i in range(10):
-        change(hub, "a/x", json.dumps(cfg("a/x", str(i))))
+        change(hub, f"a/x{i}", json.dumps(cfg(f"a/x{i}", str(i))))
         fast.frames.clear()  # the fast watcher keeps up
     assert slow.closed_reason is not None
     assert "too slow" in slow.closed_reason
@@ -161,10 +168,66 @@ def test_a_snapshot_larger_than_the_queue_bound_does_not_get_a_new_watcher_dropp
     watcher, _ = hub.subscribe(Topic(), Mode.V1)
     assert len(watcher.frames) == 20
     for i in range(4):
-        change(hub, "a/gw0", json.dumps(cfg("a/gw0", str(i))))
+        change(hub, f"a/new{i}", json.dumps(cfg(f"a/new{i}", str(i))))
     assert watcher.closed_reason is None
-    change(hub, "a/gw0", json.dumps(cfg("a/gw0", "one too many")))
+    change(hub, "a/new4", json.dumps(cfg("a/new4", "one too many")))
     assert watcher.closed_reason is not None
+
+
+@pytest.mark.parametrize("mode", [Mode.V1, Mode.V2])
+def test_a_watcher_behind_gets_the_newest_state_of_a_config_and_is_never_dropped_for_it(
+    mode: Mode,
+) -> None:
+    hub = hub_with({"a/x": cfg("a/x", "0"), "a/y": cfg("a/y")}, max_queue=4)
+    watcher, _ = hub.subscribe(Topic("a"), mode)
+    initial = list(watcher.frames)
+    for i in range(1, 101):
+        change(hub, "a/x", json.dumps(cfg("a/x", str(i))))
+        if i == 50:
+            change(hub, "a/y", json.dumps(cfg("a/y", "y")))
+    assert watcher.closed_reason is None
+    # the initial frames stay as they were (a client counts them as its snapshot), then one
+    # frame per config, in the order of their newest change
+    assert list(watcher.frames)[:2] == initial
+    live = list(watcher.frames)[2:]
+    assert len(live) == 2
+    assert watcher.superseded == 99
+    if mode is Mode.V1:
+        assert [json.loads(f)["auth"]["realm"] for f in live] == ["y", "100"]
+        return
+    # v2: a patch of a change whose predecessor was never sent would not apply: a snapshot
+    # replaces it, and the queue stays in revision order, as a resuming client needs
+    frames = [parse_envelope(f) for f in watcher.frames]
+    assert [(f.type, f.id) for f in frames[2:]] == [("patch", "a/y"), ("snapshot", "a/x")]
+    assert [f.rev for f in frames] == sorted(f.rev for f in frames)
+    state = DeltaState()
+    for frame in frames:
+        state.apply(frame)
+    assert state.configs["a/x"]["auth"] == {"realm": "100"}
+    assert state.configs["a/y"]["auth"] == {"realm": "y"}
+
+
+def test_a_change_after_its_predecessor_was_taken_for_sending_is_a_patch() -> None:
+    hub = hub_with({"a/x": cfg("a/x", "0")})
+    watcher, _ = hub.subscribe(Topic("a", "x"), Mode.V2)
+    change(hub, "a/x", json.dumps(cfg("a/x", "1")))
+    watcher.frames.clear()  # taken by the writer, on its way to the client
+    change(hub, "a/x", json.dumps(cfg("a/x", "2")))
+    assert [parse_envelope(f).type for f in watcher.frames] == ["patch"]
+    assert watcher.superseded == 0
+
+
+def test_a_delete_replaces_a_queued_change_and_a_recreation_replaces_the_delete() -> None:
+    hub = hub_with({"a/x": cfg("a/x", "0")})
+    watcher, _ = hub.subscribe(Topic("a", "x"), Mode.V2)
+    watcher.frames.clear()
+    change(hub, "a/x", json.dumps(cfg("a/x", "1")))
+    change(hub, "a/x", None)
+    assert [parse_envelope(f).type for f in watcher.frames] == ["delete"]
+    change(hub, "a/x", json.dumps(cfg("a/x", "again")))
+    (frame,) = [parse_envelope(f) for f in watcher.frames]
+    assert frame.type == "snapshot"
+    assert frame.config["auth"] == {"realm": "again"}
 
 
 def placeholder_cfg(config_id: str, realm: str = "r") -> dict[str, object]:

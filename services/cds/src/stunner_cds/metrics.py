@@ -14,6 +14,13 @@ class CdsMetrics:
         self.frames_sent = Counter(
             "stunner_cds_frames_sent", "WebSocket frames sent.", ["mode"], registry=self.registry
         )
+        self.frames_superseded = Counter(
+            "stunner_cds_frames_superseded",
+            "Frames replaced before they were sent by a newer change of the same config (a"
+            " watcher reading slower than its config changes gets the newest state).",
+            ["mode"],
+            registry=self.registry,
+        )
         self.watchers_dropped = Counter(
             "stunner_cds_watchers_dropped",
             "Watchers closed by the server.",

@@ -181,10 +181,15 @@ def _log_refusal(client: str, why: str) -> None:
 async def _write(ws: WebSocket, ctx: CdsContext, watcher: Watcher) -> None:
     """Send queued frames in order; ``send_watchdog`` bounds how long one send may take."""
     frames_sent = ctx.metrics.frames_sent.labels(watcher.mode.value)
+    superseded = ctx.metrics.frames_superseded.labels(watcher.mode.value)
+    counted = 0
     clock = asyncio.get_running_loop().time
     try:
         while True:
             batch = await watcher.next_batch()
+            if watcher.superseded > counted:
+                superseded.inc(watcher.superseded - counted)
+                counted = watcher.superseded
             if watcher.closed_reason is not None:
                 if watcher.close_kind:
                     ctx.metrics.watchers_dropped.labels(watcher.close_kind).inc()

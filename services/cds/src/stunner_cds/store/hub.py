@@ -2,10 +2,16 @@
 
 Each watcher has a topic (all configs, one namespace, or one id), a wire mode (upstream v1 full
 frames or ``stunner.cds.v2`` envelopes) and a bounded queue. A change is encoded at most once per
-mode and the same string is queued for every matching watcher; a watcher whose queue is full is
-unsubscribed on the spot and told why, so one slow reader never delays the rest (upstream blocks
-every writer on a full 256-slot channel). Subscribing takes the snapshot and registers the watcher
-in one synchronous step on the event loop, so no change falls between the two.
+mode and the same string is queued for every matching watcher. A config is a state, not a stream
+of events, so the newest change of a config replaces the one still queued for it (latest wins; in
+v2 the replacement is a snapshot, since a patch holds only against the state before it, and it
+goes to the end of the queue, which keeps the queue in revision order): a reader that falls behind
+a config changing a hundred times a second gets its newest state as soon as it reads again, and
+its queue holds at most one frame per config besides its initial ones. A watcher whose queue is
+full even so is unsubscribed on the spot and told why, so one slow reader never delays the rest
+(upstream blocks every writer on a full 256-slot channel). Subscribing takes the snapshot and
+registers the watcher in one synchronous step on the event loop, so no change falls between the
+two.
 
 A v2 resume (``since``) is honoured only in the epoch the client names; a snapshot's frames are
 queued in revision order, so a client cut off half-way resumes from the last one it got without
@@ -21,9 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,14 +113,38 @@ class Watcher:
         """Why the server closed it, as a metrics label (None: no drop worth counting)."""
         self.sending_since: float | None = None
         self.writer: asyncio.Task[None] | None = None
+        self.superseded = 0
+        """Frames replaced in the queue by a newer change of their config before being sent."""
+        self._live: dict[str, str] = {}
+        """The frame of each config's last change still queued (initial frames are not here:
+        they are what a client counts as its snapshot)."""
         self._wakeup = asyncio.Event()
 
-    def offer(self, frame: str) -> bool:
+    def offer(
+        self,
+        frame: str,
+        config_id: str | None = None,
+        replacement: Callable[[], str] | None = None,
+    ) -> bool:
+        """Queue ``frame``, the change of ``config_id``; a frame of that config's previous change
+        still queued is taken out, and then ``replacement()`` (the change as a whole state) is
+        queued instead of ``frame``. False: closed, or the queue is full."""
         if self.closed_reason is not None:
             return False
+        if config_id is not None and (queued := self._live.pop(config_id, None)) is not None:
+            try:
+                self.frames.remove(queued)
+            except ValueError:  # taken for sending meanwhile
+                pass
+            else:
+                self.superseded += 1
+                if replacement is not None:
+                    frame = replacement()
         if len(self.frames) >= self.max_queue:
             return False
         self.frames.append(frame)
+        if config_id is not None:
+            self._live[config_id] = frame
         self._wakeup.set()
         return True
 
@@ -134,6 +165,7 @@ class Watcher:
             await self._wakeup.wait()
         batch = list(self.frames)
         self.frames.clear()
+        self._live.clear()
         return batch
 
 
@@ -154,18 +186,21 @@ class _Encoded:
         self._placeholder = any(
             cfg is not None and has_node_placeholder(cfg) for cfg in (c.old, c.new)
         )
-        self._frames: dict[tuple[Mode, str | None], str] = {}
+        self._frames: dict[tuple[Mode, str | None, bool], str] = {}
 
-    def frame(self, mode: Mode, fill: str | None = None) -> str:
+    def frame(self, mode: Mode, fill: str | None = None, *, whole: bool = False) -> str:
+        """The change's frame for ``mode`` and node ``fill``; ``whole``: never a patch (what
+        replaces a frame of the config's previous change that was never sent)."""
         if not self._placeholder:
             fill = None
-        key = (mode, fill)
+        whole = whole and mode is Mode.V2 and self.change.old is not None
+        key = (mode, fill, whole)
         frame = self._frames.get(key)
         if frame is None:
-            frame = self._frames[key] = self._encode(mode, fill)
+            frame = self._frames[key] = self._encode(mode, fill, whole)
         return frame
 
-    def _encode(self, mode: Mode, fill: str | None) -> str:
+    def _encode(self, mode: Mode, fill: str | None, whole: bool) -> str:
         c = self.change
         old: Mapping[str, Any] | None = c.old
         new: Mapping[str, Any] | None = c.new
@@ -178,7 +213,7 @@ class _Encoded:
         if new is None:
             return encode_delete(c.id, c.rev, epoch)
         snapshot = encode_snapshot(c.id, c.rev, new, epoch)
-        if old is None:
+        if old is None or whole:
             return snapshot
         ops: list[dict[str, Any]] = jsonpatch.make_patch(old, new).patch
         patch = encode_patch(c.id, c.rev, ops, epoch)
@@ -335,7 +370,9 @@ class Hub:
                 *self._by_id.get(change.id, ()),
             ]
             for watcher in targets:
-                if watcher.offer(encoded.frame(watcher.mode, node_value(watcher.node))):
+                fill = node_value(watcher.node)
+                whole = functools.partial(encoded.frame, watcher.mode, fill, whole=True)
+                if watcher.offer(encoded.frame(watcher.mode, fill), change.id, whole):
                     queued += 1
                 elif watcher.closed_reason is None:
                     self._drop(watcher)
