@@ -300,7 +300,7 @@ BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sendto (answers)", ("method 'sendto'",)),
     ("HMAC and key (auth)", ("hmac", "hashlib", "_hashlib", "turn/auth.py", "stunner_common/auth")),
     ("logging", ("logging/", "stunnerd/log", "json_log")),
-    ("journal (workers)", ("workers/journal",)),
+    ("journal (workers)", ("handoff/transport/journal",)),
     ("quota", ("stunnerd/quota",)),
     (
         "relay socket set-up",

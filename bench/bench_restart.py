@@ -34,9 +34,9 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from stunnerd.handoff.records import record_of
+from stunnerd.handoff.transport.journal import Journal, JournalWriter
+from stunnerd.handoff.transport.records import record_of
 from stunnerd.turn.allocation import Allocation, Channel
-from stunnerd.workers.journal import Journal, JournalWriter
 from stunnerd.workers.sockets import FdChannel
 
 ROOT = Path(__file__).resolve().parent.parent

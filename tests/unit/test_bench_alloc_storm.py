@@ -85,7 +85,7 @@ def test_ratio_lines_compare_ours_with_upstream_and_coturn_per_allocation() -> N
         ("~:0:<method 'sendto' of '_socket.socket' objects>", "sendto (answers)"),
         ("~:0:<built-in method _hashlib.hmac_new>", "HMAC and key (auth)"),
         ("/x/stunnerd/turn/engine.py:10:handle", "TURN engine"),
-        ("/x/stunnerd/workers/journal.py:3:append", "journal (workers)"),
+        ("/x/stunnerd/handoff/transport/journal.py:3:append", "journal (workers)"),
         ("/x/lib/python3.11/logging/__init__.py:1:debug", "logging"),
         ("/x/stunnerd/net/allocate.py:5:open_relay", "relay socket set-up"),
         ("/x/somewhere.py:1:f", "other"),

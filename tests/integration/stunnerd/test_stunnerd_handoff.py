@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stunnerd.handoff.channel import HandoffRefusedError, take_over
+from stunnerd.handoff.transport.channel import HandoffRefusedError, take_over
 from support.echo import UdpEcho, udp_echo
 from support.stunnerd_process import ManagedStunnerd, base_config, health_port, listener_ports
 from support.turn_flows import STEP_TIMEOUT_S, Flow, open_flows, send_steadily

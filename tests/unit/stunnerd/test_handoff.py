@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stunnerd.handoff.channel import (
+from stunnerd.handoff.transport.channel import (
     FDS_PER_MESSAGE,
     HandoffError,
     HandoffRefusedError,
@@ -22,7 +22,7 @@ from stunnerd.handoff.channel import (
     private_directory,
     take_over,
 )
-from stunnerd.handoff.state import (
+from stunnerd.handoff.transport.state import (
     VERSION,
     AllocationRecord,
     ChannelRecord,

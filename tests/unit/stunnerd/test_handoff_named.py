@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stunnerd.handoff.channel import (
+from stunnerd.handoff.transport.channel import (
     HandoffServer,
     NamedSocket,
     Offer,
@@ -21,7 +21,7 @@ from stunnerd.handoff.channel import (
     send_message,
     take_over,
 )
-from stunnerd.handoff.state import VERSION, HandoffState, encode_state
+from stunnerd.handoff.transport.state import VERSION, HandoffState, encode_state
 
 
 @pytest.fixture

@@ -1,14 +1,15 @@
 """What `stunnerd.routing` derives from a config for the edge (protected ranges with stunnerd's
 own addresses, the quota's terms, the STRICT_DNS names kept), and the journal that turns a live
-allocation into the handoff document's record (`stunnerd.handoff.records.RecordJournal`)."""
+allocation into the handoff document's record
+(`stunnerd.handoff.transport.records.RecordJournal`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from stunner_common.config import StunnerConfig, parse_config
-from stunnerd.handoff.records import RecordJournal
-from stunnerd.handoff.state import Address, AllocationRecord, ChannelRecord
+from stunnerd.handoff.transport.records import RecordJournal
+from stunnerd.handoff.transport.state import Address, AllocationRecord, ChannelRecord
 from stunnerd.net.ports import AllocationJournal
 from stunnerd.routing import DnsCache, dns_names, protected_for, quota_terms
 from stunnerd.turn.allocation import Allocation, Channel

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aioice import stun
 
-from stunnerd.handoff.records import record_of
+from stunnerd.handoff.transport.records import record_of
 from stunnerd.net.adopt import allocation_of
 from stunnerd.turn import effects as fx
 from stunnerd.turn.allocation import (

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from stunnerd.handoff.state import AllocationRecord, ChannelRecord, decode_state
-from stunnerd.workers.journal import Journal, JournalWriter
+from stunnerd.handoff.transport.journal import Journal, JournalWriter
+from stunnerd.handoff.transport.state import AllocationRecord, ChannelRecord, decode_state
 from stunnerd.workers.sockets import FdChannel
 
 CLIENT = ("203.0.113.7", 40000)

@@ -29,6 +29,7 @@ from stunner_common.config import ConfigError, StunnerConfig
 from stunner_common.turnuri import default_config_from_uri
 from stunnerd.admin.servers import AdminServers, StatusSources
 from stunnerd.drain import drain
+from stunnerd.handoff.succession import idle, serve_handoff, signal_or_handoff, successor_on_sigusr2
 from stunnerd.origin.base import ConfigOrigin, ConfigOriginError, parse_origin
 from stunnerd.origin.file import FileOrigin
 from stunnerd.reconcile.dataplane import Dataplane
@@ -36,12 +37,11 @@ from stunnerd.reconcile.reconciler import Reconciler
 from stunnerd.reconcile.retry import ListenerRetry
 from stunnerd.settings import StunnerdSettings
 from stunnerd.status import ApplyOutcome, Lifecycle
-from stunnerd.succession import idle, serve_handoff, signal_or_handoff, successor_on_sigusr2
 
 if TYPE_CHECKING:
-    from stunnerd.handoff.channel import HandoffServer, NamedSocket
+    from stunnerd.handoff.local import Successor
+    from stunnerd.handoff.transport.channel import HandoffServer, NamedSocket
     from stunnerd.quota import ClusterQuota
-    from stunnerd.workers.handoff import Successor
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def make_dataplane(settings: StunnerdSettings, successor: Successor | None = Non
             nonce_key=successor.state.nonce_key if successor is not None else None,
         )
         if successor is not None:
-            from stunnerd.workers.pool_handoff import seed
+            from stunnerd.handoff.pool import seed
 
             seed(pool, successor.state, successor.listener_socks, successor.relays)
         return pool
@@ -136,8 +136,8 @@ async def take_over(settings: StunnerdSettings) -> Successor | None:
     or None when none runs; `ConfigExit` when it refuses or the handoff fails (it goes on)."""
     if not settings.handoff_socket:
         return None
-    from stunnerd.handoff.channel import HandoffError
-    from stunnerd.workers.handoff import successor_at
+    from stunnerd.handoff.local import successor_at
+    from stunnerd.handoff.transport.channel import HandoffError
 
     workers = settings.udp_thread_num if settings.udp_thread_num > 1 else 0
     try:

@@ -7,7 +7,8 @@ allocation journal back. Every message is a frozen record with its `op` and the 
 `version`; a decoder refuses another version or an unknown op, naming it, with
 `WorkerMessageError`. Both ends are the same build; nothing here crosses a handoff between two
 stunnerds (the journal's allocation records travel on in the handoff document, which
-`stunnerd.handoff.state` versions), so the version only changes with a change of these records.
+`stunnerd.handoff.transport.state` versions), so the version only changes with a change of these
+records.
 """
 
 from __future__ import annotations
@@ -266,6 +267,10 @@ Reply = ApplyReply | StatsReply | DoneReply | ErrorReply
 
 # --- the socket channel (both ways; the fds travel beside the message) -----------------------
 
+MAX_CHANNEL_MESSAGE_BYTES: Final = 64 * 1024
+"""The largest channel message: a sender refuses a larger one and a reader reads no more (a
+SOCK_SEQPACKET message longer than the reader's buffer arrives cut short)."""
+
 
 @dataclass(frozen=True, slots=True)
 class NonceKey:
@@ -356,7 +361,7 @@ class OffloadOff:
 @dataclass(frozen=True, slots=True)
 class JournalEntry:
     """An allocation changed (worker → supervisor), with its relay sockets' fds when new:
-    `record` is its handoff record (`stunnerd.handoff.state.allocation_doc`), `at` the
+    `record` is its handoff record (`stunnerd.handoff.transport.state.allocation_doc`), `at` the
     worker's monotonic time when taken."""
 
     OP: ClassVar[str] = "journal"

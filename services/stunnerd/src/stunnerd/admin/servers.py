@@ -28,10 +28,10 @@ from stunnerd.admin.endpoint import (
     BindAddress,
     parse_admin_endpoint,
 )
-from stunnerd.admin.handed import HandedHttpServer, close_gently, listening_sockets
 from stunnerd.admin.health import health_handler
 from stunnerd.admin.http import REQUEST_HEAD_TIMEOUT_S, Handler, HttpServer, Response
-from stunnerd.handoff.channel import NamedSocket
+from stunnerd.handoff.admin import HandedHttpServer, close_gently, listening_sockets
+from stunnerd.handoff.transport.channel import NamedSocket
 from stunnerd.status import Lifecycle, ListenerState, Plan, Rejection, StatsSnapshot, TrafficStats
 
 if TYPE_CHECKING:

@@ -4,9 +4,11 @@ A worker process journals each TURN-UDP allocation of its listeners to the super
 changes (`stunnerd.net.ports.AllocationJournal`): when it is created (with duplicates of its relay
 sockets, by SCM_RIGHTS), after every request its client makes (Refresh, CreatePermission,
 ChannelBind and their refreshes), and when it is deleted. The journal writes the allocation as
-the handoff document's record (`stunnerd.handoff.records.record_of`: 5-tuple, credentials' key,
-relay addresses, lifetime, permissions, channels), so the supervisor can give a replacement
-worker everything it needs, and a stunnerd handing off can give its successor the same.
+the handoff document's record (`stunnerd.handoff.transport.records.record_of`: 5-tuple,
+credentials' key, relay addresses, lifetime, permissions, channels), so the supervisor can give a
+replacement worker everything it needs, and a stunnerd handing off can give its successor the
+same. This module is the edge's part of the handoff (`stunnerd.handoff`), which the edge reaches
+only through the interfaces of `stunnerd.net.ports`.
 
 Handed-over allocations arrive as `stunnerd.net.ports.HandedAllocation`s (the document's
 records). Adoption runs in two steps, so a client never meets a listener that does not know it:

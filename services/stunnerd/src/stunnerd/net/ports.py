@@ -129,7 +129,8 @@ FastPathFactory = Callable[[asyncio.AbstractEventLoop], FastPathPort]
 
 class AllocationJournal(Protocol):
     """Where a worker's TURN-UDP allocations are kept while it lives, so that they outlive it
-    (`stunnerd.handoff.records.RecordJournal` over `stunnerd.workers.journal.JournalWriter`)."""
+    (`stunnerd.handoff.transport.records.RecordJournal` over
+    `stunnerd.handoff.transport.journal.JournalWriter`)."""
 
     def changed(
         self, listener: str, allocation: Allocation, now: float, fds: Sequence[int]
@@ -142,7 +143,7 @@ class AllocationJournal(Protocol):
 
 
 class HandedChannel(Protocol):
-    """A channel of a handed-over allocation (`stunnerd.handoff.state.ChannelRecord`)."""
+    """A channel of a handed-over allocation (`stunnerd.handoff.transport.state.ChannelRecord`)."""
 
     @property
     def number(self) -> int: ...
@@ -155,8 +156,8 @@ class HandedChannel(Protocol):
 
 
 class HandedAllocation(Protocol):
-    """An allocation another process made (`stunnerd.handoff.state.AllocationRecord`): its
-    lifetimes are seconds left, its relay sockets travel beside it, named by `relay` and
+    """An allocation another process made (`stunnerd.handoff.transport.state.AllocationRecord`):
+    its lifetimes are seconds left, its relay sockets travel beside it, named by `relay` and
     `additional`."""
 
     @property
@@ -194,7 +195,8 @@ class HandedAllocation(Protocol):
 
 
 class HandedListener(Protocol):
-    """One listener's handed-over allocations (`stunnerd.handoff.state.ListenerRecord`)."""
+    """One listener's handed-over allocations
+    (`stunnerd.handoff.transport.state.ListenerRecord`)."""
 
     @property
     def name(self) -> str: ...
@@ -204,7 +206,7 @@ class HandedListener(Protocol):
 
 
 class HandedState(Protocol):
-    """What another process handed over (`stunnerd.handoff.state.HandoffState`)."""
+    """What another process handed over (`stunnerd.handoff.transport.state.HandoffState`)."""
 
     @property
     def listeners(self) -> Sequence[HandedListener]: ...

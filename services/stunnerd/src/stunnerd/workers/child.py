@@ -34,8 +34,9 @@ from stunner_common.contracts.worker_messages import (
     decode_request,
 )
 from stunner_common.loglevel import apply_log_spec
-from stunnerd.handoff.records import RecordJournal
-from stunnerd.handoff.state import HandoffFormatError, decode_state
+from stunnerd.handoff.transport.journal import JournalWriter
+from stunnerd.handoff.transport.records import RecordJournal
+from stunnerd.handoff.transport.state import HandoffFormatError, decode_state
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.server import ServerOptions, TurnServer
 from stunnerd.net.tuning import ServerTuning
@@ -43,7 +44,6 @@ from stunnerd.offload.datapath import Datapath, SharedMaps
 from stunnerd.offload.libbpf import OffloadError
 from stunnerd.offload.manager import OffloadManager
 from stunnerd.quota import ClusterQuota
-from stunnerd.workers.journal import JournalWriter
 from stunnerd.workers.local import LocalDataplane
 from stunnerd.workers.protocol import MAX_LINE_BYTES, encode
 from stunnerd.workers.sockets import FdChannel, InheritedSockets

@@ -22,6 +22,7 @@ from typing import Any
 from stunner_common.config import ListenerConfig, StunnerConfig
 from stunner_common.contracts.socket_key import SocketKey, listener_socket_key
 from stunner_common.contracts.worker_messages import (
+    MAX_CHANNEL_MESSAGE_BYTES,
     ChannelMessage,
     ListenerSocket,
     NonceKey,
@@ -35,7 +36,6 @@ from stunnerd.net.binding import allow_both_families
 
 LISTEN_BACKLOG = 1024
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
-MAX_MESSAGE_BYTES = 64 * 1024
 NONCE_KEY_BYTES = 32
 CHANNEL_TIMEOUT_S = 10.0
 
@@ -155,11 +155,11 @@ class FdChannel:
     def send_many(self, message: ChannelMessage, fds: Sequence[int]) -> int:
         """One message with its fds (duplicated into the peer); the bytes it took.
 
-        A message the peer could not read whole (over `MAX_MESSAGE_BYTES`) is not sent:
+        A message the peer could not read whole (over `MAX_CHANNEL_MESSAGE_BYTES`) is not sent:
         OSError (EMSGSIZE).
         """
         data = encode(message)
-        if len(data) > MAX_MESSAGE_BYTES:
+        if len(data) > MAX_CHANNEL_MESSAGE_BYTES:
             raise OSError(errno.EMSGSIZE, f"a message of {len(data)} bytes is too large")
         self.sock.settimeout(CHANNEL_TIMEOUT_S)
         socket.send_fds(self.sock, [data], list(fds))
@@ -170,7 +170,7 @@ class FdChannel:
         (`block=False`). A message this build cannot read: `WorkerMessageError`."""
         self.sock.settimeout(CHANNEL_TIMEOUT_S if block else 0.0)
         try:
-            data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MESSAGE_BYTES, 1)
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_CHANNEL_MESSAGE_BYTES, 1)
         except BlockingIOError:
             return None
         if not data:

@@ -33,12 +33,12 @@ from stunner_common.contracts.worker_messages import (
     decode_reply,
 )
 from stunner_common.logs import LogFormat
+from stunnerd.handoff.transport.journal import Journal
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.offload.libbpf import Libbpf
 from stunnerd.quota import QuotaSettings
 from stunnerd.status import StatsSnapshot
-from stunnerd.workers.journal import Journal
 from stunnerd.workers.protocol import MAX_LINE_BYTES, encode
 from stunnerd.workers.sockets import FdChannel, new_nonce_key
 

@@ -1,15 +1,17 @@
 """A worker's allocations, kept by the supervisor so that they outlive the worker.
 
-A worker journals every TURN-UDP allocation over its socket channel (`FdChannel`) whenever the
-allocation changes (`JournalWriter`, which `stunnerd.handoff.records.RecordJournal` makes the
-`stunnerd.net.ports.AllocationJournal` of a worker): an entry
+A worker journals every TURN-UDP allocation over its socket channel (`Channel`: the worker's
+`stunnerd.workers.sockets.FdChannel`) whenever the allocation changes (`JournalWriter`, which
+`records.RecordJournal` makes the `stunnerd.net.ports.AllocationJournal` of a worker): an entry
 (`contracts.worker_messages.JournalEntry`; `JournalDelete` when it is gone) is the allocation's
-handoff record (`stunnerd.handoff.state.AllocationRecord`) with the monotonic time it was taken
-at, and for a new allocation the duplicates of its relay sockets (SCM_RIGHTS).
+handoff record (`state.AllocationRecord`) with the monotonic time it was taken at, and for a new
+allocation the duplicates of its relay sockets (SCM_RIGHTS).
 The supervisor reads them as they come (`Journal.read`) and holds the sockets until the entry is
 deleted. When the worker dies, its replacement is given the live entries as a handoff document,
 their lifetimes counted down by the time that passed, and the sockets beside it (`handover`):
-the new worker adopts them before it reads its listener socket, so the clients carry on.
+the new worker adopts them before it reads its listener socket, so the clients carry on. In a
+handoff between two multi-process stunnerds, the old supervisor offers what its workers'
+journals hold (`stunnerd.handoff.pool`).
 
 The cost, per allocation: one message of a few hundred bytes per change (`python -m bench
 restart` measures it) and, in the supervisor, one dict and one fd.
@@ -24,24 +26,24 @@ import socket
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from stunner_common.contracts.worker_messages import (
+    MAX_CHANNEL_MESSAGE_BYTES,
     ChannelMessage,
     JournalDelete,
     JournalEntry,
     decode_channel,
 )
-from stunnerd.handoff.state import (
+from stunnerd.handoff.transport.state import (
     FORMAT,
     VERSION,
+    Address,
     AllocationRecord,
     HandoffFormatError,
     allocation_doc,
     read_allocation,
 )
-from stunnerd.net.relay import Address
-from stunnerd.workers.sockets import MAX_MESSAGE_BYTES, FdChannel
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +51,22 @@ MAX_FDS = 2
 """A dual allocation's two relay sockets."""
 
 
+class Channel(Protocol):
+    """The Unix socket between a worker and its supervisor (SOCK_SEQPACKET, the contract's
+    channel messages, some carrying fds): `stunnerd.workers.sockets.FdChannel`."""
+
+    @property
+    def sock(self) -> socket.socket: ...
+
+    def send_many(self, message: ChannelMessage, fds: Sequence[int]) -> int:
+        """One message with its fds (duplicated into the peer); the bytes it took."""
+        ...
+
+
 class JournalWriter:
     """The worker's side: each change of an allocation, sent to the supervisor at once."""
 
-    def __init__(self, channel: FdChannel) -> None:
+    def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.sent = 0  # messages
         self.sent_bytes = 0
@@ -93,12 +107,14 @@ class Journal:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def read(self, channel: FdChannel) -> None:
+    def read(self, channel: Channel) -> None:
         """Take every message the worker has queued (call when the channel is readable)."""
         channel.sock.settimeout(0.0)
         while True:
             try:
-                data, fds, _flags, _addr = socket.recv_fds(channel.sock, MAX_MESSAGE_BYTES, MAX_FDS)
+                data, fds, _flags, _addr = socket.recv_fds(
+                    channel.sock, MAX_CHANNEL_MESSAGE_BYTES, MAX_FDS
+                )
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -113,8 +129,8 @@ class Journal:
             try:
                 self.take(decode_channel(data), fds)
             except (ValueError, KeyError, TypeError, IndexError) as exc:
-                # e.g. a record over MAX_MESSAGE_BYTES (thousands of permissions), cut short:
-                # that allocation is not kept across a crash; the others are.
+                # e.g. a record over MAX_CHANNEL_MESSAGE_BYTES (thousands of permissions), cut
+                # short: that allocation is not kept across a crash; the others are.
                 log.warning("journal: unreadable message from the worker left out: %r", exc)
                 for fd in fds:
                     os.close(fd)

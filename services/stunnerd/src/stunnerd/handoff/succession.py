@@ -1,7 +1,7 @@
 """Succession: how a running stunnerd hands over to the next one and what it does afterwards.
 
 `serve_handoff` listens at `STUNNERD_HANDOFF_SOCKET` for a successor (the state, the TURN-UDP
-sockets and the admin servers' listening sockets travel to it: `workers.handoff`);
+sockets and the admin servers' listening sockets travel to it: `local.listen`);
 `signal_or_handoff` waits for a signal or for a successor that serves. Then the old process
 exits, or with `STUNNERD_HANDOFF_IDLE` it lets go of everything and waits, serving nothing,
 until SIGTERM/SIGINT (`idle`), so that a pod's container does not end and is not restarted.
@@ -25,7 +25,7 @@ from stunnerd.reconcile.dataplane import Dataplane
 from stunnerd.settings import StunnerdSettings
 
 if TYPE_CHECKING:
-    from stunnerd.handoff.channel import HandoffServer, NamedSocket
+    from stunnerd.handoff.transport.channel import HandoffServer, NamedSocket
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ async def serve_handoff(
     listening sockets) handed over beside the state."""
     if not settings.handoff_socket:
         return None
-    from stunnerd.workers.handoff import listen
+    from stunnerd.handoff.local import listen
 
     return await listen(Path(settings.handoff_socket), dataplane, named)
 

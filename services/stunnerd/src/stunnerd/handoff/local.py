@@ -1,20 +1,20 @@
 """Hot handoff of a single-process stunnerd: its TURN-UDP sockets and allocations to a new one.
 
-The running process serves a `HandoffServer` (`stunnerd.handoff.channel`) at
-`STUNNERD_HANDOFF_SOCKET` with a `LocalHandoffSource`: asked for an offer, it refuses a process
-that cannot read its state version, else it freezes every listener (requests are dropped, so the
-clients retransmit them to the new process; ChannelData and peer data keep flowing) and offers
-the state document (`handoff.state`: the nonce key, the TURN-UDP listener sockets, each
-allocation with its relay sockets). If the new process gives up, the listeners thaw and nothing
-changed; once it serves, this one exits.
+The running process serves a `HandoffServer` (`transport.channel`) at `STUNNERD_HANDOFF_SOCKET`
+(`listen`) with a `LocalHandoffSource` (with worker processes: `pool.PoolHandoffSource`): asked
+for an offer, it refuses a process that cannot read its state version, else it freezes every
+listener (requests are dropped, so the clients retransmit them to the new process; ChannelData
+and peer data keep flowing) and offers the state document (`transport.state`: the nonce key,
+the TURN-UDP listener sockets, each allocation with its relay sockets). If the new process gives
+up, the listeners thaw and nothing changed; once it serves, this one exits.
 
-The new process (`take`) asks before it binds anything, builds its `TurnServer` on the nonce key
-and a socket source of the handed listener sockets, gives it the allocations to adopt
-(`net.adopt`) and applies its config; `confirm` or `refuse` answers the old one. TCP, TLS and
-DTLS listeners are not handed over: the new process binds them once the old one has let go
-(they are retried like any busy port), and their clients reconnect. The health and metrics
-servers' listening sockets travel beside the state (`NamedSocket`): the new process serves on
-them, so the ports stay answered throughout.
+The new process (`successor_at`, either kind) asks before it binds anything, builds its
+`TurnServer` on the nonce key and a socket source of the handed listener sockets, gives it the
+allocations to adopt (`net.adopt`) and applies its config; `confirm` or `refuse` answers the old
+one. TCP, TLS and DTLS listeners are not handed over: the new process binds them once the old
+one has let go (they are retried like any busy port), and their clients reconnect. The health
+and metrics servers' listening sockets travel beside the state (`NamedSocket`): the new process
+serves on them, so the ports stay answered throughout.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from stunner_common.contracts.socket_key import SocketKey
-from stunnerd.handoff.channel import (
+from stunnerd.handoff.pool import PoolHandoffSource
+from stunnerd.handoff.transport.channel import (
     HandoffError,
     HandoffRefusedError,
     HandoffServer,
@@ -36,8 +37,8 @@ from stunnerd.handoff.channel import (
     Received,
     take_over,
 )
-from stunnerd.handoff.records import record_of
-from stunnerd.handoff.state import (
+from stunnerd.handoff.transport.records import record_of
+from stunnerd.handoff.transport.state import (
     READABLE_VERSIONS,
     VERSION,
     HandoffState,
@@ -50,7 +51,6 @@ from stunnerd.net.server import TurnServer
 from stunnerd.net.udp import UdpListener
 from stunnerd.workers.local import LocalDataplane
 from stunnerd.workers.pool import WorkerPool
-from stunnerd.workers.pool_handoff import PoolHandoffSource
 
 log = logging.getLogger(__name__)
 

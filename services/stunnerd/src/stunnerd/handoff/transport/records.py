@@ -4,8 +4,8 @@ The edge hands its allocations to `stunnerd.net.ports.AllocationJournal` as the 
 them (`stunnerd.turn.allocation.Allocation`, its expiries read on the loop's clock); what is
 journaled and handed over is the document's `AllocationRecord`, its lifetimes as seconds left.
 `record_of` makes one from the other; `RecordJournal` is the `AllocationJournal` that does so
-for a journal of records (`stunnerd.workers.journal.JournalWriter`). The way back, record to
-allocation, is the edge's (`stunnerd.net.adopt.allocation_of`).
+for a journal of records (`journal.JournalWriter`). The way back, record to allocation, is the
+edge's (`stunnerd.net.adopt.allocation_of`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from stunnerd.handoff.state import Address, AllocationRecord, ChannelRecord
+from stunnerd.handoff.transport.state import Address, AllocationRecord, ChannelRecord
 
 
 class LiveChannel(Protocol):
@@ -90,7 +90,7 @@ def record_of(alloc: LiveAllocation, now: float) -> AllocationRecord:
 
 
 class RecordSink(Protocol):
-    """A journal of handoff records (`stunnerd.workers.journal.JournalWriter`)."""
+    """A journal of handoff records (`journal.JournalWriter`)."""
 
     def changed(self, listener: str, record: AllocationRecord, fds: Sequence[int]) -> None:
         """The allocation as it stands; `fds` its relay sockets when it is new."""

@@ -22,8 +22,8 @@ from typing import Any
 
 from stunner_common.contracts.socket_key import SocketKey
 from stunner_common.contracts.worker_messages import DoneReply, FreezeRequest, JournalEntry
-from stunnerd.handoff.channel import HandoffRefusedError, Offer
-from stunnerd.handoff.state import FORMAT, VERSION, HandoffState, allocation_doc
+from stunnerd.handoff.transport.channel import HandoffRefusedError, Offer
+from stunnerd.handoff.transport.state import FORMAT, VERSION, HandoffState, allocation_doc
 from stunnerd.workers.pool import WorkerPool
 from stunnerd.workers.worker import WorkerError
 
