@@ -497,6 +497,8 @@ class KubeCluster:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--concurrent-gc-syncs=5",
                 "--v=1",
+                # the DaemonSet controller's decisions (which pod is available, which is deleted)
+                "--vmodule=daemon_controller=4,update=5",
             ],
             log_path=self.workdir / "kube-controller-manager.log",
         )

@@ -178,11 +178,42 @@ def _the_pod(client: KubeClient, count: int) -> Any:
     return client.wait_for(f"{count} handoff/edge pod(s), one new", found, timeout_s=60.0)
 
 
+def _readiness(client: KubeClient) -> str:
+    """The Ready conditions of the node and of the edge pods, for a failure's message."""
+
+    def ready(obj: dict[str, Any] | None) -> str:
+        conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+        found = [c for c in conditions if c.get("type") == "Ready"]
+        if not found:
+            return "no Ready condition"
+        c = found[0]
+        return f"Ready={c.get('status')} since {c.get('lastTransitionTime')} ({c.get('reason')})"
+
+    pods = [f"{p['metadata']['name']}: {ready(p)}" for p in _edge_pods(client)]
+    return f"node: {ready(client.get('v1', 'Node', NODE_NAME))}; pods: {pods}"
+
+
 def test_a_rollout_starts_the_new_pod_beside_the_old_one(
     handoff: KubeClient, kwok: KwokNode
 ) -> None:
     old = _the_pod(handoff, 1)["metadata"]["name"]
     kwok.bind(NS, old)
+    # A rollout replaces a pod that has been serving: wait until the old one is available
+    # (Ready for minReadySeconds). The DaemonSet controller of Kubernetes 1.36 takes an old pod
+    # not yet available as already lost (a replacement, not a surge); and when both pods turn
+    # Ready within a second, its delayed resync for the new pod is folded into the earlier one
+    # for the old pod, which comes before the new pod is available, and nothing syncs the
+    # DaemonSet again: the old pod would stay until some later event.
+    handoff.wait_for(
+        "the old pod available",
+        lambda: (
+            ((handoff.get("apps/v1", "DaemonSet", "edge", NS) or {}).get("status", {})).get(
+                "numberAvailable"
+            )
+            == 1
+        ),
+        timeout_s=60.0,
+    )
     # a new template (the Dataplane's pod annotations): the DaemonSet rolls
     (dataplane,) = [
         d
@@ -209,5 +240,10 @@ def test_a_rollout_starts_the_new_pod_beside_the_old_one(
         pods = {p["metadata"]["name"]: p for p in _edge_pods(handoff)}
         return old not in pods or "deletionTimestamp" in pods[old]["metadata"]
 
-    handoff.wait_for("the old pod deleted once the new one is Ready", old_deleted, timeout_s=120.0)
+    try:
+        handoff.wait_for(
+            "the old pod deleted once the new one is Ready", old_deleted, timeout_s=120.0
+        )
+    except TimeoutError as err:
+        raise AssertionError(f"{err}; {_readiness(handoff)}") from err
     assert new["metadata"]["name"] in {p["metadata"]["name"] for p in _edge_pods(handoff)}
