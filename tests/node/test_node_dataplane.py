@@ -366,6 +366,19 @@ async def test_a_host_network_daemonset_rollout_hands_a_running_call_to_the_new_
     )
     bound = _host_sockets(_descendants(pid))
     assert all(a.startswith(f"{NODE_IP}:") for a in bound), bound
+    # A rollout replaces a pod that has been serving: the old one available (Ready for
+    # minReadySeconds) first, as tests/integration/kube/test_kube_handoff_dataplane.py explains.
+    await asyncio.to_thread(
+        admin.wait_for,
+        "the old pod available",
+        lambda: (
+            ((admin.get("apps/v1", "DaemonSet", HANDOFF, NAMESPACE) or {}).get("status", {})).get(
+                "numberAvailable"
+            )
+            == 1
+        ),
+        timeout_s=60,
+    )
 
     server = f"turn://user-1:pass-1@{NODE_IP}:{LISTENER_PORT}"
     old_name = old["metadata"]["name"]
