@@ -4,7 +4,8 @@
 command line (as JSON) and the secrets it needs (the cluster-wide quota's Redis URL) in its
 environment, read here through `stunnerd.settings` as the supervisor's are in `stunnerd.cli`, and
 only with `--quota`: a worker without a quota never imports the settings models
-(pydantic-settings) nor redis.
+(pydantic-settings) nor redis. The command line becomes one `ChildOptions` (`child_options`), the
+quota a `ClusterQuota`; `stunnerd.workers.child.serve` runs with both.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from stunner_common.runtime import run as run_loop
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.offload.libbpf import Libbpf
-from stunnerd.workers.child import serve
+from stunnerd.workers.child import ChildOptions, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,17 +43,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def child_options(args: argparse.Namespace) -> ChildOptions:
+    """What `serve` runs with, from the parsed command line."""
+    return ChildOptions(
+        index=args.index,
+        bind_host=args.bind,
+        relay_addresses=tuple(ip for ip in args.relay_addresses.split(",") if ip),
+        node_address=args.node_address,
+        tuning=ServerTuning.from_json(args.tuning) if args.tuning else ServerTuning(),
+        limits=ClientLimits.from_json(args.limits) if args.limits else ClientLimits(),
+        log_override=args.log,
+        fd_channel=args.fd_channel,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    limits = ClientLimits.from_json(args.limits) if args.limits else ClientLimits()
-    tuning = ServerTuning.from_json(args.tuning) if args.tuning else ServerTuning()
+    options = child_options(args)
     configure_logging(args.log_format, tag=f"worker-{args.index}")
     apply_log_spec(args.log or "all:INFO")
     # The supervisor owns the lifecycle (drain, grace period); a terminal's Ctrl-C or a signal
     # to the process group must not kill the workers under it. A worker ends when stdin closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    relay_addresses = tuple(ip for ip in args.relay_addresses.split(",") if ip)
     Libbpf.library = args.libbpf
     quota = None
     if args.quota:
@@ -62,19 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         env = worker_environment()
         settings = QuotaSettings.from_worker_json(args.quota, env.quota_redis_url)
         quota = ClusterQuota(settings, f"{socket.gethostname()}-{os.getpid()}")
-    return run_loop(
-        serve(
-            args.index,
-            args.bind,
-            args.log,
-            tuning,
-            limits,
-            args.fd_channel,
-            relay_addresses,
-            quota,
-            args.node_address,
-        )
-    )
+    return run_loop(serve(options, quota))
 
 
 if __name__ == "__main__":

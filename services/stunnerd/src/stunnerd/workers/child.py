@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from stunner_common.config import ConfigError, parse_config
 from stunner_common.contracts.worker_messages import (
@@ -128,6 +129,43 @@ def adopt_journaled(
     log.info("adopting %d journaled allocation(s)", state.allocation_count())
 
 
+@dataclass(frozen=True, slots=True)
+class ChildOptions:
+    """What a worker process serves with: its command line, as the supervisor writes it
+    (`stunnerd.workers.worker.Worker`) and `stunnerd.worker_main` reads it."""
+
+    index: int = 0
+    """The worker's place in the pool (its log tag)."""
+    bind_host: str = "0.0.0.0"
+    """Where listener and relay sockets bind (the supervisor's `--bind`)."""
+    relay_addresses: tuple[str, ...] = ()
+    """Relay addresses beyond the listeners' own (`STUNNERD_RELAY_ADDRESSES`)."""
+    node_address: str = ""
+    """This node's address, for listeners with the node-address placeholder."""
+    tuning: ServerTuning = field(default_factory=ServerTuning)
+    limits: ClientLimits = field(default_factory=ClientLimits)
+    log_override: str | None = None
+    """A log spec over the config's `admin.loglevel` (the supervisor's)."""
+    fd_channel: int | None = None
+    """The socket channel to the supervisor (listener and relay sockets, the nonce key and the
+    offload maps in; the allocation journal out); None: the worker binds its own sockets, makes
+    its own nonce key and journals nothing."""
+
+    def server_options(self) -> ServerOptions:
+        """Its `TurnServer`'s: every listener socket shares its port with the other workers
+        (SO_REUSEPORT), and no TCP relays (see the stunnerd README: TCP relays and worker
+        processes)."""
+        return ServerOptions(
+            bind_host=self.bind_host,
+            relay_addresses=self.relay_addresses,
+            node_address=self.node_address,
+            reuse_port=True,
+            tcp_relays=False,
+            tuning=self.tuning,
+            limits=self.limits,
+        )
+
+
 def shared_maps(inherited: InheritedSockets) -> Callable[[], Datapath]:
     """The worker's offload datapath: duplicates of the maps the supervisor sent last."""
 
@@ -143,37 +181,20 @@ def shared_maps(inherited: InheritedSockets) -> Callable[[], Datapath]:
     return factory
 
 
-async def serve(
-    index: int,
-    bind_host: str,
-    log_override: str | None,
-    tuning: ServerTuning,
-    limits: ClientLimits,
-    fd_channel: int | None = None,
-    relay_addresses: tuple[str, ...] = (),
-    quota: ClusterQuota | None = None,
-    node_address: str = "",
-) -> int:
+async def serve(options: ChildOptions, quota: ClusterQuota | None = None) -> int:
+    """Serve requests from stdin until it closes or asks to close; `quota` is the cluster-wide
+    quota the worker's edge built from its command line and environment (None: none)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     w_transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
     inherited = None
-    options = ServerOptions(
-        bind_host=bind_host,
-        relay_addresses=relay_addresses,
-        node_address=node_address,
-        reuse_port=True,
-        tcp_relays=False,  # see the stunnerd README: TCP relays and worker processes
-        tuning=tuning,
-        limits=limits,
-    )
-    if fd_channel is None:
-        server = TurnServer(options, quota=quota)
+    if options.fd_channel is None:
+        server = TurnServer(options.server_options(), quota=quota)
     else:
-        inherited = InheritedSockets(FdChannel.from_fd(fd_channel))
+        inherited = InheritedSockets(FdChannel.from_fd(options.fd_channel))
         server = TurnServer(
-            options,
+            options.server_options(),
             nonce_key=inherited.wait_nonce_key(),
             socket_source=inherited.take,
             quota=quota,
@@ -181,7 +202,7 @@ async def serve(
             journal=RecordJournal(JournalWriter(inherited.channel)),
         )
     dataplane = LocalDataplane(server)
-    log.info("worker %d ready (pid %d)", index, os.getpid())
+    log.info("worker %d ready (pid %d)", options.index, os.getpid())
     try:
         while True:
             line = await reader.readline()
@@ -195,7 +216,7 @@ async def serve(
                 continue
             if isinstance(message, CloseRequest):
                 break
-            reply = await handle(dataplane, message, log_override, inherited)
+            reply = await handle(dataplane, message, options.log_override, inherited)
             w_transport.write(encode(reply))
     finally:
         await dataplane.close()
