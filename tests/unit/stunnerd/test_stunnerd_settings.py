@@ -20,8 +20,8 @@ from stunnerd.settings import (
     QUOTA,
     TUNING,
     WORKER_TIMEOUTS,
+    DaemonSettings,
     Group,
-    ProcessSettings,
     StunnerdSettings,
     load_settings,
 )
@@ -275,7 +275,7 @@ def _other_value(default: Any) -> Any:
 def test_each_group_field_has_a_variable_of_its_own() -> None:
     names = [name for group in GROUPS.values() for name in group.settings()]
     assert len(names) == len(set(names))
-    assert not set(names) & set(ProcessSettings.model_fields)
+    assert not set(names) & set(DaemonSettings.model_fields)
 
 
 @pytest.mark.parametrize(
