@@ -41,6 +41,7 @@ from stunner_operator.render.routes import (
     ref_attaches,
     rejection_reason,
 )
+from stunner_operator.render.service import echoes_assigned_ports
 from stunner_operator.render.status import (
     Condition,
     GatewayClassStatus,
@@ -146,7 +147,7 @@ class _DeltaBuilder:
         cid = f"{key[1]}/{key[2]}"
         old_svc = old.service if old is not None else None
         new_svc = new.service if new is not None else None
-        if old_svc != new_svc:
+        if old_svc != new_svc and not echoes_assigned_ports(old_svc, new_svc):
             self.services[cid] = new_svc
         old_dep = old.deployment if old is not None else None
         new_dep = new.deployment if new is not None else None

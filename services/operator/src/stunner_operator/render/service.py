@@ -8,6 +8,7 @@ listeners of the first valid listener's protocol only.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,3 +171,29 @@ def _addresses(gw: Gateway, annotations: dict[str, str]) -> dict[str, Any]:
         if other is not None:
             spec["externalIPs"].append(other)
     return spec
+
+
+ASSIGNED_PORT_FIELDS = ("nodePort", "targetPort")
+
+
+def echoes_assigned_ports(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+    """Whether ``new`` differs from ``old`` only by node and target ports that ``old`` left
+    unset and ``new`` keeps from the Service as it stands (`_service_ports`): the values
+    Kubernetes assigned when the first manifest was applied. The Service already has them, so
+    applying ``new`` would write nothing but a second request per Gateway."""
+    if old is None or new is None:
+        return False
+    old_ports = list(old.get("spec", {}).get("ports", ()))
+    new_ports = list(new.get("spec", {}).get("ports", ()))
+    if len(old_ports) != len(new_ports):
+        return False
+    if {**old, "spec": {**old["spec"], "ports": []}} != {
+        **new,
+        "spec": {**new["spec"], "ports": []},
+    }:
+        return False
+    for was, now in zip(old_ports, new_ports, strict=True):
+        added = {k: v for k, v in now.items() if k not in was}
+        if set(added) - set(ASSIGNED_PORT_FIELDS) or any(now.get(k) != v for k, v in was.items()):
+            return False
+    return old_ports != new_ports
