@@ -83,3 +83,22 @@ def doc(**fields: Any) -> str:
 def conditions(status: Any) -> dict[str, tuple[str, str]]:
     """``{type: (status, reason)}`` of a status object or entry that has conditions."""
     return {c.type: (c.status, c.reason) for c in status.conditions}
+
+
+def lb_service(
+    *, type_: str = "LoadBalancer", ports: str, ingress: str = "[]", owner_uid: str = "u-1"
+) -> str:
+    """The Service the operator made for stunner/gw (UDP_GATEWAY) as the API server hands it
+    back: its ``ports`` and load-balancer ``ingress`` as YAML flow text."""
+    return f"""
+apiVersion: v1
+kind: Service
+metadata:
+  name: gw
+  namespace: stunner
+  annotations: {{stunner.l7mp.io/related-gateway-name: stunner/gw}}
+  ownerReferences:
+  - {{apiVersion: gateway.networking.k8s.io/v1, kind: Gateway, name: gw, uid: {owner_uid}}}
+spec: {{type: {type_}, ports: {ports}}}
+status: {{loadBalancer: {{ingress: {ingress}}}}}
+"""

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
+from typing import Any
 
 from stunner_common.crds import K8sObject
 from stunner_operator.render.engine import Renderer
 from stunner_operator.render.service import echoes_assigned_ports
 from stunner_operator.render.store import ObjKey, key_of
-from support.operator import HIERARCHY, UDP_GATEWAY, objects_from_yaml, snapshot
+from support.operator import HIERARCHY, UDP_GATEWAY, lb_service, objects_from_yaml, snapshot
 
 Render = Callable[..., Renderer]
 
@@ -212,22 +213,6 @@ def test_random_event_sequences_match_a_full_render() -> None:
             )
 
 
-def _own_service(ports: str) -> str:
-    """The Gateway's Service as the API server hands it back after the operator applied it."""
-    return f"""
-apiVersion: v1
-kind: Service
-metadata:
-  name: gw
-  namespace: stunner
-  labels: {{stunner.l7mp.io/owned-by: stunner, stunner.l7mp.io/related-gateway-name: gw,
-           stunner.l7mp.io/related-gateway-namespace: stunner}}
-  annotations: {{stunner.l7mp.io/related-gateway-name: stunner/gw}}
-  ownerReferences: [{{apiVersion: gateway.networking.k8s.io/v1, kind: Gateway, name: gw}}]
-spec: {{type: LoadBalancer, clusterIP: 10.96.0.10, ports: {ports}}}
-"""
-
-
 ASSIGNED = "[{name: udp, protocol: UDP, port: 3478, nodePort: 31234, targetPort: 3478}]"
 
 
@@ -240,7 +225,7 @@ def test_the_ports_kubernetes_assigned_are_not_written_back(render: Render) -> N
     # The watch brings the Service back with the node and target port Kubernetes assigned: the
     # next render keeps them (a later change of the listener's port must not lose the node
     # port), but the Service already has them, so nothing is written.
-    delta = r.apply([one(_own_service(ASSIGNED))])
+    delta = r.apply([one(lb_service(ports=ASSIGNED))])
     assert delta.rendered_gateways == 1
     assert delta.services == {}
     kept = r.gateway("stunner", "gw")
@@ -255,18 +240,14 @@ def test_the_ports_kubernetes_assigned_are_not_written_back(render: Render) -> N
 
 
 def test_echoes_assigned_ports_only_for_added_node_and_target_ports() -> None:
-    base = {"metadata": {"name": "gw"}, "spec": {"type": "NodePort", "ports": [{"port": 1}]}}
+    def service(type_: str = "NodePort", **port: int | str) -> dict[str, Any]:
+        return {"metadata": {"name": "gw"}, "spec": {"type": type_, "ports": [{"port": 1, **port}]}}
 
-    def with_port(**fields: object) -> dict[str, object]:
-        return {**base, "spec": {**base["spec"], "ports": [{"port": 1, **fields}]}}
-
-    assert echoes_assigned_ports(base, with_port(nodePort=30000, targetPort=1))
+    base = service()
+    assert echoes_assigned_ports(base, service(nodePort=30000, targetPort=1))
     assert not echoes_assigned_ports(base, base)  # no change at all
     assert not echoes_assigned_ports(None, base)  # created: written
     assert not echoes_assigned_ports(base, None)  # deleted: written
-    assert not echoes_assigned_ports(base, with_port(protocol="UDP"))
-    assert not echoes_assigned_ports(with_port(nodePort=30000), with_port(nodePort=30001))
-    other_type = {**base, "spec": {**base["spec"], "type": "LoadBalancer"}}
-    assert not echoes_assigned_ports(
-        base, {**other_type, "spec": {**other_type["spec"], "ports": [{"port": 1, "nodePort": 3}]}}
-    )
+    assert not echoes_assigned_ports(base, service(protocol="UDP"))
+    assert not echoes_assigned_ports(service(nodePort=30000), service(nodePort=30001))
+    assert not echoes_assigned_ports(base, service("LoadBalancer", nodePort=3))

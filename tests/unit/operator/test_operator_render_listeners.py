@@ -10,7 +10,7 @@ import pytest
 
 from stunner_common.config.tls import self_signed_pair
 from stunner_operator.render.engine import Renderer
-from support.operator import HIERARCHY, conditions
+from support.operator import HIERARCHY, conditions, lb_service
 
 Render = Callable[..., Renderer]
 
@@ -224,23 +224,6 @@ def test_targetport_annotation_changes_the_port_stunnerd_binds(render: Render) -
 
 
 # -- public addresses -------------------------------------------------------------------------
-
-
-def lb_service(
-    *, type_: str = "LoadBalancer", ports: str, ingress: str = "[]", owner_uid: str = "u-1"
-) -> str:
-    return f"""
-apiVersion: v1
-kind: Service
-metadata:
-  name: gw
-  namespace: stunner
-  annotations: {{stunner.l7mp.io/related-gateway-name: stunner/gw}}
-  ownerReferences:
-  - {{apiVersion: gateway.networking.k8s.io/v1, kind: Gateway, name: gw, uid: {owner_uid}}}
-spec: {{type: {type_}, ports: {ports}}}
-status: {{loadBalancer: {{ingress: {ingress}}}}}
-"""
 
 
 NODE = """
