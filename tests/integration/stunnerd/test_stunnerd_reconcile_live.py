@@ -6,6 +6,8 @@ to a UDP echo peer), which allocations survived the change and which were droppe
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import json
 import socket
@@ -237,18 +239,41 @@ async def test_health_and_metrics_endpoints_rebind_when_changed(
     cfg["admin"]["healthcheck_endpoint"] = f"http://127.0.0.1:{new_health}"
     cfg["admin"]["metrics_endpoint"] = f"http://127.0.0.1:{metrics}/metrics"
     old = stunnerd.health_port
+    assert old is not None
     stunnerd.config = cfg
     stunnerd.path.write_text(json.dumps(cfg))
     stunnerd.health_port = new_health
     await stunnerd.wait_status(
         lambda s: s["admin"]["metrics_endpoint"].endswith("/metrics"), "rebind"
     )
-    scrape = (await stunnerd.get("/metrics", metrics)).text
+    scrape = (await _answered(stunnerd, "/metrics", metrics)).text
     assert "stunner_allocations_active 2.0" in scrape
     assert 'stunner_listener_allocations_active{name="a"} 1.0' in scrape
-    with pytest.raises(httpx.ConnectError):
-        await stunnerd.get("/live", old)
+    await _refused(stunnerd, "/live", old)
     assert await a.echoes()
+
+
+async def _answered(stunnerd: ManagedStunnerd, path: str, port: int) -> httpx.Response:
+    """``path`` on ``port`` once a server listens there: the admin servers rebind one after
+    another as the config is applied, so the new status port may answer before the new metrics
+    port does."""
+    async with asyncio.timeout(10):
+        while True:
+            with contextlib.suppress(httpx.ConnectError):
+                return await stunnerd.get(path, port)
+            await asyncio.sleep(0.05)
+
+
+async def _refused(stunnerd: ManagedStunnerd, path: str, port: int) -> None:
+    """Wait until nothing listens on ``port`` any more (the old server closes as the new one
+    starts)."""
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                await stunnerd.get(path, port)
+            except httpx.ConnectError:
+                return
+            await asyncio.sleep(0.05)
 
 
 async def test_a_strict_dns_cluster_admits_its_resolved_peer_and_survives_a_domain_change(
