@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import functools
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,31 +119,27 @@ class Watcher:
         they are what a client counts as its snapshot)."""
         self._wakeup = asyncio.Event()
 
-    def offer(
-        self,
-        frame: str,
-        config_id: str | None = None,
-        replacement: Callable[[], str] | None = None,
-    ) -> bool:
-        """Queue ``frame``, the change of ``config_id``; a frame of that config's previous change
-        still queued is taken out, and then ``replacement()`` (the change as a whole state) is
-        queued instead of ``frame``. False: closed, or the queue is full."""
+    def offer(self, change: _Encoded) -> bool:
+        """Queue ``change``'s frame for this watcher's mode and node; the frame of the same
+        config's previous change, when still queued, is taken out and the change goes in as a
+        whole state instead. False: closed, or the queue is full."""
         if self.closed_reason is not None:
             return False
-        if config_id is not None and (queued := self._live.pop(config_id, None)) is not None:
+        fill = node_value(self.node)
+        config_id = change.change.id
+        frame = change.frame(self.mode, fill)
+        if (queued := self._live.pop(config_id, None)) is not None:
             try:
                 self.frames.remove(queued)
             except ValueError:  # taken for sending meanwhile
                 pass
             else:
                 self.superseded += 1
-                if replacement is not None:
-                    frame = replacement()
+                frame = change.frame(self.mode, fill, whole=True)
         if len(self.frames) >= self.max_queue:
             return False
         self.frames.append(frame)
-        if config_id is not None:
-            self._live[config_id] = frame
+        self._live[config_id] = frame
         self._wakeup.set()
         return True
 
@@ -370,9 +365,7 @@ class Hub:
                 *self._by_id.get(change.id, ()),
             ]
             for watcher in targets:
-                fill = node_value(watcher.node)
-                whole = functools.partial(encoded.frame, watcher.mode, fill, whole=True)
-                if watcher.offer(encoded.frame(watcher.mode, fill), change.id, whole):
+                if watcher.offer(encoded):
                     queued += 1
                 elif watcher.closed_reason is None:
                     self._drop(watcher)
