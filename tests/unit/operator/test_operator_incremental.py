@@ -239,6 +239,16 @@ def test_the_ports_kubernetes_assigned_are_not_written_back(render: Render) -> N
     assert [(p["port"], p["nodePort"]) for p in svc["spec"]["ports"]] == [(3479, 31234)]
 
 
+def test_a_gateway_service_deleted_by_hand_is_applied_again(render: Render) -> None:
+    r = render(HIERARCHY, UDP_GATEWAY)
+    assert r.apply([one(lb_service(ports=ASSIGNED))]).services == {}
+    delta = r.apply(deletes=[("Service", "stunner", "gw")])
+    (svc,) = delta.services.values()
+    assert svc is not None
+    assert svc["metadata"]["name"] == "gw"
+    assert "nodePort" not in svc["spec"]["ports"][0]  # Kubernetes assigns a new one
+
+
 def test_echoes_assigned_ports_only_for_added_node_and_target_ports() -> None:
     def service(type_: str = "NodePort", **port: int | str) -> dict[str, Any]:
         return {"metadata": {"name": "gw"}, "spec": {"type": type_, "ports": [{"port": 1, **port}]}}
