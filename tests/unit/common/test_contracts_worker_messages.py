@@ -22,6 +22,7 @@ from stunner_common.contracts.worker_messages import (
     DrainRequest,
     ErrorReply,
     FreezeRequest,
+    JournalBatch,
     JournalDelete,
     JournalEntry,
     ListenerSocket,
@@ -86,8 +87,14 @@ channel_messages: st.SearchStrategy[ChannelMessage] = st.one_of(
     st.builds(RelaySocket),
     st.builds(OffloadMap, text, st.dictionaries(text, text, max_size=3), ports),
     st.builds(OffloadOff, text),
-    st.builds(JournalEntry, text, floats, json_objects.map(lambda r: {**r, "client": ["a", 1]})),
-    st.builds(JournalDelete, text, addresses),
+    st.builds(
+        JournalBatch,
+        st.lists(
+            st.builds(JournalEntry, text, addresses, floats, text, st.integers(0, 2))
+            | st.builds(JournalDelete, text, addresses),
+            max_size=4,
+        ).map(tuple),
+    ),
 )
 
 Decoder = Callable[[bytes | Mapping[str, Any]], WorkerMessage]
@@ -121,9 +128,35 @@ def test_a_listener_socket_travels_as_the_socket_keys_fields() -> None:
     assert fields == {"op": "socket", "version": PROTOCOL_VERSION, **key.encode()}
 
 
-def test_a_journal_entry_names_its_client_from_its_record() -> None:
-    entry = JournalEntry("udp", 1.0, {"client": ["203.0.113.7", 40000]})
-    assert entry.client == ("203.0.113.7", 40000)
+def test_a_journal_batch_counts_the_fds_of_its_new_entries() -> None:
+    batch = JournalBatch(
+        (
+            JournalEntry("udp", ("203.0.113.7", 1), 1.0, "{}", 2),
+            JournalEntry("udp", ("203.0.113.7", 1), 2.0, "{}"),
+            JournalDelete("udp", ("203.0.113.7", 2)),
+            JournalEntry("udp", ("203.0.113.7", 3), 3.0, "{}", 1),
+        )
+    )
+    assert batch.fd_count == 3
+    assert encode_fields(batch)["items"][2] == ["del", "udp", "203.0.113.7", 2]
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        ["set", "udp", "203.0.113.7", 1, 1.0, 1],  # no record
+        ["set", "udp", "203.0.113.7", 1, 1.0, -1, "{}"],
+        ["set", "udp", "203.0.113.7", "1", 1.0, 0, "{}"],
+        ["set", "udp", "203.0.113.7", 1, 1.0, 0, {"client": []}],  # a record as an object
+        ["del", "udp", "203.0.113.7"],
+        ["move", "udp", "203.0.113.7", 1],
+        "del udp",
+    ],
+)
+def test_a_journal_item_of_another_shape_is_refused_naming_it(item: object) -> None:
+    fields = {"op": "journal", "version": PROTOCOL_VERSION, "items": [item]}
+    with pytest.raises(WorkerMessageError, match="journal item"):
+        decode_channel(fields)
 
 
 @pytest.mark.parametrize(
@@ -185,10 +218,8 @@ def test_what_is_not_a_json_object_is_refused(data: bytes) -> None:
         decode_request(data)
 
 
-def test_a_channel_message_with_a_bad_nonce_key_or_client_is_refused() -> None:
+def test_a_channel_message_with_a_bad_nonce_key_or_items_is_refused() -> None:
     with pytest.raises(WorkerMessageError, match="hex"):
         decode_channel({"op": "nonce_key", "version": PROTOCOL_VERSION, "key": "zz"})
-    with pytest.raises(WorkerMessageError, match="client"):
-        decode_channel(
-            {"op": "journal_delete", "version": PROTOCOL_VERSION, "listener": "a", "client": [1]}
-        )
+    with pytest.raises(WorkerMessageError, match="items"):
+        decode_channel({"op": "journal", "version": PROTOCOL_VERSION, "items": {"a": 1}})

@@ -5,11 +5,18 @@ allocation into the handoff document's record
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from stunner_common.config import StunnerConfig, parse_config
-from stunnerd.handoff.transport.records import RecordJournal
-from stunnerd.handoff.transport.state import Address, AllocationRecord, ChannelRecord
+from stunnerd.handoff.transport.records import RecordJournal, record_doc, record_of
+from stunnerd.handoff.transport.state import (
+    Address,
+    AllocationRecord,
+    ChannelRecord,
+    allocation_doc,
+    read_allocation,
+)
 from stunnerd.net.ports import AllocationJournal
 from stunnerd.routing import DnsCache, dns_names, protected_for, quota_terms
 from stunnerd.turn.allocation import Allocation, Channel
@@ -75,7 +82,11 @@ class Sink:
         self.records: list[tuple[str, AllocationRecord, int]] = []
         self.gone: list[tuple[str, Address]] = []
 
-    def changed(self, listener: str, record: AllocationRecord, fds: Sequence[int]) -> None:
+    def changed(
+        self, listener: str, client: Address, doc: Mapping[str, Any], fds: Sequence[int]
+    ) -> None:
+        record = read_allocation(dict(doc), listener)
+        assert record.client == client
         self.records.append((listener, record, len(fds)))
 
     def deleted(self, listener: str, client: Address) -> None:
@@ -96,3 +107,15 @@ def test_the_record_journal_writes_lifetimes_as_seconds_left() -> None:
     assert record.permissions == {"192.0.2.60": 300.0}
     assert record.channels == (ChannelRecord(0x4001, ("192.0.2.60", 7), 200.0),)
     assert sink.gone == [("udp", ("192.0.2.50", 5000))]
+
+
+def test_the_journal_document_of_a_live_allocation_is_its_records_document() -> None:
+    alloc = Allocation(("192.0.2.50", 5000), "u", b"k", ("192.0.2.10", 40000), 4, 700.0)
+    alloc.additional = ("2001:db8::10", 40002)
+    alloc.permissions = {"192.0.2.60": 400.0, "192.0.2.61": 50.0}
+    alloc.channels = {
+        0x4001: Channel(0x4001, ("192.0.2.60", 7), 300.0),
+        0x4002: Channel(0x4002, ("192.0.2.61", 8), 90.0),
+    }
+    for now in (0.0, 100.0, 350.0, 800.0):
+        assert record_doc(alloc, now) == allocation_doc(record_of(alloc, now))

@@ -3,14 +3,29 @@ pair, aged and handed to a replacement as a handoff document the replacement rea
 
 from __future__ import annotations
 
+import gc
+import json
+import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 import pytest
 
-from stunnerd.handoff.transport.journal import Journal, JournalWriter
-from stunnerd.handoff.transport.state import AllocationRecord, ChannelRecord, decode_state
+from stunner_common.contracts.worker_messages import (
+    MAX_CHANNEL_FDS,
+    MAX_CHANNEL_MESSAGE_BYTES,
+    JournalBatch,
+    JournalDelete,
+    JournalEntry,
+)
+from stunnerd.handoff.transport.journal import Journal, JournalWriter, record_text
+from stunnerd.handoff.transport.state import (
+    AllocationRecord,
+    ChannelRecord,
+    allocation_doc,
+    decode_state,
+)
 from stunnerd.workers.sockets import FdChannel
 
 CLIENT = ("203.0.113.7", 40000)
@@ -42,6 +57,18 @@ def record(expires_in_s: float = 600.0, client: tuple[str, int] = CLIENT) -> All
     )
 
 
+def change(writer: JournalWriter, listener: str, rec: AllocationRecord, fds: Sequence[int]) -> None:
+    """Journal `rec` as the worker's listeners do, as its document."""
+    writer.changed(listener, rec.client, allocation_doc(rec), fds)
+
+
+def bound(fd: int) -> tuple[str, int]:
+    """The address of the socket behind `fd` (left open)."""
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        name: tuple[str, int] = sock.getsockname()
+        return name
+
+
 def relay_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
@@ -53,14 +80,14 @@ def test_a_new_allocation_is_kept_with_a_copy_of_its_relay_socket(
 ) -> None:
     writer, ours, journal = channel
     with relay_socket() as relay:
-        writer.changed("a", record(), [relay.fileno()])
-        writer.changed("a", record(500.0), [])  # a refresh: the socket stays
+        change(writer, "a", record(), [relay.fileno()])
+        change(writer, "a", record(500.0), [])  # a refresh: the socket stays
         journal.read(ours)
-        (entry,) = journal.entries.values()
-        assert entry.record["expires_in_s"] == 500.0
-        assert [s.getsockname() for s in entry.sockets] == [relay.getsockname()]
+        ((text, _at, fds),) = journal.entries.values()
+        assert json.loads(text)["expires_in_s"] == 500.0
+        assert [bound(fd) for fd in fds] == [relay.getsockname()]
     # The worker's socket is gone; the supervisor's copy still holds the port.
-    held = entry.sockets[0].getsockname()
+    held = bound(fds[0])
     with (
         socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as again,
         pytest.raises(OSError, match="in use"),
@@ -75,7 +102,7 @@ def test_a_deleted_allocation_releases_its_relay_socket(
 ) -> None:
     writer, ours, journal = channel
     with relay_socket() as relay:
-        writer.changed("a", record(), [relay.fileno()])
+        change(writer, "a", record(), [relay.fileno()])
         address = relay.getsockname()
     writer.deleted("a", CLIENT)
     journal.read(ours)
@@ -90,11 +117,11 @@ def test_the_handover_ages_the_records_and_drops_the_expired_and_the_unconfigure
     writer, ours, journal = channel
     sockets = [relay_socket() for _ in range(3)]
     try:
-        writer.changed("a", record(600.0), [sockets[0].fileno()])
-        writer.changed("a", record(5.0, ("203.0.113.8", 1)), [sockets[1].fileno()])
-        writer.changed("gone", record(600.0, ("203.0.113.9", 1)), [sockets[2].fileno()])
+        change(writer, "a", record(600.0), [sockets[0].fileno()])
+        change(writer, "a", record(5.0, ("203.0.113.8", 1)), [sockets[1].fileno()])
+        change(writer, "gone", record(600.0, ("203.0.113.9", 1)), [sockets[2].fileno()])
         journal.read(ours)
-        at = max(entry.at for entry in journal.entries.values())
+        at = max(at for _text, at, _fds in journal.entries.values())
         document, fds = journal.handover(["a"], b"n" * 32, now=at + 30.0)
     finally:
         for sock in sockets:
@@ -116,15 +143,16 @@ def test_a_dual_allocation_keeps_both_relay_sockets_and_needs_both(
     writer, ours, journal = channel
     dual = replace(record(), additional=("2001:db8::1", 50002))
     with relay_socket() as v4, relay_socket() as v6:
-        writer.changed("a", dual, [v4.fileno(), v6.fileno()])
+        change(writer, "a", dual, [v4.fileno(), v6.fileno()])
         journal.read(ours)
     document, fds = journal.handover(["a"], b"n" * 32)
     assert len(fds) == 2
     (alloc,) = decode_state(document.encode()).listeners[0].allocations
     assert alloc.additional == ("2001:db8::1", 50002)
     # An entry that lost one of its sockets cannot be adopted: it is dropped.
-    (entry,) = journal.entries.values()
-    entry.sockets.pop().close()
+    ((key, (text, at, held)),) = journal.entries.items()
+    os.close(held[1])
+    journal.entries[key] = (text, at, held[:1])
     document, fds = journal.handover(["a"], b"n" * 32)
     assert fds == []
     assert len(journal) == 0
@@ -135,8 +163,8 @@ def test_a_record_the_replacement_could_not_read_is_left_out_alone(
 ) -> None:
     writer, ours, journal = channel
     with relay_socket() as good, relay_socket() as bad:
-        writer.changed("a", record(), [good.fileno()])
-        writer.changed("a", replace(record(), client=("203.0.113.8", 1), family=5), [bad.fileno()])
+        change(writer, "a", record(), [good.fileno()])
+        change(writer, "a", replace(record(), client=("203.0.113.8", 1), family=5), [bad.fileno()])
         journal.read(ours)
     document, fds = journal.handover(["a"], b"n" * 32)
     (alloc,) = decode_state(document.encode()).listeners[0].allocations
@@ -151,7 +179,140 @@ def test_a_record_too_large_for_one_message_is_not_sent_and_the_journal_goes_on(
     many = {f"10.{i // 65536}.{i // 256 % 256}.{i % 256}": 300.0 for i in range(4000)}
     with relay_socket() as big, relay_socket() as small:
         with pytest.raises(OSError, match="too large"):
-            writer.changed("a", replace(record(), permissions=many), [big.fileno()])
-        writer.changed("a", record(client=("203.0.113.8", 1)), [small.fileno()])
+            change(writer, "a", replace(record(), permissions=many), [big.fileno()])
+        change(writer, "a", record(client=("203.0.113.8", 1)), [small.fileno()])
         journal.read(ours)
     assert [key[1] for key in journal.entries] == [("203.0.113.8", 1)]
+
+
+class Turn:
+    """A stand-in for the event loop's `call_soon`: what is scheduled runs when the turn ends."""
+
+    def __init__(self) -> None:
+        self.soon: list[Callable[[], None]] = []
+
+    def schedule(self, callback: Callable[[], None]) -> None:
+        self.soon.append(callback)
+
+    def end(self) -> None:
+        soon, self.soon = self.soon, []
+        for callback in soon:
+            callback()
+
+
+@pytest.fixture
+def batched() -> Iterator[tuple[JournalWriter, FdChannel, Journal, Turn]]:
+    ours, theirs = FdChannel.pair()
+    worker = FdChannel(theirs)
+    journal, turn = Journal(), Turn()
+    yield JournalWriter(worker, turn.schedule), ours, journal, turn
+    journal.close()
+    ours.close()
+    worker.close()
+
+
+def test_the_changes_of_one_turn_travel_as_one_message_with_every_fd_in_order(
+    batched: tuple[JournalWriter, FdChannel, Journal, Turn],
+) -> None:
+    writer, ours, journal, turn = batched
+    clients = [("203.0.113.7", 40000 + i) for i in range(5)]
+    sockets = [relay_socket() for _ in clients]
+    try:
+        for client, sock in zip(clients, sockets, strict=True):
+            change(writer, "a", record(client=client), [sock.fileno()])
+        change(writer, "a", record(500.0, clients[0]), [])
+        writer.deleted("a", clients[1])
+        journal.read(ours)
+        assert journal.received == 0  # nothing before the turn ends
+        turn.end()
+        addresses = {
+            client: sock.getsockname() for client, sock in zip(clients, sockets, strict=True)
+        }
+    finally:
+        for sock in sockets:
+            sock.close()  # the allocations close theirs: the queued duplicates were sent
+    journal.read(ours)
+    assert (writer.sent, journal.received) == (1, 1)
+    assert sorted(key[1] for key in journal.entries) == [clients[0], *clients[2:]]
+    for (_listener, client), (_text, _at, fds) in journal.entries.items():
+        assert [bound(fd) for fd in fds] == [addresses[client]]
+    assert json.loads(journal.entries[("a", clients[0])][0])["expires_in_s"] == 500.0
+
+
+def test_an_allocation_closed_before_its_turn_ends_is_still_journaled_with_its_own_socket(
+    batched: tuple[JournalWriter, FdChannel, Journal, Turn],
+) -> None:
+    writer, ours, journal, turn = batched
+    with relay_socket() as relay:
+        change(writer, "a", record(), [relay.fileno()])
+        address = relay.getsockname()
+    with relay_socket() as other:  # may take the closed socket's fd number
+        turn.end()
+        journal.read(ours)
+        ((_text, _at, fds),) = journal.entries.values()
+        assert [bound(fd) for fd in fds] == [address] != [other.getsockname()]
+
+
+def test_a_batch_is_sent_early_when_it_would_outgrow_a_message_or_its_fds(
+    batched: tuple[JournalWriter, FdChannel, Journal, Turn],
+) -> None:
+    writer, ours, journal, turn = batched
+    count = MAX_CHANNEL_FDS + 10
+    sockets = [relay_socket() for _ in range(count)]
+    try:
+        for i, sock in enumerate(sockets):
+            change(writer, "a", record(client=("203.0.113.7", i + 1)), [sock.fileno()])
+            journal.read(ours)
+        turn.end()
+        journal.read(ours)
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert len(journal) == count
+    assert writer.sent == journal.received >= 2
+    assert writer.sent_bytes == journal.received_bytes
+    assert journal.received_bytes <= writer.sent * MAX_CHANNEL_MESSAGE_BYTES
+
+
+def test_the_worker_answers_only_after_what_it_journaled_before_is_sent(
+    batched: tuple[JournalWriter, FdChannel, Journal, Turn],
+) -> None:
+    writer, ours, journal, turn = batched
+    with relay_socket() as relay:
+        change(writer, "a", record(), [relay.fileno()])
+        writer.flush()  # as the worker does before each answer to its supervisor
+        journal.read(ours)
+        assert len(journal) == 1
+        turn.end()  # the scheduled flush finds nothing left
+    assert writer.sent == 1
+
+
+def test_a_message_that_is_not_a_journal_batch_or_miscounts_its_fds_changes_nothing(
+    channel: tuple[JournalWriter, FdChannel, Journal],
+) -> None:
+    writer, ours, journal = channel
+    worker = writer.channel
+    with relay_socket() as relay:
+        change(writer, "a", record(), [relay.fileno()])
+        text = record_text(allocation_doc(record(client=("203.0.113.8", 1))))
+        one_fd_short = JournalBatch((JournalEntry("a", ("203.0.113.8", 1), 1.0, text, 2),))
+        worker.send_many(one_fd_short, [relay.fileno()])
+        socket.send_fds(worker.sock, [b"{not json"], [relay.fileno()])
+        worker.send_many(JournalBatch((JournalDelete("a", ("203.0.113.9", 1)),)), [])
+        journal.read(ours)
+    assert [key[1] for key in journal.entries] == [CLIENT]
+    assert journal.received == 4
+
+
+def test_ten_thousand_kept_allocations_are_not_walked_by_the_garbage_collector(
+    channel: tuple[JournalWriter, FdChannel, Journal],
+) -> None:
+    _writer, _ours, journal = channel
+    text = record_text(allocation_doc(record()))
+    for i in range(10_000):
+        journal.keep("a", ("203.0.113.7", i), 1.0, text, ())
+    gc.collect()
+    gc.collect()  # a key's outer tuple is let go once its client tuple was
+    untracked = [entry for entry in journal.entries.values() if not gc.is_tracked(entry)]
+    assert len(untracked) == len(journal)
+    assert not any(gc.is_tracked(key) for key in journal.entries)

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Final, TypeVar
 
 from stunner_common.contracts.socket_key import SocketKey
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 
 M = TypeVar("M")
 
@@ -270,6 +270,8 @@ Reply = ApplyReply | StatsReply | DoneReply | ErrorReply
 MAX_CHANNEL_MESSAGE_BYTES: Final = 64 * 1024
 """The largest channel message: a sender refuses a larger one and a reader reads no more (a
 SOCK_SEQPACKET message longer than the reader's buffer arrives cut short)."""
+MAX_CHANNEL_FDS: Final = 250
+"""The most fds one channel message carries (the kernel's SCM_MAX_FD is 253)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,48 +362,84 @@ class OffloadOff:
 
 @dataclass(frozen=True, slots=True)
 class JournalEntry:
-    """An allocation changed (worker → supervisor), with its relay sockets' fds when new:
-    `record` is its handoff record (`stunnerd.handoff.transport.state.allocation_doc`), `at` the
-    worker's monotonic time when taken."""
+    """An allocation changed: `record` is its handoff record as JSON text
+    (`stunnerd.handoff.transport.state.allocation_doc`; the supervisor keeps the text and reads
+    it only when it hands the allocation on), `at` the worker's monotonic time when taken, `fds`
+    how many of the batch's fds are its relay sockets (when it is new; 0 for a change)."""
 
-    OP: ClassVar[str] = "journal"
     listener: str
+    client: tuple[str, int]
     at: float
-    record: Mapping[str, Any]
-    version: int = PROTOCOL_VERSION
+    record: str
+    fds: int = 0
 
-    @property
-    def client(self) -> tuple[str, int]:
-        return _address(self.record.get("client"), "record.client")
-
-    def fields(self) -> dict[str, Any]:
-        return {"listener": self.listener, "at": self.at, "record": dict(self.record)}
-
-    @classmethod
-    def from_fields(cls, f: Mapping[str, Any], ident: int, version: int) -> JournalEntry:
-        return cls(_str(f, "listener"), _float(f, "at"), _mapping(f, "record"), version)
+    def item(self) -> list[Any]:
+        return [
+            "set",
+            self.listener,
+            self.client[0],
+            self.client[1],
+            self.at,
+            self.fds,
+            self.record,
+        ]
 
 
 @dataclass(frozen=True, slots=True)
 class JournalDelete:
-    """An allocation is gone (worker → supervisor)."""
+    """An allocation is gone."""
 
-    OP: ClassVar[str] = "journal_delete"
     listener: str
     client: tuple[str, int]
+
+    def item(self) -> list[Any]:
+        return ["del", self.listener, self.client[0], self.client[1]]
+
+
+JournalItem = JournalEntry | JournalDelete
+
+
+@dataclass(frozen=True, slots=True)
+class JournalBatch:
+    """Changes of a worker's allocations (worker → supervisor), in the order they happened, with
+    the new ones' relay sockets as the message's fds in the same order (at most
+    `MAX_CHANNEL_FDS`). A worker sends what changed in one turn of its event loop as one batch:
+    a storm of allocations costs a message per turn, not one per allocation. An item travels as
+    a JSON array: ``["set", listener, host, port, at, fds, record]`` or
+    ``["del", listener, host, port]``."""
+
+    OP: ClassVar[str] = "journal"
+    items: tuple[JournalItem, ...]
     version: int = PROTOCOL_VERSION
 
+    @property
+    def fd_count(self) -> int:
+        return sum(item.fds for item in self.items if type(item) is JournalEntry)
+
     def fields(self) -> dict[str, Any]:
-        return {"listener": self.listener, "client": list(self.client)}
+        return {"items": [item.item() for item in self.items]}
 
     @classmethod
-    def from_fields(cls, f: Mapping[str, Any], ident: int, version: int) -> JournalDelete:
-        return cls(_str(f, "listener"), _address(f.get("client"), "client"), version)
+    def from_fields(cls, f: Mapping[str, Any], ident: int, version: int) -> JournalBatch:
+        return cls(tuple(_journal_item(item) for item in _list(f, "items")), version)
 
 
-ChannelMessage = (
-    NonceKey | ListenerSocket | RelaySocket | OffloadMap | OffloadOff | JournalEntry | JournalDelete
-)
+def _journal_item(value: Any) -> JournalItem:
+    if not isinstance(value, list) or len(value) < 4:
+        raise WorkerMessageError(f"journal item {value!r}")
+    kind, listener, host, port = value[0], value[1], value[2], value[3]
+    if type(listener) is not str or type(host) is not str or type(port) is not int:
+        raise WorkerMessageError(f"journal item {value[:4]!r}")
+    if kind == "del" and len(value) == 4:
+        return JournalDelete(listener, (host, port))
+    if kind == "set" and len(value) == 7:
+        at, fds, record = value[4], value[5], value[6]
+        if type(at) in (int, float) and type(fds) is int and fds >= 0 and type(record) is str:
+            return JournalEntry(listener, (host, port), float(at), record, fds)
+    raise WorkerMessageError(f"journal item {value[:6]!r}")
+
+
+ChannelMessage = NonceKey | ListenerSocket | RelaySocket | OffloadMap | OffloadOff | JournalBatch
 WorkerMessage = Request | Reply | ChannelMessage
 
 _Decoder = Callable[[Mapping[str, Any], int, int], M]
@@ -421,8 +459,7 @@ CHANNEL_MESSAGES: Final[Mapping[str, _Decoder[ChannelMessage]]] = {
         RelaySocket,
         OffloadMap,
         OffloadOff,
-        JournalEntry,
-        JournalDelete,
+        JournalBatch,
     )
 }
 _WITH_ID: Final = (
@@ -535,9 +572,3 @@ def _as_mapping(value: Any, name: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise WorkerMessageError(f"field {name!r} is {value!r}")
     return dict(value)
-
-
-def _address(value: Any, name: str) -> tuple[str, int]:
-    if not isinstance(value, (list, tuple)) or len(value) != 2:
-        raise WorkerMessageError(f"field {name!r} is {value!r}")
-    return str(value[0]), int(value[1])

@@ -189,17 +189,19 @@ async def serve(options: ChildOptions, quota: ClusterQuota | None = None) -> int
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     w_transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
     inherited = None
+    writer: JournalWriter | None = None
     if options.fd_channel is None:
         server = TurnServer(options.server_options(), quota=quota)
     else:
         inherited = InheritedSockets(FdChannel.from_fd(options.fd_channel))
+        writer = JournalWriter(inherited.channel, loop.call_soon)
         server = TurnServer(
             options.server_options(),
             nonce_key=inherited.wait_nonce_key(),
             socket_source=inherited.take,
             quota=quota,
             offload=OffloadManager(shared_maps(inherited)),
-            journal=RecordJournal(JournalWriter(inherited.channel)),
+            journal=RecordJournal(writer),
         )
     dataplane = LocalDataplane(server)
     log.info("worker %d ready (pid %d)", options.index, os.getpid())
@@ -217,9 +219,13 @@ async def serve(options: ChildOptions, quota: ClusterQuota | None = None) -> int
             if isinstance(message, CloseRequest):
                 break
             reply = await handle(dataplane, message, options.log_override, inherited)
+            if writer is not None:
+                writer.flush()  # the supervisor reads the journal up to here with the reply
             w_transport.write(encode(reply))
     finally:
         await dataplane.close()
+        if writer is not None:
+            writer.flush()
         if inherited is not None:
             inherited.close()
         w_transport.close()

@@ -4,8 +4,9 @@ A worker journals every TURN-UDP allocation over its socket channel (`Channel`: 
 `stunnerd.workers.sockets.FdChannel`) whenever the allocation changes (`JournalWriter`, which
 `records.RecordJournal` makes the `stunnerd.net.ports.AllocationJournal` of a worker): an entry
 (`contracts.worker_messages.JournalEntry`; `JournalDelete` when it is gone) is the allocation's
-handoff record (`state.AllocationRecord`) with the monotonic time it was taken at, and for a new
-allocation the duplicates of its relay sockets (SCM_RIGHTS).
+handoff record (`state.AllocationRecord`) as JSON text with the monotonic time it was taken at,
+and for a new allocation the duplicates of its relay sockets (SCM_RIGHTS). The changes of one
+turn of the worker's event loop travel as one `JournalBatch`.
 The supervisor reads them as they come (`Journal.read`) and holds the sockets until the entry is
 deleted. When the worker dies, its replacement is given the live entries as a handoff document,
 their lifetimes counted down by the time that passed, and the sockets beside it (`handover`):
@@ -13,42 +14,59 @@ the new worker adopts them before it reads its listener socket, so the clients c
 handoff between two multi-process stunnerds, the old supervisor offers what its workers'
 journals hold (`stunnerd.handoff.pool`).
 
-The cost, per allocation: one message of a few hundred bytes per change (`python -m bench
-restart` measures it) and, in the supervisor, one dict and one fd.
+The cost, per allocation: a few hundred bytes of a message per change (`python -m bench
+restart` measures it) and, in the supervisor, one tuple of text and numbers and one fd.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import socket
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from stunner_common.contracts.worker_messages import (
+    MAX_CHANNEL_FDS,
     MAX_CHANNEL_MESSAGE_BYTES,
     ChannelMessage,
+    JournalBatch,
     JournalDelete,
     JournalEntry,
+    JournalItem,
+    WorkerMessageError,
     decode_channel,
 )
 from stunnerd.handoff.transport.state import (
     FORMAT,
     VERSION,
     Address,
-    AllocationRecord,
     HandoffFormatError,
-    allocation_doc,
     read_allocation,
 )
 
 log = logging.getLogger(__name__)
 
-MAX_FDS = 2
-"""A dual allocation's two relay sockets."""
+_RECORD = json.JSONEncoder(separators=(",", ":"))
+"""Records as ASCII JSON: in a batch, such a text grows only by the escapes of its quotes."""
+BATCH_BYTES = MAX_CHANNEL_MESSAGE_BYTES - 1024
+"""What a batch's items may add up to (`_cost`), below the channel's message size."""
+
+
+def record_text(doc: Mapping[str, Any]) -> str:
+    """A record's document (`state.allocation_doc`) as the journal carries and keeps it."""
+    return _RECORD.encode(doc)
+
+
+def _cost(listener: str, client: Address, text: str) -> int:
+    """An upper bound on what an entry adds to its batch: the record's text with its quotes
+    escaped, names that may need \\u escapes, and the item's punctuation and numbers."""
+    return (
+        len(text) + text.count('"') + text.count("\\") + 6 * (len(listener) + len(client[0])) + 64
+    )
 
 
 class Channel(Protocol):
@@ -64,43 +82,111 @@ class Channel(Protocol):
 
 
 class JournalWriter:
-    """The worker's side: each change of an allocation, sent to the supervisor at once."""
+    """The worker's side: each change of an allocation, sent to the supervisor in the turn of
+    its event loop.
 
-    def __init__(self, channel: Channel) -> None:
+    With `schedule` (the loop's `call_soon`), the changes of a turn are queued and go as one
+    batch once the turn's callbacks have run (or sooner, when a batch is full); the worker calls
+    `flush` before it answers its supervisor, so that what it did before an answer is journaled
+    before the supervisor reads the answer. Without `schedule`, each change goes at once. A
+    queued entry holds duplicates of its relay sockets until it is sent: the allocation may
+    close its own meanwhile. A worker killed before the end of the turn that made an allocation
+    loses that allocation with it (its client's next request gets 437, and it allocates again).
+    """
+
+    def __init__(
+        self, channel: Channel, schedule: Callable[[Callable[[], None]], object] | None = None
+    ) -> None:
         self.channel = channel
+        self.schedule = schedule
         self.sent = 0  # messages
         self.sent_bytes = 0
+        self._items: list[JournalItem] = []
+        self._fds: list[int] = []
+        self._bytes = 0
+        self._scheduled = False
 
-    def changed(self, listener: str, record: AllocationRecord, fds: Sequence[int]) -> None:
-        message = JournalEntry(listener, time.monotonic(), allocation_doc(record))
-        self.sent_bytes += self.channel.send_many(message, fds)
-        self.sent += 1
+    def changed(
+        self, listener: str, client: Address, doc: Mapping[str, Any], fds: Sequence[int]
+    ) -> None:
+        """Journal `client`'s allocation as its record's document `doc` (with its relay
+        sockets' `fds` when it is new). A record too large for a channel message (thousands of
+        permissions) is refused with OSError (EMSGSIZE)."""
+        text = _RECORD.encode(doc)
+        cost = _cost(listener, client, text)
+        if cost > BATCH_BYTES:
+            raise OSError(errno.EMSGSIZE, f"an allocation record of {len(text)} bytes is too large")
+        if self._bytes + cost > BATCH_BYTES or len(self._fds) + len(fds) > MAX_CHANNEL_FDS:
+            self.flush()
+        dups = [os.dup(fd) for fd in fds]
+        self._items.append(JournalEntry(listener, client, time.monotonic(), text, len(dups)))
+        self._fds.extend(dups)
+        self._bytes += cost
+        self._queued()
 
     def deleted(self, listener: str, client: Address) -> None:
-        message = JournalDelete(listener, client)
-        self.sent_bytes += self.channel.send_many(message, ())
-        self.sent += 1
+        if self._bytes + _cost(listener, client, "") > BATCH_BYTES:
+            self.flush()
+        self._items.append(JournalDelete(listener, client))
+        self._bytes += _cost(listener, client, "")
+        self._queued()
+
+    def _queued(self) -> None:
+        if self.schedule is None:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            self.schedule(self.flush)
+
+    def flush(self) -> None:
+        """Send what is queued. A batch the channel refuses is logged and left out: those
+        allocations are not carried across a crash of this worker; it serves them on."""
+        self._scheduled = False
+        items, fds = self._items, self._fds
+        if not items:
+            return
+        self._items, self._fds, self._bytes = [], [], 0
+        try:
+            self._send(items, fds)
+        except OSError as exc:
+            log.warning("journal: %d change(s) not sent to the supervisor: %s", len(items), exc)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _send(self, items: Sequence[JournalItem], fds: Sequence[int]) -> None:
+        try:
+            self.sent_bytes += self.channel.send_many(JournalBatch(tuple(items)), fds)
+            self.sent += 1
+        except OSError as exc:
+            if exc.errno != errno.EMSGSIZE or len(items) < 2:
+                raise
+            half = len(items) // 2  # larger than `_cost` foresaw: in two
+            cut = sum(item.fds for item in items[:half] if isinstance(item, JournalEntry))
+            self._send(items[:half], fds[:cut])
+            self._send(items[half:], fds[cut:])
 
 
-@dataclass(slots=True)
-class Entry:
-    """One allocation as last journaled, and the supervisor's copies of its relay sockets."""
+Kept = tuple[str, float, tuple[int, ...]]
+"""An allocation as last journaled: its record (JSON text), when it was taken (the worker's
+monotonic clock), and the fds of the supervisor's duplicates of its relay sockets. A plain tuple
+of text and numbers, which the garbage collector stops tracking: a supervisor holding ten
+thousand allocations does not make each collection walk them."""
 
-    record: dict[str, Any]
-    at: float
-    sockets: list[socket.socket] = field(default_factory=list)
 
-    def close(self) -> None:
-        for sock in self.sockets:
-            sock.close()
-        self.sockets.clear()
+def _close(fds: Iterable[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError as exc:
+            log.debug("journal: closing fd %d: %s", fd, exc)
 
 
 class Journal:
     """The supervisor's side: one worker's live allocations, by listener and client."""
 
     def __init__(self) -> None:
-        self.entries: dict[tuple[str, Address], Entry] = {}
+        self.entries: dict[tuple[str, Address], Kept] = {}
         self.received = 0  # messages
         self.received_bytes = 0
 
@@ -109,11 +195,12 @@ class Journal:
 
     def read(self, channel: Channel) -> None:
         """Take every message the worker has queued (call when the channel is readable)."""
-        channel.sock.settimeout(0.0)
+        sock = channel.sock
+        sock.settimeout(0.0)
         while True:
             try:
                 data, fds, _flags, _addr = socket.recv_fds(
-                    channel.sock, MAX_CHANNEL_MESSAGE_BYTES, MAX_FDS
+                    sock, MAX_CHANNEL_MESSAGE_BYTES, MAX_CHANNEL_FDS
                 )
             except (BlockingIOError, InterruptedError):
                 return
@@ -121,57 +208,71 @@ class Journal:
                 log.debug("journal: channel closed: %s", exc)
                 return
             if not data:
-                for fd in fds:
-                    os.close(fd)
+                _close(fds)
                 return
             self.received += 1
             self.received_bytes += len(data)
             try:
-                self.take(decode_channel(data), fds)
-            except (ValueError, KeyError, TypeError, IndexError) as exc:
-                # e.g. a record over MAX_CHANNEL_MESSAGE_BYTES (thousands of permissions), cut
-                # short: that allocation is not kept across a crash; the others are.
-                log.warning("journal: unreadable message from the worker left out: %r", exc)
-                for fd in fds:
-                    os.close(fd)
+                message = decode_channel(data)
+            except WorkerMessageError as exc:
+                log.warning("journal: unreadable message from the worker left out: %s", exc)
+                _close(fds)
+                continue
+            if not isinstance(message, JournalBatch) or message.fd_count != len(fds):
+                log.warning("journal: a %s message with %d fd(s) left out", message.OP, len(fds))
+                _close(fds)
+                continue
+            self.take(message.items, fds)
 
-    def take(self, message: ChannelMessage, fds: Sequence[int]) -> None:
-        if isinstance(message, JournalEntry):
-            record = dict(message.record)
-            key = (message.listener, message.client)
-            entry = self.entries.get(key)
-            if entry is None or fds:
-                if entry is not None:
-                    entry.close()  # the client allocated anew on the same 5-tuple
-                entry = self.entries[key] = Entry(record, message.at)
-                entry.sockets = [socket.socket(fileno=fd) for fd in fds]
+    def take(self, items: Iterable[JournalItem], fds: Sequence[int]) -> None:
+        """Apply a batch's items in order; `fds` are the new entries' relay sockets in the same
+        order (this journal owns them)."""
+        used = 0
+        for item in items:
+            if type(item) is JournalEntry:
+                self.keep(
+                    item.listener, item.client, item.at, item.record, fds[used : used + item.fds]
+                )
+                used += item.fds
             else:
-                entry.record, entry.at = record, message.at
-        elif isinstance(message, JournalDelete):
-            gone = self.entries.pop((message.listener, message.client), None)
-            if gone is not None:
-                gone.close()
+                self.forget(item.listener, item.client)
+
+    def keep(
+        self, listener: str, client: Address, at: float, record: str, fds: Sequence[int]
+    ) -> None:
+        """The allocation's record as of `at`; with `fds` (this journal owns them) it is new."""
+        key = (listener, client)
+        old = self.entries.get(key)
+        if old is None or fds:
+            if old is not None:
+                _close(old[2])  # the client allocated anew on the same 5-tuple
+            self.entries[key] = (record, at, tuple(fds))
         else:
-            for fd in fds:
-                os.close(fd)
+            self.entries[key] = (record, at, old[2])
+
+    def forget(self, listener: str, client: Address) -> None:
+        gone = self.entries.pop((listener, client), None)
+        if gone is not None:
+            _close(gone[2])
 
     def live(
         self, listeners: Iterable[str], worker: int = 0, now: float | None = None
     ) -> tuple[list[dict[str, Any]], list[int]]:
         """The live entries of `listeners` as the handoff document's listener objects, and
-        their relay sockets' fds in the order they name them; entries that expired or lost
-        their listener are dropped (and their sockets closed)."""
+        their relay sockets' fds in the order they name them (the journal keeps owning them);
+        entries that expired, lost their listener or cannot be read are dropped (and their
+        sockets closed)."""
         now = time.monotonic() if now is None else now
         keep = set(listeners)
         by_listener: dict[str, list[dict[str, Any]]] = {}
         fds: list[int] = []
-        for key, entry in list(self.entries.items()):
-            doc = _aged(entry, now - entry.at)
-            if key[0] not in keep or doc is None or not _readable(doc, key):
-                self.entries.pop(key).close()
+        for key, (text, at, held) in list(self.entries.items()):
+            doc = _aged(text, len(held), now - at) if key[0] in keep else None
+            if doc is None or not _readable(doc, key):
+                self.forget(*key)
                 continue
             by_listener.setdefault(key[0], []).append(doc)
-            fds.extend(sock.fileno() for sock in entry.sockets)
+            fds.extend(held)
         docs = [{"name": n, "worker": worker, "allocations": a} for n, a in by_listener.items()]
         return docs, fds
 
@@ -190,8 +291,8 @@ class Journal:
         return json.dumps(document, separators=(",", ":")), fds
 
     def close(self) -> None:
-        for entry in self.entries.values():
-            entry.close()
+        for _text, _at, held in self.entries.values():
+            _close(held)
         self.entries.clear()
 
 
@@ -205,19 +306,26 @@ def _readable(doc: dict[str, Any], key: tuple[str, Address]) -> bool:
     return True
 
 
-def _aged(entry: Entry, elapsed: float) -> dict[str, Any] | None:
-    """The record `elapsed` seconds later; None when it expired or lacks its relay sockets."""
-    record = entry.record
-    left = float(record["expires_in_s"]) - elapsed
-    wanted = 2 if record.get("additional") else 1
-    if left <= 0 or len(entry.sockets) != wanted:
+def _aged(text: str, sockets: int, elapsed: float) -> dict[str, Any] | None:
+    """The record `elapsed` seconds later; None when it expired, lacks its relay sockets or is
+    not a JSON object."""
+    try:
+        record = json.loads(text)
+        left = float(record["expires_in_s"]) - elapsed
+        wanted = 2 if record.get("additional") else 1
+        if left <= 0 or sockets != wanted:
+            return None
+        permissions = {
+            ip: float(t) - elapsed
+            for ip, t in record["permissions"].items()
+            if float(t) - elapsed > 0
+        }
+        channels = [
+            {**ch, "expires_in_s": float(ch["expires_in_s"]) - elapsed}
+            for ch in record["channels"]
+            if float(ch["expires_in_s"]) - elapsed > 0
+        ]
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("journal: an unreadable record left out: %r", exc)
         return None
-    permissions = {
-        ip: float(t) - elapsed for ip, t in record["permissions"].items() if float(t) - elapsed > 0
-    }
-    channels = [
-        {**ch, "expires_in_s": float(ch["expires_in_s"]) - elapsed}
-        for ch in record["channels"]
-        if float(ch["expires_in_s"]) - elapsed > 0
-    ]
     return {**record, "expires_in_s": left, "permissions": permissions, "channels": channels}

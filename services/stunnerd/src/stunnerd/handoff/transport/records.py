@@ -3,15 +3,15 @@
 The edge hands its allocations to `stunnerd.net.ports.AllocationJournal` as the engine holds
 them (`stunnerd.turn.allocation.Allocation`, its expiries read on the loop's clock); what is
 journaled and handed over is the document's `AllocationRecord`, its lifetimes as seconds left.
-`record_of` makes one from the other; `RecordJournal` is the `AllocationJournal` that does so
-for a journal of records (`journal.JournalWriter`). The way back, record to allocation, is the
-edge's (`stunnerd.net.adopt.allocation_of`).
+`record_of` makes one from the other (`record_doc` its document directly); `RecordJournal` is the
+`AllocationJournal` that journals such documents (`journal.JournalWriter`). The way back, record
+to allocation, is the edge's (`stunnerd.net.adopt.allocation_of`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from stunnerd.handoff.transport.state import Address, AllocationRecord, ChannelRecord
 
@@ -89,11 +89,36 @@ def record_of(alloc: LiveAllocation, now: float) -> AllocationRecord:
     )
 
 
+def record_doc(alloc: LiveAllocation, now: float) -> dict[str, Any]:
+    """`state.allocation_doc(record_of(alloc, now))`, made without the record in between: the
+    journal writes one for each change of each allocation."""
+    return {
+        "client": list(alloc.client),
+        "user_id": alloc.user_id,
+        "key": alloc.key.hex(),
+        "username": alloc.username,
+        "relay": list(alloc.relay),
+        "family": alloc.family,
+        "expires_in_s": max(0.0, alloc.expires - now),
+        "additional": list(alloc.additional) if alloc.additional is not None else None,
+        "tcp": alloc.tcp,
+        "permissions": {ip: at - now for ip, at in alloc.permissions.items() if at > now},
+        "channels": [
+            {"number": ch.number, "peer": list(ch.peer), "expires_in_s": ch.expires - now}
+            for ch in alloc.channels.values()
+            if ch.expires > now
+        ],
+    }
+
+
 class RecordSink(Protocol):
     """A journal of handoff records (`journal.JournalWriter`)."""
 
-    def changed(self, listener: str, record: AllocationRecord, fds: Sequence[int]) -> None:
-        """The allocation as it stands; `fds` its relay sockets when it is new."""
+    def changed(
+        self, listener: str, client: Address, doc: Mapping[str, Any], fds: Sequence[int]
+    ) -> None:
+        """`client`'s allocation as it stands, as its record's document
+        (`state.allocation_doc`); `fds` its relay sockets when it is new."""
 
     def deleted(self, listener: str, client: Address) -> None:
         """The allocation is gone."""
@@ -111,7 +136,7 @@ class RecordJournal:
     def changed(
         self, listener: str, allocation: LiveAllocation, now: float, fds: Sequence[int]
     ) -> None:
-        self.sink.changed(listener, record_of(allocation, now), fds)
+        self.sink.changed(listener, allocation.client, record_doc(allocation, now), fds)
 
     def deleted(self, listener: str, client: Address) -> None:
         self.sink.deleted(listener, client)
