@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import resource
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -316,3 +317,27 @@ def test_ten_thousand_kept_allocations_are_not_walked_by_the_garbage_collector(
     untracked = [entry for entry in journal.entries.values() if not gc.is_tracked(entry)]
     assert len(untracked) == len(journal)
     assert not any(gc.is_tracked(key) for key in journal.entries)
+
+
+def test_a_change_that_finds_no_free_fd_is_refused_and_holds_none(
+    batched: tuple[JournalWriter, FdChannel, Journal, Turn],
+) -> None:
+    writer, ours, journal, turn = batched
+    dual = replace(record(), additional=("2001:db8::1", 50002))
+    with relay_socket() as v4, relay_socket() as v6:
+        lowest = os.dup(0)
+        os.close(lowest)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest + 1, hard))  # room for one more fd
+        try:
+            with pytest.raises(OSError, match="Too many open files"):
+                change(writer, "a", dual, [v4.fileno(), v6.fileno()])
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        again = os.dup(0)
+        os.close(again)
+        assert again == lowest  # the first duplicate was closed again
+        change(writer, "a", record(client=("203.0.113.8", 1)), [v4.fileno()])
+        turn.end()
+        journal.read(ours)
+    assert [key[1] for key in journal.entries] == [("203.0.113.8", 1)]

@@ -118,7 +118,12 @@ class JournalWriter:
             raise OSError(errno.EMSGSIZE, f"an allocation record of {len(text)} bytes is too large")
         if self._bytes + cost > BATCH_BYTES or len(self._fds) + len(fds) > MAX_CHANNEL_FDS:
             self.flush()
-        dups = [os.dup(fd) for fd in fds]
+        dups: list[int] = []
+        try:
+            dups.extend(os.dup(fd) for fd in fds)
+        except OSError:  # out of fds: this change is not journaled (the caller logs it)
+            _close(dups)
+            raise
         self._items.append(JournalEntry(listener, client, time.monotonic(), text, len(dups)))
         self._fds.extend(dups)
         self._bytes += cost
