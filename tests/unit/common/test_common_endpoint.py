@@ -6,7 +6,8 @@ import ipaddress
 
 import pytest
 
-from stunner_common.config import ConfigValidationError, Endpoint, parse_endpoint
+from stunner_common.config import ClusterConfig, ConfigValidationError, Endpoint, parse_endpoint
+from stunner_common.config.endpoint import canonical_endpoint, clear_endpoint_cache
 
 
 @pytest.mark.parametrize(
@@ -107,3 +108,14 @@ def test_matches_checks_prefix_and_port_with_port_zero_ignored(
     endpoint: str, ip: str, port: int, matches: bool
 ) -> None:
     assert parse_endpoint(endpoint).matches(ip, port) is matches
+
+
+def test_a_cluster_of_ten_thousand_endpoints_validated_again_hits_the_cache_only() -> None:
+    """Every render validates every endpoint again, in the same order: a cache smaller than
+    that cycle would miss on each one."""
+    endpoints = tuple(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(10_000))
+    clear_endpoint_cache()
+    ClusterConfig(name="ns/r", endpoints=endpoints)
+    missed = canonical_endpoint.cache_info().misses
+    ClusterConfig(name="ns/r", endpoints=endpoints)
+    assert canonical_endpoint.cache_info().misses == missed == len(endpoints)

@@ -18,6 +18,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from stunner_common.config.errors import ConfigValidationError
 
 __all__ = [
+    "CANONICAL_CACHE_SIZE",
     "ENDPOINT_CACHE_SIZE",
     "MAX_PORT",
     "Endpoint",
@@ -28,6 +29,12 @@ __all__ = [
 
 MAX_PORT = 65535
 ENDPOINT_CACHE_SIZE = 8192
+"""Parsed endpoints kept (about 650 B each)."""
+CANONICAL_CACHE_SIZE = 32768
+"""Canonical forms kept (about 140 B each). Every render validates every endpoint of the configs
+it renders again, in the same order each time, and a least-recently-used cache smaller than such a
+cycle misses on every call (a miss costs about 50 µs, a hit 0.2 µs): this one holds three times
+the 10,000 endpoints of a Gateway that `python -m bench control` churns."""
 _RANGE_RE = re.compile(r"^(.*):<([0-9]+)-([0-9]+)>$", re.DOTALL)
 
 IPAddress = IPv4Address | IPv6Address
@@ -130,7 +137,7 @@ def _parse_endpoint(text: str) -> Endpoint:
     return Endpoint(network, port_min, port_max)
 
 
-@functools.lru_cache(maxsize=ENDPOINT_CACHE_SIZE)
+@functools.lru_cache(maxsize=CANONICAL_CACHE_SIZE)
 def canonical_endpoint(text: str) -> str:
     """The canonical string form of an endpoint; raises like `parse_endpoint`."""
     return str(parse_endpoint(text))
