@@ -19,7 +19,10 @@ Churn (ours only): one Gateway with `BENCH_CHURN_SERVICES` UDPRoutes to Services
 WebSocket watchers of the CDS, then `BENCH_CHURN_RATE` EndpointSlice writes per second for
 `BENCH_CHURN_SECONDS`; each write puts a numbered address in. Printed: the lag from a write to a
 watcher seeing it (p50/p99/max over every write and watcher), the CDS fan-out (first to last watcher
-per update, p99) and whether any watcher is left on a stale config once the churn stops.
+per update, p99) and whether any watcher is left on a stale config once the churn stops. The
+churn runs once per watch protocol in `BENCH_CHURN_PROTOCOLS` (default "v2,v1"), on the same
+stack: v2 watchers offer the `stunner.cds.v2` subprotocol and get a JSON Patch per change, as our
+stunnerd does; v1 watchers get the whole config in each frame, as upstream's stunnerd does.
 
 `BENCH_CONTROL_PART=bootstrap|churn|all`. Everything binds 127.0.0.1; every loop is bounded.
 """
@@ -61,6 +64,13 @@ CHURN_ENDPOINTS = int(os.environ.get("BENCH_CHURN_ENDPOINTS", "50"))
 CHURN_RATE = float(os.environ.get("BENCH_CHURN_RATE", "20"))
 CHURN_SECONDS = float(os.environ.get("BENCH_CHURN_SECONDS", "30"))
 CHURN_WATCHERS = int(os.environ.get("BENCH_CHURN_WATCHERS", "100"))
+CHURN_PROTOCOLS = [
+    p.strip() for p in os.environ.get("BENCH_CHURN_PROTOCOLS", "v2,v1").split(",") if p.strip()
+]
+PROTOCOL_NAMES = {
+    "v2": "v2 watchers (a JSON Patch per change, as our stunnerd watches)",
+    "v1": "v1 watchers (the whole config per change, as upstream's stunnerd watches)",
+}
 CHURN_NS = "bench-churn"
 CHURN_GW = "churn-gw"
 SETTLE_TIMEOUT_S = 20.0
@@ -341,8 +351,15 @@ class _Watchers:
         return frame
 
 
-async def _open_watchers(port: int, token: str, watchers: _Watchers) -> list[asyncio.BaseTransport]:
+async def _open_watchers(
+    port: int, token: str, watchers: _Watchers, protocol: str
+) -> list[asyncio.BaseTransport]:
     from bench.bench_cds import _RawWatcher
+    from stunner_common.cds.wire import CDS_V2_SUBPROTOCOL
+
+    extra = f"Authorization: Bearer {token}\r\n" if token else ""
+    if protocol == "v2":
+        extra += f"Sec-WebSocket-Protocol: {CDS_V2_SUBPROTOCOL}\r\n"
 
     loop = asyncio.get_running_loop()
     path = f"/api/v1/configs/{CHURN_NS}/{CHURN_GW}?watch=true"
@@ -353,10 +370,8 @@ async def _open_watchers(port: int, token: str, watchers: _Watchers) -> list[asy
 
         def factory(i: int = i, ready: asyncio.Future[None] = ready) -> _RawWatcher:
             proto = _RawWatcher(host, path, watchers.on_frame(i), ready)
-            if token:
-                proto.request = proto.request.replace(
-                    b"\r\n\r\n", f"\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
-                )
+            if extra:
+                proto.request = proto.request.replace(b"\r\n\r\n", f"\r\n{extra}\r\n".encode())
             return proto
 
         # From addresses of their own, as stunnerd pods would be: the CDS admits 256 watches
@@ -369,11 +384,16 @@ async def _open_watchers(port: int, token: str, watchers: _Watchers) -> list[asy
     return transports
 
 
-async def _churn(side: Side, addresses: list[list[str]]) -> list[str]:
+async def _churn(
+    side: Side, addresses: list[list[str]], protocol: str, first: int
+) -> tuple[list[str], int]:
+    """One churn run with `protocol` watchers, its writes numbered from `first`; the report
+    lines and the next run's first number."""
     stack = side.impl
     writes: dict[int, float] = {}
     watchers = _Watchers(CHURN_WATCHERS, writes)
-    transports = await _open_watchers(stack.cds_port, stack.cds_token, watchers)
+    watchers.newest = [first - 1] * CHURN_WATCHERS  # an earlier run's numbers are not news
+    transports = await _open_watchers(stack.cds_port, stack.cds_token, watchers, protocol)
     try:
         async with asyncio.timeout(20):
             await watchers.until(lambda: min(watchers.frames) >= 1)
@@ -382,10 +402,10 @@ async def _churn(side: Side, addresses: list[list[str]]) -> list[str]:
 
         def writer() -> float:
             start = time.perf_counter()
-            for seq in range(total):
+            for seq in range(first, first + total):
                 if stop.is_set():
                     break
-                due = start + seq / CHURN_RATE
+                due = start + (seq - first) / CHURN_RATE
                 time.sleep(max(0.0, due - time.perf_counter()))
                 service = seq % CHURN_SERVICES
                 slot = (seq // CHURN_SERVICES) % CHURN_ENDPOINTS
@@ -425,7 +445,8 @@ async def _churn(side: Side, addresses: list[list[str]]) -> list[str]:
         for s in watchers.seen_first
         if watchers.seen_by.get(s) == CHURN_WATCHERS
     ]
-    return [
+    lines = [
+        f"churn, {PROTOCOL_NAMES.get(protocol, protocol)}:",
         f"churn: {CHURN_SERVICES} Services x {CHURN_ENDPOINTS} endpoints, {len(writes)} "
         f"EndpointSlice writes in {took:.1f} s (asked {CHURN_RATE:g}/s for {CHURN_SECONDS:g} s), "
         f"{CHURN_WATCHERS} CDS watchers, {sum(watchers.frames)} frames received",
@@ -439,6 +460,7 @@ async def _churn(side: Side, addresses: list[list[str]]) -> list[str]:
         f"({dropped} closed by the CDS as too slow, not reconnected by the bench); "
         f"the CDS serves the last write over HTTP: {'yes' if served_ok else 'NO'}",
     ]
+    return lines, first + total
 
 
 def churn(workdir: Path) -> None:
@@ -463,8 +485,11 @@ def churn(workdir: Path) -> None:
         else:
             print(f"churn: the CDS never served {cfg_id} with {CHURN_SERVICES} full clusters")
             return
-        for line in asyncio.run(_churn(side, addresses)):
-            print(line)
+        first = 0
+        for protocol in CHURN_PROTOCOLS:
+            lines, first = asyncio.run(_churn(side, addresses, protocol, first))
+            for line in lines:
+                print(line)
     finally:
         side.stop()
 
