@@ -33,8 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import jsonpatch
-
+from stunner_cds.store.diff import json_patch
 from stunner_cds.store.mirror import Change, ConfigMirror, Entry
 from stunner_cds.store.nodes import node_address
 from stunner_common.cds import (
@@ -59,6 +58,9 @@ class Mode(enum.Enum):
     V2 = "v2"
 
 
+SHORT_PATCH_BYTES = 512
+"""A v2 patch envelope this short is sent without encoding the snapshot it could be instead
+(a config with a listener and a cluster is longer); a longer one goes as whichever is shorter."""
 CLOSE_GOING_AWAY = 1001
 CLOSE_SERVICE_RESTART = 1012
 CLOSE_TRY_AGAIN_LATER = 1013
@@ -207,11 +209,12 @@ class _Encoded:
         epoch = self.epoch
         if new is None:
             return encode_delete(c.id, c.rev, epoch)
-        snapshot = encode_snapshot(c.id, c.rev, new, epoch)
         if old is None or whole:
-            return snapshot
-        ops: list[dict[str, Any]] = jsonpatch.make_patch(old, new).patch
-        patch = encode_patch(c.id, c.rev, ops, epoch)
+            return encode_snapshot(c.id, c.rev, new, epoch)
+        patch = encode_patch(c.id, c.rev, json_patch(old, new), epoch)
+        if len(patch) <= SHORT_PATCH_BYTES:
+            return patch  # no config worth a watch encodes shorter: not encoded to be sure
+        snapshot = encode_snapshot(c.id, c.rev, new, epoch)
         return snapshot if len(snapshot) <= len(patch) else patch
 
 
