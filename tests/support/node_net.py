@@ -134,9 +134,9 @@ class HostSnapshot:
         """SIGKILL every process in the cgroups the kubelet made (containers left behind)."""
         killed: set[int] = set()
         for top in self.new_cgroups():
-            for procs in Path(top).rglob("cgroup.procs"):
+            for directory in _subtree(top):
                 with contextlib.suppress(OSError):
-                    for pid in procs.read_text().split():
+                    for pid in (directory / "cgroup.procs").read_text().split():
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(int(pid), signal.SIGKILL)
                             killed.add(int(pid))
@@ -146,10 +146,9 @@ class HostSnapshot:
         """rmdir the kubelet's cgroups, deepest first; returns those that would not go."""
         stuck = []
         for top in self.new_cgroups():
-            for d in sorted(Path(top).rglob("*"), key=lambda p: -len(p.parts)):
-                if d.is_dir():
-                    with contextlib.suppress(OSError):
-                        d.rmdir()
+            for d in sorted(_subtree(top)[1:], key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
             for _ in range(20):
                 try:
                     Path(top).rmdir()
@@ -365,3 +364,10 @@ def shim_pids(socket_path: Path) -> list[int]:
         if argv and b"containerd-shim" in argv[0] and str(socket_path).encode() in argv:
             pids.append(int(proc.name))
     return pids
+
+
+def _subtree(top: str) -> list[Path]:
+    """`top` and every directory below it, as far as they still exist while walked: the kubelet
+    and containerd remove cgroups at the same time, and a cgroup gone half-way through the walk
+    must not end it (`Path.rglob` raises there; `os.walk` leaves it out)."""
+    return [Path(d) for d, _dirs, _files in os.walk(top)]
