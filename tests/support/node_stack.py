@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -668,7 +669,12 @@ def _delete_all_pods(state: dict[str, Any], socket: Path) -> None:
 
 
 def teardown(workdir: Path) -> dict[str, Any]:
-    """Stop every process the stack started (by PID) and undo what it changed on the host."""
+    """Stop every process the stack started (by PID) and undo what it changed on the host.
+
+    Every step runs even when one before it failed (a step that stops half-way must not leave
+    the API server, containerd and their mounts to the next run); the failures are raised
+    together at the end, as `TeardownError`.
+    """
     state_file = workdir / "node-state.json"
     if not state_file.exists():
         return {}
@@ -676,47 +682,80 @@ def teardown(workdir: Path) -> dict[str, Any]:
     pids: dict[str, int] = state.get("pids", {})
     socket = Path(state["socket"])
     report: dict[str, Any] = {}
+    failed: list[str] = []
+
+    def step(name: str, action: Callable[[], Any], *, keep: bool = True) -> Any:
+        """Run one step; its result goes into the report under `name` when `keep`."""
+        try:
+            result = action()
+        except Exception as exc:  # every step must run; all are raised below
+            failed.append(f"{name}: {exc!r}")
+            return None
+        if keep:
+            report[name] = result
+        return result
+
     for name in ("kube-scheduler", "kube-controller-manager"):
         if name in pids:
-            _stop_pid(pids[name])
+            step(f"stop {name}", partial(_stop_pid, pids[name]), keep=False)
     if "kubelet" in pids and "kube-apiserver" in pids:
-        _delete_all_pods(state, socket)
+        step("delete pods", partial(_delete_all_pods, state, socket), keep=False)
     for name in ("kube-proxy", "kubelet", "coredns"):
         if name in pids:
-            _stop_pid(pids[name])
+            step(f"stop {name}", partial(_stop_pid, pids[name]), keep=False)
     if state.get("kube-proxy"):
-        subprocess.run(
-            [state["kube-proxy"], "--cleanup", "--proxy-mode=iptables"],
-            capture_output=True,
-            check=False,
-            timeout=60,
+        step(
+            "kube-proxy cleanup",
+            partial(
+                subprocess.run,
+                [state["kube-proxy"], "--cleanup", "--proxy-mode=iptables"],
+                capture_output=True,
+                check=False,
+                timeout=60,
+            ),
+            keep=False,
         )
     snapshot = HostSnapshot.from_json(state["snapshot"]) if state.get("snapshot") else None
     # Containers the kubelet did not get to stop, and their shims, by PID; then containerd.
     if snapshot is not None:
-        report["killed-container-processes"] = snapshot.kill_cgroup_processes()
-    cached = cni_sandboxes(CNI_NETWORK)  # read while containerd may be gone already
-    netns = sorted({*sandbox_netns(socket), *cached.values()})
-    shims = shim_pids(socket)
+        step("killed-container-processes", snapshot.kill_cgroup_processes)
+    # read while containerd may be gone already
+    cached: dict[str, str] = (
+        step("cni sandboxes", partial(cni_sandboxes, CNI_NETWORK), keep=False) or {}
+    )
+    in_sandboxes = step("sandbox netns", partial(sandbox_netns, socket), keep=False) or []
+    netns = sorted({*in_sandboxes, *cached.values()})
+    shims: list[int] = step("shim pids", partial(shim_pids, socket), keep=False) or []
     for pid in shims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     report["killed-shims"] = shims
     for name in ("containerd", "kube-apiserver", "etcd"):
         if name in pids:
-            _stop_pid(pids[name])
-    report["unmounted"] = unmount_under(workdir)
+            step(f"stop {name}", partial(_stop_pid, pids[name]), keep=False)
+    step("unmounted", partial(unmount_under, workdir))
     if snapshot is not None:
-        report["netns-removed"] = snapshot.remove_netns(netns)
-        report["cgroups-stuck"] = snapshot.remove_cgroups()
-        report["chains-removed"] = snapshot.remove_chains()
-        report["nft-tables-removed"] = snapshot.remove_nft_tables()
-    report["bridge-removed"] = bool(state.get("bridge")) and delete_bridge(BRIDGE)
+        step("netns-removed", partial(snapshot.remove_netns, netns))
+        step("cgroups-stuck", snapshot.remove_cgroups)
+        step("chains-removed", snapshot.remove_chains)
+        step("nft-tables-removed", snapshot.remove_nft_tables)
+    report["bridge-removed"] = bool(state.get("bridge")) and bool(
+        step("delete bridge", partial(delete_bridge, BRIDGE), keep=False)
+    )
     if snapshot is not None:
-        report["sysctls-restored"] = snapshot.restore_sysctls()
-    report["cni-results-removed"] = remove_cni_state(snapshot, CNI_NETWORK, list(cached))
+        step("sysctls-restored", snapshot.restore_sysctls)
+    step(
+        "cni-results-removed",
+        partial(remove_cni_state, snapshot, CNI_NETWORK, list(cached)),
+    )
     state_file.unlink()
+    if failed:
+        raise TeardownError("node teardown: " + "; ".join(failed))
     return report
+
+
+class TeardownError(RuntimeError):
+    """Steps of the node's teardown that failed (every other step ran)."""
 
 
 # -- make node-up / node-down

@@ -3,8 +3,10 @@ may still remove some: a directory gone half-way through the walk is left out, n
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -52,3 +54,30 @@ def test_a_cgroup_removed_while_the_teardown_walks_is_left_out(
     monkeypatch.setattr(os, "scandir", scandir)
     found = node_net._subtree(str(top))
     assert sorted(p.relative_to(top).as_posix() for p in found) == [".", "a", "a/c1", "d"]
+
+
+def test_a_failed_teardown_step_does_not_keep_the_steps_after_it_from_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support import node_stack
+
+    etcd = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        state = {"pids": {"etcd": etcd.pid}, "socket": str(tmp_path / "containerd.sock")}
+        (tmp_path / "node-state.json").write_text(json.dumps(state))
+
+        def broken(socket: Path) -> list[int]:
+            raise OSError("containerd's shims could not be listed")
+
+        monkeypatch.setattr(node_stack, "shim_pids", broken)
+        monkeypatch.setattr(node_stack, "sandbox_netns", lambda socket: [])
+        monkeypatch.setattr(node_stack, "cni_sandboxes", lambda network: {})
+        monkeypatch.setattr(node_stack, "remove_cni_state", lambda *args: [])
+        with pytest.raises(node_stack.TeardownError, match=r"shim pids: .*could not be listed"):
+            node_stack.teardown(tmp_path)
+        assert etcd.wait(timeout=10) is not None  # stopped after the failed step
+        assert not (tmp_path / "node-state.json").exists()
+    finally:
+        if etcd.poll() is None:
+            etcd.kill()
+            etcd.wait()
