@@ -127,9 +127,12 @@ async def test_a_watch_on_a_missing_config_waits_for_it(
         assert frame["admin"]["name"] == "ns/later"
 
 
-async def test_updates_to_one_id_arrive_in_order_without_gaps(
+async def test_updates_to_one_id_arrive_in_order_up_to_the_newest(
     publisher: ConfigPublisher, cds: RunningCds
 ) -> None:
+    """60 quick updates: each watcher sees them in order, never an older one after a newer one,
+    and ends on the newest. A change may replace its predecessor still queued for a watcher
+    (latest wins, docs/limits.md), so a busy machine may skip some in between."""
     await upsert(publisher, "ns/gw", "r-start")
     url = f"{cds.ws_url}/api/v1/configs/ns/gw?watch=true"
     async with connect(url) as v1, connect(url, subprotocols=[CDS_V2_SUBPROTOCOL]) as v2:  # type: ignore[list-item]
@@ -138,16 +141,16 @@ async def test_updates_to_one_id_arrive_in_order_without_gaps(
         state.apply(parse_envelope(await recv_text(v2)))
         for i in range(60):
             await upsert(publisher, "ns/gw", f"r-{i}")
-        assert [(await recv_json(v1))["auth"]["realm"] for _ in range(60)] == [
-            f"r-{i}" for i in range(60)
-        ]
-        revs = []
-        for _ in range(60):
+        seen: list[int] = []
+        while not seen or seen[-1] < 59:
+            seen.append(int((await recv_json(v1))["auth"]["realm"].removeprefix("r-")))
+        assert seen == sorted(set(seen))
+        revs: list[int] = []
+        while state.configs.get("ns/gw") != canonical("ns/gw", "r-59"):
             change = state.apply(parse_envelope(await recv_text(v2)))
             assert change is not None
             revs.append(change.rev)
-        assert revs == list(range(revs[0], revs[0] + 60))
-        assert state.configs["ns/gw"] == canonical("ns/gw", "r-59")
+        assert revs == sorted(set(revs))
 
 
 async def test_v2_sends_snapshot_patch_and_delete_envelopes(
