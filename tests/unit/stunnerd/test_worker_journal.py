@@ -341,3 +341,20 @@ def test_a_change_that_finds_no_free_fd_is_refused_and_holds_none(
         turn.end()
         journal.read(ours)
     assert [key[1] for key in journal.entries] == [("203.0.113.8", 1)]
+
+
+def test_batches_of_names_that_escape_long_still_fit_a_message(
+    batched: tuple[JournalWriter, FdChannel, Journal, Turn],
+) -> None:
+    """A character beyond the BMP is one character in Python and twelve in the JSON that
+    carries it: the writer's bound counts it so, and no batch is refused for its size."""
+    writer, ours, journal, turn = batched
+    listener = "\U0001f4de" * 200
+    count = 2000
+    for i in range(count):
+        change(writer, listener, record(client=("203.0.113.7", i + 1)), [])
+        journal.read(ours)
+    turn.end()
+    journal.read(ours)
+    assert len(journal) == count
+    assert writer.sent == journal.received >= 2

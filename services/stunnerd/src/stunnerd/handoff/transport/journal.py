@@ -62,10 +62,11 @@ def record_text(doc: Mapping[str, Any]) -> str:
 
 
 def _cost(listener: str, client: Address, text: str) -> int:
-    """An upper bound on what an entry adds to its batch: the record's text with its quotes
-    escaped, names that may need \\u escapes, and the item's punctuation and numbers."""
+    """An upper bound on what an entry adds to its batch: the record's (ASCII) text with its
+    quotes and backslashes escaped, names of which a character may take 12 (a \\u surrogate
+    pair), and the item's punctuation and numbers."""
     return (
-        len(text) + text.count('"') + text.count("\\") + 6 * (len(listener) + len(client[0])) + 64
+        len(text) + text.count('"') + text.count("\\") + 12 * (len(listener) + len(client[0])) + 64
     )
 
 
@@ -130,10 +131,11 @@ class JournalWriter:
         self._queued()
 
     def deleted(self, listener: str, client: Address) -> None:
-        if self._bytes + _cost(listener, client, "") > BATCH_BYTES:
+        cost = _cost(listener, client, "")
+        if self._bytes + cost > BATCH_BYTES:
             self.flush()
         self._items.append(JournalDelete(listener, client))
-        self._bytes += _cost(listener, client, "")
+        self._bytes += cost
         self._queued()
 
     def _queued(self) -> None:
@@ -152,24 +154,13 @@ class JournalWriter:
             return
         self._items, self._fds, self._bytes = [], [], 0
         try:
-            self._send(items, fds)
+            self.sent_bytes += self.channel.send_many(JournalBatch(tuple(items)), fds)
+            self.sent += 1
         except OSError as exc:
             log.warning("journal: %d change(s) not sent to the supervisor: %s", len(items), exc)
         finally:
             for fd in fds:
                 os.close(fd)
-
-    def _send(self, items: Sequence[JournalItem], fds: Sequence[int]) -> None:
-        try:
-            self.sent_bytes += self.channel.send_many(JournalBatch(tuple(items)), fds)
-            self.sent += 1
-        except OSError as exc:
-            if exc.errno != errno.EMSGSIZE or len(items) < 2:
-                raise
-            half = len(items) // 2  # larger than `_cost` foresaw: in two
-            cut = sum(item.fds for item in items[:half] if isinstance(item, JournalEntry))
-            self._send(items[:half], fds[:cut])
-            self._send(items[half:], fds[cut:])
 
 
 Kept = tuple[str, float, tuple[int, ...]]
