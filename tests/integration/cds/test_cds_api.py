@@ -147,6 +147,13 @@ async def test_tls_serves_https_and_wss(
             assert (await http.get("/api/v1/configs/ns/gw")).status_code == 200
         async with connect(f"{cds.ws_url}/api/v1/configs/ns/gw?watch=true", ssl=trust) as ws:
             assert (await recv_json(ws))["admin"]["name"] == "ns/gw"
+            # changes written straight to the TLS transport arrive as frames all the same
+            for realm in ("r-1", "r-2"):
+                await publisher.upsert("ns/gw", config("ns/gw", realm))
+            assert [(await recv_json(ws))["auth"]["realm"] for _ in range(2)] == ["r-1", "r-2"]
+        async with httpx.AsyncClient(base_url=cds.http_url, verify=trust) as http:
+            metrics = (await http.get("/metrics")).text
+        assert 'stunner_cds_frames_direct_total{mode="v1"} 2.0' in metrics
 
 
 async def test_readiness_follows_redis_and_configs_keep_being_served(

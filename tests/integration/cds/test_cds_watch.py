@@ -286,6 +286,59 @@ async def test_two_hundred_concurrent_watchers_all_get_every_update(
     await eventually(lambda: _no_watchers(cds), what="all watchers gone")
 
 
+async def test_idle_watchers_get_changes_written_directly_in_order(
+    publisher: ConfigPublisher, cds: RunningCds
+) -> None:
+    await upsert(publisher, "ns/gw", "r-0")
+    url = f"{cds.ws_url}/api/v1/configs/ns/gw?watch=true"
+    v1 = [await connect(url) for _ in range(20)]
+    v2 = [await connect(url, subprotocols=[CDS_V2_SUBPROTOCOL]) for _ in range(20)]  # type: ignore[list-item]
+    try:
+        states = [DeltaState() for _ in v2]
+        for ws in v1:
+            await recv_json(ws)
+        for ws, state in zip(v2, states, strict=True):
+            state.apply(parse_envelope(await recv_text(ws)))
+        updates = 50
+        for i in range(1, updates + 1):
+            await upsert(publisher, "ns/gw", f"r-{i}")
+
+        async def v1_realms(ws: ClientConnection) -> list[int]:
+            seen = [int((await recv_json(ws))["auth"]["realm"][2:])]
+            while seen[-1] != updates:
+                seen.append(int((await recv_json(ws))["auth"]["realm"][2:]))
+            return seen
+
+        async def v2_realms(ws: ClientConnection, state: DeltaState) -> list[int]:
+            seen: list[int] = []
+            while not seen or seen[-1] != updates:
+                state.apply(parse_envelope(await recv_text(ws)))
+                seen.append(int(state.configs["ns/gw"]["auth"]["realm"][2:]))
+            return seen
+
+        async with asyncio.timeout(10):
+            got = await asyncio.gather(
+                *(v1_realms(ws) for ws in v1),
+                *(v2_realms(ws, state) for ws, state in zip(v2, states, strict=True)),
+            )
+        # never an older state after a newer one, ending at the newest
+        assert all(seen == sorted(set(seen)) and seen[-1] == updates for seen in got)
+    finally:
+        await asyncio.gather(*(ws.close() for ws in (*v1, *v2)))
+    metrics = (await http_get(cds, "/metrics")).text
+    for mode in ("v1", "v2"):
+        line = next(
+            (
+                m
+                for m in metrics.splitlines()
+                if m.startswith(f'stunner_cds_frames_direct_total{{mode="{mode}"}}')
+            ),
+            "",
+        )
+        assert line, f"no {mode} frame was written directly"
+        assert float(line.split()[-1]) > 0
+
+
 async def _no_watchers(cds: RunningCds) -> bool:
     return await watchers(cds) == 0
 

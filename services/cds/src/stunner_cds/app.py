@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from stunner_cds import __version__
 from stunner_cds.api import configs, health, watch
 from stunner_cds.api.common import CdsContext
+from stunner_cds.api.direct import ExposeProtocol
 from stunner_cds.api.watch import send_watchdog
 from stunner_cds.metrics import CdsMetrics
 from stunner_cds.settings import CdsSettings
@@ -87,10 +88,12 @@ def create_app(settings: CdsSettings) -> FastAPI:
                 await watchdog
             await redis.aclose()
 
-    return create_service_app(
+    app = create_service_app(
         title="STUNner config discovery service",
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
         routers=[configs.router, watch.router, health.router],
     )
+    app.add_middleware(ExposeProtocol)
+    return app

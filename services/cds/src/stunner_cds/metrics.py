@@ -14,6 +14,13 @@ class CdsMetrics:
         self.frames_sent = Counter(
             "stunner_cds_frames_sent", "WebSocket frames sent.", ["mode"], registry=self.registry
         )
+        self.frames_direct = Counter(
+            "stunner_cds_frames_direct",
+            "Of the frames sent, those written straight to an idle watcher's connection, built"
+            " once per change (the rest went through the watcher's queue).",
+            ["mode"],
+            registry=self.registry,
+        )
         self.frames_superseded = Counter(
             "stunner_cds_frames_superseded",
             "Frames replaced before they were sent by a newer change of the same config (a"

@@ -2,10 +2,12 @@
 
 Everything that can be refused is refused before the upgrade and before subscribing (upstream
 leaks a subscription when the upgrade fails): bad token 401, foreign Origin 403, ``watch`` not
-true or bad ``since`` 400, not yet synchronised 503 — each as a JSON body. Once accepted, a writer
-task drains the watcher's queue (one watchdog task bounds every send) and a reader task discards
-what the client sends, noticing the close; keepalive pings (every ``ping_interval_s``, dropping a
-client silent for ``ping_interval_s + ping_timeout_s``) are uvicorn's. A watcher the hub dropped
+true or bad ``since`` 400, not yet synchronised 503 — each as a JSON body. Once accepted, a
+change's frame is written straight to the connection while the watcher has nothing queued
+(``stunner_cds.api.direct``); otherwise a writer task drains the watcher's queue (one watchdog
+task bounds every send). A reader task discards what the client sends, noticing the close;
+keepalive pings (every ``ping_interval_s``, dropping a client silent for ``ping_interval_s +
+ping_timeout_s``) are uvicorn's. A watcher the hub dropped
 as too slow is closed with code 1013 and the reason; a v2 watcher whose revisions a store reset
 made meaningless is closed with 1012 (it comes back for a full snapshot of the new epoch).
 
@@ -29,6 +31,7 @@ from starlette.responses import Response
 from starlette.websockets import WebSocketDisconnect
 
 from stunner_cds.api.common import CdsContext, check_token, context_of, parse_go_bool
+from stunner_cds.api.direct import sink_of
 from stunner_cds.store.hub import Mode, Topic, Watcher
 from stunner_common.cds import (
     CDS_V2_SUBPROTOCOL,
@@ -116,6 +119,14 @@ async def _serve(ws: WebSocket, topic: Topic) -> None:
         await ws.accept(
             subprotocol=CDS_V2_SUBPROTOCOL if mode is Mode.V2 else None, headers=headers
         )
+        sent = ctx.metrics.frames_sent.labels(mode.value)
+        direct = ctx.metrics.frames_direct.labels(mode.value)
+
+        def written() -> None:
+            sent.inc()
+            direct.inc()
+
+        watcher.sink = sink_of(ws.scope, written)
         await _pump(ws, ctx, watcher)
     except (WebSocketDisconnect, OSError, RuntimeError) as exc:
         log.debug("watcher of %s went away: %r", topic, exc)

@@ -21,6 +21,13 @@ watchers, which never see revisions, just get what changed. A store rolled back 
 (an older copy came back) keeps that epoch's name until the publisher's next write renumbers it,
 but its revisions were given out twice: no resume in that epoch is honoured any more, so a client
 that had seen a revision the rolled-back store gives out again gets the whole snapshot.
+
+A watcher whose connection can take a frame now (its ``sink``: open, its write buffer below the
+high-water mark) and that has nothing queued and nothing being sent gets a change's frame written
+straight to its socket, the WebSocket frame built once per change for every such watcher
+(``stunner_cds.store.frames``): no task wakes, nothing is encoded per watcher. Any other watcher
+gets it queued, and its writer task sends the queue in order; frames are written directly again
+only once the queue is empty and the writer idle, so a watcher's frames never overtake each other.
 """
 
 from __future__ import annotations
@@ -31,9 +38,10 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from stunner_cds.store.diff import json_patch
+from stunner_cds.store.frames import text_frame
 from stunner_cds.store.mirror import Change, ConfigMirror, Entry
 from stunner_cds.store.nodes import node_address
 from stunner_common.cds import (
@@ -99,6 +107,19 @@ def node_value(node: str | None) -> str | None:
     return node_fill(node_address(node)) if node else None
 
 
+class Sink(Protocol):
+    """A watcher's connection, written to directly (see the module's docstring)."""
+
+    def ready(self) -> bool:
+        """True when a frame written now goes out after everything written before it: the
+        connection is open, no close has been sent and the write buffer is below its mark."""
+        ...
+
+    def write(self, frame: bytes) -> None:
+        """Write one whole WebSocket frame; never blocks (the transport buffers)."""
+        ...
+
+
 class Watcher:
     """One subscription: a bounded queue of encoded frames and the reason it was closed."""
 
@@ -113,7 +134,14 @@ class Watcher:
         self.close_kind = "slow"
         """Why the server closed it, as a metrics label (None: no drop worth counting)."""
         self.sending_since: float | None = None
+        """Set by the writer task while it sends a batch, in the same step that takes the batch
+        (no frame is written directly meanwhile)."""
         self.writer: asyncio.Task[None] | None = None
+        self.sink: Sink | None = None
+        """Where frames may be written directly once the connection is accepted (None: every
+        frame goes through the queue and the writer task)."""
+        self.written = 0
+        """Frames written directly to the sink."""
         self.superseded = 0
         """Frames replaced in the queue by a newer change of their config before being sent."""
         self._live: dict[str, str] = {}
@@ -128,6 +156,15 @@ class Watcher:
         if self.closed_reason is not None:
             return False
         fill = node_value(self.node)
+        if (
+            not self.frames
+            and self.sending_since is None
+            and (sink := self.sink) is not None
+            and sink.ready()
+        ):
+            sink.write(change.wire(self.mode, fill))
+            self.written += 1
+            return True
         config_id = change.change.id
         frame = change.frame(self.mode, fill)
         if (queued := self._live.pop(config_id, None)) is not None:
@@ -174,7 +211,7 @@ class _Encoded:
     placeholder shares the plain frame.
     """
 
-    __slots__ = ("_frames", "_placeholder", "change", "epoch")
+    __slots__ = ("_frames", "_placeholder", "_wires", "change", "epoch")
 
     def __init__(self, change: Change, epoch: str) -> None:
         self.change = change
@@ -184,6 +221,7 @@ class _Encoded:
             cfg is not None and has_node_placeholder(cfg) for cfg in (c.old, c.new)
         )
         self._frames: dict[tuple[Mode, str | None, bool], str] = {}
+        self._wires: dict[tuple[Mode, str | None], bytes] = {}
 
     def frame(self, mode: Mode, fill: str | None = None, *, whole: bool = False) -> str:
         """The change's frame for ``mode`` and node ``fill``; ``whole``: never a patch (what
@@ -196,6 +234,16 @@ class _Encoded:
         if frame is None:
             frame = self._frames[key] = self._encode(mode, fill, whole)
         return frame
+
+    def wire(self, mode: Mode, fill: str | None = None) -> bytes:
+        """``frame(mode, fill)`` as a whole WebSocket text frame, built once."""
+        if not self._placeholder:
+            fill = None
+        key = (mode, fill)
+        wire = self._wires.get(key)
+        if wire is None:
+            wire = self._wires[key] = text_frame(self.frame(mode, fill).encode())
+        return wire
 
     def _encode(self, mode: Mode, fill: str | None, whole: bool) -> str:
         c = self.change
