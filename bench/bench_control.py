@@ -18,11 +18,13 @@ Churn (ours only): one Gateway with `BENCH_CHURN_SERVICES` UDPRoutes to Services
 `BENCH_CHURN_ENDPOINTS` endpoints each (EndpointSlices written by the bench), `BENCH_CHURN_WATCHERS`
 WebSocket watchers of the CDS, then `BENCH_CHURN_RATE` EndpointSlice writes per second for
 `BENCH_CHURN_SECONDS`; each write puts a numbered address in. Printed: the lag from a write to a
-watcher seeing it (p50/p99/max over every write and watcher), the CDS fan-out (first to last watcher
-per update, p99) and whether any watcher is left on a stale config once the churn stops. The
-churn runs once per watch protocol in `BENCH_CHURN_PROTOCOLS` (default "v2,v1"), on the same
-stack: v2 watchers offer the `stunner.cds.v2` subprotocol and get a JSON Patch per change, as our
-stunnerd does; v1 watchers get the whole config in each frame, as upstream's stunnerd does.
+watcher seeing it (p50/p99/max over every write and watcher), the CDS fan-out (first to last
+watcher per update, p99, as the bench's watchers see it; and inside the CDS, the bucket bound of
+the p99 of its `stunner_cds_fanout_seconds` histogram) and whether any watcher is left on a
+stale config once the churn stops. The churn runs once per watch protocol in
+`BENCH_CHURN_PROTOCOLS` (default "v2,v1"), on the same stack: v2 watchers offer the
+`stunner.cds.v2` subprotocol and get a JSON Patch per change, as our stunnerd does; v1 watchers
+get the whole config in each frame, as upstream's stunnerd does.
 
 `BENCH_CONTROL_PART=bootstrap|churn|all`. Everything binds 127.0.0.1; every loop is bounded.
 """
@@ -394,6 +396,7 @@ async def _churn(
     watchers = _Watchers(CHURN_WATCHERS, writes)
     watchers.newest = [first - 1] * CHURN_WATCHERS  # an earlier run's numbers are not news
     transports = await _open_watchers(stack.cds_port, stack.cds_token, watchers, protocol)
+    scraped = await asyncio.to_thread(_cds_metrics, stack)
     try:
         async with asyncio.timeout(20):
             await watchers.until(lambda: min(watchers.frames) >= 1)
@@ -436,9 +439,14 @@ async def _churn(
         # the served config itself (HTTP) must carry the last write too
         served = str(side.cds_configs().get(f"{CHURN_NS}/{CHURN_GW}", "")).encode()
         served_ok = cr.newest_marker(served.replace(b"'", b'"')) == last_seq
+        metrics = await asyncio.to_thread(_cds_metrics, stack)
     finally:
         for transport in transports:
             transport.close()
+    inside = cr.bucket_quantile(scraped, metrics, "stunner_cds_fanout_seconds", 0.99) * 1e3
+    mode = "v2" if protocol == "v2" else "v1"
+    sent = cr.sample_delta(scraped, metrics, "stunner_cds_frames_sent_total", mode=mode)
+    direct = cr.sample_delta(scraped, metrics, "stunner_cds_frames_direct_total", mode=mode)
     ms = [lag * 1e3 for lag in watchers.lags]
     fanout = [
         (watchers.seen_last[s] - watchers.seen_first[s]) * 1e3
@@ -455,12 +463,23 @@ async def _churn(
         f"max {max(ms, default=float('nan')):.0f}",
         f"churn CDS fan-out, first to last watcher per update (ms, {len(fanout)} updates): "
         f"p50 {cr.percentile(fanout, 0.5):.1f}  p99 {cr.percentile(fanout, 0.99):.1f}",
+        f"churn CDS fan-out inside the CDS, a change handed to every watcher "
+        f"(stunner_cds_fanout_seconds): p99 <= {inside:g} ms; {direct:.0f} of {sent:.0f} frames "
+        f"written straight to the connection, the rest through a watcher's queue",
         f"churn after the last write: every watcher on it after {caught_up * 1e3:.0f} ms; "
         f"watchers left stale after {SETTLE_TIMEOUT_S:.0f} s: {stale} of {CHURN_WATCHERS} "
         f"({dropped} closed by the CDS as too slow, not reconnected by the bench); "
         f"the CDS serves the last write over HTTP: {'yes' if served_ok else 'NO'}",
     ]
     return lines, first + total
+
+
+def _cds_metrics(stack: Any) -> cr.Samples:
+    import httpx
+
+    response = httpx.get(f"{stack.cds_url}/metrics", timeout=10.0)
+    response.raise_for_status()
+    return cr.metric_samples(response.text)
 
 
 def churn(workdir: Path) -> None:

@@ -202,6 +202,46 @@ def percentile(values: Iterable[float], q: float) -> float:
     return ordered[min(len(ordered), rank) - 1]
 
 
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+"""Prometheus samples by name and sorted labels."""
+
+
+def metric_samples(text: str) -> Samples:
+    """The samples of a Prometheus text exposition (``/metrics``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample_delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    """How much a counter grew between two scrapes."""
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def bucket_quantile(before: Samples, after: Samples, histogram: str, q: float) -> float:
+    """The upper bound of the bucket that holds the ``q`` quantile of what ``histogram``
+    observed between two scrapes (the quantile is at most this); inf past the last bound, NaN
+    for no observation."""
+    bucket = f"{histogram}_bucket"
+    bounds = sorted(
+        (float(dict(labels)["le"]), value - before.get((name, labels), 0.0))
+        for (name, labels), value in after.items()
+        if name == bucket
+    )
+    total = bounds[-1][1] if bounds else 0.0
+    if total <= 0:
+        return float("nan")
+    for bound, count in bounds:
+        if count >= q * total:
+            return bound
+    return float("inf")
+
+
 MARKER_BASE = (10 << 24) | (128 << 16)  # 10.128.0.0: update n writes address MARKER_BASE + n
 MARKER = re.compile(rb"10\.(1[2-9]\d|2[0-4]\d)\.(\d{1,3})\.(\d{1,3})")
 

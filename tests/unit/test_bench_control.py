@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -93,3 +94,30 @@ def test_ratio_lines_say_when_upstream_did_not_converge() -> None:
     assert "RATIO control N=100 peak_rss ours/upstream = 2.00" in lines
     assert "RATIO control N=100 writes_per_combo ours/upstream = 1.00" in lines
     assert any("converge_s ours/upstream: upstream left 3 of 100" in line for line in lines)
+
+
+def test_a_histogram_quantile_between_two_scrapes_is_its_bucket_bound() -> None:
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    cr = bench_module("control_report")
+    registry = CollectorRegistry()
+    fanout = Histogram("fanout_seconds", "x", buckets=(0.001, 0.01, 0.1), registry=registry)
+    sent = Counter("sent", "x", ["mode"], registry=registry)
+    for _ in range(50):  # before the first scrape: not counted
+        fanout.observe(0.5)
+    sent.labels("v2").inc(3)
+    before = cr.metric_samples(generate_latest(registry).decode())
+    for _ in range(98):
+        fanout.observe(0.0005)
+    fanout.observe(0.005)
+    fanout.observe(0.05)
+    sent.labels("v2").inc(7)
+    after = cr.metric_samples(generate_latest(registry).decode())
+    assert cr.bucket_quantile(before, after, "fanout_seconds", 0.98) == 0.001
+    assert cr.bucket_quantile(before, after, "fanout_seconds", 0.99) == 0.01
+    assert cr.bucket_quantile(before, after, "fanout_seconds", 1.0) == 0.1
+    assert cr.sample_delta(before, after, "sent_total", mode="v2") == 7
+    fanout.observe(5.0)
+    later = cr.metric_samples(generate_latest(registry).decode())
+    assert cr.bucket_quantile(after, later, "fanout_seconds", 0.99) == float("inf")
+    assert math.isnan(cr.bucket_quantile(later, later, "fanout_seconds", 0.99))

@@ -176,3 +176,20 @@ def test_v2_frames_written_directly_apply_as_patches_onto_the_snapshot() -> None
     for envelope in envelopes:
         state.apply(envelope)
     assert state.configs["ns/gw"]["auth"]["realm"] == "r-3"
+
+
+def test_the_fanout_of_each_change_with_watchers_is_reported() -> None:
+    hub = hub_with("ns/gw")
+    took: list[float] = []
+    hub.on_fanout = took.append
+    change(hub, "ns/gw", "r-1")  # no watcher yet
+    assert took == []
+    watchers = [hub.subscribe(Topic("ns"), Mode.V1)[0] for _ in range(3)]
+    for w in watchers[:2]:
+        w.frames.clear()
+        w.sink = RecordingSink()
+    change(hub, "ns/gw", "r-2")
+    change(hub, "other/gw", "o-1")  # not the watchers' namespace
+    change(hub, "ns/gw", "r-3")
+    assert len(took) == 2
+    assert all(0 <= t < 5 for t in took)

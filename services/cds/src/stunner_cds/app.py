@@ -57,6 +57,7 @@ def create_app(settings: CdsSettings) -> FastAPI:
             metrics.event_lag.observe(event_lag_s(event))
 
         hub = Hub(max_queue=settings.queue_size)
+        hub.on_fanout = metrics.fanout.observe
         redis = redis_client(
             settings.redis_url, timeout_s=settings.redis_timeout_s, block_ms=settings.redis_block_ms
         )

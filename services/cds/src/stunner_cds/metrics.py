@@ -48,6 +48,13 @@ class CdsMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             registry=self.registry,
         )
+        self.fanout = Histogram(
+            "stunner_cds_fanout_seconds",
+            "Time to hand one change to every watcher of its config: its frames encoded, then"
+            " written to each idle watcher's connection or queued for a busy one.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry,
+        )
         self.queue_depth = Gauge(
             "stunner_cds_watcher_queue_depth_max",
             "Frames waiting in the fullest watcher queue.",

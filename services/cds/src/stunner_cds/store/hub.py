@@ -35,8 +35,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -277,6 +278,8 @@ class Hub:
         self._by_id: dict[str, set[Watcher]] = {}
         self._unresumable_epoch: str | None = None
         """An epoch whose store was rolled back: its revisions no longer name one state."""
+        self.on_fanout: Callable[[float], None] | None = None
+        """Told, for each change published, the seconds it took to hand to every watcher."""
 
     # --- subscriptions -------------------------------------------------------------------------
 
@@ -405,9 +408,12 @@ class Hub:
     # --- fan-out -------------------------------------------------------------------------------
 
     def publish(self, changes: Iterable[Change]) -> int:
-        """Queue each change for every matching watcher; return the number of frames queued."""
+        """Hand each change to every matching watcher (written, or queued); return how many
+        frames were. ``on_fanout`` is told each change's time, when it had a watcher."""
         queued = 0
+        clock = time.perf_counter
         for change in changes:
+            started = clock()
             encoded = _Encoded(change, self.mirror.epoch)
             namespace = change.id.partition("/")[0]
             targets = [
@@ -420,6 +426,8 @@ class Hub:
                     queued += 1
                 elif watcher.closed_reason is None:
                     self._drop(watcher)
+            if self.on_fanout is not None and targets:
+                self.on_fanout(clock() - started)
         return queued
 
     def reload(self, snapshot: Snapshot) -> int:
