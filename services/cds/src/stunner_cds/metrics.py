@@ -21,6 +21,9 @@ class CdsMetrics:
             ["mode"],
             registry=self.registry,
         )
+        self.direct_writes: dict[str, int] = {"v1": 0, "v2": 0}
+        """Direct writes by mode, counted as plain ints on the fan-out path and added to
+        ``frames_sent`` and ``frames_direct`` at each scrape (``count_direct_writes``)."""
         self.frames_superseded = Counter(
             "stunner_cds_frames_superseded",
             "Frames replaced before they were sent by a newer change of the same config (a"
@@ -75,3 +78,11 @@ class CdsMetrics:
             registry=self.registry,
         )
         self.configs = Gauge("stunner_cds_configs", "Configs held.", registry=self.registry)
+
+    def count_direct_writes(self) -> None:
+        """Move the direct writes counted since the last scrape into their counters."""
+        for mode, count in self.direct_writes.items():
+            if count:
+                self.direct_writes[mode] = 0
+                self.frames_sent.labels(mode).inc(count)
+                self.frames_direct.labels(mode).inc(count)

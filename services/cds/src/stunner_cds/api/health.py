@@ -65,4 +65,5 @@ async def metrics(ctx: Context) -> Response:
     m.configs.set(len(ctx.hub.mirror.entries))
     m.redis_up.set(1 if ctx.feed.ready else 0)
     m.queue_depth.set(max((len(w.frames) for w in ctx.hub.watchers()), default=0))
+    m.count_direct_writes()
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

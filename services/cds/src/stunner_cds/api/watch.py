@@ -119,12 +119,10 @@ async def _serve(ws: WebSocket, topic: Topic) -> None:
         await ws.accept(
             subprotocol=CDS_V2_SUBPROTOCOL if mode is Mode.V2 else None, headers=headers
         )
-        sent = ctx.metrics.frames_sent.labels(mode.value)
-        direct = ctx.metrics.frames_direct.labels(mode.value)
+        counts, key = ctx.metrics.direct_writes, mode.value
 
         def written() -> None:
-            sent.inc()
-            direct.inc()
+            counts[key] += 1
 
         watcher.sink = sink_of(ws.scope, written)
         await _pump(ws, ctx, watcher)

@@ -156,7 +156,7 @@ class Watcher:
         whole state instead. False: closed, or the queue is full."""
         if self.closed_reason is not None:
             return False
-        fill = node_value(self.node)
+        fill = node_value(self.node) if self.node else None
         if (
             not self.frames
             and self.sending_since is None
