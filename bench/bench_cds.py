@@ -31,7 +31,7 @@ from typing import Any, cast
 WATCHERS = 1000
 LATENCY_UPDATES = 40
 BURST_UPDATES = 60
-CONNECT_BATCH = 100
+CONNECT_BATCH = 50  # handshakes in flight at once: under the CDS cap of 64 per client address
 STEP_TIMEOUT_S = 20.0
 ROUNDS = 2
 CONFIG_ID = "bench/gateway"
@@ -218,6 +218,17 @@ class _RawWatcher(asyncio.Protocol):
                 self.transport.write(bytes([0x8A, 0x80 | len(payload), 0, 0, 0, 0]) + payload)
 
 
+WATCHERS_PER_SOURCE = 200
+
+
+def watcher_source(index: int) -> str:
+    """The loopback address watcher ``index`` connects from, as stunnerd pods would each from
+    their own: the CDS admits 256 watches per client address (docs/limits.md), so 200 per
+    address, on 127.0.1.1 upwards."""
+    group = index // WATCHERS_PER_SOURCE
+    return f"127.0.{1 + group // 250}.{1 + group % 250}"
+
+
 class Watchers:
     """``WATCHERS`` WebSocket clients that timestamp every marked frame they receive."""
 
@@ -241,12 +252,15 @@ class Watchers:
             if len(bucket) == self.count:
                 self.done[n].set()
 
-    async def _open_one(self) -> None:
+    async def _open_one(self, index: int) -> None:
         loop = asyncio.get_running_loop()
         ready: asyncio.Future[None] = loop.create_future()
         host = f"127.0.0.1:{self.port}"
         transport, _ = await loop.create_connection(
-            lambda: _RawWatcher(host, self.path, self._frame, ready), "127.0.0.1", self.port
+            lambda: _RawWatcher(host, self.path, self._frame, ready),
+            "127.0.0.1",
+            self.port,
+            local_addr=(watcher_source(index), 0),
         )
         self._transports.append(transport)
         await ready
@@ -254,7 +268,7 @@ class Watchers:
     async def open(self) -> None:
         for start in range(0, self.count, CONNECT_BATCH):
             batch = range(start, min(self.count, start + CONNECT_BATCH))
-            await asyncio.gather(*(self._open_one() for _ in batch))
+            await asyncio.gather(*(self._open_one(i) for i in batch))
 
     async def close(self) -> None:
         for transport in self._transports:

@@ -356,7 +356,7 @@ class _Watchers:
 async def _open_watchers(
     port: int, token: str, watchers: _Watchers, protocol: str
 ) -> list[asyncio.BaseTransport]:
-    from bench.bench_cds import _RawWatcher
+    from bench.bench_cds import _RawWatcher, watcher_source
     from stunner_common.cds.wire import CDS_V2_SUBPROTOCOL
 
     extra = f"Authorization: Bearer {token}\r\n" if token else ""
@@ -376,10 +376,9 @@ async def _open_watchers(
                 proto.request = proto.request.replace(b"\r\n\r\n", f"\r\n{extra}\r\n".encode())
             return proto
 
-        # From addresses of their own, as stunnerd pods would be: the CDS admits 256 watches
-        # per client address (docs/limits.md). 200 per address, on 127.0.1.1 upwards.
-        source = (f"127.0.{1 + i // 200 // 250}.{1 + (i // 200) % 250}", 0)
-        transport, _ = await loop.create_connection(factory, "127.0.0.1", port, local_addr=source)
+        transport, _ = await loop.create_connection(
+            factory, "127.0.0.1", port, local_addr=(watcher_source(i), 0)
+        )
         transports.append(transport)
         async with asyncio.timeout(10):
             await ready
