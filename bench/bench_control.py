@@ -14,17 +14,18 @@ while, and then how long one more combo takes in the settled cluster of N.
 `BENCH_CONTROL_N` (default "100,300"; 1000 is the full run) gives the Ns, a fresh cluster per side
 and N; `BENCH_CONTROL_SIDES` (ours,upstream); `BENCH_CONTROL_TIMEOUT_S` bounds each convergence.
 
-Churn (ours only): one Gateway with `BENCH_CHURN_SERVICES` UDPRoutes to Services of
-`BENCH_CHURN_ENDPOINTS` endpoints each (EndpointSlices written by the bench), `BENCH_CHURN_WATCHERS`
-WebSocket watchers of the CDS, then `BENCH_CHURN_RATE` EndpointSlice writes per second for
-`BENCH_CHURN_SECONDS`; each write puts a numbered address in. Printed: the lag from a write to a
-watcher seeing it (p50/p99/max over every write and watcher), the CDS fan-out (first to last
-watcher per update, p99, as the bench's watchers see it; and inside the CDS, the bucket bound of
-the p99 of its `stunner_cds_fanout_seconds` histogram) and whether any watcher is left on a
-stale config once the churn stops. The churn runs once per watch protocol in
+Churn (each side of `BENCH_CONTROL_SIDES`): one Gateway with `BENCH_CHURN_SERVICES` UDPRoutes to
+Services of `BENCH_CHURN_ENDPOINTS` endpoints each (EndpointSlices written by the bench),
+`BENCH_CHURN_WATCHERS` WebSocket watchers of the CDS, then `BENCH_CHURN_RATE` EndpointSlice writes
+per second for `BENCH_CHURN_SECONDS`; each write puts a numbered address in. Printed: the lag from
+a write to a watcher seeing it (p50/p99/max over every write and watcher), the CDS fan-out (first
+to last watcher per update, p99, as the bench's watchers see it; and inside the CDS, the bucket
+bound of the p99 of its `stunner_cds_fanout_seconds` histogram) and whether any watcher is left on
+a stale config once the churn stops. The churn runs once per watch protocol in
 `BENCH_CHURN_PROTOCOLS` (default "v2,v1"), on the same stack: v2 watchers offer the
-`stunner.cds.v2` subprotocol and get a JSON Patch per change, as our stunnerd does; v1 watchers
-get the whole config in each frame, as upstream's stunnerd does.
+`stunner.cds.v2` subprotocol and get a JSON Patch per change, as our stunnerd does; v1 watchers get
+the whole config in each frame, as upstream's stunnerd does. Upstream's operator serves v1 only, so
+its side runs the v1 churn alone.
 
 `BENCH_CONTROL_PART=bootstrap|churn|all`. Everything binds 127.0.0.1; every loop is bounded.
 """
@@ -394,8 +395,11 @@ async def _churn(
     writes: dict[int, float] = {}
     watchers = _Watchers(CHURN_WATCHERS, writes)
     watchers.newest = [first - 1] * CHURN_WATCHERS  # an earlier run's numbers are not news
-    transports = await _open_watchers(stack.cds_port, stack.cds_token, watchers, protocol)
-    scraped = await asyncio.to_thread(_cds_metrics, stack)
+    transports = await _open_watchers(
+        stack.cds_port, getattr(stack, "cds_token", ""), watchers, protocol
+    )
+    ours = side.name == "ours"  # upstream's operator serves no CDS metrics
+    scraped = await asyncio.to_thread(_cds_metrics, stack) if ours else {}
     try:
         async with asyncio.timeout(20):
             await watchers.until(lambda: min(watchers.frames) >= 1)
@@ -416,11 +420,13 @@ async def _churn(
                 side.admin.apply(_slice(service, addresses[service]))
             return time.perf_counter() - start
 
+        cpu_before = cpu_seconds(side.operator_pid)
         try:
             async with asyncio.timeout(CHURN_SECONDS * 3 + 30):
                 took = await asyncio.to_thread(writer)
         finally:
             stop.set()
+        operator_cpu = cpu_seconds(side.operator_pid) - cpu_before
         last_write = max(writes.values())
         last_seq = max(writes)
         caught_up = float("nan")
@@ -438,7 +444,7 @@ async def _churn(
         # the served config itself (HTTP) must carry the last write too
         served = str(side.cds_configs().get(f"{CHURN_NS}/{CHURN_GW}", "")).encode()
         served_ok = cr.newest_marker(served.replace(b"'", b'"')) == last_seq
-        metrics = await asyncio.to_thread(_cds_metrics, stack)
+        metrics = await asyncio.to_thread(_cds_metrics, stack) if ours else {}
     finally:
         for transport in transports:
             transport.close()
@@ -453,18 +459,27 @@ async def _churn(
         if watchers.seen_by.get(s) == CHURN_WATCHERS
     ]
     lines = [
-        f"churn, {PROTOCOL_NAMES.get(protocol, protocol)}:",
+        f"churn, {'our' if ours else side.name + chr(39) + 's'} operator and CDS, "
+        f"{PROTOCOL_NAMES.get(protocol, protocol)}:",
         f"churn: {CHURN_SERVICES} Services x {CHURN_ENDPOINTS} endpoints, {len(writes)} "
         f"EndpointSlice writes in {took:.1f} s (asked {CHURN_RATE:g}/s for {CHURN_SECONDS:g} s), "
-        f"{CHURN_WATCHERS} CDS watchers, {sum(watchers.frames)} frames received",
+        f"{CHURN_WATCHERS} CDS watchers, {sum(watchers.frames)} frames received; the operator "
+        f"used {operator_cpu:.1f} s of CPU while the writes ran",
         f"churn lag write -> watcher (ms, {len(ms)} write x watcher pairs): "
         f"p50 {cr.percentile(ms, 0.5):.0f}  p99 {cr.percentile(ms, 0.99):.0f}  "
         f"max {max(ms, default=float('nan')):.0f}",
         f"churn CDS fan-out, first to last watcher per update (ms, {len(fanout)} updates): "
         f"p50 {cr.percentile(fanout, 0.5):.1f}  p99 {cr.percentile(fanout, 0.99):.1f}",
-        f"churn CDS fan-out inside the CDS, a change handed to every watcher "
-        f"(stunner_cds_fanout_seconds): p99 <= {inside:g} ms; {direct:.0f} of {sent:.0f} frames "
-        f"written straight to the connection, the rest through a watcher's queue",
+        *(
+            [
+                f"churn CDS fan-out inside the CDS, a change handed to every watcher "
+                f"(stunner_cds_fanout_seconds): p99 <= {inside:g} ms; {direct:.0f} of "
+                f"{sent:.0f} frames written straight to the connection, the rest through a "
+                f"watcher's queue"
+            ]
+            if ours
+            else []
+        ),
         f"churn after the last write: every watcher on it after {caught_up * 1e3:.0f} ms; "
         f"watchers left stale after {SETTLE_TIMEOUT_S:.0f} s: {stale} of {CHURN_WATCHERS} "
         f"({dropped} closed by the CDS as too slow, not reconnected by the bench); "
@@ -481,8 +496,11 @@ def _cds_metrics(stack: Any) -> cr.Samples:
     return cr.metric_samples(response.text)
 
 
-def churn(workdir: Path) -> None:
-    side = Side("ours", workdir)
+def churn(name: str, workdir: Path) -> None:
+    """The churn on one side: ours with every protocol of `CHURN_PROTOCOLS`, upstream's with v1
+    watchers only (its CDS speaks nothing else)."""
+    side = Side(name, workdir)
+    protocols = CHURN_PROTOCOLS if name == "ours" else ["v1"]
     try:
         side.start()
         for doc in cr.class_objects(CONTROLLER):
@@ -501,10 +519,13 @@ def churn(workdir: Path) -> None:
                 break
             time.sleep(0.5)
         else:
-            print(f"churn: the CDS never served {cfg_id} with {CHURN_SERVICES} full clusters")
+            print(
+                f"churn, {name}: the CDS never served {cfg_id} with {CHURN_SERVICES} full "
+                "clusters in 120 s"
+            )
             return
         first = 0
-        for protocol in CHURN_PROTOCOLS:
+        for protocol in protocols:
             lines, first = asyncio.run(_churn(side, addresses, protocol, first))
             for line in lines:
                 print(line)
@@ -546,7 +567,8 @@ def main() -> None:
             for line in cr.report_lines(results):
                 print(line)
         if PART in ("all", "churn"):
-            churn(tmp / "churn")
+            for name in sides:
+                churn(name, tmp / f"churn-{name}")
 
 
 if __name__ == "__main__":
