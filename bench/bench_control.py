@@ -458,9 +458,9 @@ async def _churn(
         for s in watchers.seen_first
         if watchers.seen_by.get(s) == CHURN_WATCHERS
     ]
+    who = "our" if ours else f"{side.name}'s"
     lines = [
-        f"churn, {'our' if ours else side.name + chr(39) + 's'} operator and CDS, "
-        f"{PROTOCOL_NAMES.get(protocol, protocol)}:",
+        f"churn, {who} operator and CDS, {PROTOCOL_NAMES.get(protocol, protocol)}:",
         f"churn: {CHURN_SERVICES} Services x {CHURN_ENDPOINTS} endpoints, {len(writes)} "
         f"EndpointSlice writes in {took:.1f} s (asked {CHURN_RATE:g}/s for {CHURN_SECONDS:g} s), "
         f"{CHURN_WATCHERS} CDS watchers, {sum(watchers.frames)} frames received; the operator "
