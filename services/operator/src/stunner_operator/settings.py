@@ -59,6 +59,10 @@ class OperatorSettings(ProcessSettings):
     redis_timeout_s: float = Field(5.0, gt=0)
     kube_timeout_s: float = Field(10.0, gt=0)
     throttle_s: float = Field(0.05, ge=0)
+    """How long the render loop gathers events into one render (``OPERATOR_THROTTLE_S``).
+    Upstream's operator waits 250 ms (``--throttle-timeout``); a shorter wait gives a change to
+    the watchers sooner, a longer one sends fewer configs under endpoint churn
+    (docs/upstream-differences.md)."""
     writers: int = Field(8, ge=1, le=64)
     """Writes to the API server in flight at once (``OPERATOR_WRITERS``), each to another
     object (`stunner_operator.controller.loops.ControllerOptions.writers`)."""
