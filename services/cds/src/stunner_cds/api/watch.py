@@ -1,15 +1,15 @@
 """WebSocket watches on the config paths: upstream v1 frames, or ``stunner.cds.v2`` envelopes.
 
-Everything that can be refused is refused before the upgrade and before subscribing (upstream
-leaks a subscription when the upgrade fails): bad token 401, foreign Origin 403, ``watch`` not
-true or bad ``since`` 400, not yet synchronised 503 — each as a JSON body. Once accepted, a
-change's frame is written straight to the connection while the watcher has nothing queued
-(``stunner_cds.api.direct``); otherwise a writer task drains the watcher's queue (one watchdog
-task bounds every send). A reader task discards what the client sends, noticing the close;
-keepalive pings (every ``ping_interval_s``, dropping a client silent for ``ping_interval_s +
-ping_timeout_s``) are uvicorn's. A watcher the hub dropped
-as too slow is closed with code 1013 and the reason; a v2 watcher whose revisions a store reset
-made meaningless is closed with 1012 (it comes back for a full snapshot of the new epoch).
+Everything that can be refused is refused before the upgrade and before subscribing (upstream leaks
+a subscription when the upgrade fails): bad token 401, foreign Origin 403, ``watch`` not true or
+bad ``since`` 400, not yet synchronised 503 — each as a JSON body. Once accepted, a change's frame
+is written straight to the connection while the watcher has nothing queued
+(``stunner_cds.api.direct``); otherwise a writer task drains the watcher's queue (one watchdog task
+bounds every send). A reader task discards what the client sends, noticing the close; keepalive
+pings (every ``ping_interval_s``, dropping a client silent for ``ping_interval_s +
+ping_timeout_s``) are uvicorn's. A watcher the hub dropped as too slow is closed with code 1013 and
+the reason; a v2 watcher whose revisions a store reset made meaningless is closed with 1012 (it
+comes back for a full snapshot of the new epoch).
 
 What one client may hold is bounded: at most ``max_watchers_per_client`` open watches per IP
 (one more is refused before the upgrade with 429, counted in ``stunner_cds_refusals``), messages
