@@ -151,7 +151,8 @@ class Watcher:
         self._wakeup = asyncio.Event()
 
     def offer(self, change: _Encoded) -> bool:
-        """Queue ``change``'s frame for this watcher's mode and node; the frame of the same
+        """Write ``change``'s frame for this watcher's mode and node to the sink when nothing
+        is queued or being sent and the sink is ready; otherwise queue it: the frame of the same
         config's previous change, when still queued, is taken out and the change goes in as a
         whole state instead. False: closed, or the queue is full."""
         if self.closed_reason is not None:
