@@ -155,21 +155,24 @@ def ratio_lines(results: Mapping[str, StormResult], ours: str = "stunnerd") -> l
     return lines
 
 
+NAME_WIDTH = 26
+
+
 def report_lines(results: Mapping[str, StormResult]) -> list[str]:
     head = (
-        f"{'server':<18} {'ok':>6} {'failed':>6} {'to last s':>9} {'CPU s':>7} "
+        f"{'server':<{NAME_WIDTH}} {'ok':>6} {'failed':>6} {'to last s':>9} {'CPU s':>7} "
         f"{'alloc/CPU-s':>11} {'ms CPU/alloc':>12} {'p50 ms':>7} {'p99 ms':>7}"
     )
     lines = [head]
     for name, r in results.items():
         lines.append(
-            f"{name:<18} {r.ok:>6} {sum(r.failures.values()):>6} {r.wall_s:>9.2f} "
+            f"{name:<{NAME_WIDTH}} {r.ok:>6} {sum(r.failures.values()):>6} {r.wall_s:>9.2f} "
             f"{r.cpu_s:>7.2f} {r.per_cpu_s:>11.0f} {r.cpu_ms_per_allocation:>12.3f} "
             f"{percentile(r.latencies_s, 0.5) * 1e3:>7.1f} "
             f"{percentile(r.latencies_s, 0.99) * 1e3:>7.1f}"
         )
         if r.failures:
-            lines.append(f"{'':<18} failures: {dict(sorted(r.failures.items()))}")
+            lines.append(f"{'':<{NAME_WIDTH}} failures: {dict(sorted(r.failures.items()))}")
     return lines
 
 

@@ -15,10 +15,11 @@ messages and in time.
 `BENCH_TURN_PART=relay|storm|all` (default all) picks a part. The storm part (bench/alloc_storm.py)
 makes `BENCH_TURN_STORM_ALLOCATIONS` allocations (2000; the issue's full size is 10000) from
 `BENCH_TURN_STORM_CLIENTS` clients (50; full: 200) as fast as each server answers, against our
-stunnerd (one process, and `--udp-thread-num 2`), upstream's stunnerd and coturn, one server at a
-time on a fresh process, then once more against ours under cProfile to say where its CPU per
-Allocate goes. All clients share 127.0.0.1, so our per-source challenge budget
-(`STUNNERD_CHALLENGE_RATE_PER_S`, which stands for many real sources) is lifted in the storm.
+stunnerd (one process, and `--udp-thread-num 2` with and without the workers' allocation journal),
+upstream's stunnerd and coturn, one server at a time on a fresh process, then once more against
+ours under cProfile to say where its CPU per Allocate goes. All clients share 127.0.0.1, so our
+per-source challenge budget (`STUNNERD_CHALLENGE_RATE_PER_S`, which stands for many real sources)
+is lifted in the storm.
 """
 
 from __future__ import annotations
@@ -429,6 +430,11 @@ def raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+NO_JOURNAL = "stunnerd -u 2, no journal"
+"""Workers that journal no allocation to the supervisor (`STUNNERD_WORKER_JOURNAL=false`): a
+crashed worker's allocations end with it, as all of upstream's do when its process dies."""
+
+
 def storm_servers(
     turnserver: str, stunnerd: str, tmp: Path
 ) -> list[tuple[str, list[str], dict[str, str]]]:
@@ -444,6 +450,11 @@ def storm_servers(
     servers = [
         ("stunnerd", ours, STORM_ENV),
         ("stunnerd -u 2", [*ours, "--udp-thread-num", "2"], STORM_ENV),
+        (
+            NO_JOURNAL,
+            [*ours, "--udp-thread-num", "2"],
+            {**STORM_ENV, "STUNNERD_WORKER_JOURNAL": "false"},
+        ),
     ]
     binary, why = upstream_peer.upstream_stunnerd()
     if binary is None:
@@ -565,6 +576,8 @@ def storm_main(turnserver: str, stunnerd: str) -> None:
         for line in alloc_storm.ratio_lines(results, "stunnerd"):
             print(line)
         for line in alloc_storm.ratio_lines(results, "stunnerd -u 2"):
+            print(line)
+        for line in alloc_storm.ratio_lines(results, NO_JOURNAL):
             print(line)
         storm_profile(stunnerd, tmp)
 

@@ -209,3 +209,45 @@ async def test_sigterm_drains_every_worker(tmp_path: Path, echo: UdpEcho) -> Non
                 os.kill(pid, 0)
     finally:
         await server.close()
+
+
+async def test_without_the_journal_a_killed_worker_s_allocations_end_and_no_other(
+    tmp_path: Path, echo: UdpEcho
+) -> None:
+    """STUNNERD_WORKER_JOURNAL=false: nothing is journaled, so the allocations of a worker
+    killed with -9 end with it (their clients get 437 and may allocate again) while every other
+    worker's clients carry on."""
+    ports = listener_ports("a")
+    config = base_config(health_port(), ports)
+    server = ManagedStunnerd(
+        tmp_path, config, "--udp-thread-num", "4", env={"STUNNERD_WORKER_JOURNAL": "false"}
+    )
+    flows: list[Flow] = []
+    try:
+        await server.ready()
+        flows = await open_flows(FLOWS, ports["a"])
+        await asyncio.gather(*(flow.bind((echo.host, echo.port)) for flow in flows))
+        status = await server.wait_status(
+            lambda s: s["allocationCount"] == len(flows), "every allocation counted"
+        )
+        assert [w["journaled"] for w in status["workers"]] == [0, 0, 0, 0]
+        victim = status["workers"][1]
+        assert victim["allocations"] > 0, status["workers"]
+        os.kill(victim["pid"], signal.SIGKILL)
+        await server.wait_status(
+            lambda s: (
+                s["workers"][1]["pid"] not in (None, victim["pid"])
+                and all(w["listeners"] == 1 for w in s["workers"])
+            ),
+            "the killed worker to come back with the listener",
+        )
+        codes = await asyncio.gather(*(flow.refresh() for flow in flows))
+        assert (
+            sorted(codes)
+            == [0] * (len(flows) - victim["allocations"]) + [437] * victim["allocations"]
+        )
+        assert f"adopting {victim['allocations']} journaled allocation(s)" not in server.log()
+    finally:
+        for flow in flows:
+            flow.abandon()
+        await server.close()

@@ -201,6 +201,26 @@ def test_a_worker_process_gets_the_supervisors_tuning_limits_and_log_format() ->
     assert ClientLimits.from_json(args.limits) == limits
 
 
+@pytest.mark.parametrize(("value", "journal"), [(None, True), ("false", False), ("true", True)])
+def test_the_worker_journal_is_on_unless_the_environment_turns_it_off(
+    value: str | None, journal: bool
+) -> None:
+    env = {} if value is None else {"STUNNERD_WORKER_JOURNAL": value}
+    settings = load_settings(env, config=None, watch=False, turn_uri=None, ident="a/b")
+    assert settings.worker_journal is journal
+
+
+def test_a_worker_journal_that_is_not_a_boolean_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="worker_journal"):
+        load_settings(
+            {"STUNNERD_WORKER_JOURNAL": "sometimes"},
+            config=None,
+            watch=False,
+            turn_uri=None,
+            ident="a/b",
+        )
+
+
 def test_relay_addresses_come_from_the_environment_as_a_comma_separated_list() -> None:
     env = {"STUNNERD_RELAY_ADDRESSES": "10.0.0.5, fd00::5"}
     settings = load_settings(env, config=None, watch=False, turn_uri=None, ident="a/b")

@@ -37,6 +37,15 @@ def test_the_supervisors_command_line_reads_back_as_the_options_it_meant() -> No
     )
 
 
+def test_a_worker_told_to_keep_no_journal_reads_it_back_and_journals_by_default() -> None:
+    quiet = Worker(1, "127.0.0.1", None, journal=False)
+    argv = [*quiet._argv[3:], "--fd-channel", "7"]
+    assert child_options(build_parser().parse_args(argv)).journal is False
+    default = Worker(1, "127.0.0.1", None)
+    assert "--no-journal" not in default._argv
+    assert child_options(build_parser().parse_args(default._argv[3:])).journal is True
+
+
 def test_a_bare_command_line_is_the_default_options() -> None:
     assert child_options(build_parser().parse_args([])) == ChildOptions()
 

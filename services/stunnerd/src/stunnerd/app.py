@@ -102,6 +102,7 @@ def make_dataplane(settings: StunnerdSettings, successor: Successor | None = Non
             quota=settings.quota,
             node_address=settings.node_address,
             timeouts=settings.worker_timeouts,
+            journal=settings.worker_journal,
             nonce_key=successor.state.nonce_key if successor is not None else None,
         )
         if successor is not None:

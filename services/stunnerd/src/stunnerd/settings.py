@@ -146,6 +146,12 @@ class DaemonSettings(ProcessSettings):
     log_format: Literal["text", "json"] = "text"
     udp_thread_num: int = Field(0, ge=0)
     """Worker processes sharing each listener port with SO_REUSEPORT (0 or 1: this process)."""
+    worker_journal: bool = True
+    """With worker processes: each worker journals its TURN-UDP allocations to this process,
+    so that they outlive a crashed worker and move with a handoff. False
+    (`STUNNERD_WORKER_JOURNAL=false`): no journal and less CPU per allocation (docs/scale.md);
+    a worker's crash, or a handoff, loses its allocations (their clients allocate again), as a
+    crash of a single process does."""
     grace_period_s: float = Field(DEFAULT_GRACE_PERIOD_S, ge=0)
     sigint_grace_period_s: float = Field(DEFAULT_SIGINT_GRACE_PERIOD_S, ge=0)
     force_ready: bool = False

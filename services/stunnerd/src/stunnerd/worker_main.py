@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quota", default=None, help="QuotaSettings as JSON, without the URL")
     parser.add_argument("--node-address", default="", help="the node's address (placeholder)")
     parser.add_argument("--libbpf", default="", help="the libbpf the kernel offload loads")
+    parser.add_argument(
+        "--no-journal",
+        action="store_true",
+        help="journal no allocation to the supervisor (STUNNERD_WORKER_JOURNAL=false)",
+    )
     return parser
 
 
@@ -54,6 +59,7 @@ def child_options(args: argparse.Namespace) -> ChildOptions:
         limits=ClientLimits.from_json(args.limits) if args.limits else ClientLimits(),
         log_override=args.log,
         fd_channel=args.fd_channel,
+        journal=not args.no_journal,
     )
 
 

@@ -150,6 +150,9 @@ class ChildOptions:
     """The socket channel to the supervisor (listener and relay sockets, the nonce key and the
     offload maps in; the allocation journal out); None: the worker binds its own sockets, makes
     its own nonce key and journals nothing."""
+    journal: bool = True
+    """Journal the TURN-UDP allocations to the supervisor over `fd_channel` (the supervisor's
+    `worker_journal`); False: they die with this worker."""
 
     def server_options(self) -> ServerOptions:
         """Its `TurnServer`'s: every listener socket shares its port with the other workers
@@ -194,14 +197,15 @@ async def serve(options: ChildOptions, quota: ClusterQuota | None = None) -> int
         server = TurnServer(options.server_options(), quota=quota)
     else:
         inherited = InheritedSockets(FdChannel.from_fd(options.fd_channel))
-        writer = JournalWriter(inherited.channel, loop.call_soon)
+        if options.journal:
+            writer = JournalWriter(inherited.channel, loop.call_soon)
         server = TurnServer(
             options.server_options(),
             nonce_key=inherited.wait_nonce_key(),
             socket_source=inherited.take,
             quota=quota,
             offload=OffloadManager(shared_maps(inherited)),
-            journal=RecordJournal(writer),
+            journal=RecordJournal(writer) if writer is not None else None,
         )
     dataplane = LocalDataplane(server)
     log.info("worker %d ready (pid %d)", options.index, os.getpid())

@@ -86,6 +86,7 @@ class WorkerPool:
         quota: QuotaSettings | None = None,
         node_address: str = "",
         nonce_key: bytes | None = None,
+        journal: bool = True,
     ) -> None:
         if count < 1:
             raise ValueError("a worker pool needs at least one worker")
@@ -107,6 +108,7 @@ class WorkerPool:
                 relay_addresses=relay_addresses,
                 quota=quota,
                 node_address=node_address,
+                journal=journal,
             )
             for i in range(count)
         ]

@@ -87,6 +87,7 @@ class Worker:
         relay_addresses: tuple[str, ...] = (),
         quota: QuotaSettings | None = None,
         node_address: str = "",
+        journal: bool = True,
     ) -> None:
         self.index = index
         self.nonce_key = nonce_key
@@ -108,6 +109,7 @@ class Worker:
             *(["--relay-addresses", ",".join(relay_addresses)] if relay_addresses else []),
             *(["--quota", quota.to_worker_json()] if quota is not None else []),
             *(["--node-address", node_address] if node_address else []),
+            *([] if journal else ["--no-journal"]),
             # The supervisor's libbpf (`STUNNERD_LIBBPF`), so that a worker reads no settings.
             *(["--libbpf", Libbpf.library] if Libbpf.library else []),
         ]
