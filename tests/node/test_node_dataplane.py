@@ -33,7 +33,7 @@ import pytest
 
 from support.kube import KubeClient, KubeError
 from support.kube_stack import NAMESPACE
-from support.node_call import EchoCall
+from support.node_call import EchoCall, wait_turn_answers
 from support.node_helm import NodeRelease, installed_release, pod_ready, pod_summary, udp_echo
 from support.node_images import UDP_ECHO_PORT
 from support.node_stack import NODE_IP, NodeStack
@@ -179,6 +179,7 @@ def status(ip: str) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def call_to(server: str, peer: str) -> AsyncIterator[EchoCall]:
+    await asyncio.to_thread(wait_turn_answers, server)
     local = free_port(socket.SOCK_DGRAM)
     async with turncat(f"udp://127.0.0.1:{local}", server, peer) as tc:
         call = EchoCall(local)

@@ -34,7 +34,7 @@ from support.devtools import devtools_page
 from support.kube import KubeError
 from support.kube_stack import NAMESPACE
 from support.media_echo import media_echo
-from support.node_call import CallReport, EchoCall
+from support.node_call import CallReport, EchoCall, wait_turn_answers
 from support.node_helm import (
     CHART_COMPONENTS,
     NodeRelease,
@@ -229,6 +229,7 @@ def walkthrough(release: NodeRelease) -> dict[str, Any]:
 @contextlib.asynccontextmanager
 async def call_through(walk: dict[str, Any]) -> AsyncIterator[EchoCall]:
     """turncat on the host (udp://127.0.0.1:PORT → the Gateway → udp-echo) and a call on it."""
+    await asyncio.to_thread(wait_turn_answers, walk["server"])
     local = free_port(socket.SOCK_DGRAM)
     async with turncat(f"udp://127.0.0.1:{local}", walk["server"], walk["peer"]) as tc:
         call = EchoCall(local)

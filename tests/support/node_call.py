@@ -4,16 +4,40 @@ echoed by the udp-echo pod, counted on return.
 ``EchoCall`` sends to turncat's local UDP socket every ``interval_s`` and records which
 sequence numbers came back and when, so a test can say how many datagrams a fault cost and
 how long the longest silence was, while something else (a pod deleted, a rollout) happens.
+``wait_turn_answers`` waits for a TURN server's address to answer before turncat dials it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import struct
+import time
 from dataclasses import dataclass, field
 
 from support.ports import LOOPBACK
+
+STUN_BINDING = bytes.fromhex("000100002112a442") + b"node-tier-tx"  # a Binding request
+
+
+def wait_turn_answers(server: str, timeout_s: float = 30.0) -> None:
+    """Until a STUN Binding to `server`'s address is answered. kube-proxy programs a NodePort
+    shortly after its pod is Ready (at most a sync later); a datagram sent before that is
+    refused, and turncat, whose socket is connected, exits on the ICMP error."""
+    host, _, port = server.rpartition("@")[2].rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:  # unconnected: no ICMP error
+        sock.settimeout(0.5)
+        while time.monotonic() < deadline:
+            sock.sendto(STUN_BINDING, (host, int(port)))
+            try:
+                sock.recvfrom(2048)
+            except TimeoutError:
+                continue
+            return
+    raise AssertionError(f"no STUN answer from {host}:{port} in {timeout_s:.0f} s")
+
 
 HEADER = struct.Struct("!4sI")
 MAGIC = b"CALL"
