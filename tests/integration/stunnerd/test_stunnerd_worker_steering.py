@@ -15,6 +15,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aioice import stun
@@ -59,6 +60,20 @@ def four_workers(tmp_path: Path) -> tuple[ManagedStunnerd, int]:
     ports = listener_ports("a")
     config = base_config(health_port(), ports)
     return ManagedStunnerd(tmp_path, config, "--udp-thread-num", "4"), ports["a"]
+
+
+async def kill_and_wait_back(server: ManagedStunnerd, victim: dict[str, Any]) -> None:
+    """kill -9 of the worker `victim` (its /status entry), then wait until its replacement
+    serves the listener."""
+    os.kill(victim["pid"], signal.SIGKILL)
+    index = victim["index"]
+    await server.wait_status(
+        lambda s: (
+            s["workers"][index]["pid"] not in (None, victim["pid"])
+            and all(w["listeners"] == 1 for w in s["workers"])
+        ),
+        "the killed worker to come back with the listener",
+    )
 
 
 async def test_clients_that_start_while_workers_come_up_all_succeed(
@@ -116,14 +131,7 @@ async def test_a_killed_worker_s_clients_carry_on_on_its_replacement(
         try:
             await asyncio.sleep(1.0)
             killed_at = time.monotonic()
-            os.kill(victim["pid"], signal.SIGKILL)
-            await server.wait_status(
-                lambda s: (
-                    s["workers"][1]["pid"] not in (None, victim["pid"])
-                    and all(w["listeners"] == 1 for w in s["workers"])
-                ),
-                "the killed worker to come back with the listener",
-            )
+            await kill_and_wait_back(server, victim)
             back_at = time.monotonic()
             await asyncio.sleep(1.0)
         finally:
@@ -233,14 +241,7 @@ async def test_without_the_journal_a_killed_worker_s_allocations_end_and_no_othe
         assert [w["journaled"] for w in status["workers"]] == [0, 0, 0, 0]
         victim = status["workers"][1]
         assert victim["allocations"] > 0, status["workers"]
-        os.kill(victim["pid"], signal.SIGKILL)
-        await server.wait_status(
-            lambda s: (
-                s["workers"][1]["pid"] not in (None, victim["pid"])
-                and all(w["listeners"] == 1 for w in s["workers"])
-            ),
-            "the killed worker to come back with the listener",
-        )
+        await kill_and_wait_back(server, victim)
         codes = await asyncio.gather(*(flow.refresh() for flow in flows))
         assert (
             sorted(codes)

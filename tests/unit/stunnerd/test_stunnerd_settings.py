@@ -206,33 +206,24 @@ def test_the_worker_journal_is_on_unless_the_environment_turns_it_off(
     value: str | None, journal: bool
 ) -> None:
     env = {} if value is None else {"STUNNERD_WORKER_JOURNAL": value}
-    settings = load_settings(env, config=None, watch=False, turn_uri=None, ident="a/b")
-    assert settings.worker_journal is journal
+    assert env_settings(env).worker_journal is journal
 
 
 def test_a_worker_journal_that_is_not_a_boolean_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="worker_journal"):
-        load_settings(
-            {"STUNNERD_WORKER_JOURNAL": "sometimes"},
-            config=None,
-            watch=False,
-            turn_uri=None,
-            ident="a/b",
-        )
+        env_settings({"STUNNERD_WORKER_JOURNAL": "sometimes"})
+
+
+def env_settings(env: dict[str, str]) -> Any:
+    """The settings of a stunnerd started with `env` and no flag."""
+    return load_settings(env, config=None, watch=False, turn_uri=None, ident="a/b")
 
 
 def test_relay_addresses_come_from_the_environment_as_a_comma_separated_list() -> None:
-    env = {"STUNNERD_RELAY_ADDRESSES": "10.0.0.5, fd00::5"}
-    settings = load_settings(env, config=None, watch=False, turn_uri=None, ident="a/b")
+    settings = env_settings({"STUNNERD_RELAY_ADDRESSES": "10.0.0.5, fd00::5"})
     assert settings.relay_address_list() == ("10.0.0.5", "fd00::5")
     with pytest.raises(ValueError, match="relay address 'pod' is not an IP address"):
-        load_settings(
-            {"STUNNERD_RELAY_ADDRESSES": "10.0.0.5,pod"},
-            config=None,
-            watch=False,
-            turn_uri=None,
-            ident="a/b",
-        )
+        env_settings({"STUNNERD_RELAY_ADDRESSES": "10.0.0.5,pod"})
 
 
 def test_a_listener_advertises_the_first_relay_address_of_the_other_family() -> None:
