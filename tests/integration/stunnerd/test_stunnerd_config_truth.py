@@ -407,7 +407,11 @@ async def test_a_metrics_port_that_cannot_be_bound_leaves_status_complete(
         cfg["admin"]["metrics_endpoint"] = f"http://127.0.0.1:{taken}/metrics"
         stunnerd = ManagedStunnerd(tmp_path, cfg)
         try:
-            status = await stunnerd.ready()
+            await stunnerd.ready()
+            # The admin servers bind after the dataplane has its config: READY may come first.
+            status = await stunnerd.wait_status(
+                lambda s: "metrics_error" in s.get("admin", {}), "the metrics bind error"
+            )
             for key in ("admin", "auth", "listeners", "clusters", "revision", "epoch"):
                 assert key in status, key
             assert status["admin"]["name"] == "default/gw"
