@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from stunner_common.cli import settings_from_args
+from stunner_common.process_settings import settings_from_args
 
 
 class DemoSettings(BaseSettings):

@@ -1,11 +1,11 @@
 """The operator, the CDS, the auth service and turncat read the environment in one place each.
 
-Each builds its settings (`stunner_common.cli.ProcessSettings`) once where the process starts;
-what is looked up by name further down (a kubeconfig, the CDS address, a credential plugin's
-environment) comes from the settings' ``environ``. import-linter cannot forbid an attribute of
-``os``, so this test reads the source tree: below the settings modules nothing reads
-``os.environ`` or calls ``os.getenv``. stunnerd's settings derive from the same base; its own
-test (tests/unit/stunnerd/test_stunnerd_settings.py) reads its sources.
+Each builds its settings (`stunner_common.process_settings.ProcessSettings`) once where the
+process starts; what is looked up by name further down (a kubeconfig, the CDS address, a
+credential plugin's environment) comes from the settings' ``environ``. import-linter cannot
+forbid an attribute of ``os``, so this test reads the source tree: below the settings modules
+nothing reads ``os.environ`` or calls ``os.getenv``. stunnerd's settings derive from the same
+base; its own test (tests/unit/stunnerd/test_stunnerd_settings.py) reads its sources.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ READS = re.compile(
 )
 
 ALLOWED = {
-    "libs/common/src/stunner_common/cli.py": "ProcessSettings keeps the environment it was read in",
+    "libs/common/src/stunner_common/process_settings.py": (
+        "ProcessSettings keeps the environment it was read in"
+    ),
     "libs/common/src/stunner_common/config/parse.py": "parse_config's documented default env",
     "services/operator/src/stunner_operator/settings.py": "the operator's settings",
     "services/cds/src/stunner_cds/settings.py": "the CDS's settings",
@@ -80,7 +82,7 @@ def test_the_check_finds_a_read() -> None:
 def test_every_process_shares_one_settings_style() -> None:
     from stunner_auth.settings import AuthSettings
     from stunner_cds.settings import CdsSettings
-    from stunner_common.cli import ProcessSettings
+    from stunner_common.process_settings import ProcessSettings
     from stunner_operator.settings import OperatorSettings
     from stunnerd.settings import StunnerdSettings
     from turncat.settings import TurncatSettings

@@ -1,4 +1,8 @@
-"""Command-line conventions every service's ``__main__`` shares."""
+"""Command-line conventions every service's ``__main__`` shares.
+
+Free of pydantic, so that stunnerd's command line does not load it; the pydantic-settings base of
+the other services and its flags step are in `stunner_common.process_settings`.
+"""
 
 from __future__ import annotations
 
@@ -6,76 +10,20 @@ import argparse
 import errno
 import os
 import socket
-import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
-from types import MappingProxyType
-from typing import Any, Protocol, Self, TypeVar
-
-from pydantic import PrivateAttr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from stunner_common.logs import configure_logging
 
 __all__ = [
     "CDS_ADDR_ENV",
     "DEFAULT_CDS_ADDRESS",
     "DEPRECATED_CDS_ADDR_ENVS",
-    "ProcessSettings",
     "add_version_argument",
     "cds_address",
     "check_token_file",
     "distribution_version",
     "listen_problem",
-    "settings_from_args",
-    "validation_message",
 ]
 
-
-class ProcessSettings(BaseSettings):
-    """The one settings style of every process: stunnerd, the operator, the CDS, the auth service
-    and turncat.
-
-    A subclass sets its ``env_prefix`` (``STUNNERD_``, ``OPERATOR_``, ``CDS_``, ``AUTH_``,
-    ``TURNCAT_``) and is built once, where the process starts: from the environment, with the
-    flags over it (`settings_from_args`; a subclass that takes flags sets ``populate_by_name``, so
-    that a flag is given by its field's name beside an aliased variable), frozen afterwards.
-    ``environ`` keeps the environment as it was read then, for what is looked up by name further
-    down (a kubeconfig through ``KUBECONFIG`` and ``HOME``, the CDS through ``CDS_SERVER_ADDR``,
-    a credential plugin's own environment, the ``$VAR``s of a stunnerd config): below the
-    settings module nothing reads ``os.environ``. Settings read from another mapping than the
-    process environment (stunnerd's `load_settings` takes a mapping; a test) say so with
-    `read_from`.
-    """
-
-    model_config = SettingsConfigDict(frozen=True)
-
-    _environ: dict[str, str] = PrivateAttr(default_factory=lambda: dict(os.environ))
-
-    @property
-    def environ(self) -> Mapping[str, str]:
-        """The process environment when these settings were read (read-only)."""
-        return MappingProxyType(self._environ)
-
-    def read_from(self, env: Mapping[str, str]) -> Self:
-        """A copy of these settings whose ``environ`` is ``env``, the mapping they were read
-        from."""
-        copy = self.model_copy()
-        copy._environ = dict(env)
-        return copy
-
-
-class LoggingSettings(Protocol):
-    """What :func:`settings_from_args` needs of a service's settings to set up its logging."""
-
-    @property
-    def log_format(self) -> Any: ...
-
-    @property
-    def log_level(self) -> Any: ...
-
-
-S = TypeVar("S", bound=LoggingSettings)
 
 CDS_ADDR_ENV = "CDS_SERVER_ADDR"
 """The one environment variable for the CDS address (upstream's name), read by every tool."""
@@ -167,39 +115,3 @@ def add_version_argument(parser: argparse.ArgumentParser, distribution: str) -> 
         version=f"%(prog)s {distribution_version(distribution)}",
         help="print the version and exit",
     )
-
-
-def validation_message(exc: ValidationError) -> str:
-    """A pydantic error as one line, ``field: problem; ...``, without pydantic's documentation
-    links or the rejected input (which may be a secret)."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: "
-        f"{str(err['msg']).removeprefix('Value error, ')}"
-        for err in exc.errors()
-    )
-
-
-def settings_from_args(
-    prog: str,
-    build: Callable[..., S],
-    args: argparse.Namespace,
-    fields: Iterable[str],
-) -> S | None:
-    """A service's settings from the flags given (``fields`` of ``args`` that are not None) over
-    its environment, with logging configured from them.
-
-    A bad value is reported on stderr as one line, ``<prog>: ...``, and None is returned: the
-    caller exits with the usage status (2) without a traceback.
-    """
-    overrides = {name: value for name in fields if (value := getattr(args, name)) is not None}
-    try:
-        settings = build(**overrides)
-    except ValidationError as exc:
-        print(f"{prog}: invalid settings: {validation_message(exc)}", file=sys.stderr)
-        return None
-    try:
-        configure_logging(settings.log_format, settings.log_level)
-    except ValueError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return None
-    return settings

@@ -16,9 +16,9 @@ from stunner_common.cli import (
     DEFAULT_CDS_ADDRESS,
     add_version_argument,
     check_token_file,
-    settings_from_args,
 )
 from stunner_common.io.http import protocol_class, serve, uvicorn_server
+from stunner_common.process_settings import settings_from_args
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -9,9 +9,10 @@ import sys
 
 from stunner_cds.server import build_server
 from stunner_cds.settings import CdsSettings
-from stunner_common.cli import add_version_argument, settings_from_args
+from stunner_common.cli import add_version_argument
 from stunner_common.io.http import serve
 from stunner_common.logs import LOG_FORMATS
+from stunner_common.process_settings import settings_from_args
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

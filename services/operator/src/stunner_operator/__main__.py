@@ -29,7 +29,8 @@ from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from stunner_common.cli import add_version_argument, settings_from_args
+from stunner_common.cli import add_version_argument
+from stunner_common.process_settings import settings_from_args
 from stunner_common.redis_acl import redact_url
 from stunner_common.runtime import run as run_loop
 from stunner_operator.manifests.local import LocalOperator, LocalOptions

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from stunner_common.cli import ProcessSettings
+from stunner_common.process_settings import ProcessSettings
 from stunner_operator.render.options import DEFAULT_CDS_ADDRESS
 from stunner_operator.render.status import CONTROLLER_NAME
 

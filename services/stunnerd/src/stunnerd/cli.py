@@ -14,11 +14,12 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import ValidationError
 
-from stunner_common.cli import add_version_argument, validation_message
+from stunner_common.cli import add_version_argument
 from stunner_common.config import ConfigError
 from stunner_common.config.errors import ConfigValidationError
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.logs import LOG_FORMATS, configure_logging
+from stunner_common.process_settings import validation_message
 from stunner_common.runtime import run as run_loop
 from stunner_common.turnuri import default_config_from_uri
 from stunnerd.app import EXIT_CONFIG, dry_run, run

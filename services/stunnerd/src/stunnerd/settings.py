@@ -33,9 +33,9 @@ from pydantic import Field, create_model, field_validator
 from pydantic_settings import EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
-from stunner_common.cli import ProcessSettings
 from stunner_common.config import DEFAULT_HEALTHCHECK_ENDPOINT
 from stunner_common.contracts.listener_address import POD_ADDRESS_ENV
+from stunner_common.process_settings import ProcessSettings
 from stunnerd.admin.servers import AdminSettings
 from stunnerd.drain import DRAIN_CHECK_INTERVAL_S
 from stunnerd.net.guard import ClientLimits

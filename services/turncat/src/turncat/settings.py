@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field, ValidationError
 from pydantic_settings import SettingsConfigDict
 
-from stunner_common.cli import ProcessSettings, validation_message
+from stunner_common.process_settings import ProcessSettings, validation_message
 from turncat.errors import BadInputError
 
 OPERATOR_ADDR_ENV = "STUNNER_OPERATOR_ADDR"

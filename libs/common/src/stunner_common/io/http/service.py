@@ -20,10 +20,11 @@ from fastapi import APIRouter, FastAPI
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from stunner_common.cli import ProcessSettings, listen_problem
+from stunner_common.cli import listen_problem
 from stunner_common.io.http.errors import GO_STYLE, ErrorStyle, install_error_handlers
 from stunner_common.io.http.limits import RequestLimits
 from stunner_common.logs import LogFormat
+from stunner_common.process_settings import ProcessSettings
 from stunner_common.runtime import run as run_loop
 
 __all__ = [
