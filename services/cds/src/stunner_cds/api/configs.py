@@ -12,8 +12,9 @@ from fastapi import APIRouter, Query
 from starlette.responses import Response
 
 from stunner_cds.api.common import Authorized, Context, parse_go_bool
+from stunner_cds.api.schemas import ConfigListBody, ErrorBody
 from stunner_cds.store.hub import Topic, fill_for_node
-from stunner_common.cds import ConfigListBody, ErrorBody, encode_config_list, encode_v1_config
+from stunner_common.cds import encode_config_list, encode_v1_config
 from stunner_common.io.http import ApiError
 
 router = APIRouter(prefix="/api/v1", tags=["configs"], dependencies=[Authorized])

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 
 from stunner_cds.api.common import Context
-from stunner_common.cds import ErrorBody
+from stunner_cds.api.schemas import ErrorBody
 
 router = APIRouter(tags=["health"])
 
