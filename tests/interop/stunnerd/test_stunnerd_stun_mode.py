@@ -42,7 +42,7 @@ def rendered_stun_mode_auth() -> dict[str, object]:
     gwconfig = next(o for o in objects_from_yaml(text) if isinstance(o, GatewayConfig))
     assert gwconfig.spec.stun_mode
     config = renderer.configs()["stunner/gw"]
-    return config.auth.model_dump(mode="json")
+    return config.auth.to_dict()
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import base64
+import copy
 import json
+import pickle
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -463,8 +467,10 @@ def test_model_copy_with_update_normalises_again() -> None:
 
 def test_models_are_frozen_and_hashable() -> None:
     cfg = config(listeners=[{"name": "l"}])
-    with pytest.raises(ValueError, match="frozen"):
+    with pytest.raises(AttributeError, match="frozen"):
         cfg.listeners[0].port = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="frozen"):
+        del cfg.auth.realm  # type: ignore[misc]
     assert hash(cfg) == hash(config(listeners=[{"name": "l"}]))
     assert len({cfg, config(listeners=[{"name": "l"}])}) == 1
 
@@ -502,3 +508,38 @@ def test_canonical_json_is_compact_with_sorted_keys() -> None:
     assert text == json.dumps(data, sort_keys=True, separators=(",", ":"))
     assert list(data) == ["admin", "auth", "clusters", "listeners", "version"]
     assert data == config(listeners=[{"name": "l"}]).to_dict()
+
+
+def test_copies_and_pickles_are_equal_models() -> None:
+    cfg = config(listeners=[{"name": "l", "routes": ["a"]}], clusters=[{"name": "a"}])
+    for twin in (copy.copy(cfg), copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
+        assert twin == cfg
+        assert twin.canonical_json() == cfg.canonical_json()
+    assert cfg.model_copy() == cfg
+
+
+def test_model_construct_fills_defaults_and_checks_nothing() -> None:
+    lis = ListenerConfig.model_construct(name="l", port=0)
+    assert (lis.port, lis.protocol, lis.routes) == (0, "TURN-UDP", ())
+
+
+def test_an_instance_is_taken_as_it_is_and_other_types_are_refused() -> None:
+    cfg = config()
+    assert StunnerConfig.model_validate(cfg) is cfg
+    assert cfg != cfg.to_dict()
+    with pytest.raises(ConfigValidationError, match="valid dictionary or instance of") as info:
+        StunnerConfig.model_validate([1])
+    assert info.value.field == ""
+
+
+def test_the_config_models_load_without_pydantic() -> None:
+    # Every stunnerd process holds these models; pydantic would be most of its idle memory.
+    code = (
+        "import sys\n"
+        "from stunner_common.config import parse_config\n"
+        "parse_config({'version': 'v1', 'auth': {'type': 'none'},"
+        " 'listeners': [{'name': 'l'}], 'clusters': [{'name': 'c', 'endpoints': ['10.0.0.1']}]})\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0].startswith('pydantic')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

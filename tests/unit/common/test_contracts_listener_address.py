@@ -52,7 +52,7 @@ def text_replacement(frame: str, address: str | None) -> str:
 def test_filling_the_decoded_config_encodes_the_frames_text_replacement_did(
     address: str | None, addresses: tuple[str, ...]
 ) -> None:
-    rendered = parse_config(config(*addresses)).model_dump(mode="json")
+    rendered = parse_config(config(*addresses)).to_dict()
     stored = json.loads(json.dumps(rendered))  # the operator's encode, the CDS's decode
     filled = fill_node_address(stored, node_fill(address))
     assert encode_v1_config(filled) == text_replacement(encode_v1_config(stored), address)

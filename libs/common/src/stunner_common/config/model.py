@@ -1,4 +1,4 @@
-"""The stunnerd config v1 as frozen pydantic models: one definition for writer and reader.
+"""The stunnerd config v1 as frozen models: one definition for writer and reader.
 
 The operator renders these, the CDS stores and serves them, stunnerd reconciles against them, so
 an instance is always *validated and canonical*: defaults filled in, enums normalised, legacy
@@ -8,26 +8,28 @@ are therefore equal, and `StunnerConfig.canonical_json` gives equal bytes for th
 
 Input keys match case-insensitively and unknown keys are ignored, like Go's JSON decoder that
 upstream stunnerd uses; ``null`` means "use the default". Constructing a model with bad values
-raises `ConfigValidationError` (never pydantic's ValidationError) whose message follows upstream's
-text and names the field path, e.g. ``listeners[0].protocol: unknown listener protocol: "foo"``.
-The shared base class and rule helpers live in ``base.py``.
+raises `ConfigValidationError` whose message follows upstream's text and names the field path,
+e.g. ``listeners[0].protocol: unknown listener protocol: "foo"``. The models are plain slotted
+classes (``base.py`` says why, and holds the base class and the checks of JSON types); each
+lists its `Field`s in declaration order, which is also the order the rules are checked in.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal
 
-from pydantic import Field, StrictStr, ValidationInfo, field_validator, model_validator
-
 from stunner_common.config.base import (
-    GoInt,
     _check_url,
     _enum,
     _Model,
     _RuleError,
-    config_error_from,
+    field,
+    go_int,
+    str_dict,
+    str_tuple,
+    strict_str,
 )
 from stunner_common.config.endpoint import MAX_PORT, canonical_endpoint
 from stunner_common.config.errors import ConfigValidationError
@@ -52,7 +54,6 @@ __all__ = [
     "ListenerProtocol",
     "OffloadEngine",
     "StunnerConfig",
-    "config_error_from",
 ]
 
 API_VERSION: Final = "v1"
@@ -98,87 +99,94 @@ _OFFLOAD_ENGINES: Final[Mapping[str, OffloadEngine]] = {
 }
 
 
-def _enum_field(
-    field: str, default: str, table: Mapping[str, str], message: str, *, fold: str = "upper"
-) -> Any:
-    """A validator of an enumerated field: empty means ``default``, else one of ``table``'s
-    keys (folded as ``fold`` says), or the error ``message: "value"``."""
+Check = Callable[[Any, Mapping[str, Any]], Any]
 
-    def check(cls: type, value: Any) -> Any:
+
+def _enum_field(
+    default: str, table: Mapping[str, str], message: str, *, fold: str = "upper"
+) -> Check:
+    """The check of an enumerated field: empty means ``default``, else one of ``table``'s keys
+    (folded as ``fold`` says), or the error ``message: "value"``."""
+
+    def check(value: Any, data: Mapping[str, Any]) -> str:
         if value == "":
             return default
         return _enum(value, table, message, fold=fold)
 
-    return field_validator(field, mode="before")(check)
+    return check
 
 
-def _or_default(field: str, default: str) -> Any:
-    """A validator that reads an empty string field as ``default``."""
+def _or_default(default: str) -> Check:
+    """The check of a string field that reads an empty string as ``default``."""
 
-    def check(cls: type, value: str) -> str:
-        return value or default
+    def check(value: Any, data: Mapping[str, Any]) -> str:
+        return strict_str(value) or default
 
-    return field_validator(field, mode="after")(check)
+    return check
 
 
-def _name_field(what: str) -> Any:
-    """A validator that refuses an empty ``name`` (``missing name in <what> configuration``)."""
+def _missing_name(what: str) -> str:
+    return f"missing name in {what} configuration"
 
-    def check(cls: type, value: str) -> str:
-        if not value:
-            raise _RuleError(f"missing name in {what} configuration")
-        return value
 
-    return field_validator("name", mode="after")(check)
+def _name(what: str) -> Check:
+    """The check of a ``name`` that may not be empty (``missing name in <what> configuration``)."""
+
+    def check(value: Any, data: Mapping[str, Any]) -> str:
+        name = strict_str(value)
+        if not name:
+            raise _RuleError(_missing_name(what))
+        return name
+
+    return check
+
+
+def _sorted_strs(value: Any, data: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(sorted(str_tuple(value)))
 
 
 class LicenseConfig(_Model):
     """Licensing info passed through to the (open-source: no-op) license manager."""
 
-    key: StrictStr = ""
-    hmac: StrictStr = ""
+    key: str = field(strict_str, default="")
+    hmac: str = field(strict_str, default="")
+
+
+def _metrics_endpoint(value: Any, data: Mapping[str, Any]) -> str:
+    return _check_url(strict_str(value), "metric server")
+
+
+def _health_endpoint(value: Any, data: Mapping[str, Any]) -> str:
+    return _check_url(strict_str(value), "health-check server")
+
+
+def _user_quota(value: Any, data: Mapping[str, Any]) -> int:
+    return max(go_int(value), 0)
 
 
 class AdminConfig(_Model):
     """Process-wide settings: identity, logging, health and metrics servers, quota, offload."""
 
-    name: StrictStr = DEFAULT_STUNNER_NAME
-    loglevel: StrictStr = DEFAULT_LOGLEVEL
-    metrics_endpoint: StrictStr = ""
-    healthcheck_endpoint: StrictStr | None = DEFAULT_HEALTHCHECK_ENDPOINT
-    user_quota: GoInt = 0
-    offload_engine: OffloadEngine = "None"
-    offload_interfaces: tuple[StrictStr, ...] = ()
-    license_config: LicenseConfig | None = None
-
-    _default_name = _or_default("name", DEFAULT_STUNNER_NAME)
-    _default_loglevel = _or_default("loglevel", DEFAULT_LOGLEVEL)
-
-    @field_validator("metrics_endpoint", mode="after")
-    @classmethod
-    def _check_metrics(cls, value: str) -> str:
-        return _check_url(value, "metric server")
-
-    @field_validator("healthcheck_endpoint", mode="after")
-    @classmethod
-    def _check_health(cls, value: str | None) -> str:
-        if value is None:
-            return DEFAULT_HEALTHCHECK_ENDPOINT
-        return _check_url(value, "health-check server")
-
-    @field_validator("user_quota", mode="after")
-    @classmethod
-    def _clamp_quota(cls, value: int) -> int:
-        return max(value, 0)
-
-    _offload = _enum_field(
-        "offload_engine", "None", _OFFLOAD_ENGINES, "unknown offload mode", fold="lower"
+    name: str = field(_or_default(DEFAULT_STUNNER_NAME), default=DEFAULT_STUNNER_NAME)
+    loglevel: str = field(_or_default(DEFAULT_LOGLEVEL), default=DEFAULT_LOGLEVEL)
+    metrics_endpoint: str = field(_metrics_endpoint, default="")
+    healthcheck_endpoint: str = field(_health_endpoint, default=DEFAULT_HEALTHCHECK_ENDPOINT)
+    user_quota: int = field(_user_quota, default=0)
+    offload_engine: OffloadEngine = field(
+        _enum_field("None", _OFFLOAD_ENGINES, "unknown offload mode", fold="lower"), default="None"
     )
+    offload_interfaces: tuple[str, ...] = field(_sorted_strs, default=())
+    license_config: LicenseConfig | None = field(LicenseConfig.check, default=None)
 
-    @field_validator("offload_interfaces", mode="after")
-    @classmethod
-    def _sort_interfaces(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(sorted(value))
+
+def _credentials(value: Any, data: Mapping[str, Any]) -> dict[str, str]:
+    credentials = str_dict(value)
+    auth_type = data.get("type")
+    if auth_type == "static" and ("username" not in credentials or "password" not in credentials):
+        raise _RuleError("static: empty username or password")
+    if auth_type == "ephemeral" and "secret" not in credentials:
+        raise _RuleError("no secret found in ephemeral auth config")
+    return dict(sorted(credentials.items()))
 
 
 class AuthConfig(_Model):
@@ -187,120 +195,103 @@ class AuthConfig(_Model):
     `credentials` is a plain dict for upstream compatibility; treat it as read-only.
     """
 
-    type: AuthType = "static"
-    realm: StrictStr = DEFAULT_REALM
-    credentials: dict[StrictStr, StrictStr] = Field(default_factory=dict, validate_default=True)
-
-    _auth_type = _enum_field(
-        "type", "static", _AUTH_TYPES, "unknown authentication type", fold="none"
+    type: AuthType = field(
+        _enum_field("static", _AUTH_TYPES, "unknown authentication type", fold="none"),
+        default="static",
     )
-
-    _default_realm = _or_default("realm", DEFAULT_REALM)
-
-    @field_validator("credentials", mode="after")
-    @classmethod
-    def _check_credentials(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-        auth_type = info.data.get("type")
-        if auth_type == "static" and ("username" not in value or "password" not in value):
-            raise _RuleError("static: empty username or password")
-        if auth_type == "ephemeral" and "secret" not in value:
-            raise _RuleError("no secret found in ephemeral auth config")
-        return dict(sorted(value.items()))
+    realm: str = field(_or_default(DEFAULT_REALM), default=DEFAULT_REALM)
+    credentials: dict[str, str] = field(_credentials, default_factory=dict, validate_default=True)
 
     def __hash__(self) -> int:
         return hash((self.type, self.realm, tuple(sorted(self.credentials.items()))))
+
+
+def _address(value: Any, data: Mapping[str, Any]) -> str:
+    text = strict_str(value)
+    if text == "":
+        return "0.0.0.0"
+    if text.lower() == "localhost":
+        return "127.0.0.1"
+    return text
+
+
+def _port(value: Any, data: Mapping[str, Any]) -> int:
+    port = go_int(value)
+    if port == 0:
+        return DEFAULT_PORT
+    if not 1 <= port <= MAX_PORT:
+        raise _RuleError(f"invalid port: {port}")
+    return port
+
+
+def _public_port(value: Any, data: Mapping[str, Any]) -> int:
+    port = go_int(value)
+    if not 0 <= port <= MAX_PORT:
+        raise _RuleError(f"invalid public port: {port}")
+    return port
+
+
+def _tls_material(what: str) -> Check:
+    """The check of ``cert`` or ``key``: base64 PEM on a TLS or DTLS listener, else anything."""
+
+    def check(value: Any, data: Mapping[str, Any]) -> str:
+        text = strict_str(value)
+        protocol = data.get("protocol")
+        if protocol not in TLS_PROTOCOLS:
+            return text
+        if not text.strip():
+            raise _RuleError(f"empty TLS {what} for {protocol} listener")
+        try:
+            decode_pem(text, what=what)
+        except ValueError as exc:
+            raise _RuleError(str(exc)) from None
+        return strip_base64(text)
+
+    return check
 
 
 class ListenerConfig(_Model):
     """One TURN listener. `address` is the relay IP advertised to clients (often `$STUNNER_ADDR`
     before env substitution), so any string is kept; stunnerd checks it is an IP."""
 
-    name: StrictStr
-    protocol: ListenerProtocol = "TURN-UDP"
-    address: StrictStr = "0.0.0.0"
-    port: GoInt = DEFAULT_PORT
-    public_address: StrictStr = ""
-    public_port: GoInt = 0
-    cert: StrictStr = Field(default="", validate_default=True)
-    key: StrictStr = Field(default="", validate_default=True)
-    routes: tuple[StrictStr, ...] = ()
-
-    _name_required = _name_field("listener")
-    _protocol = _enum_field(
-        "protocol", "TURN-UDP", _LISTENER_PROTOCOLS, "unknown listener protocol"
+    name: str = field(_name("listener"), missing=_missing_name("listener"))
+    protocol: ListenerProtocol = field(
+        _enum_field("TURN-UDP", _LISTENER_PROTOCOLS, "unknown listener protocol"),
+        default="TURN-UDP",
     )
+    address: str = field(_address, default="0.0.0.0")
+    port: int = field(_port, default=DEFAULT_PORT)
+    public_address: str = field(strict_str, default="")
+    public_port: int = field(_public_port, default=0)
+    cert: str = field(_tls_material("cert"), default="", validate_default=True)
+    key: str = field(_tls_material("key"), default="", validate_default=True)
+    routes: tuple[str, ...] = field(_sorted_strs, default=())
 
-    @field_validator("address", mode="after")
-    @classmethod
-    def _address(cls, value: str) -> str:
-        if value == "":
-            return "0.0.0.0"
-        if value.lower() == "localhost":
-            return "127.0.0.1"
-        return value
 
-    @field_validator("port", mode="after")
-    @classmethod
-    def _port(cls, value: int) -> int:
-        if value == 0:
-            return DEFAULT_PORT
-        if not 1 <= value <= MAX_PORT:
-            raise _RuleError(f"invalid port: {value}")
-        return value
-
-    @field_validator("public_port", mode="after")
-    @classmethod
-    def _public_port(cls, value: int) -> int:
-        if not 0 <= value <= MAX_PORT:
-            raise _RuleError(f"invalid public port: {value}")
-        return value
-
-    @field_validator("cert", "key", mode="after")
-    @classmethod
-    def _tls_material(cls, value: str, info: ValidationInfo) -> str:
-        protocol = info.data.get("protocol")
-        if protocol not in TLS_PROTOCOLS:
-            return value
-        what = info.field_name or "cert"
-        if not value.strip():
-            label = "cert" if what == "cert" else "key"
-            raise _RuleError(f"empty TLS {label} for {protocol} listener")
+def _endpoints(value: Any, data: Mapping[str, Any]) -> tuple[str, ...]:
+    texts = str_tuple(value)
+    if data.get("type", "STATIC") != "STATIC":
+        return tuple(sorted(texts))
+    canonical = []
+    for text in texts:
         try:
-            decode_pem(value, what=what)
-        except ValueError as exc:
-            raise _RuleError(str(exc)) from None
-        return strip_base64(value)
-
-    @field_validator("routes", mode="after")
-    @classmethod
-    def _sort_routes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(sorted(value))
+            canonical.append(canonical_endpoint(text))
+        except ConfigValidationError as exc:
+            raise _RuleError(exc.message) from None
+    return tuple(sorted(canonical))
 
 
 class ClusterConfig(_Model):
     """A set of peers: STATIC endpoints (prefix + port range) or STRICT_DNS names."""
 
-    name: StrictStr
-    type: ClusterType = "STATIC"
-    protocol: ClusterProtocol = "UDP"
-    endpoints: tuple[StrictStr, ...] = ()
-
-    _name_required = _name_field("cluster")
-    _type = _enum_field("type", "STATIC", _CLUSTER_TYPES, "unknown cluster type")
-    _protocol = _enum_field("protocol", "UDP", _CLUSTER_PROTOCOLS, "unknown cluster protocol")
-
-    @field_validator("endpoints", mode="after")
-    @classmethod
-    def _endpoints(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
-        if info.data.get("type", "STATIC") != "STATIC":
-            return tuple(sorted(value))
-        canonical = []
-        for text in value:
-            try:
-                canonical.append(canonical_endpoint(text))
-            except ConfigValidationError as exc:
-                raise _RuleError(exc.message) from None
-        return tuple(sorted(canonical))
+    name: str = field(_name("cluster"), missing=_missing_name("cluster"))
+    type: ClusterType = field(
+        _enum_field("STATIC", _CLUSTER_TYPES, "unknown cluster type"), default="STATIC"
+    )
+    protocol: ClusterProtocol = field(
+        _enum_field("UDP", _CLUSTER_PROTOCOLS, "unknown cluster protocol"), default="UDP"
+    )
+    endpoints: tuple[str, ...] = field(_endpoints, default=())
 
 
 def _unique_names(items: tuple[ListenerConfig, ...] | tuple[ClusterConfig, ...], kind: str) -> None:
@@ -311,45 +302,35 @@ def _unique_names(items: tuple[ListenerConfig, ...] | tuple[ClusterConfig, ...],
         seen.add(item.name)
 
 
+def _version(value: Any, data: Mapping[str, Any]) -> str:
+    version = strict_str(value)
+    if version != API_VERSION:
+        raise _RuleError(f'unsupported API version: "{version}"')
+    return version
+
+
+def _listeners(value: Any, data: Mapping[str, Any]) -> tuple[ListenerConfig, ...]:
+    items = ListenerConfig.tuple_of(value)
+    _unique_names(items, "listener")
+    return tuple(sorted(items, key=lambda item: item.name))
+
+
+def _clusters(value: Any, data: Mapping[str, Any]) -> tuple[ClusterConfig, ...]:
+    items = ClusterConfig.tuple_of(value)
+    _unique_names(items, "cluster")
+    return tuple(sorted(items, key=lambda item: item.name))
+
+
 class StunnerConfig(_Model):
     """A whole stunnerd config, validated and in canonical form."""
 
-    version: StrictStr = API_VERSION
-    admin: AdminConfig = Field(default_factory=AdminConfig)
-    auth: AuthConfig
-    listeners: tuple[ListenerConfig, ...] = ()
-    clusters: tuple[ClusterConfig, ...] = ()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _auth_present(cls, data: Any) -> Any:
-        # A missing auth section is an empty one, which fails with upstream's message (static
-        # auth without credentials) instead of a bare "field required".
-        if not isinstance(data, Mapping):
-            return data
-        for key, value in data.items():
-            if isinstance(key, str) and key.casefold() == "auth" and value is not None:
-                return data
-        return {**data, "auth": {}}
-
-    @field_validator("version", mode="after")
-    @classmethod
-    def _version(cls, value: str) -> str:
-        if value != API_VERSION:
-            raise _RuleError(f'unsupported API version: "{value}"')
-        return value
-
-    @field_validator("listeners", mode="after")
-    @classmethod
-    def _sort_listeners(cls, value: tuple[ListenerConfig, ...]) -> tuple[ListenerConfig, ...]:
-        _unique_names(value, "listener")
-        return tuple(sorted(value, key=lambda item: item.name))
-
-    @field_validator("clusters", mode="after")
-    @classmethod
-    def _sort_clusters(cls, value: tuple[ClusterConfig, ...]) -> tuple[ClusterConfig, ...]:
-        _unique_names(value, "cluster")
-        return tuple(sorted(value, key=lambda item: item.name))
+    version: str = field(_version, default=API_VERSION)
+    admin: AdminConfig = field(AdminConfig.check, default_factory=AdminConfig)
+    # A missing auth section is an empty one, which fails with upstream's message (static auth
+    # without credentials) instead of "missing required field".
+    auth: AuthConfig = field(AuthConfig.check, default_factory=dict, validate_default=True)
+    listeners: tuple[ListenerConfig, ...] = field(_listeners, default=())
+    clusters: tuple[ClusterConfig, ...] = field(_clusters, default=())
 
     def canonical_json(self) -> str:
         """Byte-stable JSON: sorted keys, no spaces. Equal configs give equal strings."""
