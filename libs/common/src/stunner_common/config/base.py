@@ -386,10 +386,13 @@ def _rebuild(cls: type[_Model], values: Mapping[str, Any]) -> _Model:
 
 
 def _plain(value: Any) -> Any:
+    # A model's tuples hold either strings or models, never both; dicts hold strings.
     if isinstance(value, _Model):
         return value.to_dict()
     if isinstance(value, tuple):
-        return [_plain(item) for item in value]
+        if value and isinstance(value[0], _Model):
+            return [item.to_dict() for item in value]
+        return list(value)
     if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
+        return dict(value)
     return value
