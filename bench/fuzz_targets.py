@@ -2,10 +2,10 @@
 
 Each target takes one input (bytes) and feeds it to the real code the way the service does; it
 swallows only the errors that code documents for bad input (a decode error, `ConfigError`, a
-pydantic `ValidationError`, a CDS resync). Anything else escaping a target is a bug. The net-side
-targets (the TCP/TLS framer and the DTLS record path) drive real listeners of an in-process
-`TurnServer` and turn any `log.exception` of stunnerd (the listener's guard around the engine)
-into a crash too, so a swallowed engine error is not missed.
+malformed CDS envelope's `EnvelopeError`, a CDS resync). Anything else escaping a target is a bug.
+The net-side targets (the TCP/TLS framer and the DTLS record path) drive real listeners of an
+in-process `TurnServer` and turn any `log.exception` of stunnerd (the listener's guard around the
+engine) into a crash too, so a swallowed engine error is not missed.
 
 Run one target under atheris (coverage guided, libFuzzer arguments after the name):
 
@@ -336,13 +336,11 @@ class CdsTarget:
     to the state a stunnerd holds (snapshots, JSON patches, deletes), then parsed as a config."""
 
     def __init__(self) -> None:
-        from pydantic import ValidationError
-
-        from stunner_common.cds.wire import parse_envelope
+        from stunner_common.cds.wire import EnvelopeError, parse_envelope
         from stunner_common.config import ConfigError, parse_config
         from stunner_common.io.cds.client import CdsProtocolError, DeltaState
 
-        self.errors = (ValidationError,)
+        self.errors = (EnvelopeError,)
         self.protocol_error = CdsProtocolError
         self.config_error = ConfigError
         self.state_class = DeltaState

@@ -3,8 +3,10 @@
 The v1 formats are a contract with unmodified upstream stunnerd and stunnerctl, so this module
 reproduces Go's ``encoding/json`` output for a ``StunnerConfig``: struct fields in declaration
 order, ``omitempty`` fields dropped when empty, and the exact bytes of the "zero config" that
-signals a delete. The v2 envelopes are our own delta protocol; their pydantic models live here so
-that the CDS (writer) and every client (reader) share one definition.
+signals a delete. The v2 envelopes are our own delta protocol; their encoders (the CDS writes)
+and their parser and dataclasses (every client reads) live here so that both share one
+definition. The client half is plain Python, so that a stunnerd following a CDS does not carry
+pydantic; the OpenAPI models of the CDS's bodies are the CDS's own (``stunner_cds.api.schemas``).
 
 Every v2 revision travels with the store's *epoch* (the id of the store's history, see
 ``stunner_common.io.store``): in each envelope, in the handshake answer (``x-stunner-epoch``) and
@@ -15,10 +17,10 @@ N of another.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
 
 CDS_V2_SUBPROTOCOL = "stunner.cds.v2"
 """WebSocket subprotocol a client offers to get delta envelopes instead of full v1 frames."""
@@ -195,60 +197,124 @@ def encode_delete(config_id: str, rev: int, epoch: str | None = None) -> str:
     return _DUMPS(_envelope("delete", config_id, rev, epoch))
 
 
-# --- pydantic models: OpenAPI documentation and client-side parsing -----------------------------
+# --- the v2 envelopes as a client reads them ----------------------------------------------------
 
 
-class ErrorBody(BaseModel):
-    """Every error the CDS answers with (upstream's ``Error`` schema)."""
-
-    code: int = Field(description="The HTTP status code, repeated.")
-    message: str = Field(description="What went wrong, naming the offending value.")
+class EnvelopeError(ValueError):
+    """A v2 frame that is not a well-formed envelope (the message names what is wrong)."""
 
 
-class ConfigListBody(BaseModel):
-    """Upstream's ``ConfigList``: every matching config (``items`` is never null)."""
-
-    version: Literal["v1"] = "v1"
-    items: list[dict[str, Any]]
-
-
-class SnapshotEnvelope(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotEnvelope:
     """The full config of ``id`` at revision ``rev``; replaces whatever the client held."""
 
-    model_config = ConfigDict(frozen=True)
-    type: Literal["snapshot"]
+    type: Literal["snapshot"] = "snapshot"
     id: str
     rev: int
     config: dict[str, Any]
-    epoch: str | None = Field(None, description="The store epoch ``rev`` counts in.")
+    epoch: str | None = None
+    """The store epoch ``rev`` counts in."""
 
 
-class PatchEnvelope(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PatchEnvelope:
     """An RFC 6902 JSON Patch from the client's previous config of ``id`` to revision ``rev``."""
 
-    model_config = ConfigDict(frozen=True)
-    type: Literal["patch"]
+    type: Literal["patch"] = "patch"
     id: str
     rev: int
     patch: list[dict[str, Any]]
-    epoch: str | None = Field(None, description="The store epoch ``rev`` counts in.")
+    epoch: str | None = None
+    """The store epoch ``rev`` counts in."""
 
 
-class DeleteEnvelope(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteEnvelope:
     """``id`` was deleted at revision ``rev``."""
 
-    model_config = ConfigDict(frozen=True)
-    type: Literal["delete"]
+    type: Literal["delete"] = "delete"
     id: str
     rev: int
-    epoch: str | None = Field(None, description="The store epoch ``rev`` counts in.")
+    epoch: str | None = None
+    """The store epoch ``rev`` counts in."""
 
 
-Envelope = Annotated[SnapshotEnvelope | PatchEnvelope | DeleteEnvelope, Field(discriminator="type")]
+Envelope: TypeAlias = SnapshotEnvelope | PatchEnvelope | DeleteEnvelope
 
-_ENVELOPE: TypeAdapter[SnapshotEnvelope | PatchEnvelope | DeleteEnvelope] = TypeAdapter(Envelope)
+# A \uD800-\uDFFF escape: only a text that has one can decode to a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def parse_envelope(text: str | bytes) -> SnapshotEnvelope | PatchEnvelope | DeleteEnvelope:
-    """Parse one v2 frame; raises ``pydantic.ValidationError`` on anything malformed."""
-    return _ENVELOPE.validate_json(text)
+_JSON_KINDS = {dict: "object", list: "array", str: "string", int: "integer", float: "number"}
+
+
+def _kind(value: object) -> str:
+    """The JSON name of what ``json.loads`` made ``value`` from."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return _JSON_KINDS.get(type(value), type(value).__name__)
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 60 else text[:60] + "...")
+
+
+def _load(text: str | bytes) -> object:
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        obj = json.loads(text)
+        if _SURROGATE_ESCAPE.search(text):
+            _DUMPS(obj).encode("utf-8")
+    except UnicodeError as exc:
+        raise EnvelopeError(f"invalid UTF-8 or a lone surrogate: {exc}") from None
+    except RecursionError:
+        raise EnvelopeError("not JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise EnvelopeError(f"not JSON: {exc}") from None
+    return obj
+
+
+def parse_envelope(text: str | bytes) -> Envelope:
+    """Parse one v2 frame; raises ``EnvelopeError`` on anything malformed.
+
+    The frame must be JSON in UTF-8 (no escape that decodes to a lone surrogate) holding an
+    object whose ``type`` is ``snapshot``, ``patch`` or ``delete``, with a string ``id``, an
+    integer ``rev``, an object ``config`` (snapshot) or an array of objects ``patch`` (patch), and
+    ``epoch`` absent, null or a string; other keys are ignored. ``rev`` must be a JSON integer:
+    every writer of this protocol is ``_envelope`` above, so a string, a float or a boolean there
+    is a broken peer, not a spelling to accept.
+    """
+    obj = _load(text)
+    if not isinstance(obj, dict):
+        raise EnvelopeError(f"not a JSON object but {_kind(obj)}")
+    kind = obj.get("type")
+    if kind not in ("snapshot", "patch", "delete"):
+        shown = _shown(kind) if isinstance(kind, str) else _kind(kind)
+        raise EnvelopeError(f"type {shown} is not snapshot, patch or delete")
+    config_id = obj.get("id")
+    if not isinstance(config_id, str):
+        raise EnvelopeError(f"{kind}: id must be a string, not {_kind(config_id)}")
+    what = f"{kind} for {_shown(config_id)}"
+    rev = obj.get("rev")
+    if not isinstance(rev, int) or isinstance(rev, bool):
+        raise EnvelopeError(f"{what}: rev must be an integer, not {_kind(rev)}")
+    epoch = obj.get("epoch")
+    if epoch is not None and not isinstance(epoch, str):
+        raise EnvelopeError(f"{what}: epoch must be a string, not {_kind(epoch)}")
+    if kind == "snapshot":
+        config = obj.get("config")
+        if not isinstance(config, dict):
+            raise EnvelopeError(f"{what}: config must be an object, not {_kind(config)}")
+        return SnapshotEnvelope(id=config_id, rev=rev, config=config, epoch=epoch)
+    if kind == "patch":
+        patch = obj.get("patch")
+        if not isinstance(patch, list):
+            raise EnvelopeError(f"{what}: patch must be an array, not {_kind(patch)}")
+        for i, op in enumerate(patch):
+            if not isinstance(op, dict):
+                raise EnvelopeError(f"{what}: patch[{i}] must be an object, not {_kind(op)}")
+        return PatchEnvelope(id=config_id, rev=rev, patch=patch, epoch=epoch)
+    return DeleteEnvelope(id=config_id, rev=rev, epoch=epoch)

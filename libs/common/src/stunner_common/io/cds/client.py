@@ -17,8 +17,6 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
-import pydantic
-
 from stunner_common.backoff import Backoff
 from stunner_common.cds.delta import (
     CdsAddressError,
@@ -36,6 +34,7 @@ from stunner_common.cds.wire import (
     INITIAL_FRAMES_HEADER,
     RESYNC_HEADER,
     REV_HEADER,
+    EnvelopeError,
     parse_envelope,
 )
 from stunner_common.io.cds.token import TokenSource
@@ -383,8 +382,8 @@ class CdsClient:
                     continue
                 try:
                     envelope = parse_envelope(frame)
-                except pydantic.ValidationError as exc:
-                    log.warning("ignoring a malformed CDS frame: %s", exc.errors()[:1])
+                except EnvelopeError as exc:
+                    log.warning("ignoring a malformed CDS frame: %s", exc)
                     continue
                 change = state.apply(envelope)  # raises CdsProtocolError when out of sync
                 if change is not None:
