@@ -4,8 +4,9 @@ Each builds its settings (`stunner_common.process_settings.ProcessSettings`) onc
 process starts; what is looked up by name further down (a kubeconfig, the CDS address, a
 credential plugin's environment) comes from the settings' ``environ``. import-linter cannot
 forbid an attribute of ``os``, so this test reads the source tree: below the settings modules
-nothing reads ``os.environ`` or calls ``os.getenv``. stunnerd's settings derive from the same
-base; its own test (tests/unit/stunnerd/test_stunnerd_settings.py) reads its sources.
+nothing reads ``os.environ`` or calls ``os.getenv``. stunnerd reads its settings into frozen
+dataclasses instead (no pydantic in the dataplane), with the same ``environ`` and ``read_from``;
+its own test (tests/unit/stunnerd/test_stunnerd_settings.py) reads its sources.
 """
 
 from __future__ import annotations
@@ -87,9 +88,12 @@ def test_every_process_shares_one_settings_style() -> None:
     from stunnerd.settings import StunnerdSettings
     from turncat.settings import TurncatSettings
 
-    classes = (StunnerdSettings, OperatorSettings, CdsSettings, AuthSettings, TurncatSettings)
+    classes = (OperatorSettings, CdsSettings, AuthSettings, TurncatSettings)
     assert [c.__name__ for c in classes if not issubclass(c, ProcessSettings)] == []
     assert [c.__name__ for c in classes if not c.model_config.get("frozen")] == []
+    assert StunnerdSettings.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    for name in ("environ", "read_from"):
+        assert hasattr(StunnerdSettings, name)
 
 
 def test_settings_read_from_another_mapping_keep_it_as_their_environment() -> None:

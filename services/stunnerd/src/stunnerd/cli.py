@@ -12,19 +12,16 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 
-from pydantic import ValidationError
-
 from stunner_common.cli import add_version_argument
 from stunner_common.config import ConfigError
 from stunner_common.config.errors import ConfigValidationError
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
 from stunner_common.logs import LOG_FORMATS, configure_logging
-from stunner_common.process_settings import validation_message
 from stunner_common.runtime import run as run_loop
 from stunner_common.turnuri import default_config_from_uri
 from stunnerd.app import EXIT_CONFIG, dry_run, run
 from stunnerd.origin.base import ConfigOriginError, is_k8s_origin, parse_origin
-from stunnerd.settings import DEFAULT_GRACE_PERIOD_S, environment, load_settings
+from stunnerd.settings import DEFAULT_GRACE_PERIOD_S, SettingsError, environment, load_settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,6 +141,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         parse_origin(settings.origin)
         if settings.turn_uri is not None:
             default_config_from_uri(settings.turn_uri)
+    except SettingsError as exc:
+        print(f"stunnerd: invalid settings: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except (ConfigOriginError, ConfigError, ValueError) as exc:
         print(f"stunnerd: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG
@@ -159,8 +159,6 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 
 def _one_line(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        return validation_message(exc)
     if isinstance(exc, ConfigValidationError):
         return exc.message  # "invalid TURN URI '…': …", without the field name before it
     return str(exc)

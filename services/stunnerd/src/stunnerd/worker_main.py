@@ -3,8 +3,8 @@
 `WorkerPool` starts each worker as `python -m stunnerd.worker_main` with its settings on the
 command line (as JSON) and the secrets it needs (the cluster-wide quota's Redis URL) in its
 environment, read here through `stunnerd.settings` as the supervisor's are in `stunnerd.cli`, and
-only with `--quota`: a worker without a quota never imports the settings models
-(pydantic-settings) nor redis. The command line becomes one `ChildOptions` (`child_options`), the
+only with `--quota`: a worker without a quota never imports the settings module (and the config
+models under it) nor redis. The command line becomes one `ChildOptions` (`child_options`), the
 quota a `ClusterQuota`; `stunnerd.workers.child.serve` runs with both.
 """
 

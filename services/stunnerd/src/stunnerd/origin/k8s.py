@@ -11,22 +11,24 @@ else `--cds-token-file`, `CDS_TOKEN_FILE` or `CDS_TOKEN`.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, TypeVar
 
 from stunner_common.cli import CDS_ADDR_ENV
 from stunner_common.io.cds import CdsAddressError, cds_base_url
 from stunner_common.io.kube import KubeDiscoveryError, KubeOptions, open_cds_forward
 from stunnerd.origin.base import K8S_ORIGIN, is_k8s_origin
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 __all__ = ["CDS_NAMESPACE_ENV", "K8S_ORIGIN", "is_k8s_origin", "run_with_k8s_origin"]
 CDS_NAMESPACE_ENV = "CDS_SERVER_NAMESPACE"
 EXIT_CONFIG = 1
 
-S = TypeVar("S", bound=BaseModel)
+S = TypeVar("S", bound="DataclassInstance")
 """stunnerd's settings (with ``origin``, ``cds_token_file``, ``cds_token_env_file`` and
 ``cds_token``), passed through unread."""
 
@@ -46,7 +48,7 @@ async def run_with_k8s_origin(
         except CdsAddressError as exc:
             print(f"stunnerd: {CDS_ADDR_ENV}: {exc}", file=sys.stderr)
             return EXIT_CONFIG
-        return await runner(settings.model_copy(update={"origin": origin}))
+        return await runner(dataclasses.replace(settings, origin=origin))
     if options.namespace is None and env.get(CDS_NAMESPACE_ENV, "").strip():
         options = KubeOptions(options.kubeconfig, options.context, env[CDS_NAMESPACE_ENV].strip())
     try:
@@ -55,7 +57,7 @@ async def run_with_k8s_origin(
             if forward.token and not getattr(settings, "cds_token_file", None):
                 # the Secret's token, over CDS_TOKEN_FILE and CDS_TOKEN (not --cds-token-file)
                 update.update(cds_token_env_file=None, cds_token=forward.token)
-            return await runner(settings.model_copy(update=update))
+            return await runner(dataclasses.replace(settings, **update))
     except KubeDiscoveryError as exc:
         print(f"stunnerd: -c k8s: {exc}", file=sys.stderr)
         return EXIT_CONFIG
