@@ -54,9 +54,8 @@ LAZY = {
     "httpx": "a CDS or Kubernetes origin",
     "websockets": "a CDS or Kubernetes origin",
     "jsonpatch": "a CDS origin (v2 patches)",
+    "pydantic_settings": "the other services' settings (stunnerd reads its own into dataclasses)",
 }
-# A worker gets its settings on the command line; only the supervisor reads the environment.
-WORKER_LAZY = {**LAZY, "pydantic_settings": "reading the settings (the supervisor's job)"}
 
 
 def plain_udp_config(port: int, health_port: int) -> dict[str, object]:
@@ -132,4 +131,4 @@ def test_an_idle_plain_udp_stunnerd_imports_no_package_of_a_feature_it_does_not_
     assert loaded(supervisor, LAZY) == {}
     for pid, worker in modules.items():
         assert "stunnerd.workers.child" in worker
-        assert loaded(worker, WORKER_LAZY) == {}, f"worker {pid}"
+        assert loaded(worker, LAZY) == {}, f"worker {pid}"
