@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stunner_common.config import ListenerConfig
+from stunner_common.config import ListenerConfig, ListenerProtocol
 from stunner_common.contracts.listener_address import NODE_ADDRESS_PLACEHOLDER
 from stunnerd.net.server import ServerOptions, TurnServer
 from stunnerd.workers.sockets import listener_key
@@ -21,7 +21,7 @@ from stunnerd.workers.sockets import listener_key
 )
 @pytest.mark.parametrize("protocol", ["TURN-UDP", "TURN-TCP"])
 def test_the_supervisor_and_a_worker_derive_the_same_key(
-    address: str, node_address: str, protocol: str
+    address: str, node_address: str, protocol: ListenerProtocol
 ) -> None:
     listener = ListenerConfig(name="l", protocol=protocol, address=address, port=3478)
     server = TurnServer(ServerOptions(bind_host="0.0.0.0", node_address=node_address))
