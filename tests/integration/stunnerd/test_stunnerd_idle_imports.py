@@ -55,6 +55,9 @@ LAZY = {
     "websockets": "a CDS or Kubernetes origin",
     "jsonpatch": "a CDS origin (v2 patches)",
     "pydantic_settings": "the other services' settings (stunnerd reads its own into dataclasses)",
+    "pydantic": "the other services' wire and settings models (the config models are plain)",
+    "pydantic_core": "pydantic",
+    "importlib.metadata": "`--version` (the installed distribution's version)",
 }
 
 
@@ -93,7 +96,9 @@ def dump_modules(pids: list[int], out: Path, timeout_s: float = 20.0) -> dict[in
 
 def loaded(modules: set[str], packages: dict[str, str]) -> dict[str, str]:
     tops = {name.split(".")[0] for name in modules}
-    return {package: why for package, why in packages.items() if package in tops}
+    return {
+        package: why for package, why in packages.items() if package in tops or package in modules
+    }
 
 
 @pytest.mark.parametrize("workers", [0, 2])

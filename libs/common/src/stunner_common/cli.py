@@ -11,7 +11,7 @@ import errno
 import os
 import socket
 from collections.abc import Mapping
-from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 __all__ = [
     "CDS_ADDR_ENV",
@@ -101,17 +101,33 @@ def check_token_file(path: str | os.PathLike[str] | None) -> str | None:
 
 def distribution_version(distribution: str) -> str:
     """The installed version of ``distribution`` (e.g. ``stunnerd``), or ``unknown``."""
+    # importlib.metadata (with email, zipfile and csv) is megabytes of a process's memory that
+    # only `--version` needs.
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version(distribution)
     except PackageNotFoundError:
         return "unknown"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, looking the version up only when it is asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str, distribution: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+        self.distribution = distribution
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"{parser.prog} {distribution_version(self.distribution)}")
+        parser.exit()
+
+
 def add_version_argument(parser: argparse.ArgumentParser, distribution: str) -> None:
     """``--version``: print ``<prog> <version>`` to stdout and exit 0."""
     parser.add_argument(
         "--version",
-        action="version",
-        version=f"%(prog)s {distribution_version(distribution)}",
+        action=_VersionAction,
+        distribution=distribution,
         help="print the version and exit",
     )
