@@ -58,6 +58,11 @@ LAZY = {
     "pydantic": "the other services' wire and settings models (the config models are plain)",
     "pydantic_core": "pydantic",
     "importlib.metadata": "`--version` (the installed distribution's version)",
+    "annotated_types": "nothing: stunnerd's settings carry their bounds in stunnerd.bounds",
+    "tempfile": "loading a TLS/DTLS certificate (and argparse's help width: shutil)",
+    "shutil": "argparse's help, when it is asked to find the terminal's width itself",
+    "uuid": "an identity for a host without a name",
+    "unicodedata": "resolving a host name (IP literals are bound as they are)",
 }
 
 

@@ -18,9 +18,10 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 import pytest
-from annotated_types import Ge, MultipleOf
+from annotated_types import Ge as ForeignGe
 
 from stunnerd.app import EXIT_CONFIG
+from stunnerd.bounds import Ge, Interval
 from stunnerd.cli import main
 from stunnerd.settings import SETTINGS, Setting, SettingsError, StunnerdSettings, load_settings
 
@@ -208,10 +209,16 @@ def test_a_copy_with_a_setting_replaced_keeps_the_environment() -> None:
 def test_every_setting_is_one_the_reader_knows() -> None:
     assert {setting.kind for setting in SETTINGS.values()} == {bool, int, float, str}
     with pytest.raises(TypeError, match="unsupported"):
-        Setting.of(Annotated[int, MultipleOf(2)], 0)
+        Setting.of(Annotated[int, ForeignGe(2)], 0)
     with pytest.raises(TypeError, match="unsupported"):
         Setting.of(list[int], [])
     assert Setting.of(Annotated[int, Ge(1)] | None, None).value("2") == 2
+    bounded = Setting.of(Annotated[int, Interval(gt=0, le=10)], 1)
+    assert bounded.value("10") == 10
+    with pytest.raises(ValueError, match="greater than 0"):
+        bounded.value("0")
+    with pytest.raises(ValueError, match="less than or equal to 10"):
+        bounded.value(11)
 
 
 CHILD = """

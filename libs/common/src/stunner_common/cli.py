@@ -17,6 +17,7 @@ __all__ = [
     "CDS_ADDR_ENV",
     "DEFAULT_CDS_ADDRESS",
     "DEPRECATED_CDS_ADDR_ENVS",
+    "HelpFormatter",
     "add_version_argument",
     "cds_address",
     "check_token_file",
@@ -109,6 +110,18 @@ def distribution_version(distribution: str) -> str:
         return version(distribution)
     except PackageNotFoundError:
         return "unknown"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, told the terminal's width: left to find it, it imports shutil
+    (with bz2 and lzma), which then stays in a daemon's memory for good."""
+
+    def __init__(self, prog: str) -> None:
+        try:
+            width = os.get_terminal_size().columns
+        except OSError:
+            width = 80
+        super().__init__(prog, width=width - 2)
 
 
 class _VersionAction(argparse.Action):

@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 
-from stunner_common.cli import add_version_argument
+from stunner_common.cli import HelpFormatter, add_version_argument
 from stunner_common.config import ConfigError
 from stunner_common.config.errors import ConfigValidationError
 from stunner_common.loglevel import apply_log_spec, parse_log_spec
@@ -26,7 +26,9 @@ from stunnerd.settings import DEFAULT_GRACE_PERIOD_S, SettingsError, environment
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="stunnerd", description="STUNner dataplane: a TURN relay driven by the Gateway API"
+        prog="stunnerd",
+        description="STUNner dataplane: a TURN relay driven by the Gateway API",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("uri", nargs="?", help="a TURN URI: serve the default config it implies")
     parser.add_argument(

@@ -35,9 +35,8 @@ from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
-from annotated_types import Ge, Gt
-
 from stunner_common.contracts.redis_keys import QuotaKey
+from stunnerd.bounds import Ge, Gt
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis

@@ -15,7 +15,7 @@ regard to case, empty variables as unset, booleans spelled as pydantic takes the
 (true/false, 1/0, yes/no, on/off, t/f, y/n), an error as one line `setting: problem; ...` that
 never shows the rejected value, and `environ`/`read_from`. The settings of the process itself
 are `DaemonSettings`; the groups it hands down whole are declared once, in the layer that uses
-them, as frozen dataclasses whose fields carry their default, their bounds (`annotated_types`)
+them, as frozen dataclasses whose fields carry their default, their bounds (`stunnerd.bounds`)
 and their docstring: `ServerTuning`, `ClientLimits`, `QuotaSettings`, `AdminSettings` and
 `WorkerTimeouts`. A `Group` only says which flat setting each field is read from; the flat
 settings are checked in one pass (an error names the setting, e.g. `quota_replicas`), then the
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import operator
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -49,11 +48,10 @@ from typing import (
     get_type_hints,
 )
 
-from annotated_types import Ge, GroupedMetadata, Gt, Le, Lt
-
 from stunner_common.config import DEFAULT_HEALTHCHECK_ENDPOINT
 from stunner_common.contracts.listener_address import POD_ADDRESS_ENV
 from stunnerd.admin.servers import AdminSettings
+from stunnerd.bounds import Bound, Ge, Gt, Interval
 from stunnerd.drain import DRAIN_CHECK_INTERVAL_S
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
@@ -251,12 +249,6 @@ class StunnerdSettings(DaemonSettings):
         return relay_address_list(self.relay_addresses)
 
 
-_COMPARISONS: Mapping[type, tuple[str, Callable[[Any, Any], bool], str]] = {
-    Gt: ("gt", operator.gt, "greater than"),
-    Ge: ("ge", operator.ge, "greater than or equal to"),
-    Lt: ("lt", operator.lt, "less than"),
-    Le: ("le", operator.le, "less than or equal to"),
-}
 _BOOLEANS = {
     **dict.fromkeys(("1", "on", "t", "true", "y", "yes"), True),
     **dict.fromkeys(("0", "off", "f", "false", "n", "no"), False),
@@ -268,20 +260,6 @@ _PROBLEMS = {
     float: "Input should be a valid number, unable to parse string as a number",
     str: "Input should be a valid string",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Bound:
-    """One bound of a number, from an `annotated_types` marker (`Gt(0)`, `Interval(ge=0, ...)`)."""
-
-    check: Callable[[Any, Any], bool]
-    limit: Any
-    words: str
-
-    def problem(self, value: Any) -> str | None:
-        if self.check(value, self.limit):
-            return None
-        return f"Input should be {self.words} {self.limit}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,11 +324,10 @@ class Setting:
 
 def _bounds(markers: list[Any]) -> Iterator[Bound]:
     for marker in markers:
-        if isinstance(marker, GroupedMetadata):
-            yield from _bounds(list(marker))
-        elif type(marker) in _COMPARISONS:
-            attr, check, words = _COMPARISONS[type(marker)]
-            yield Bound(check, getattr(marker, attr), words)
+        if isinstance(marker, Interval):
+            yield from marker.bounds()
+        elif isinstance(marker, Bound):
+            yield marker
         else:
             raise TypeError(f"unsupported setting annotation {marker!r}")
 

@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 
+from stunner_common.cli import HelpFormatter
 from stunner_common.loglevel import apply_log_spec
 from stunner_common.logs import LOG_FORMATS, configure_logging
 from stunner_common.runtime import run as run_loop
@@ -26,7 +27,7 @@ from stunnerd.workers.child import ChildOptions, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stunnerd-worker")
+    parser = argparse.ArgumentParser(prog="stunnerd-worker", formatter_class=HelpFormatter)
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--bind", default="0.0.0.0")
     parser.add_argument("--log", default=None, help="log spec that overrides the config's")

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import base64
 import binascii
-import datetime
 import ipaddress
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stunner_common.config.errors import ConfigValidationError
 
+if TYPE_CHECKING:
+    import datetime
+
 __all__ = ["TlsPair", "decode_pem", "load_tls_pair", "self_signed_pair", "strip_base64"]
 
-_SELF_SIGNED_VALIDITY = datetime.timedelta(days=365)
+_SELF_SIGNED_VALIDITY_DAYS = 365
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,8 @@ def load_tls_pair(cert_b64: str, key_b64: str) -> TlsPair:
 
 def self_signed_pair(host: str, *, now: datetime.datetime | None = None) -> tuple[str, str]:
     """A fresh self-signed ECDSA P-256 cert and key for `host`, both as base64 of PEM."""
+    import datetime
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -103,7 +108,7 @@ def self_signed_pair(host: str, *, now: datetime.datetime | None = None) -> tupl
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(start - datetime.timedelta(minutes=5))
-        .not_valid_after(start + _SELF_SIGNED_VALIDITY)
+        .not_valid_after(start + datetime.timedelta(days=_SELF_SIGNED_VALIDITY_DAYS))
         .add_extension(x509.SubjectAlternativeName([alt]), critical=False)
         .sign(key, hashes.SHA256())
     )

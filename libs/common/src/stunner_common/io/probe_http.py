@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import ipaddress
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -67,9 +69,13 @@ class HttpServer:
 
     async def start(self) -> None:
         host = None if self.host in ("0.0.0.0", "::", "") else self.host
-        self._server = await asyncio.start_server(
-            self._on_connection, host, self.port, reuse_address=True
-        )
+        sock = _literal_listener(host, self.port) if host is not None else None
+        if sock is not None:
+            self._server = await asyncio.start_server(self._on_connection, sock=sock)
+        else:
+            self._server = await asyncio.start_server(
+                self._on_connection, host, self.port, reuse_address=True
+            )
         log.info("%s server listening on %s:%d", self.name, self.host or "*", self.bound_port)
 
     async def close(self) -> None:
@@ -130,3 +136,25 @@ class HttpServer:
         )
         async with asyncio.timeout(self.request_timeout_s):
             await writer.drain()
+
+
+def _literal_listener(host: str, port: int) -> socket.socket | None:
+    """A listening socket on `host` when it is an IP address, else None (a name to resolve).
+
+    An address needs no resolving, and handing the event loop a host string would load the
+    "idna" codec (with stringprep and unicodedata) into the process for good.
+    """
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(100)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

@@ -18,8 +18,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
-from annotated_types import Gt, Interval
-
 from stunner_common.config import StunnerConfig
 from stunner_common.loglevel import apply_log_spec
 from stunnerd.admin.endpoint import (
@@ -30,6 +28,7 @@ from stunnerd.admin.endpoint import (
 )
 from stunnerd.admin.health import health_handler
 from stunnerd.admin.http import REQUEST_HEAD_TIMEOUT_S, Handler, HttpServer, Response
+from stunnerd.bounds import Gt, Interval
 from stunnerd.handoff.admin import HandedHttpServer, close_gently, listening_sockets
 from stunnerd.handoff.transport.channel import NamedSocket
 from stunnerd.status import Lifecycle, ListenerState, Plan, Rejection, StatsSnapshot, TrafficStats

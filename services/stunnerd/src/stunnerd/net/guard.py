@@ -22,8 +22,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Annotated
 
-from annotated_types import Ge, Gt
-
+from stunnerd.bounds import Ge, Gt
 from stunnerd.turn.guard import RequestLimits
 
 

@@ -108,7 +108,11 @@ def other_relay_address(primary: str, extra: Sequence[str]) -> str:
 def host_addresses() -> set[str]:
     """What this host's name resolves to (in a pod: the pod IP); empty when it does not."""
     try:
-        infos = socket.getaddrinfo(socket.gethostname(), None, proto=socket.IPPROTO_UDP)
+        name = socket.gethostname()
+        # An ASCII name as bytes: a str is encoded with the "idna" codec, whose import loads
+        # stringprep and unicodedata into the process for good.
+        host: str | bytes = name.encode() if name.isascii() else name
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_UDP)
     except OSError:
         return set()
     return {str(info[4][0]) for info in infos}

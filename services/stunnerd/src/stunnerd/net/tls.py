@@ -15,7 +15,6 @@ import logging
 import os
 import socket
 import ssl
-import tempfile
 from collections.abc import Callable
 from typing import Protocol
 
@@ -30,6 +29,8 @@ ACCEPT_RETRY_S = 0.1
 
 def load_pair(ctx: ssl.SSLContext, pair: TlsPair) -> None:
     """Load in-memory PEM into `ctx` (ssl only loads files, so go through a private temp dir)."""
+    import tempfile  # (with shutil, bz2 and lzma) only for a TLS or DTLS listener
+
     with tempfile.TemporaryDirectory(prefix="stunnerd-tls-") as tmp:
         cert_path = os.path.join(tmp, "cert.pem")
         key_path = os.path.join(tmp, "key.pem")

@@ -13,8 +13,7 @@ import dataclasses
 import json
 from typing import Annotated
 
-from annotated_types import Ge, Gt
-
+from stunnerd.bounds import Ge, Gt
 from stunnerd.turn.tcp_connections import MAX_CONNECTIONS_PER_ALLOCATION
 
 

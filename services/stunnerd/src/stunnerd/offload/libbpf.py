@@ -10,7 +10,6 @@ a load fails), so a warning in stunnerd's log says what went wrong.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno as errno_mod
 import os
 import threading
@@ -78,6 +77,9 @@ class Libbpf:
     """The library to load, set by the command from its settings; empty: the system's."""
 
     def __init__(self) -> None:
+        # ctypes.util (with shutil, tempfile, bz2 and lzma) only once the offload starts.
+        import ctypes.util
+
         name = self.library or ctypes.util.find_library("bpf") or "libbpf.so.1"
         try:
             self.lib = ctypes.CDLL(name, use_errno=True)

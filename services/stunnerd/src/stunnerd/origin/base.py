@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import socket
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -131,8 +130,12 @@ def resolve_id(flag: str | None, env: Mapping[str, str]) -> tuple[str, str]:
         ident = f"{env['STUNNER_NAMESPACE']}/{env['STUNNER_NAME']}"
     else:
         try:
-            host = socket.gethostname() or str(uuid.uuid4())
+            host = socket.gethostname()
         except OSError:
+            host = ""
+        if not host:
+            import uuid  # (it imports platform) only for a host without a name
+
             host = str(uuid.uuid4())
         ident = f"default/stunnerd-{host}"
     parts = ident.split("/")

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Annotated
 
-from annotated_types import Ge, Interval
+from stunnerd.bounds import Ge, Interval
 
 CHALLENGE_SOURCES_MAX = 16384
 AUTH_FAILURE_KEYS_MAX = 16384

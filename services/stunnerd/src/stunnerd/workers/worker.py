@@ -21,8 +21,6 @@ import sys
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-from annotated_types import Ge, Gt
-
 from stunner_common.contracts.worker_messages import (
     CloseRequest,
     ErrorReply,
@@ -33,6 +31,7 @@ from stunner_common.contracts.worker_messages import (
     decode_reply,
 )
 from stunner_common.logs import LogFormat
+from stunnerd.bounds import Ge, Gt
 from stunnerd.handoff.transport.journal import Journal
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
