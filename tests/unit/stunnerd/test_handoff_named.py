@@ -14,13 +14,13 @@ import pytest
 
 from stunnerd.handoff.transport.channel import (
     HandoffServer,
-    NamedSocket,
     Offer,
     receive_fds,
     receive_message,
     send_message,
     take_over,
 )
+from stunnerd.handoff.transport.named import NamedSocket
 from stunnerd.handoff.transport.state import VERSION, HandoffState, encode_state
 
 

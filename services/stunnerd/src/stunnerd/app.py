@@ -40,7 +40,8 @@ from stunnerd.status import ApplyOutcome, Lifecycle
 
 if TYPE_CHECKING:
     from stunnerd.handoff.local import Successor
-    from stunnerd.handoff.transport.channel import HandoffServer, NamedSocket
+    from stunnerd.handoff.transport.channel import HandoffServer
+    from stunnerd.handoff.transport.named import NamedSocket
     from stunnerd.quota import ClusterQuota
 
 log = logging.getLogger(__name__)

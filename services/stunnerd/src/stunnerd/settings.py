@@ -57,7 +57,7 @@ from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.origin.base import DEFAULT_ORIGIN, resolve_id
 from stunnerd.quota import QuotaSettings
-from stunnerd.workers.worker import WorkerTimeouts
+from stunnerd.workers.timeouts import WorkerTimeouts
 
 ENV_PREFIX = "STUNNERD_"
 DEFAULT_GRACE_PERIOD_S = 3600.0

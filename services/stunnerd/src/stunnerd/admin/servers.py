@@ -30,7 +30,7 @@ from stunnerd.admin.health import health_handler
 from stunnerd.admin.http import REQUEST_HEAD_TIMEOUT_S, Handler, HttpServer, Response
 from stunnerd.bounds import Gt, Interval
 from stunnerd.handoff.admin import HandedHttpServer, close_gently, listening_sockets
-from stunnerd.handoff.transport.channel import NamedSocket
+from stunnerd.handoff.transport.named import NamedSocket
 from stunnerd.status import Lifecycle, ListenerState, Plan, Rejection, StatsSnapshot, TrafficStats
 
 if TYPE_CHECKING:

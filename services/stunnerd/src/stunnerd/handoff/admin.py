@@ -15,7 +15,7 @@ from typing import Any
 
 from stunnerd.admin.endpoint import BindAddress
 from stunnerd.admin.http import Handler, HttpServer
-from stunnerd.handoff.transport.channel import NamedSocket
+from stunnerd.handoff.transport.named import NamedSocket
 
 log = logging.getLogger(__name__)
 

@@ -32,11 +32,11 @@ from stunnerd.handoff.transport.channel import (
     HandoffRefusedError,
     HandoffServer,
     HandoffSource,
-    NamedSocket,
     Offer,
     Received,
     take_over,
 )
+from stunnerd.handoff.transport.named import NamedSocket
 from stunnerd.handoff.transport.records import record_of
 from stunnerd.handoff.transport.state import (
     READABLE_VERSIONS,

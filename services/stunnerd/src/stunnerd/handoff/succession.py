@@ -25,7 +25,8 @@ from stunnerd.reconcile.dataplane import Dataplane
 from stunnerd.settings import StunnerdSettings
 
 if TYPE_CHECKING:
-    from stunnerd.handoff.transport.channel import HandoffServer, NamedSocket
+    from stunnerd.handoff.transport.channel import HandoffServer
+    from stunnerd.handoff.transport.named import NamedSocket
 
 log = logging.getLogger(__name__)
 

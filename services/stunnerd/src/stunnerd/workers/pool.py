@@ -56,12 +56,12 @@ from stunnerd.workers.sockets import (
     send_relays,
     send_sockets,
 )
+from stunnerd.workers.timeouts import WorkerTimeouts
 from stunnerd.workers.worker import (
     DEFAULT_TIMEOUTS,
     DEFAULT_TUNING,
     Worker,
     WorkerError,
-    WorkerTimeouts,
 )
 
 __all__ = ["Worker", "WorkerError", "WorkerPool", "WorkerTimeouts"]

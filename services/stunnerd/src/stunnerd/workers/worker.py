@@ -18,8 +18,7 @@ import dataclasses
 import itertools
 import logging
 import sys
-from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
 from stunner_common.contracts.worker_messages import (
     CloseRequest,
@@ -31,7 +30,6 @@ from stunner_common.contracts.worker_messages import (
     decode_reply,
 )
 from stunner_common.logs import LogFormat
-from stunnerd.bounds import Ge, Gt
 from stunnerd.handoff.transport.journal import Journal
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
@@ -40,26 +38,13 @@ from stunnerd.quota import QuotaSettings
 from stunnerd.status import StatsSnapshot
 from stunnerd.workers.protocol import MAX_LINE_BYTES, encode
 from stunnerd.workers.sockets import FdChannel, new_nonce_key
+from stunnerd.workers.timeouts import WorkerTimeouts
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TUNING = ServerTuning()
 
 R = TypeVar("R", bound=Reply)
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerTimeouts:
-    """How long the supervisor waits on a worker (from `StunnerdSettings`)."""
-
-    request_s: Annotated[float, Gt(0)] = 30.0
-    """An `apply` or `drain` request, from writing it to the worker's reply."""
-    stats_s: Annotated[float, Gt(0)] = 2.0
-    """A `stats` request (a worker slower than this keeps reporting its previous counts)."""
-    stop_s: Annotated[float, Gt(0)] = 10.0
-    """A worker's own exit after `close`, before it is killed."""
-    restart_delay_s: Annotated[float, Ge(0)] = 0.5
-    """The pause before a dead worker is started again."""
 
 
 DEFAULT_TIMEOUTS = WorkerTimeouts()

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from stunnerd.handoff.transport.named import NamedSocket
+
 log = logging.getLogger(__name__)
 
 FDS_PER_MESSAGE = 250
@@ -71,17 +73,6 @@ class Offer:
     fds: list[int]
     resume: Callable[[], Awaitable[None]]
     release: Callable[[], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class NamedSocket:
-    """A listening socket handed over beside the state (the health or metrics server's): its
-    role, the host it was asked to bind and the port it is bound to."""
-
-    name: str
-    host: str
-    port: int
-    sock: socket.socket
 
 
 class HandoffSource(Protocol):
