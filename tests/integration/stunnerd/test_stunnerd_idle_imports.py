@@ -63,6 +63,7 @@ LAZY = {
     "shutil": "argparse's help, when it is asked to find the terminal's width itself",
     "uuid": "an identity for a host without a name",
     "unicodedata": "resolving a host name (IP literals are bound as they are)",
+    "ctypes": "the kernel offload (libbpf), once an engine is configured",
 }
 
 

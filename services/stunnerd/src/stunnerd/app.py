@@ -83,12 +83,14 @@ def make_origin(settings: StunnerdSettings) -> ConfigOrigin:
 
 
 def make_dataplane(settings: StunnerdSettings, successor: Successor | None = None) -> Dataplane:
-    from stunnerd.offload.datapath import Datapath
-    from stunnerd.offload.libbpf import Libbpf
+    if settings.libbpf or settings.offload_object:
+        # Which libbpf and BPF object the kernel offload loads: one each per process. The
+        # offload's modules (with ctypes) load only when one is named or an engine starts.
+        from stunnerd.offload.datapath import Datapath
+        from stunnerd.offload.libbpf import Libbpf
 
-    # Which libbpf and BPF object the kernel offload loads: one each per process.
-    Libbpf.library = settings.libbpf
-    Datapath.object_file = settings.offload_object
+        Libbpf.library = settings.libbpf
+        Datapath.object_file = settings.offload_object
     if settings.udp_thread_num > 1:
         from stunnerd.workers.pool import WorkerPool
 
@@ -105,6 +107,7 @@ def make_dataplane(settings: StunnerdSettings, successor: Successor | None = Non
             timeouts=settings.worker_timeouts,
             journal=settings.worker_journal,
             nonce_key=successor.state.nonce_key if successor is not None else None,
+            libbpf=settings.libbpf,
         )
         if successor is not None:
             from stunnerd.handoff.pool import seed

@@ -22,7 +22,6 @@ from stunner_common.logs import LOG_FORMATS, configure_logging
 from stunner_common.runtime import run as run_loop
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
-from stunnerd.offload.libbpf import Libbpf
 from stunnerd.workers.child import ChildOptions, serve
 
 
@@ -73,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     # to the process group must not kill the workers under it. A worker ends when stdin closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    Libbpf.library = args.libbpf
+    if args.libbpf:
+        from stunnerd.offload.libbpf import Libbpf
+
+        Libbpf.library = args.libbpf
     quota = None
     if args.quota:
         from stunnerd.quota import ClusterQuota, QuotaSettings

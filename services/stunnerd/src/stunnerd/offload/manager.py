@@ -28,18 +28,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stunnerd.offload.datapath import (
-    ChannelEntries,
-    Counters,
-    Datapath,
-    channel_entries,
-    same_way,
-)
-from stunnerd.offload.libbpf import OffloadError
-from stunnerd.offload.routes import RouteError
 from stunnerd.offload.table import OffloadRoutes
+
+if TYPE_CHECKING:
+    from stunnerd.offload.datapath import ChannelEntries, Counters, Datapath
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +67,9 @@ class _Channel:
 class OffloadManager:
     """Mirror the engine's channel routes into the kernel when an offload engine is on."""
 
-    def __init__(self, datapath_factory: Callable[[], Datapath] = Datapath) -> None:
+    def __init__(self, datapath_factory: Callable[[], Datapath] | None = None) -> None:
+        # None: the kernel's own datapath. The datapath modules (libbpf through ctypes) load
+        # when an engine is first configured, not in a stunnerd that never offloads.
         self._factory = datapath_factory
         self.engine = "None"
         self.interfaces: tuple[str, ...] = ()
@@ -103,8 +99,11 @@ class OffloadManager:
         self.engine, self.interfaces, self.reason = engine, interfaces, ""
         if engine == "None":
             return
+        from stunnerd.offload.datapath import Datapath
+        from stunnerd.offload.libbpf import OffloadError
+
         try:
-            datapath = self._factory()
+            datapath = (self._factory or Datapath)()
         except OffloadError as exc:
             self._fail(str(exc))
             return
@@ -199,6 +198,11 @@ class OffloadManager:
 
     def _install(self, key: ChannelId, chan: _Channel) -> None:
         assert self.datapath is not None
+        # Loaded with the datapath (`configure`).
+        from stunnerd.offload.datapath import channel_entries, same_way
+        from stunnerd.offload.libbpf import OffloadError
+        from stunnerd.offload.routes import RouteError
+
         _listener, client, number = key
         try:
             entries = channel_entries(

@@ -8,11 +8,12 @@ this table holds fewer routes than the user-space ones: `offload_only`.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from stunnerd.offload.datapath import Datapath
-from stunnerd.offload.maps import Fwd, client_key, destination, peer_key
 from stunnerd.route_table.table import NOT_ROUTED, Address, ChannelRoute, RouteView, Traffic
+
+if TYPE_CHECKING:
+    from stunnerd.offload.datapath import Datapath
 
 
 class Channels(Protocol):
@@ -89,6 +90,8 @@ class OffloadRoutes:
         dp = self.manager.datapath
         if dp is None:
             return NOT_ROUTED
+        from stunnerd.offload.maps import Fwd, client_key, destination, peer_key
+
         try:
             out_key = client_key(route.client, self.listener_addr[1], route.channel)
             back_key = peer_key(route.peer, route.relay.sock.getsockname()[1])

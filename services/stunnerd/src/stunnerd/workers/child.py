@@ -16,6 +16,7 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from stunner_common.config import ConfigError, parse_config
 from stunner_common.contracts.worker_messages import (
@@ -41,13 +42,14 @@ from stunnerd.handoff.transport.state import HandoffFormatError, decode_state
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.server import ServerOptions, TurnServer
 from stunnerd.net.tuning import ServerTuning
-from stunnerd.offload.datapath import Datapath, SharedMaps
-from stunnerd.offload.libbpf import OffloadError
 from stunnerd.offload.manager import OffloadManager
 from stunnerd.quota import ClusterQuota
 from stunnerd.workers.local import LocalDataplane
 from stunnerd.workers.protocol import MAX_LINE_BYTES, encode
 from stunnerd.workers.sockets import FdChannel, InheritedSockets
+
+if TYPE_CHECKING:
+    from stunnerd.offload.datapath import Datapath
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +175,9 @@ def shared_maps(inherited: InheritedSockets) -> Callable[[], Datapath]:
     """The worker's offload datapath: duplicates of the maps the supervisor sent last."""
 
     def factory() -> Datapath:
+        from stunnerd.offload.datapath import SharedMaps
+        from stunnerd.offload.libbpf import OffloadError
+
         fds = inherited.offload_fds
         if "chan" not in fds or "peer" not in fds:
             raise OffloadError(inherited.offload_reason or "no offload maps from the supervisor")

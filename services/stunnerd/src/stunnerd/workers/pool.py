@@ -87,6 +87,7 @@ class WorkerPool:
         node_address: str = "",
         nonce_key: bytes | None = None,
         journal: bool = True,
+        libbpf: str = "",
     ) -> None:
         if count < 1:
             raise ValueError("a worker pool needs at least one worker")
@@ -109,6 +110,7 @@ class WorkerPool:
                 quota=quota,
                 node_address=node_address,
                 journal=journal,
+                libbpf=libbpf,
             )
             for i in range(count)
         ]

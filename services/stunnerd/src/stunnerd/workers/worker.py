@@ -33,7 +33,6 @@ from stunner_common.logs import LogFormat
 from stunnerd.handoff.transport.journal import Journal
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.tuning import ServerTuning
-from stunnerd.offload.libbpf import Libbpf
 from stunnerd.quota import QuotaSettings
 from stunnerd.status import StatsSnapshot
 from stunnerd.workers.protocol import MAX_LINE_BYTES, encode
@@ -72,6 +71,7 @@ class Worker:
         quota: QuotaSettings | None = None,
         node_address: str = "",
         journal: bool = True,
+        libbpf: str = "",
     ) -> None:
         self.index = index
         self.nonce_key = nonce_key
@@ -95,7 +95,7 @@ class Worker:
             *(["--node-address", node_address] if node_address else []),
             *([] if journal else ["--no-journal"]),
             # The supervisor's libbpf (`STUNNERD_LIBBPF`), so that a worker reads no settings.
-            *(["--libbpf", Libbpf.library] if Libbpf.library else []),
+            *(["--libbpf", libbpf] if libbpf else []),
         ]
         self._stop_timeout_s = stop_timeout_s
         self.proc: asyncio.subprocess.Process | None = None
