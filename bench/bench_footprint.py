@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,25 @@ from bench.bench_turn import (
 
 IDLE_S = float(os.environ.get("BENCH_FOOTPRINT_IDLE_S", "3"))
 TOP_MODULES = int(os.environ.get("BENCH_FOOTPRINT_TOP", "25"))
+
+CDS_PEER = """
+import asyncio, sys
+from websockets.asyncio.server import serve
+
+text = open(sys.argv[2]).read()
+
+async def handler(ws):
+    await ws.send(text)  # one v1 frame: the config; then nothing changes
+    await ws.wait_closed()
+
+async def main():
+    async with serve(handler, "127.0.0.1", int(sys.argv[1])):
+        await asyncio.Future()
+
+asyncio.run(main())
+"""
+"""A CDS as a pod's stunnerd sees one while nothing changes: a WebSocket that sends the config
+once (upstream's v1 frame)."""
 
 PROBE = """
 import json, signal, sys
@@ -111,6 +131,9 @@ def idle_servers(stunnerd: str, tmp: Path) -> list[tuple[str, list[str]]]:
     ours = [stunnerd, "-c", "{config}", "--bind", "127.0.0.1"]
     servers.append(("stunnerd", ours))
     servers.append(("stunnerd -u 2", [*ours, "--udp-thread-num", "2"]))
+    # As in a pod: following the CDS (websockets, the CDS client) instead of reading a file.
+    cds = [stunnerd, "-w", "-c", "ws://127.0.0.1:{cds}", "--id", "bench/stunnerd"]
+    servers.append(("stunnerd, CDS", [*cds, "--bind", "127.0.0.1"]))
     binary, why = upstream_peer.upstream_stunnerd()
     if binary is None:
         print(f"footprint: upstream stunnerd: {why}; measured without it")
@@ -131,29 +154,44 @@ def idle_servers(stunnerd: str, tmp: Path) -> list[tuple[str, list[str]]]:
 def measure_idle(stunnerd: str, tmp: Path) -> None:
     print(f"idle footprint after {IDLE_S:g} s, one TURN/UDP listener, no allocation (MiB)")
     print(f"{'server':<15} {'procs':>5} {'RSS':>7} {'PSS':>7}  per process RSS/PSS")
-    rows: dict[str, float] = {}
+    rows: dict[str, dict[str, float]] = {}
     for label, template in idle_servers(stunnerd, tmp):
         port = free_port()
         cfg = tmp / f"idle-{port}.json"
         cfg.write_text(json.dumps(stunnerd_config(port)))
         argv = [a.replace("{port}", str(port)).replace("{config}", str(cfg)) for a in template]
         log = tmp / f"idle-{port}.log"
-        with process(argv, log) as proc:
+        with ExitStack() as stack:
+            env = None
+            if "{cds}" in " ".join(template):
+                cds = free_port(socket.SOCK_STREAM)
+                argv = [a.replace("{cds}", str(cds)) for a in argv]
+                cds_peer = [sys.executable, "-c", CDS_PEER, str(cds), str(cfg)]
+                stack.enter_context(process(cds_peer, tmp / f"cds-{cds}.log"))
+                health = free_port(socket.SOCK_STREAM)
+                env = {
+                    **os.environ,
+                    "STUNNERD_BOOTSTRAP_HEALTH_ENDPOINT": f"http://127.0.0.1:{health}",
+                }
+            proc = stack.enter_context(process(argv, log, env))
             wait_udp_listening(port, proc, log)
             time.sleep(IDLE_S)
             mem = tree_memory(proc.pid)
         rss = sum(m[1] for m in mem) / 1024
         pss = sum(m[2] for m in mem) / 1024
-        rows[label] = pss
+        rows[label] = {"rss": rss, "pss": pss}
         each = " ".join(f"{m[1] / 1024:.1f}/{m[2] / 1024:.1f}" for m in mem)
         print(f"{label:<15} {len(mem):>5} {rss:>7.1f} {pss:>7.1f}  {each}")
-    for ours in ("stunnerd", "stunnerd -u 2"):
-        for peer in ("upstream x1", "coturn"):
-            if ours in rows and peer in rows and rows[peer] > 0:
-                print(
-                    f"RATIO footprint idle_pss ours/{peer.split()[0]} = "
-                    f"{rows[ours] / rows[peer]:.2f}  (ours: {ours}; peer: {peer})"
-                )
+    # RSS is what a node's memory holds for the process; PSS divides shared pages (libpython,
+    # libc, libcrypto) among the processes mapping them, so it moves with whatever else runs.
+    for kind in ("rss", "pss"):
+        for ours in ("stunnerd", "stunnerd -u 2", "stunnerd, CDS"):
+            for peer in ("upstream x1", "coturn"):
+                if ours in rows and peer in rows and rows[peer][kind] > 0:
+                    print(
+                        f"RATIO footprint idle_{kind} ours/{peer.split()[0]} = "
+                        f"{rows[ours][kind] / rows[peer][kind]:.2f}  (ours: {ours}; peer: {peer})"
+                    )
 
 
 def measure_modules(stunnerd: str, tmp: Path) -> None:
