@@ -10,10 +10,7 @@ setting and never show the value.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Annotated, Any
 
@@ -24,6 +21,7 @@ from stunnerd.app import EXIT_CONFIG
 from stunnerd.bounds import Ge, Interval
 from stunnerd.cli import main
 from stunnerd.settings import SETTINGS, Setting, SettingsError, StunnerdSettings, load_settings
+from support.fresh import modules_after
 
 URI = "turn://u:p@127.0.0.1:3478"
 
@@ -222,7 +220,6 @@ def test_every_setting_is_one_the_reader_knows() -> None:
 
 
 CHILD = """
-import json, sys
 from stunnerd.settings import load_settings
 import stunnerd.cli
 settings = load_settings(
@@ -230,14 +227,10 @@ settings = load_settings(
     config=None, watch=False, turn_uri=None, ident="a/b",
 )
 assert (settings.bind_host, settings.worker_journal) == ("127.0.0.1", False)
-print(json.dumps(sorted(sys.modules)))
 """
 
 
 def test_reading_the_settings_loads_no_pydantic_settings() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60, check=True
-    ).stdout
-    modules = set(json.loads(out))
+    modules = modules_after(CHILD)
     assert "stunnerd.cli" in modules
     assert {"pydantic_settings", "stunner_common.process_settings"} & modules == set()
