@@ -64,6 +64,16 @@ LAZY = {
     "uuid": "an identity for a host without a name",
     "unicodedata": "resolving a host name (IP literals are bound as they are)",
     "ctypes": "the kernel offload (libbpf), once an engine is configured",
+    "datetime": "making a self-signed certificate",
+}
+
+# What only worker processes (`--udp-thread-num` above 1) or a hot handoff use.
+MULTI_PROCESS = {
+    "stunnerd.workers.worker": "starting worker processes",
+    "stunnerd.workers.pool": "the supervisor of worker processes",
+    "stunner_common.contracts.worker_messages": "the supervisor's channel to its workers",
+    "stunnerd.handoff.transport.channel": "a hot handoff",
+    "stunnerd.handoff.transport.journal": "the workers' allocation journal",
 }
 
 
@@ -140,6 +150,8 @@ def test_an_idle_plain_udp_stunnerd_imports_no_package_of_a_feature_it_does_not_
     supervisor = modules.pop(proc.pid)
     assert "stunnerd.app" in supervisor  # the dump is of stunnerd itself
     assert loaded(supervisor, LAZY) == {}
+    if not workers:
+        assert loaded(supervisor, MULTI_PROCESS) == {}
     for pid, worker in modules.items():
         assert "stunnerd.workers.child" in worker
         assert loaded(worker, LAZY) == {}, f"worker {pid}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Iterator
 
 import pytest
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,15 +18,6 @@ class DemoSettings(BaseSettings):
     password: str = ""
     log_level: str = "INFO"
     log_format: str = "text"
-
-
-@pytest.fixture(autouse=True)
-def _restore_root_logger() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def _args(**values: object) -> argparse.Namespace:

@@ -10,8 +10,6 @@ setting and never show the value.
 from __future__ import annotations
 
 import dataclasses
-import logging
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 import pytest
@@ -35,15 +33,6 @@ def refusal(env: dict[str, str], **flags: Any) -> str:
     with pytest.raises(SettingsError) as caught:
         env_settings(env, **flags)
     return str(caught.value)
-
-
-@pytest.fixture
-def _restore_root_logger() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.mark.parametrize(
@@ -170,7 +159,6 @@ def test_a_settings_error_is_a_value_error() -> None:
     assert issubclass(SettingsError, ValueError)
 
 
-@pytest.mark.usefixtures("_restore_root_logger")
 @pytest.mark.parametrize(
     ("argv", "env", "line"),
     [

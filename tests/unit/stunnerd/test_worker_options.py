@@ -8,6 +8,7 @@ from stunnerd.net.server import ServerOptions
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.worker_main import build_parser, child_options
 from stunnerd.workers.child import ChildOptions
+from stunnerd.workers.pool import WorkerPool
 from stunnerd.workers.worker import Worker
 
 TUNING = ServerTuning(udp_gso=False, client_idle_timeout_s=7.5, socket_close_timeout_s=0.25)
@@ -68,3 +69,11 @@ def test_a_workers_server_shares_each_port_with_the_others_and_relays_no_tcp() -
         tuning=TUNING,
         limits=LIMITS,
     )
+
+
+def test_the_supervisors_libbpf_reaches_every_worker_on_its_command_line() -> None:
+    pool = WorkerPool(2, libbpf="/opt/lib/libbpf.so.1")
+    for worker in pool.workers:
+        assert worker._argv[-2:] == ["--libbpf", "/opt/lib/libbpf.so.1"]
+        assert build_parser().parse_args(worker._argv[3:]).libbpf == "/opt/lib/libbpf.so.1"
+    assert "--libbpf" not in WorkerPool(1).workers[0]._argv

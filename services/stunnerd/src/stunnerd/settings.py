@@ -32,7 +32,7 @@ import dataclasses
 import ipaddress
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, UnionType
 from typing import (
@@ -352,25 +352,17 @@ SETTINGS: Mapping[str, Setting] = MappingProxyType(_flat_settings())
 the order their errors are told."""
 
 
-def _check_relay_addresses(value: str) -> None:
-    for ip in relay_address_list(value):
+def _check_ips(what: str, ips: Iterable[str]) -> None:
+    for ip in ips:
         try:
             ipaddress.ip_address(ip)
         except ValueError:
-            raise ValueError(f"relay address {ip!r} is not an IP address") from None
+            raise ValueError(f"{what} {ip!r} is not an IP address") from None
 
 
-def _check_node_address(value: str) -> None:
-    if value:
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            raise ValueError(f"node address {value!r} is not an IP address") from None
-
-
-_CHECKS: Mapping[str, Callable[[Any], None]] = {
-    "relay_addresses": _check_relay_addresses,
-    "node_address": _check_node_address,
+_CHECKS: Mapping[str, Callable[[str], None]] = {
+    "relay_addresses": lambda text: _check_ips("relay address", relay_address_list(text)),
+    "node_address": lambda text: _check_ips("node address", [text] if text else []),
 }
 
 
