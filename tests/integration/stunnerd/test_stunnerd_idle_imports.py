@@ -10,6 +10,7 @@ real-time signal, once the listener serves; nothing about memory is timed or mea
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -19,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from stunner_common.io.store import ConfigPublisher
+from support.cds_server import CdsServer
 from support.ports import free_port, free_udp_tcp_port
 from support.processes import ServerProcess
-from support.stunnerd_process import PASSWORD, USER, wait_ready
+from support.stunnerd_process import PASSWORD, USER, WATCH_ID, wait_ready, watch_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -51,9 +54,9 @@ LAZY = {
     "dns": "aioice's ICE stack (the codec needs aioice.stun alone)",
     "ifaddr": "aioice's ICE stack",
     "yaml": "a YAML (not JSON) config",
-    "httpx": "a CDS or Kubernetes origin",
-    "websockets": "a CDS or Kubernetes origin",
-    "jsonpatch": "a CDS origin (v2 patches)",
+    "httpx": "a Kubernetes origin, or a one-shot CDS load",
+    "websockets": "a Kubernetes origin (the CDS watch has its own client)",
+    "jsonpatch": "a CDS origin, once a v2 patch arrives",
     "pydantic_settings": "the other services' settings (stunnerd reads its own into dataclasses)",
     "pydantic": "the other services' wire and settings models (the config models are plain)",
     "pydantic_core": "pydantic",
@@ -65,6 +68,13 @@ LAZY = {
     "unicodedata": "resolving a host name (IP literals are bound as they are)",
     "ctypes": "the kernel offload (libbpf), once an engine is configured",
     "datetime": "making a self-signed certificate",
+}
+
+# What none of a stunnerd's origins needs: a general-purpose HTTP or WebSocket client's baggage.
+NEVER = {
+    "http.client": "an HTTP client (the CDS watch speaks HTTP/1.1 for its upgrade only)",
+    "urllib.request": "proxy discovery",
+    "email": "HTTP header parsing by the standard library",
 }
 
 # What only worker processes (`--udp-thread-num` above 1) or a hot handoff use.
@@ -94,6 +104,23 @@ def plain_udp_config(port: int, health_port: int) -> dict[str, object]:
     }
 
 
+def probe_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """The environment of a stunnerd whose processes dump their modules on DUMP_SIGNAL."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    out = tmp_path / "modules"
+    out.mkdir()
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("STUNNERD_", "STUNNER_", "CDS_"))
+    }
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    env[OUT_ENV] = str(out)
+    return env, out
+
+
 def children(pid: int) -> list[int]:
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     return [int(child) for child in text.split()]
@@ -121,20 +148,9 @@ def loaded(modules: set[str], packages: dict[str, str]) -> dict[str, str]:
 def test_an_idle_plain_udp_stunnerd_imports_no_package_of_a_feature_it_does_not_use(
     tmp_path: Path, workers: int
 ) -> None:
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    out = tmp_path / "modules"
-    out.mkdir()
+    env, out = probe_env(tmp_path)
     config = tmp_path / "stunnerd.json"
     config.write_text(json.dumps(plain_udp_config(free_udp_tcp_port(), free_port())))
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("STUNNERD_", "STUNNER_", "CDS_"))
-    }
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
-    env[OUT_ENV] = str(out)
     argv = [STUNNERD, "-c", str(config), "--bind", "127.0.0.1", "--grace-period", "0"]
     if workers:
         argv += ["--udp-thread-num", str(workers)]
@@ -149,9 +165,30 @@ def test_an_idle_plain_udp_stunnerd_imports_no_package_of_a_feature_it_does_not_
         proc.stop()
     supervisor = modules.pop(proc.pid)
     assert "stunnerd.app" in supervisor  # the dump is of stunnerd itself
-    assert loaded(supervisor, LAZY) == {}
+    assert loaded(supervisor, LAZY | NEVER) == {}
     if not workers:
         assert loaded(supervisor, MULTI_PROCESS) == {}
     for pid, worker in modules.items():
         assert "stunnerd.workers.child" in worker
-        assert loaded(worker, LAZY) == {}, f"worker {pid}"
+        assert loaded(worker, LAZY | NEVER) == {}, f"worker {pid}"
+
+
+async def test_a_stunnerd_following_the_cds_imports_no_general_purpose_client(
+    tmp_path: Path, cds: CdsServer, publisher: ConfigPublisher
+) -> None:
+    """As in a pod: the config comes from the real CDS over a v2 watch (docs/scale.md, the
+    footprint with a CDS origin)."""
+    env, out = probe_env(tmp_path)
+    env["STUNNERD_BOOTSTRAP_HEALTH_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
+    env["STUNNER_ADDR"] = "127.0.0.1"
+    await publisher.upsert(WATCH_ID, watch_config("idle", free_udp_tcp_port()))
+    argv = [STUNNERD, "-w", "-c", cds.url, "--id", WATCH_ID, "--bind", "127.0.0.1"]
+    proc = ServerProcess(argv, env=env, log_path=tmp_path / "stunnerd.log")
+    try:
+        wait_ready(proc, 1)
+        await asyncio.sleep(0.5)
+        modules = dump_modules([proc.pid], out)[proc.pid]
+    finally:
+        proc.stop()
+    assert "stunner_common.io.cds.websocket" in modules  # it did follow the CDS
+    assert loaded(modules, LAZY | NEVER) == {}

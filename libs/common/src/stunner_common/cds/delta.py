@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import jsonpatch
-
 from stunner_common.cds.wire import EPOCH_PARAM, DeleteEnvelope, PatchEnvelope, SnapshotEnvelope
 
 
@@ -160,6 +158,9 @@ class DeltaState:
                 raise CdsProtocolError(
                     f"patch for {envelope.id!r}, which this client does not hold"
                 )
+            # Here, not at the top: a stunnerd whose config never changes never needs it.
+            import jsonpatch
+
             try:
                 new = jsonpatch.apply_patch(old, envelope.patch, in_place=False)
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:

@@ -8,19 +8,9 @@ encodes the frame once and writes it to each watcher's connection as it is
 
 from __future__ import annotations
 
-import struct
-
-FIN_TEXT = 0x81
-"""FIN with opcode 1 (text)."""
+from stunner_common.wsframe import TEXT, encode_frame
 
 
 def text_frame(payload: bytes) -> bytes:
     """The whole frame of one unfragmented, unmasked text message carrying ``payload``."""
-    size = len(payload)
-    if size < 126:
-        header = bytes((FIN_TEXT, size))
-    elif size < 1 << 16:
-        header = struct.pack("!BBH", FIN_TEXT, 126, size)
-    else:
-        header = struct.pack("!BBQ", FIN_TEXT, 127, size)
-    return header + payload
+    return encode_frame(TEXT, payload)

@@ -1,4 +1,4 @@
-"""The one CDS client: a one-shot GET (httpx) and a WebSocket watch (websockets).
+"""The one CDS client: a one-shot GET (httpx) and a WebSocket watch (``io.cds.websocket``).
 
 ``DeltaState`` (in ``delta.py``, re-exported here) is the sans-IO half of the ``stunner.cds.v2``
 delta protocol. ``CdsClient`` is the I/O half:
@@ -38,6 +38,7 @@ from stunner_common.cds.wire import (
     parse_envelope,
 )
 from stunner_common.io.cds.token import TokenSource
+from stunner_common.io.cds.websocket import UpgradeRefused, WebSocketError, connect
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -269,13 +270,6 @@ class CdsClient:
         ``CdsHttpError``; every other failure is retried with ``backoff``. Stop the watch by
         breaking out of the loop (or cancelling the task that iterates it).
         """
-        from websockets.exceptions import (
-            InvalidHandshake,
-            InvalidStatus,
-            InvalidURI,
-            WebSocketException,
-        )
-
         state = state if state is not None else DeltaState()
         backoff = backoff or Backoff()
         one = f"{namespace}/{name}" if namespace is not None and name is not None else None
@@ -295,11 +289,10 @@ class CdsClient:
             except CdsProtocolError as exc:
                 log.warning("CDS watch %s: %s; resyncing from a fresh snapshot", self._netloc, exc)
                 fresh = True
-            except InvalidStatus as exc:
-                status = exc.response.status_code
+            except UpgradeRefused as exc:
+                status = exc.status
                 if give_up_on_refusal and status in REFUSED_STATUSES:
-                    body = exc.response.body.decode(errors="replace") if exc.response.body else ""
-                    raise CdsHttpError(status, body.strip()) from exc
+                    raise CdsHttpError(status, exc.body.decode(errors="replace").strip()) from exc
                 if status in (401, 403):
                     log.error(
                         "CDS %s refused the watch (%d %s): the bearer token is %s; set CDS_TOKEN "
@@ -312,7 +305,7 @@ class CdsClient:
                     )
                 else:
                     log.warning("CDS %s refused the watch (%d), retrying", self._netloc, status)
-            except (OSError, TimeoutError, InvalidHandshake, InvalidURI, WebSocketException) as exc:
+            except (OSError, TimeoutError, WebSocketError) as exc:
                 log.warning("CDS watch %s failed: %r", self._netloc, exc)
             except Exception:
                 # Whatever went wrong, never stop reconnecting.
@@ -336,9 +329,6 @@ class CdsClient:
         resume: Mapping[str, str] | None,
         offer_v2: bool,
     ) -> AsyncIterator[WatchItem]:
-        from websockets.asyncio.client import connect
-        from websockets.typing import Origin, Subprotocol
-
         query = dict(params or {})
         if resume is not None and offer_v2:
             query.update(resume)
@@ -348,14 +338,12 @@ class CdsClient:
         async with asyncio.timeout(self._timeout_s):
             ws = await connect(
                 url,
-                subprotocols=[Subprotocol(CDS_V2_SUBPROTOCOL)] if offer_v2 else None,
-                origin=Origin(self.base_url),
-                additional_headers=self._headers() or None,
-                proxy=None,
-                ssl=self._ssl_context if self._tls else None,
-                ping_interval=self._ping_interval_s,
-                ping_timeout=self._pong_timeout_s,
-                open_timeout=self._timeout_s,
+                subprotocols=[CDS_V2_SUBPROTOCOL] if offer_v2 else (),
+                origin=self.base_url,
+                headers=self._headers(),
+                ssl_context=self._ssl_context,
+                ping_interval_s=self._ping_interval_s,
+                ping_timeout_s=self._pong_timeout_s,
                 max_size=self._max_size,
             )
         async with ws:
@@ -364,7 +352,7 @@ class CdsClient:
             v2 = ws.subprotocol == CDS_V2_SUBPROTOCOL
             log.info("CDS watch %s connected (%s)", url, "delta" if v2 else "full-config")
             if v2:
-                headers = ws.response.headers if ws.response is not None else {}
+                headers = ws.headers
                 # A full snapshot follows (resync deletes first), or the server resumes our
                 # state; a resume in another store epoch raises CdsProtocolError (resync).
                 for gone in state.begin(
