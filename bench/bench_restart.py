@@ -35,7 +35,7 @@ import tracemalloc
 from pathlib import Path
 
 from stunnerd.handoff.transport.journal import Journal, JournalWriter
-from stunnerd.handoff.transport.records import record_doc
+from stunnerd.handoff.transport.records import record_json
 from stunnerd.turn.allocation import Allocation, Channel
 from stunnerd.workers.sockets import FdChannel
 
@@ -89,7 +89,7 @@ def journal_cost() -> None:
         send = recv = 0.0
         for alloc, sock in zip(allocs, relays, strict=True):
             t0 = time.process_time()
-            writer.changed("a", alloc.client, record_doc(alloc, now), [sock.fileno()])
+            writer.changed("a", alloc.client, record_json(alloc, now), [sock.fileno()])
             t1 = time.process_time()
             journal.read(ours)
             send, recv = send + t1 - t0, recv + time.process_time() - t1
@@ -106,7 +106,7 @@ def journal_cost() -> None:
         for _ in range(REFRESHES):
             for alloc in allocs:
                 t0 = time.process_time()
-                writer.changed("a", alloc.client, record_doc(alloc, now), ())
+                writer.changed("a", alloc.client, record_json(alloc, now), ())
                 t1 = time.process_time()
                 journal.read(ours)
                 send, recv = send + t1 - t0, recv + time.process_time() - t1

@@ -1,5 +1,6 @@
 """The supervisor ↔ worker messages: every record round-trips through bytes and through its JSON
-object, and a message of another protocol version or an unknown op is refused by name."""
+object (the journal's binary batches through their bytes), and a message of another protocol
+version or an unknown op, or a batch cut short or corrupt, is refused by name."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from stunner_common.contracts.worker_messages import (
     PROTOCOL_VERSION,
     ApplyReply,
     ApplyRequest,
-    ChannelMessage,
     CloseRequest,
     DoneReply,
     DrainRequest,
@@ -25,6 +25,8 @@ from stunner_common.contracts.worker_messages import (
     JournalBatch,
     JournalDelete,
     JournalEntry,
+    JsonChannelMessage,
+    JsonMessage,
     ListenerSocket,
     NonceKey,
     OffloadMap,
@@ -42,6 +44,10 @@ from stunner_common.contracts.worker_messages import (
     decode_request,
     encode,
     encode_fields,
+    journal_delete,
+    journal_message,
+    journal_set,
+    read_journal,
 )
 
 text = st.text(max_size=20)
@@ -81,26 +87,26 @@ replies: st.SearchStrategy[Reply] = st.one_of(
     st.builds(DoneReply, ids),
     st.builds(ErrorReply, text, ids),
 )
-channel_messages: st.SearchStrategy[ChannelMessage] = st.one_of(
+channel_messages: st.SearchStrategy[JsonChannelMessage] = st.one_of(
     st.builds(NonceKey, st.binary(max_size=32)),
     st.builds(ListenerSocket, keys),
     st.builds(RelaySocket),
     st.builds(OffloadMap, text, st.dictionaries(text, text, max_size=3), ports),
     st.builds(OffloadOff, text),
-    st.builds(
-        JournalBatch,
-        st.lists(
-            st.builds(JournalEntry, text, addresses, floats, text, st.integers(0, 2))
-            | st.builds(JournalDelete, text, addresses),
-            max_size=4,
-        ).map(tuple),
-    ),
+)
+journal_batches: st.SearchStrategy[JournalBatch] = st.builds(
+    JournalBatch,
+    st.lists(
+        st.builds(JournalEntry, text, addresses, floats, st.binary(max_size=64), st.integers(0, 2))
+        | st.builds(JournalDelete, text, addresses),
+        max_size=6,
+    ).map(tuple),
 )
 
 Decoder = Callable[[bytes | Mapping[str, Any]], WorkerMessage]
 
 
-def round_trips(message: WorkerMessage, decode: Decoder) -> None:
+def round_trips(message: JsonMessage, decode: Decoder) -> None:
     assert decode(encode(message)) == message
     assert decode(encode_fields(message)) == message
     fields = json.loads(encode(message))
@@ -118,7 +124,7 @@ def test_every_reply_round_trips(message: Reply) -> None:
 
 
 @given(channel_messages)
-def test_every_channel_message_round_trips(message: ChannelMessage) -> None:
+def test_every_channel_message_round_trips(message: JsonChannelMessage) -> None:
     round_trips(message, decode_channel)
 
 
@@ -128,35 +134,83 @@ def test_a_listener_socket_travels_as_the_socket_keys_fields() -> None:
     assert fields == {"op": "socket", "version": PROTOCOL_VERSION, **key.encode()}
 
 
+@given(journal_batches)
+def test_every_journal_batch_round_trips_through_its_bytes_keeping_each_record_as_sent(
+    batch: JournalBatch,
+) -> None:
+    data = encode(batch)
+    assert data.startswith(b"SJB")
+    decoded = decode_channel(data)
+    assert decoded == batch
+    assert isinstance(decoded, JournalBatch)
+    assert [type(item) for item in decoded.items] == [type(item) for item in batch.items]
+
+
 def test_a_journal_batch_counts_the_fds_of_its_new_entries() -> None:
     batch = JournalBatch(
         (
-            JournalEntry("udp", ("203.0.113.7", 1), 1.0, "{}", 2),
-            JournalEntry("udp", ("203.0.113.7", 1), 2.0, "{}"),
+            JournalEntry("udp", ("203.0.113.7", 1), 1.0, b"{}", 2),
+            JournalEntry("udp", ("203.0.113.7", 1), 2.0, b"{}"),
             JournalDelete("udp", ("203.0.113.7", 2)),
-            JournalEntry("udp", ("203.0.113.7", 3), 3.0, "{}", 1),
+            JournalEntry("udp", ("203.0.113.7", 3), 3.0, b"{}", 1),
         )
     )
     assert batch.fd_count == 3
-    assert encode_fields(batch)["items"][2] == ["del", "udp", "203.0.113.7", 2]
+    assert decode_channel(encode(batch)) == batch
+    assert read_journal(encode(batch))[2] == JournalDelete("udp", ("203.0.113.7", 2))
+
+
+def sample_batch() -> bytes:
+    return journal_message(
+        [
+            journal_set(b"udp", b"203.0.113.7", 1, 1.0, 1, b'{"client":["203.0.113.7",1]}'),
+            journal_delete(b"udp", b"203.0.113.7", 2),
+            journal_set("\u00e9".encode(), b"2001:db8::1", 3, 2.0, 0, b"{}"),
+        ]
+    )
+
+
+def test_a_journal_batch_cut_short_anywhere_is_refused_as_such() -> None:
+    data = sample_batch()
+    assert len(read_journal(data)) == 3
+    for size in range(len(data)):
+        with pytest.raises(WorkerMessageError, match=r"cut short|not a journal batch"):
+            read_journal(data[:size])
 
 
 @pytest.mark.parametrize(
-    "item",
+    ("corrupt", "reason"),
     [
-        ["set", "udp", "203.0.113.7", 1, 1.0, 1],  # no record
-        ["set", "udp", "203.0.113.7", 1, 1.0, -1, "{}"],
-        ["set", "udp", "203.0.113.7", "1", 1.0, 0, "{}"],
-        ["set", "udp", "203.0.113.7", 1, 1.0, 0, {"client": []}],  # a record as an object
-        ["del", "udp", "203.0.113.7"],
-        ["move", "udp", "203.0.113.7", 1],
-        "del udp",
+        (lambda data: data + b"x", "bytes left over: 1"),
+        (lambda data: b"SJA" + data[3:], "not a journal batch"),
+        (lambda data: data[:3] + bytes([PROTOCOL_VERSION + 1]) + data[4:], "protocol version"),
+        (lambda data: data[:4] + b"\x00\x04" + data[6:], "cut short at item 3 of 4"),
+        (lambda data: data[:4] + b"\x00\x02" + data[6:], "left over"),
+        (lambda data: data[:6] + b"\x07" + data[7:], "journal item 0 of kind 7"),
+        (lambda data: data.replace(b"udp", b"\xffdp", 1), "not UTF-8"),
+        (lambda data: data.replace(b"203.0.113.7", b"203.0.113\xc3", 1), "not UTF-8"),
     ],
 )
-def test_a_journal_item_of_another_shape_is_refused_naming_it(item: object) -> None:
-    fields = {"op": "journal", "version": PROTOCOL_VERSION, "items": [item]}
+def test_a_corrupt_journal_batch_is_refused_saying_why(
+    corrupt: Callable[[bytes], bytes], reason: str
+) -> None:
+    with pytest.raises(WorkerMessageError, match=reason):
+        read_journal(corrupt(sample_batch()))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        (b"udp", b"h" * 256, 1, 1.0, 0, b"{}"),  # a host longer than its length field
+        (b"udp", b"203.0.113.7", 65536, 1.0, 0, b"{}"),
+        (b"udp", b"203.0.113.7", 1, 1.0, 256, b"{}"),
+    ],
+)
+def test_a_journal_item_that_does_not_fit_its_fields_is_refused(
+    fields: tuple[bytes, bytes, int, float, int, bytes],
+) -> None:
     with pytest.raises(WorkerMessageError, match="journal item"):
-        decode_channel(fields)
+        journal_set(*fields)
 
 
 @pytest.mark.parametrize(
@@ -169,7 +223,7 @@ def test_a_journal_item_of_another_shape_is_refused_naming_it(item: object) -> N
 )
 @pytest.mark.parametrize("version", [None, 0, PROTOCOL_VERSION + 1, "1", True])
 def test_a_message_of_another_protocol_version_is_refused_naming_it(
-    decode: Decoder, message: WorkerMessage, version: object
+    decode: Decoder, message: JsonMessage, version: object
 ) -> None:
     fields = {**encode_fields(message), "version": version}
     if version is None:
@@ -221,5 +275,5 @@ def test_what_is_not_a_json_object_is_refused(data: bytes) -> None:
 def test_a_channel_message_with_a_bad_nonce_key_or_items_is_refused() -> None:
     with pytest.raises(WorkerMessageError, match="hex"):
         decode_channel({"op": "nonce_key", "version": PROTOCOL_VERSION, "key": "zz"})
-    with pytest.raises(WorkerMessageError, match="items"):
-        decode_channel({"op": "journal", "version": PROTOCOL_VERSION, "items": {"a": 1}})
+    with pytest.raises(WorkerMessageError, match="op 'journal'"):  # a batch is not JSON
+        decode_channel({"op": "journal", "version": PROTOCOL_VERSION, "items": []})

@@ -5,11 +5,19 @@ allocation into the handoff document's record
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import json
+from collections.abc import Callable, Sequence
+
+import pytest
 
 from stunner_common.config import StunnerConfig, parse_config
-from stunnerd.handoff.transport.records import RecordJournal, record_doc, record_of
+from stunnerd.handoff.transport.records import (
+    RecordJournal,
+    record_bytes,
+    record_doc,
+    record_json,
+    record_of,
+)
 from stunnerd.handoff.transport.state import (
     Address,
     AllocationRecord,
@@ -83,9 +91,9 @@ class Sink:
         self.gone: list[tuple[str, Address]] = []
 
     def changed(
-        self, listener: str, client: Address, doc: Mapping[str, Any], fds: Sequence[int]
+        self, listener: str, client: Address, record_json: bytes, fds: Sequence[int]
     ) -> None:
-        record = read_allocation(dict(doc), listener)
+        record = read_allocation(json.loads(record_json), listener)
         assert record.client == client
         self.records.append((listener, record, len(fds)))
 
@@ -119,3 +127,48 @@ def test_the_journal_document_of_a_live_allocation_is_its_records_document() -> 
     }
     for now in (0.0, 100.0, 350.0, 800.0):
         assert record_doc(alloc, now) == allocation_doc(record_of(alloc, now))
+
+
+def dual_allocation() -> Allocation:
+    alloc = Allocation(("192.0.2.50", 5000), "u", b"k", ("192.0.2.10", 40000), 4, 700.0)
+    alloc.additional = ("2001:db8::10", 40002)
+    alloc.permissions = {"192.0.2.60": 400.0, "192.0.2.61": 50.0}
+    alloc.channels = {
+        0x4001: Channel(0x4001, ("192.0.2.60", 7), 300.0),
+        0x4002: Channel(0x4002, ("192.0.2.61", 8), 90.0),
+    }
+    return alloc
+
+
+def odd_allocation() -> Allocation:
+    """Names that JSON escapes, a key of every byte, endless, huge and tiny lifetimes, TCP."""
+    alloc = Allocation(
+        ("::ffff:192.0.2.50", 65535),
+        'us"er\\\u00e9\U0001f4de\n',
+        bytes(range(256)),
+        ("2001:db8::10", 0),
+        6,
+        float("inf"),
+        "name\t\u0000\u2028",
+        tcp=True,
+    )
+    alloc.permissions = {"2001:db8::\u00e9": 1e300, "192.0.2.61": 7, "192.0.2.62": 1e-9}
+    alloc.channels = {0x7FFF: Channel(0x7FFF, ('"', 1), float("inf"))}
+    return alloc
+
+
+@pytest.mark.parametrize("make", [dual_allocation, odd_allocation])
+@pytest.mark.parametrize("now", [0.0, 1.0 / 3.0, 100.0, 350.0, 800.0, 123456.789])
+def test_the_journal_writes_a_live_allocation_as_json_encodes_its_document_byte_for_byte(
+    make: Callable[[], Allocation], now: float
+) -> None:
+    alloc = make()
+    assert record_json(alloc, now) == record_bytes(record_doc(alloc, now))
+    assert json.loads(record_json(alloc, now)) == record_doc(alloc, now)
+
+
+def test_an_allocation_with_no_permission_or_channel_left_writes_empty_ones() -> None:
+    alloc = dual_allocation()
+    assert json.loads(record_json(alloc, 1000.0))["permissions"] == {}
+    assert json.loads(record_json(alloc, 1000.0))["channels"] == []
+    assert record_json(alloc, 1000.0) == record_bytes(record_doc(alloc, 1000.0))

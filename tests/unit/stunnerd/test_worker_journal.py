@@ -19,8 +19,10 @@ from stunner_common.contracts.worker_messages import (
     JournalBatch,
     JournalDelete,
     JournalEntry,
+    encode,
 )
-from stunnerd.handoff.transport.journal import Journal, JournalWriter, record_text
+from stunnerd.handoff.transport.journal import Journal, JournalWriter
+from stunnerd.handoff.transport.records import record_bytes
 from stunnerd.handoff.transport.state import (
     AllocationRecord,
     ChannelRecord,
@@ -59,8 +61,8 @@ def record(expires_in_s: float = 600.0, client: tuple[str, int] = CLIENT) -> All
 
 
 def change(writer: JournalWriter, listener: str, rec: AllocationRecord, fds: Sequence[int]) -> None:
-    """Journal `rec` as the worker's listeners do, as its document."""
-    writer.changed(listener, rec.client, allocation_doc(rec), fds)
+    """Journal `rec` as the worker's listeners do, as its document's JSON."""
+    writer.changed(listener, rec.client, record_bytes(allocation_doc(rec)), fds)
 
 
 def bound(fd: int) -> tuple[str, int]:
@@ -68,6 +70,12 @@ def bound(fd: int) -> tuple[str, int]:
     with socket.socket(fileno=os.dup(fd)) as sock:
         name: tuple[str, int] = sock.getsockname()
         return name
+
+
+def worker_end(writer: JournalWriter) -> FdChannel:
+    """The worker's end of the channel the writer sends on."""
+    assert isinstance(writer.channel, FdChannel)
+    return writer.channel
 
 
 def relay_socket() -> socket.socket:
@@ -292,10 +300,10 @@ def test_a_message_that_is_not_a_journal_batch_or_miscounts_its_fds_changes_noth
     channel: tuple[JournalWriter, FdChannel, Journal],
 ) -> None:
     writer, ours, journal = channel
-    worker = writer.channel
+    worker = worker_end(writer)
     with relay_socket() as relay:
         change(writer, "a", record(), [relay.fileno()])
-        text = record_text(allocation_doc(record(client=("203.0.113.8", 1))))
+        text = record_bytes(allocation_doc(record(client=("203.0.113.8", 1))))
         one_fd_short = JournalBatch((JournalEntry("a", ("203.0.113.8", 1), 1.0, text, 2),))
         worker.send_many(one_fd_short, [relay.fileno()])
         socket.send_fds(worker.sock, [b"{not json"], [relay.fileno()])
@@ -305,11 +313,36 @@ def test_a_message_that_is_not_a_journal_batch_or_miscounts_its_fds_changes_noth
     assert journal.received == 4
 
 
+def test_a_batch_cut_short_is_left_out_whole_with_its_fds_and_the_next_one_is_read(
+    channel: tuple[JournalWriter, FdChannel, Journal],
+) -> None:
+    writer, ours, journal = channel
+    worker = worker_end(writer)
+    text = record_bytes(allocation_doc(record(client=("203.0.113.8", 1))))
+    cut = encode(
+        JournalBatch(
+            (JournalEntry("a", ("203.0.113.8", 1), 1.0, text, 1), JournalDelete("a", CLIENT))
+        )
+    )[:-3]
+    with relay_socket() as relay:
+        change(writer, "a", record(), [relay.fileno()])
+        socket.send_fds(worker.sock, [cut], [relay.fileno()])
+        change(writer, "a", record(500.0), [])
+        open_before = len(os.listdir("/proc/self/fd"))
+        journal.read(ours)
+        assert len(os.listdir("/proc/self/fd")) == open_before + 1  # CLIENT's copy, no other
+    ((key, (text, _at, fds)),) = journal.entries.items()
+    assert key == ("a", CLIENT)  # neither the cut batch's entry nor its delete
+    assert json.loads(text)["expires_in_s"] == 500.0  # the batch after it was read
+    assert len(fds) == 1
+    assert journal.received == 3
+
+
 def test_ten_thousand_kept_allocations_are_not_walked_by_the_garbage_collector(
     channel: tuple[JournalWriter, FdChannel, Journal],
 ) -> None:
     _writer, _ours, journal = channel
-    text = record_text(allocation_doc(record()))
+    text = record_bytes(allocation_doc(record()))
     for i in range(10_000):
         journal.keep("a", ("203.0.113.7", i), 1.0, text, ())
     gc.collect()

@@ -5,7 +5,8 @@ stdout (each request's `id` repeated by its reply), and a SOCK_SEQPACKET channel
 may carry fds: listener and relay sockets, the nonce key and the offload maps to the worker, its
 allocation journal back. Every message is a frozen record with its `op` and the protocol
 `version`; a decoder refuses another version or an unknown op, naming it, with
-`WorkerMessageError`. Both ends are the same build; nothing here crosses a handoff between two
+`WorkerMessageError`. All travel as JSON objects but the journal's batches, which are binary
+(`JournalBatch`). Both ends are the same build; nothing here crosses a handoff between two
 stunnerds (the journal's allocation records travel on in the handoff document, which
 `stunnerd.handoff.transport.state` versions), so the version only changes with a change of these
 records.
@@ -14,13 +15,14 @@ records.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, Final, NamedTuple, TypeVar
 
 from stunner_common.contracts.socket_key import SocketKey
 
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 
 M = TypeVar("M")
 
@@ -360,43 +362,116 @@ class OffloadOff:
         return cls(str(f.get("reason") or ""), version)
 
 
-@dataclass(frozen=True, slots=True)
-class JournalEntry:
-    """An allocation changed: `record` is its handoff record as JSON text
-    (`stunnerd.handoff.transport.state.allocation_doc`; the supervisor keeps the text and reads
-    it only when it hands the allocation on), `at` the worker's monotonic time when taken, `fds`
-    how many of the batch's fds are its relay sockets (when it is new; 0 for a change)."""
+class JournalEntry(NamedTuple):
+    """An allocation changed: `record` is its handoff record as UTF-8 JSON
+    (`stunnerd.handoff.transport.state.allocation_doc`; the supervisor keeps the bytes and reads
+    them only when it hands the allocation on), `at` the worker's monotonic time when taken,
+    `fds` how many of the batch's fds are its relay sockets (when it is new; 0 for a change).
+    A named tuple, not a dataclass: the supervisor makes one per journaled change."""
 
     listener: str
     client: tuple[str, int]
     at: float
-    record: str
+    record: bytes
     fds: int = 0
 
-    def item(self) -> list[Any]:
-        return [
-            "set",
-            self.listener,
-            self.client[0],
-            self.client[1],
-            self.at,
-            self.fds,
-            self.record,
-        ]
 
-
-@dataclass(frozen=True, slots=True)
-class JournalDelete:
+class JournalDelete(NamedTuple):
     """An allocation is gone."""
 
     listener: str
     client: tuple[str, int]
 
-    def item(self) -> list[Any]:
-        return ["del", self.listener, self.client[0], self.client[1]]
-
 
 JournalItem = JournalEntry | JournalDelete
+
+JOURNAL_MAGIC: Final = b"SJB"
+"""How a `JournalBatch` starts: never a JSON object's `{`."""
+_JOURNAL_HEAD: Final = struct.Struct("!3sBH")
+"""A batch: the magic, the protocol version, the number of items."""
+_JOURNAL_ITEM: Final = struct.Struct("!BBHHBdH")
+"""An item: its kind, fds, client port, the UTF-8 lengths of the listener, the client host and
+the record, and `at`; the three texts follow in that order."""
+_SET, _DELETE = 1, 2
+JOURNAL_HEAD_BYTES: Final = _JOURNAL_HEAD.size
+JOURNAL_ITEM_BYTES: Final = _JOURNAL_ITEM.size
+"""An item's fixed part: it adds that and its three texts to a batch."""
+
+
+def journal_set(
+    listener: bytes, host: bytes, port: int, at: float, fds: int, record: bytes
+) -> bytes:
+    """A `JournalEntry` as a batch item (the texts already UTF-8); `WorkerMessageError` when a
+    field does not fit its width (a host over 255 bytes, a port over 65535)."""
+    try:
+        head = _JOURNAL_ITEM.pack(_SET, fds, port, len(listener), len(host), at, len(record))
+    except struct.error as exc:
+        raise WorkerMessageError(f"journal item of {host!r} port {port}: {exc}") from None
+    return b"".join((head, listener, host, record))
+
+
+def journal_delete(listener: bytes, host: bytes, port: int) -> bytes:
+    """A `JournalDelete` as a batch item."""
+    try:
+        head = _JOURNAL_ITEM.pack(_DELETE, 0, port, len(listener), len(host), 0.0, 0)
+    except struct.error as exc:
+        raise WorkerMessageError(f"journal item of {host!r} port {port}: {exc}") from None
+    return b"".join((head, listener, host))
+
+
+def journal_message(items: Sequence[bytes]) -> bytes:
+    """A batch of `items` (`journal_set`, `journal_delete`) as one channel message."""
+    return _JOURNAL_HEAD.pack(JOURNAL_MAGIC, PROTOCOL_VERSION, len(items)) + b"".join(items)
+
+
+def read_journal(data: bytes) -> list[JournalItem]:
+    """The items of a batch, checked whole before any is returned: a batch cut short, with
+    bytes left over, of another version or with a text that is not UTF-8 raises
+    `WorkerMessageError` saying which."""
+    size = len(data)
+    if size < _JOURNAL_HEAD.size:
+        raise WorkerMessageError(f"a journal batch of {size} bytes is cut short")
+    magic, version, count = _JOURNAL_HEAD.unpack_from(data)
+    if magic != JOURNAL_MAGIC:
+        raise WorkerMessageError("not a journal batch")
+    if version != PROTOCOL_VERSION:
+        raise WorkerMessageError(
+            f"journal batch of protocol version {version}: this stunnerd speaks "
+            f"version {PROTOCOL_VERSION}"
+        )
+    unpack, fixed = _JOURNAL_ITEM.unpack_from, _JOURNAL_ITEM.size
+    items: list[JournalItem] = []
+    at = _JOURNAL_HEAD.size
+    try:
+        for index in range(count):
+            if at + fixed > size:
+                raise WorkerMessageError(
+                    f"a journal batch of {size} bytes is cut short at item {index} of {count}"
+                )
+            kind, fds, port, name_len, host_len, when, record_len = unpack(data, at)
+            host_at = at + fixed + name_len
+            record_at = host_at + host_len
+            end = record_at + record_len
+            if end > size:
+                raise WorkerMessageError(
+                    f"a journal batch of {size} bytes is cut short at item {index} of {count}"
+                )
+            listener = str(data[at + fixed : host_at], "utf-8")
+            client = (str(data[host_at:record_at], "utf-8"), port)
+            if kind == _SET:
+                items.append(JournalEntry(listener, client, when, data[record_at:end], fds))
+            elif kind == _DELETE and fds == record_len == 0:
+                items.append(JournalDelete(listener, client))
+            else:
+                raise WorkerMessageError(f"journal item {index} of kind {kind}")
+            at = end
+    except UnicodeDecodeError as exc:
+        raise WorkerMessageError(f"journal item {len(items)}: a name is not UTF-8: {exc}") from None
+    if at != size:
+        raise WorkerMessageError(
+            f"a journal batch of {count} items has bytes left over: {size - at}"
+        )
+    return items
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,9 +479,13 @@ class JournalBatch:
     """Changes of a worker's allocations (worker → supervisor), in the order they happened, with
     the new ones' relay sockets as the message's fds in the same order (at most
     `MAX_CHANNEL_FDS`). A worker sends what changed in one turn of its event loop as one batch:
-    a storm of allocations costs a message per turn, not one per allocation. An item travels as
-    a JSON array: ``["set", listener, host, port, at, fds, record]`` or
-    ``["del", listener, host, port]``."""
+    a storm of allocations costs a message per turn, not one per allocation.
+
+    The one channel message that is not JSON (`journal_message`): the records inside are JSON
+    already, and a JSON batch would escape each again, which cost the worker more than making
+    the record did. It starts with `JOURNAL_MAGIC`, the protocol version and the item count,
+    then each item as a fixed part (`JOURNAL_ITEM_BYTES`) and its listener name, client host
+    and record as UTF-8."""
 
     OP: ClassVar[str] = "journal"
     items: tuple[JournalItem, ...]
@@ -416,31 +495,32 @@ class JournalBatch:
     def fd_count(self) -> int:
         return sum(item.fds for item in self.items if type(item) is JournalEntry)
 
-    def fields(self) -> dict[str, Any]:
-        return {"items": [item.item() for item in self.items]}
+    def to_bytes(self) -> bytes:
+        return journal_message(
+            [
+                journal_set(
+                    item.listener.encode(),
+                    item.client[0].encode(),
+                    item.client[1],
+                    item.at,
+                    item.fds,
+                    item.record,
+                )
+                if type(item) is JournalEntry
+                else journal_delete(item.listener.encode(), item.client[0].encode(), item.client[1])
+                for item in self.items
+            ]
+        )
 
     @classmethod
-    def from_fields(cls, f: Mapping[str, Any], ident: int, version: int) -> JournalBatch:
-        return cls(tuple(_journal_item(item) for item in _list(f, "items")), version)
+    def from_bytes(cls, data: bytes) -> JournalBatch:
+        return cls(tuple(read_journal(data)))
 
 
-def _journal_item(value: Any) -> JournalItem:
-    if not isinstance(value, list) or len(value) < 4:
-        raise WorkerMessageError(f"journal item {value!r}")
-    kind, listener, host, port = value[0], value[1], value[2], value[3]
-    if type(listener) is not str or type(host) is not str or type(port) is not int:
-        raise WorkerMessageError(f"journal item {value[:4]!r}")
-    if kind == "del" and len(value) == 4:
-        return JournalDelete(listener, (host, port))
-    if kind == "set" and len(value) == 7:
-        at, fds, record = value[4], value[5], value[6]
-        if type(at) in (int, float) and type(fds) is int and fds >= 0 and type(record) is str:
-            return JournalEntry(listener, (host, port), float(at), record, fds)
-    raise WorkerMessageError(f"journal item {value[:6]!r}")
-
-
-ChannelMessage = NonceKey | ListenerSocket | RelaySocket | OffloadMap | OffloadOff | JournalBatch
-WorkerMessage = Request | Reply | ChannelMessage
+JsonChannelMessage = NonceKey | ListenerSocket | RelaySocket | OffloadMap | OffloadOff
+ChannelMessage = JsonChannelMessage | JournalBatch
+JsonMessage = Request | Reply | JsonChannelMessage
+WorkerMessage = JsonMessage | JournalBatch
 
 _Decoder = Callable[[Mapping[str, Any], int, int], M]
 
@@ -451,16 +531,8 @@ REQUESTS: Final[Mapping[str, _Decoder[Request]]] = {
 REPLIES: Final[Mapping[str, _Decoder[Reply]]] = {
     t.OP: t.from_fields for t in (ApplyReply, StatsReply, DoneReply, ErrorReply)
 }
-CHANNEL_MESSAGES: Final[Mapping[str, _Decoder[ChannelMessage]]] = {
-    t.OP: t.from_fields
-    for t in (
-        NonceKey,
-        ListenerSocket,
-        RelaySocket,
-        OffloadMap,
-        OffloadOff,
-        JournalBatch,
-    )
+CHANNEL_MESSAGES: Final[Mapping[str, _Decoder[JsonChannelMessage]]] = {
+    t.OP: t.from_fields for t in (NonceKey, ListenerSocket, RelaySocket, OffloadMap, OffloadOff)
 }
 _WITH_ID: Final = (
     ApplyRequest,
@@ -476,8 +548,8 @@ _WITH_ID: Final = (
 )
 
 
-def encode_fields(message: WorkerMessage) -> dict[str, Any]:
-    """The message as the JSON object it travels as."""
+def encode_fields(message: JsonMessage) -> dict[str, Any]:
+    """The message as the JSON object it travels as (every message but a `JournalBatch`)."""
     out: dict[str, Any] = {"op": message.OP, "version": message.version}
     if isinstance(message, _WITH_ID):
         out["id"] = message.id
@@ -486,7 +558,10 @@ def encode_fields(message: WorkerMessage) -> dict[str, Any]:
 
 
 def encode(message: WorkerMessage) -> bytes:
-    """The message as compact JSON (the line protocol adds its newline)."""
+    """The message as compact JSON (the line protocol adds its newline); a `JournalBatch` as its
+    binary batch."""
+    if isinstance(message, JournalBatch):
+        return message.to_bytes()
     return json.dumps(encode_fields(message), separators=(",", ":")).encode()
 
 
@@ -499,6 +574,8 @@ def decode_reply(data: bytes | Mapping[str, Any]) -> Reply:
 
 
 def decode_channel(data: bytes | Mapping[str, Any]) -> ChannelMessage:
+    if isinstance(data, (bytes, bytearray)) and data[:3] == JOURNAL_MAGIC:
+        return JournalBatch.from_bytes(bytes(data))
     return _decode(data, CHANNEL_MESSAGES, "channel message")
 
 

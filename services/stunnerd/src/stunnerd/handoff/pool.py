@@ -23,7 +23,7 @@ from typing import Any
 from stunner_common.contracts.socket_key import SocketKey
 from stunner_common.contracts.worker_messages import DoneReply, FreezeRequest
 from stunnerd.handoff.transport.channel import HandoffRefusedError, Offer
-from stunnerd.handoff.transport.journal import record_text
+from stunnerd.handoff.transport.records import record_bytes
 from stunnerd.handoff.transport.state import FORMAT, VERSION, HandoffState, allocation_doc
 from stunnerd.workers.pool import WorkerPool
 from stunnerd.workers.worker import WorkerError
@@ -107,4 +107,4 @@ def seed(
         for record in lst.allocations:
             count = 1 if record.additional is None else 2
             fds = [next(relays).detach() for _ in range(count)]
-            journal.keep(lst.name, record.client, now, record_text(allocation_doc(record)), fds)
+            journal.keep(lst.name, record.client, now, record_bytes(allocation_doc(record)), fds)

@@ -158,7 +158,11 @@ class FdChannel:
         A message the peer could not read whole (over `MAX_CHANNEL_MESSAGE_BYTES`) is not sent:
         OSError (EMSGSIZE).
         """
-        data = encode(message)
+        return self.send_bytes(encode(message), fds)
+
+    def send_bytes(self, data: bytes, fds: Sequence[int]) -> int:
+        """`send_many` of a message already encoded (`worker_messages.encode`, or a journal
+        batch as `worker_messages.journal_message` makes it)."""
         if len(data) > MAX_CHANNEL_MESSAGE_BYTES:
             raise OSError(errno.EMSGSIZE, f"a message of {len(data)} bytes is too large")
         self.sock.settimeout(CHANNEL_TIMEOUT_S)

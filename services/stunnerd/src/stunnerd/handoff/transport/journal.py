@@ -4,18 +4,20 @@ A worker journals every TURN-UDP allocation over its socket channel (`Channel`: 
 `stunnerd.workers.sockets.FdChannel`) whenever the allocation changes (`JournalWriter`, which
 `records.RecordJournal` makes the `stunnerd.net.ports.AllocationJournal` of a worker): an entry
 (`contracts.worker_messages.JournalEntry`; `JournalDelete` when it is gone) is the allocation's
-handoff record (`state.AllocationRecord`) as JSON text with the monotonic time it was taken at,
-and for a new allocation the duplicates of its relay sockets (SCM_RIGHTS). The changes of one
-turn of the worker's event loop travel as one `JournalBatch`.
-The supervisor reads them as they come (`Journal.read`) and holds the sockets until the entry is
-deleted. When the worker dies, its replacement is given the live entries as a handoff document,
-their lifetimes counted down by the time that passed, and the sockets beside it (`handover`):
-the new worker adopts them before it reads its listener socket, so the clients carry on. In a
-handoff between two multi-process stunnerds, the old supervisor offers what its workers'
-journals hold (`stunnerd.handoff.pool`).
+handoff record (`state.AllocationRecord`) as JSON (`records.record_json`) with the monotonic
+time it was taken at, and for a new allocation the duplicates of its relay sockets (SCM_RIGHTS).
+The changes of one turn of the worker's event loop travel as one `JournalBatch`, a binary frame
+in which each record is carried as it is, not escaped again. The supervisor reads them as they
+come (`Journal.read`), keeps each record's bytes undecoded and holds the sockets until the entry
+is deleted. When the worker dies, its replacement is given the live entries as a handoff
+document, their lifetimes counted down by the time that passed, and the sockets beside it
+(`handover`): the new worker adopts them before it reads its listener socket, so the clients
+carry on. In a handoff between two multi-process stunnerds, the old supervisor offers what its
+workers' journals hold (`stunnerd.handoff.pool`).
 
 The cost, per allocation: a few hundred bytes of a message per change (`python -m bench
-restart` measures it) and, in the supervisor, one tuple of text and numbers and one fd.
+restart` measures it) and, in the supervisor, one tuple of bytes and numbers and one fd
+(`python -m bench journal`: the CPU of each side per allocation).
 """
 
 from __future__ import annotations
@@ -26,19 +28,21 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from stunner_common.contracts.worker_messages import (
+    JOURNAL_HEAD_BYTES,
+    JOURNAL_ITEM_BYTES,
     MAX_CHANNEL_FDS,
     MAX_CHANNEL_MESSAGE_BYTES,
-    ChannelMessage,
-    JournalBatch,
-    JournalDelete,
     JournalEntry,
     JournalItem,
     WorkerMessageError,
-    decode_channel,
+    journal_delete,
+    journal_message,
+    journal_set,
+    read_journal,
 )
 from stunnerd.handoff.transport.state import (
     FORMAT,
@@ -50,24 +54,10 @@ from stunnerd.handoff.transport.state import (
 
 log = logging.getLogger(__name__)
 
-_RECORD = json.JSONEncoder(separators=(",", ":"))
-"""Records as ASCII JSON: in a batch, such a text grows only by the escapes of its quotes."""
-BATCH_BYTES = MAX_CHANNEL_MESSAGE_BYTES - 1024
-"""What a batch's items may add up to (`_cost`), below the channel's message size."""
-
-
-def record_text(doc: Mapping[str, Any]) -> str:
-    """A record's document (`state.allocation_doc`) as the journal carries and keeps it."""
-    return _RECORD.encode(doc)
-
-
-def _cost(listener: str, client: Address, text: str) -> int:
-    """An upper bound on what an entry adds to its batch: the record's (ASCII) text with its
-    quotes and backslashes escaped, names of which a character may take 12 (a \\u surrogate
-    pair), and the item's punctuation and numbers."""
-    return (
-        len(text) + text.count('"') + text.count("\\") + 12 * (len(listener) + len(client[0])) + 64
-    )
+BATCH_BYTES = MAX_CHANNEL_MESSAGE_BYTES
+"""What a batch may take, all told: the channel's message size."""
+_NAMES_KEPT = 64
+"""Listener names the writer keeps as UTF-8 (more only after many config changes)."""
 
 
 class Channel(Protocol):
@@ -77,8 +67,8 @@ class Channel(Protocol):
     @property
     def sock(self) -> socket.socket: ...
 
-    def send_many(self, message: ChannelMessage, fds: Sequence[int]) -> int:
-        """One message with its fds (duplicated into the peer); the bytes it took."""
+    def send_bytes(self, data: bytes, fds: Sequence[int]) -> int:
+        """One encoded message with its fds (duplicated into the peer); the bytes it took."""
         ...
 
 
@@ -102,40 +92,56 @@ class JournalWriter:
         self.schedule = schedule
         self.sent = 0  # messages
         self.sent_bytes = 0
-        self._items: list[JournalItem] = []
+        self._items: list[bytes] = []  # encoded (`journal_set`, `journal_delete`)
         self._fds: list[int] = []
-        self._bytes = 0
+        self._bytes = JOURNAL_HEAD_BYTES
         self._scheduled = False
+        self._names: dict[str, bytes] = {}
 
-    def changed(
-        self, listener: str, client: Address, doc: Mapping[str, Any], fds: Sequence[int]
-    ) -> None:
-        """Journal `client`'s allocation as its record's document `doc` (with its relay
-        sockets' `fds` when it is new). A record too large for a channel message (thousands of
-        permissions) is refused with OSError (EMSGSIZE)."""
-        text = _RECORD.encode(doc)
-        cost = _cost(listener, client, text)
-        if cost > BATCH_BYTES:
-            raise OSError(errno.EMSGSIZE, f"an allocation record of {len(text)} bytes is too large")
-        if self._bytes + cost > BATCH_BYTES or len(self._fds) + len(fds) > MAX_CHANNEL_FDS:
+    def _name(self, listener: str) -> bytes:
+        if len(self._names) >= _NAMES_KEPT:
+            self._names.clear()
+        name = self._names[listener] = listener.encode()
+        return name
+
+    def changed(self, listener: str, client: Address, record: bytes, fds: Sequence[int]) -> None:
+        """Journal `client`'s allocation as its record's JSON `record` (`records.record_json`;
+        with its relay sockets' `fds` when it is new). A record too large for a channel message
+        (thousands of permissions) is refused with OSError (EMSGSIZE)."""
+        name = self._names.get(listener) or self._name(listener)
+        host = client[0].encode()
+        size = JOURNAL_ITEM_BYTES + len(name) + len(host) + len(record)
+        if size > BATCH_BYTES - JOURNAL_HEAD_BYTES:
+            raise OSError(
+                errno.EMSGSIZE, f"an allocation record of {len(record)} bytes is too large"
+            )
+        if self._bytes + size > BATCH_BYTES or len(self._fds) + len(fds) > MAX_CHANNEL_FDS:
             self.flush()
         dups: list[int] = []
         try:
-            dups.extend(os.dup(fd) for fd in fds)
-        except OSError:  # out of fds: this change is not journaled (the caller logs it)
+            for fd in fds:
+                dups.append(os.dup(fd))
+            item = journal_set(name, host, client[1], time.monotonic(), len(dups), record)
+        except (OSError, WorkerMessageError) as exc:  # out of fds: not journaled (the caller logs)
             _close(dups)
-            raise
-        self._items.append(JournalEntry(listener, client, time.monotonic(), text, len(dups)))
-        self._fds.extend(dups)
-        self._bytes += cost
+            if isinstance(exc, OSError):
+                raise
+            raise OSError(errno.EINVAL, str(exc)) from None
+        self._items.append(item)
+        self._fds += dups
+        self._bytes += size
         self._queued()
 
     def deleted(self, listener: str, client: Address) -> None:
-        cost = _cost(listener, client, "")
-        if self._bytes + cost > BATCH_BYTES:
+        name = self._names.get(listener) or self._name(listener)
+        try:
+            item = journal_delete(name, client[0].encode(), client[1])
+        except WorkerMessageError as exc:
+            raise OSError(errno.EINVAL, str(exc)) from None
+        if self._bytes + len(item) > BATCH_BYTES:
             self.flush()
-        self._items.append(JournalDelete(listener, client))
-        self._bytes += cost
+        self._items.append(item)
+        self._bytes += len(item)
         self._queued()
 
     def _queued(self) -> None:
@@ -152,9 +158,9 @@ class JournalWriter:
         items, fds = self._items, self._fds
         if not items:
             return
-        self._items, self._fds, self._bytes = [], [], 0
+        self._items, self._fds, self._bytes = [], [], JOURNAL_HEAD_BYTES
         try:
-            self.sent_bytes += self.channel.send_many(JournalBatch(tuple(items)), fds)
+            self.sent_bytes += self.channel.send_bytes(journal_message(items), fds)
             self.sent += 1
         except OSError as exc:
             log.warning("journal: %d change(s) not sent to the supervisor: %s", len(items), exc)
@@ -163,11 +169,11 @@ class JournalWriter:
                 os.close(fd)
 
 
-Kept = tuple[str, float, tuple[int, ...]]
-"""An allocation as last journaled: its record (JSON text), when it was taken (the worker's
-monotonic clock), and the fds of the supervisor's duplicates of its relay sockets. A plain tuple
-of text and numbers, which the garbage collector stops tracking: a supervisor holding ten
-thousand allocations does not make each collection walk them."""
+Kept = tuple[bytes, float, tuple[int, ...]]
+"""An allocation as last journaled: its record (JSON, as the worker sent it), when it was taken
+(the worker's monotonic clock), and the fds of the supervisor's duplicates of its relay sockets.
+A plain tuple of bytes and numbers, which the garbage collector stops tracking: a supervisor
+holding ten thousand allocations does not make each collection walk them."""
 
 
 def _close(fds: Iterable[int]) -> None:
@@ -209,16 +215,19 @@ class Journal:
             self.received += 1
             self.received_bytes += len(data)
             try:
-                message = decode_channel(data)
+                items = read_journal(data)
             except WorkerMessageError as exc:
                 log.warning("journal: unreadable message from the worker left out: %s", exc)
                 _close(fds)
                 continue
-            if not isinstance(message, JournalBatch) or message.fd_count != len(fds):
-                log.warning("journal: a %s message with %d fd(s) left out", message.OP, len(fds))
+            counted = sum([item.fds for item in items if type(item) is JournalEntry])
+            if counted != len(fds):
+                log.warning(
+                    "journal: a batch naming %d fd(s) came with %d: left out", counted, len(fds)
+                )
                 _close(fds)
                 continue
-            self.take(message.items, fds)
+            self.take(items, fds)
 
     def take(self, items: Iterable[JournalItem], fds: Sequence[int]) -> None:
         """Apply a batch's items in order; `fds` are the new entries' relay sockets in the same
@@ -226,15 +235,14 @@ class Journal:
         used = 0
         for item in items:
             if type(item) is JournalEntry:
-                self.keep(
-                    item.listener, item.client, item.at, item.record, fds[used : used + item.fds]
-                )
-                used += item.fds
+                listener, client, at, record, count = item
+                self.keep(listener, client, at, record, fds[used : used + count])
+                used += count
             else:
                 self.forget(item.listener, item.client)
 
     def keep(
-        self, listener: str, client: Address, at: float, record: str, fds: Sequence[int]
+        self, listener: str, client: Address, at: float, record: bytes, fds: Sequence[int]
     ) -> None:
         """The allocation's record as of `at`; with `fds` (this journal owns them) it is new."""
         key = (listener, client)
@@ -302,7 +310,7 @@ def _readable(doc: dict[str, Any], key: tuple[str, Address]) -> bool:
     return True
 
 
-def _aged(text: str, sockets: int, elapsed: float) -> dict[str, Any] | None:
+def _aged(text: bytes, sockets: int, elapsed: float) -> dict[str, Any] | None:
     """The record `elapsed` seconds later; None when it expired, lacks its relay sockets or is
     not a JSON object."""
     try:
