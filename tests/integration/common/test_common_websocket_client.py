@@ -21,6 +21,7 @@ from stunner_common.io.cds.websocket import (
     ConnectionClosed,
     HandshakeError,
     UpgradeRefused,
+    WebSocket,
     connect,
 )
 from stunner_common.wsframe import TEXT, accept_key, close_payload, encode_frame
@@ -95,6 +96,7 @@ async def test_messages_arrive_whole_and_in_order_and_headers_reach_the_server(
         await conn.send(["fra", "gme", "nted ✓"])  # a message in three frames
         await conn.send(b"\x00\x01")
         await conn.send("x" * 70000)
+        await conn.send(b"y" * (3 << 20))  # far past the reader's buffer mark
         await conn.close()
 
     async with server(handler, subprotocols=["p2"], process_request=process_request) as port:
@@ -103,11 +105,12 @@ async def test_messages_arrive_whole_and_in_order_and_headers_reach_the_server(
             subprotocols=["p2", "p1"],
             origin="http://127.0.0.1",
             headers={"Authorization": "Bearer t"},
+            max_size=4 << 20,
         )
         async with ws:
             got = [message async for message in ws]
         assert ws.subprotocol == "p2"
-    assert got == ["one", "fragmented ✓", b"\x00\x01", "x" * 70000]
+    assert got == ["one", "fragmented ✓", b"\x00\x01", "x" * 70000, b"y" * (3 << 20)]
     request = seen[0]
     assert request.path == "/api/v1/configs?watch=true"
     assert request.headers["Authorization"] == "Bearer t"
@@ -169,6 +172,34 @@ async def test_the_servers_pings_are_answered_and_ours_kept_alive(no_leaked_task
             await asyncio.sleep(0.3)  # a few keepalive rounds, each answered
             assert ws.ping() is not None
     assert len(latencies) == 1
+
+
+async def drain(ws: WebSocket) -> None:
+    """Take messages until the end (at most 100)."""
+    for _ in range(100):
+        await ws.recv()
+
+
+async def test_closing_with_messages_not_taken_still_ends_cleanly(no_leaked_tasks: None) -> None:
+    codes: list[int | None] = []
+
+    async def handler(conn: ServerConnection) -> None:
+        for n in range(100):  # far more than the client queues
+            await conn.send(str(n))
+        await conn.wait_closed()
+        codes.append(conn.close_code)
+
+    async with server(handler) as port:
+        ws = await connect(f"ws://127.0.0.1:{port}/")
+        async with ws:
+            assert await ws.recv() == "0"
+            await asyncio.sleep(0.1)  # the reader stops at its bound
+        with pytest.raises(ConnectionClosed) as closed:
+            await drain(ws)
+        await asyncio.sleep(0.05)
+    # The reader went on to the server's close frame (not cut off after waiting for it).
+    assert closed.value.code == 1000
+    assert codes == [1000]
 
 
 async def test_a_message_over_the_size_limit_closes_with_1009(no_leaked_tasks: None) -> None:

@@ -300,6 +300,10 @@ class WebSocket:
         """Close both ways: send a close frame, wait a little for the server's, then hang up."""
         if self._closed is None:
             self._send_close(code, reason)
+            # What was not taken is not wanted now: the reader drops the rest on its way to the
+            # server's close frame.
+            self._messages.clear()
+            self._room.set()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
                     await asyncio.shield(self._reading)
@@ -322,6 +326,8 @@ class WebSocket:
                 message = await self._read_message()
                 if message is None:
                     return
+                if self._close_sent:
+                    continue
                 while len(self._messages) >= MAX_QUEUE:
                     self._room.clear()
                     await self._room.wait()
