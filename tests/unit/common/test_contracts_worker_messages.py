@@ -157,7 +157,7 @@ def test_a_journal_batch_counts_the_fds_of_its_new_entries() -> None:
     )
     assert batch.fd_count == 3
     assert decode_channel(encode(batch)) == batch
-    assert read_journal(encode(batch))[2] == JournalDelete("udp", ("203.0.113.7", 2))
+    assert read_journal(encode(batch))[2] == ("udp", ("203.0.113.7", 2), 0.0, None, 0)
 
 
 def sample_batch() -> bytes:

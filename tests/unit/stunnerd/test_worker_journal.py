@@ -3,6 +3,7 @@ pair, aged and handed to a replacement as a handoff document the replacement rea
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -391,3 +392,26 @@ def test_batches_of_names_that_escape_long_still_fit_a_message(
     journal.read(ours)
     assert len(journal) == count
     assert writer.sent == journal.received >= 2
+
+
+def test_a_batch_waits_for_room_on_a_full_channel_for_a_bounded_while_then_goes(
+    batched: tuple[JournalWriter, FdChannel, Journal, Turn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer, ours, journal, turn = batched
+    monkeypatch.setattr("stunnerd.workers.sockets.CHANNEL_TIMEOUT_S", 0.05)
+    worker = worker_end(writer)
+    worker.sock.setblocking(False)
+    with contextlib.suppress(BlockingIOError):  # fill the channel: the supervisor reads nothing
+        while True:
+            worker.sock.send(bytes(4096))
+    change(writer, "a", record(), [])
+    turn.end()  # the batch waits for room until the timeout, and is left out (logged)
+    assert writer.sent == 0
+    with contextlib.suppress(BlockingIOError):  # the supervisor catches up
+        while True:
+            ours.sock.recv(MAX_CHANNEL_MESSAGE_BYTES, socket.MSG_DONTWAIT)
+    change(writer, "a", record(), [])
+    turn.end()
+    journal.read(ours)
+    assert writer.sent == 1
+    assert len(journal) == 1

@@ -424,7 +424,13 @@ def journal_message(items: Sequence[bytes]) -> bytes:
     return _JOURNAL_HEAD.pack(JOURNAL_MAGIC, PROTOCOL_VERSION, len(items)) + b"".join(items)
 
 
-def read_journal(data: bytes) -> list[JournalItem]:
+JournalChange = tuple[str, tuple[str, int], float, bytes | None, int]
+"""An item of a batch as `read_journal` gives it: listener, client, `at`, the record (None: the
+allocation is gone) and the count of its fds. A plain tuple: the supervisor reads one for each
+journaled change (`JournalBatch.items` has them as `JournalEntry` and `JournalDelete`)."""
+
+
+def read_journal(data: bytes) -> list[JournalChange]:
     """The items of a batch, checked whole before any is returned: a batch cut short, with
     bytes left over, of another version or with a text that is not UTF-8 raises
     `WorkerMessageError` saying which."""
@@ -440,7 +446,7 @@ def read_journal(data: bytes) -> list[JournalItem]:
             f"version {PROTOCOL_VERSION}"
         )
     unpack, fixed = _JOURNAL_ITEM.unpack_from, _JOURNAL_ITEM.size
-    items: list[JournalItem] = []
+    items: list[JournalChange] = []
     at = _JOURNAL_HEAD.size
     try:
         for index in range(count):
@@ -456,12 +462,12 @@ def read_journal(data: bytes) -> list[JournalItem]:
                 raise WorkerMessageError(
                     f"a journal batch of {size} bytes is cut short at item {index} of {count}"
                 )
-            listener = str(data[at + fixed : host_at], "utf-8")
-            client = (str(data[host_at:record_at], "utf-8"), port)
+            listener = data[at + fixed : host_at].decode()
+            client = (data[host_at:record_at].decode(), port)
             if kind == _SET:
-                items.append(JournalEntry(listener, client, when, data[record_at:end], fds))
+                items.append((listener, client, when, data[record_at:end], fds))
             elif kind == _DELETE and fds == record_len == 0:
-                items.append(JournalDelete(listener, client))
+                items.append((listener, client, when, None, 0))
             else:
                 raise WorkerMessageError(f"journal item {index} of kind {kind}")
             at = end
@@ -514,7 +520,14 @@ class JournalBatch:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> JournalBatch:
-        return cls(tuple(read_journal(data)))
+        return cls(
+            tuple(
+                JournalEntry(listener, client, at, record, fds)
+                if record is not None
+                else JournalDelete(listener, client)
+                for listener, client, at, record, fds in read_journal(data)
+            )
+        )
 
 
 JsonChannelMessage = NonceKey | ListenerSocket | RelaySocket | OffloadMap | OffloadOff

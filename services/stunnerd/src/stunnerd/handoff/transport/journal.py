@@ -22,11 +22,14 @@ restart` measures it) and, in the supervisor, one tuple of bytes and numbers and
 
 from __future__ import annotations
 
+import array
 import errno
+import fcntl
 import json
 import logging
 import os
 import socket
+import termios
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -36,8 +39,7 @@ from stunner_common.contracts.worker_messages import (
     JOURNAL_ITEM_BYTES,
     MAX_CHANNEL_FDS,
     MAX_CHANNEL_MESSAGE_BYTES,
-    JournalEntry,
-    JournalItem,
+    JournalChange,
     WorkerMessageError,
     journal_delete,
     journal_message,
@@ -176,6 +178,28 @@ A plain tuple of bytes and numbers, which the garbage collector stops tracking: 
 holding ten thousand allocations does not make each collection walk them."""
 
 
+_ANCILLARY_BYTES = socket.CMSG_SPACE(MAX_CHANNEL_FDS * array.array("i").itemsize)
+_NOTHING_QUEUED = bytes(4)
+
+
+def _received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The fds a message brought (`socket.recv_fds`, without its per-call set-up)."""
+    fds = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return fds.tolist()
+
+
+def _queued(sock: socket.socket) -> bool:
+    """Whether another message waits (FIONREAD: the size of the next one; a peer gone reads 0,
+    and the loop calls `read` again for it): cheaper than a receive that fails."""
+    try:
+        return fcntl.ioctl(sock.fileno(), termios.FIONREAD, _NOTHING_QUEUED) != _NOTHING_QUEUED
+    except OSError:
+        return False
+
+
 def _close(fds: Iterable[int]) -> None:
     for fd in fds:
         try:
@@ -198,48 +222,53 @@ class Journal:
     def read(self, channel: Channel) -> None:
         """Take every message the worker has queued (call when the channel is readable)."""
         sock = channel.sock
-        sock.settimeout(0.0)
+        if sock.gettimeout() != 0.0:  # the supervisor's sends set a timeout (a syscall each)
+            sock.settimeout(0.0)
         while True:
             try:
-                data, fds, _flags, _addr = socket.recv_fds(
-                    sock, MAX_CHANNEL_MESSAGE_BYTES, MAX_CHANNEL_FDS
+                data, ancillary, _flags, _addr = sock.recvmsg(
+                    MAX_CHANNEL_MESSAGE_BYTES, _ANCILLARY_BYTES
                 )
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 log.debug("journal: channel closed: %s", exc)
                 return
+            fds = _received_fds(ancillary)
             if not data:
                 _close(fds)
                 return
             self.received += 1
             self.received_bytes += len(data)
             try:
-                items = read_journal(data)
+                changes = read_journal(data)
             except WorkerMessageError as exc:
                 log.warning("journal: unreadable message from the worker left out: %s", exc)
                 _close(fds)
-                continue
-            counted = sum([item.fds for item in items if type(item) is JournalEntry])
-            if counted != len(fds):
-                log.warning(
-                    "journal: a batch naming %d fd(s) came with %d: left out", counted, len(fds)
-                )
-                _close(fds)
-                continue
-            self.take(items, fds)
+            else:
+                counted = sum([change[4] for change in changes])
+                if counted == len(fds):
+                    self.take(changes, fds)
+                else:
+                    log.warning(
+                        "journal: a batch naming %d fd(s) came with %d: left out",
+                        counted,
+                        len(fds),
+                    )
+                    _close(fds)
+            if not _queued(sock):
+                return
 
-    def take(self, items: Iterable[JournalItem], fds: Sequence[int]) -> None:
-        """Apply a batch's items in order; `fds` are the new entries' relay sockets in the same
-        order (this journal owns them)."""
+    def take(self, changes: Iterable[JournalChange], fds: Sequence[int]) -> None:
+        """Apply a batch's changes in order; `fds` are the new entries' relay sockets in the
+        same order (this journal owns them)."""
         used = 0
-        for item in items:
-            if type(item) is JournalEntry:
-                listener, client, at, record, count = item
+        for listener, client, at, record, count in changes:
+            if record is not None:
                 self.keep(listener, client, at, record, fds[used : used + count])
                 used += count
             else:
-                self.forget(item.listener, item.client)
+                self.forget(listener, client)
 
     def keep(
         self, listener: str, client: Address, at: float, record: bytes, fds: Sequence[int]
