@@ -157,8 +157,16 @@ def odd_allocation() -> Allocation:
     return alloc
 
 
-@pytest.mark.parametrize("make", [dual_allocation, odd_allocation])
-@pytest.mark.parametrize("now", [0.0, 1.0 / 3.0, 100.0, 350.0, 800.0, 123456.789])
+def integer_allocation() -> Allocation:
+    """Lifetimes on an integer clock (json writes them as integers)."""
+    alloc = Allocation(("192.0.2.50", 5000), "u", b"", ("192.0.2.10", 40000), 4, 700)
+    alloc.permissions = {"192.0.2.60": 400}
+    alloc.channels = {0x4001: Channel(0x4001, ("192.0.2.60", 7), 300)}
+    return alloc
+
+
+@pytest.mark.parametrize("make", [dual_allocation, odd_allocation, integer_allocation])
+@pytest.mark.parametrize("now", [0.0, 1.0 / 3.0, 100.0, 350.0, 800.0, 123456.789, 0, 100, 700])
 def test_the_journal_writes_a_live_allocation_as_json_encodes_its_document_byte_for_byte(
     make: Callable[[], Allocation], now: float
 ) -> None:

@@ -132,7 +132,8 @@ class JournalWriter:
         self._items.append(item)
         self._fds += dups
         self._bytes += size
-        self._queued()
+        if not self._scheduled:
+            self._queued()
 
     def deleted(self, listener: str, client: Address) -> None:
         name = self._names.get(listener) or self._name(listener)
@@ -144,12 +145,14 @@ class JournalWriter:
             self.flush()
         self._items.append(item)
         self._bytes += len(item)
-        self._queued()
+        if not self._scheduled:
+            self._queued()
 
     def _queued(self) -> None:
+        """The first change of a turn: send it at once without a loop, else at the turn's end."""
         if self.schedule is None:
             self.flush()
-        elif not self._scheduled:
+        else:
             self._scheduled = True
             self.schedule(self.flush)
 
@@ -191,7 +194,7 @@ def _received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
     return fds.tolist()
 
 
-def _queued(sock: socket.socket) -> bool:
+def _more_waiting(sock: socket.socket) -> bool:
     """Whether another message waits (FIONREAD: the size of the next one; a peer gone reads 0,
     and the loop calls `read` again for it): cheaper than a receive that fails."""
     try:
@@ -256,7 +259,7 @@ class Journal:
                         len(fds),
                     )
                     _close(fds)
-            if not _queued(sock):
+            if not _more_waiting(sock):
                 return
 
     def take(self, changes: Iterable[JournalChange], fds: Sequence[int]) -> None:

@@ -125,41 +125,44 @@ def record_bytes(doc: Mapping[str, Any]) -> bytes:
 
 
 def _number(value: float) -> str:
-    """A lifetime as `json` writes it (`repr`, but `Infinity` for an endless one)."""
+    """A lifetime left, as `json` writes it (`repr`, but `Infinity` for an endless one)."""
     return repr(value) if value < _INFINITY else "Infinity"
+
+
+_NONE_BOUND = '"permissions":{},"channels":[]}'
+"""The end of the record of an allocation with no permission or channel: a new one."""
+
+
+def _bound(alloc: LiveAllocation, now: float) -> str:
+    """The end of the record: its permissions and channels with the seconds they have left."""
+    permissions = ",".join(
+        f"{_string(ip)}:{_number(at - now)}" for ip, at in alloc.permissions.items() if at > now
+    )
+    channels = ",".join(
+        f'{{"number":{ch.number},"peer":[{_string(ch.peer[0])},{ch.peer[1]}],'
+        f'"expires_in_s":{_number(ch.expires - now)}}}'
+        for ch in alloc.channels.values()
+        if ch.expires > now
+    )
+    return f'"permissions":{{{permissions}}},"channels":[{channels}]}}'
 
 
 def record_json(alloc: LiveAllocation, now: float) -> bytes:
     """`record_bytes(record_doc(alloc, now))`, byte for byte, written straight from the live
     allocation: the journal writes one for each change of each allocation, and this costs a
-    quarter of building the document and encoding it. The strings are escaped as `json` does
+    fifth of building the document and encoding it. The strings are escaped as `json` does
     (its own C escaper), the numbers written as it writes them."""
     client, relay, additional = alloc.client, alloc.relay, alloc.additional
-    permissions = (
-        ",".join(
-            f"{_string(ip)}:{_number(at - now)}" for ip, at in alloc.permissions.items() if at > now
-        )
-        if alloc.permissions
-        else ""
-    )
-    channels = (
-        ",".join(
-            f'{{"number":{ch.number},"peer":[{_string(ch.peer[0])},{ch.peer[1]}],'
-            f'"expires_in_s":{_number(ch.expires - now)}}}'
-            for ch in alloc.channels.values()
-            if ch.expires > now
-        )
-        if alloc.channels
-        else ""
-    )
+    left = alloc.expires - now  # max(0.0, left) as json writes it, in line: a call costs here
     return (
         f'{{"client":[{_string(client[0])},{client[1]}],"user_id":{_string(alloc.user_id)},'
         f'"key":"{alloc.key.hex()}","username":{_string(alloc.username)},'
-        f'"relay":[{_string(relay[0])},{relay[1]}],"family":{alloc.family},'
-        f'"expires_in_s":{_number(max(0.0, alloc.expires - now))},"additional":'
+        f'"relay":[{_string(relay[0])},{relay[1]}],"family":{alloc.family},"expires_in_s":'
+        f"{repr(left) if 0.0 < left < _INFINITY else 'Infinity' if left == _INFINITY else '0.0'},"
+        f'"additional":'
         f"{'null' if additional is None else f'[{_string(additional[0])},{additional[1]}]'},"
         f'"tcp":{"true" if alloc.tcp else "false"},'
-        f'"permissions":{{{permissions}}},"channels":[{channels}]}}'
+        f"{_bound(alloc, now) if alloc.permissions or alloc.channels else _NONE_BOUND}"
     ).encode()
 
 
