@@ -202,6 +202,29 @@ async def test_closing_with_messages_not_taken_still_ends_cleanly(no_leaked_task
     assert codes == [1000]
 
 
+async def test_a_cancelled_reader_leaves_no_task_and_the_server_sees_a_close(
+    no_leaked_tasks: None,
+) -> None:
+    codes: list[int | None] = []
+
+    async def handler(conn: ServerConnection) -> None:
+        await conn.wait_closed()
+        codes.append(conn.close_code)
+
+    async def follow(port: int) -> None:
+        async with await connect(f"ws://127.0.0.1:{port}/", ping_interval_s=0.05) as ws:
+            await ws.recv()  # nothing comes: cancelled here
+
+    async with server(handler) as port:
+        task = asyncio.create_task(follow(port))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.05)
+    assert codes == [1000]
+
+
 async def test_a_message_over_the_size_limit_closes_with_1009(no_leaked_tasks: None) -> None:
     codes: list[int | None] = []
 

@@ -298,16 +298,18 @@ class WebSocket:
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Close both ways: send a close frame, wait a little for the server's, then hang up."""
-        if self._closed is None:
-            self._send_close(code, reason)
-            # What was not taken is not wanted now: the reader drops the rest on its way to the
-            # server's close frame.
-            self._messages.clear()
-            self._room.set()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                    await asyncio.shield(self._reading)
-        await self._shutdown()
+        try:
+            if self._closed is None:
+                self._send_close(code, reason)
+                # What was not taken is not wanted now: the reader drops the rest on its way to
+                # the server's close frame.
+                self._messages.clear()
+                self._room.set()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                        await asyncio.shield(self._reading)
+        finally:
+            await self._shutdown()  # even when the caller is cancelled meanwhile
 
     # --- internals --------------------------------------------------------------------------
 
@@ -408,12 +410,12 @@ class WebSocket:
         self._arrived.set()
 
     async def _shutdown(self) -> None:
-        for task in (self._keepalive, self._reading):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        tasks = [t for t in (self._keepalive, self._reading) if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
         self._writer.close()
+        if tasks:
+            await asyncio.wait(tasks)  # a cancellation of the caller still reaches the caller
         with contextlib.suppress(OSError, TimeoutError, ssl.SSLError):
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
                 await self._writer.wait_closed()
