@@ -117,18 +117,6 @@ def test_the_record_journal_writes_lifetimes_as_seconds_left() -> None:
     assert sink.gone == [("udp", ("192.0.2.50", 5000))]
 
 
-def test_the_journal_document_of_a_live_allocation_is_its_records_document() -> None:
-    alloc = Allocation(("192.0.2.50", 5000), "u", b"k", ("192.0.2.10", 40000), 4, 700.0)
-    alloc.additional = ("2001:db8::10", 40002)
-    alloc.permissions = {"192.0.2.60": 400.0, "192.0.2.61": 50.0}
-    alloc.channels = {
-        0x4001: Channel(0x4001, ("192.0.2.60", 7), 300.0),
-        0x4002: Channel(0x4002, ("192.0.2.61", 8), 90.0),
-    }
-    for now in (0.0, 100.0, 350.0, 800.0):
-        assert record_doc(alloc, now) == allocation_doc(record_of(alloc, now))
-
-
 def dual_allocation() -> Allocation:
     alloc = Allocation(("192.0.2.50", 5000), "u", b"k", ("192.0.2.10", 40000), 4, 700.0)
     alloc.additional = ("2001:db8::10", 40002)
@@ -138,6 +126,12 @@ def dual_allocation() -> Allocation:
         0x4002: Channel(0x4002, ("192.0.2.61", 8), 90.0),
     }
     return alloc
+
+
+def test_the_journal_document_of_a_live_allocation_is_its_records_document() -> None:
+    alloc = dual_allocation()
+    for now in (0.0, 100.0, 350.0, 800.0):
+        assert record_doc(alloc, now) == allocation_doc(record_of(alloc, now))
 
 
 def odd_allocation() -> Allocation:
