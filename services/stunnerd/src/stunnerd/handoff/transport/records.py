@@ -3,8 +3,8 @@
 The edge hands its allocations to `stunnerd.net.ports.AllocationJournal` as the engine holds
 them (`stunnerd.turn.allocation.Allocation`, its expiries read on the loop's clock); what is
 journaled and handed over is the document's `AllocationRecord`, its lifetimes as seconds left.
-`record_of` makes one from the other (`record_doc` its document directly, `record_json` the
-document's JSON as the journal carries it); `RecordJournal` is the `AllocationJournal` that
+`record_of` makes one from the other (`record_json` its document's JSON directly, as the journal
+carries it); `RecordJournal` is the `AllocationJournal` that
 journals such records (`journal.JournalWriter`). The way back, record to allocation, is the
 edge's (`stunnerd.net.adopt.allocation_of`).
 """
@@ -92,28 +92,6 @@ def record_of(alloc: LiveAllocation, now: float) -> AllocationRecord:
     )
 
 
-def record_doc(alloc: LiveAllocation, now: float) -> dict[str, Any]:
-    """`state.allocation_doc(record_of(alloc, now))`, made without the record in between: the
-    journal writes one for each change of each allocation."""
-    return {
-        "client": list(alloc.client),
-        "user_id": alloc.user_id,
-        "key": alloc.key.hex(),
-        "username": alloc.username,
-        "relay": list(alloc.relay),
-        "family": alloc.family,
-        "expires_in_s": max(0.0, alloc.expires - now),
-        "additional": list(alloc.additional) if alloc.additional is not None else None,
-        "tcp": alloc.tcp,
-        "permissions": {ip: at - now for ip, at in alloc.permissions.items() if at > now},
-        "channels": [
-            {"number": ch.number, "peer": list(ch.peer), "expires_in_s": ch.expires - now}
-            for ch in alloc.channels.values()
-            if ch.expires > now
-        ],
-    }
-
-
 _RECORD = json.JSONEncoder(separators=(",", ":"))
 _INFINITY = float("inf")
 
@@ -148,10 +126,10 @@ def _bound(alloc: LiveAllocation, now: float) -> str:
 
 
 def record_json(alloc: LiveAllocation, now: float) -> bytes:
-    """`record_bytes(record_doc(alloc, now))`, byte for byte, written straight from the live
-    allocation: the journal writes one for each change of each allocation, and this costs a
-    fifth of building the document and encoding it. The strings are escaped as `json` does
-    (its own C escaper), the numbers written as it writes them."""
+    """`record_bytes(allocation_doc(record_of(alloc, now)))`, byte for byte, written straight
+    from the live allocation: the journal writes one for each change of each allocation, and
+    this costs a fifth of building the record and its document and encoding it. The strings are
+    escaped as `json` does (its own C escaper), the numbers written as it writes them."""
     client, relay, additional = alloc.client, alloc.relay, alloc.additional
     left = alloc.expires - now  # max(0.0, left) as json writes it, in line: a call costs here
     return (
