@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import binascii
 import enum
-import hashlib
 import hmac
 import importlib
 import importlib.util
@@ -446,7 +445,7 @@ def encode(
     msg_type = method | klass
     if key is not None:
         header = HEADER.pack(msg_type, len(body) + 24, COOKIE, transaction_id)
-        body += _MI_HEADER + hmac.new(key, header + body, hashlib.sha1).digest()
+        body += _MI_HEADER + hmac.digest(key, header + body, "sha1")
     return with_fingerprint(msg_type, transaction_id, body)
 
 

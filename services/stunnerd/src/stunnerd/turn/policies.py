@@ -12,7 +12,6 @@ once per engine.
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -210,7 +209,7 @@ class NonceMint:
         self._verified: dict[bytes, float] = {}  # nonce -> issue time, once its MAC checked out
 
     def _mac(self, stamp: bytes) -> bytes:
-        return hmac.new(self._secret, stamp, hashlib.sha256).digest()[:12]
+        return hmac.digest(self._secret, stamp, "sha256")[:12]
 
     def issue(self, now: float) -> bytes:
         stamp = max(0, int(now * 1000)).to_bytes(6, "big")

@@ -17,7 +17,6 @@ message fully (aioice) only after its sender proved the credentials:
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import struct
 from dataclasses import dataclass
@@ -137,7 +136,7 @@ def integrity_ok(data: bytes, integrity_at: int, key: bytes) -> bool:
         return False
     length = integrity_at - HEADER_LENGTH + 24
     signed = b"".join((data[:2], length.to_bytes(2, "big"), data[4:integrity_at]))
-    digest = hmac.new(key, signed, hashlib.sha1).digest()
+    digest = hmac.digest(key, signed, "sha1")
     return hmac.compare_digest(digest, data[integrity_at + 4 : integrity_at + 24])
 
 
