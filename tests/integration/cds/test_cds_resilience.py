@@ -89,7 +89,10 @@ async def test_redis_killed_and_restarted_mid_stream_loses_and_duplicates_nothin
     no_leaked_tasks: None, redis: RedisServer, store: aioredis.Redis, publisher: ConfigPublisher
 ) -> None:
     await publisher.upsert("ns/gw", realm_config("ns/gw", "r-0"))
-    async with running_cds(redis.url, reconnect_min_s=0.02, reconnect_max_s=0.2) as cds:
+    # every change counts here, so v1 frames are not held back (CDS_V1_MIN_INTERVAL_S)
+    async with running_cds(
+        redis.url, reconnect_min_s=0.02, reconnect_max_s=0.2, v1_min_interval_s=0
+    ) as cds:
         url = f"{cds.ws_url}/api/v1/configs/ns/gw?watch=true"
         async with (
             connect(url) as v1,
@@ -248,9 +251,10 @@ async def test_two_replicas_on_one_redis_serve_the_same_answers(
     no_leaked_tasks: None, redis: RedisServer, publisher: ConfigPublisher
 ) -> None:
     await publisher.upsert("ns/a", realm_config("ns/a", "r0"))
+    # frame for frame: no v1 frame held back on one replica and not on the other
     async with (
-        running_cds(redis.url) as one,
-        running_cds(redis.url) as two,
+        running_cds(redis.url, v1_min_interval_s=0) as one,
+        running_cds(redis.url, v1_min_interval_s=0) as two,
         connect(f"{one.ws_url}/api/v1/configs?watch=true") as ws_one,
         connect(f"{two.ws_url}/api/v1/configs?watch=true") as ws_two,
     ):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 from typing import Any
@@ -276,11 +277,17 @@ async def test_two_hundred_concurrent_watchers_all_get_every_update(
         for i in range(1, 6):
             await upsert(publisher, "ns/gw", f"r-{i}")
 
-        async def five_updates(ws: ClientConnection) -> list[str]:
-            return [(await recv_json(ws))["auth"]["realm"] for _ in range(5)]
+        async def up_to_the_last(ws: ClientConnection) -> list[int]:
+            seen = [int((await recv_json(ws))["auth"]["realm"][2:])]
+            while seen[-1] != 5:
+                seen.append(int((await recv_json(ws))["auth"]["realm"][2:]))
+            return seen
 
-        results = await asyncio.gather(*(five_updates(ws) for ws in clients))
-        assert all(r == [f"r-{i}" for i in range(1, 6)] for r in results)
+        async with asyncio.timeout(10):
+            results = await asyncio.gather(*(up_to_the_last(ws) for ws in clients))
+        # v1 frames of one config come at most every CDS_V1_MIN_INTERVAL_S: the first change at
+        # once, the newest of the rest when the interval is up; never an older after a newer
+        assert all(r == sorted(set(r)) and r[0] == 1 and r[-1] == 5 for r in results)
     finally:
         await asyncio.gather(*(ws.close() for ws in clients))
     await eventually(lambda: _no_watchers(cds), what="all watchers gone")
@@ -362,7 +369,8 @@ async def test_a_watcher_that_stops_reading_gets_the_newest_config_when_it_reads
     # replaces the one still queued.
     big = {"pad": "x" * 32_000}
     await publisher.upsert("ns/gw", config("ns/gw", "r-0", **big))
-    async with running_cds(redis.url, queue_size=8, send_timeout_s=30) as cds:
+    # every change is offered at once (no v1 frame held back), so the queue is what is tested
+    async with running_cds(redis.url, queue_size=8, send_timeout_s=30, v1_min_interval_s=0) as cds:
         path = "/api/v1/configs/ns/gw?watch=true"
         url = f"{cds.ws_url}{path}"
         async with (
@@ -471,7 +479,9 @@ async def test_a_watcher_whose_send_blocks_too_long_is_dropped(
 ) -> None:
     big = {"pad": "y" * 16_000}
     await publisher.upsert("ns/gw", config("ns/gw", "r-0", **big))
-    async with running_cds(redis.url, queue_size=10_000, send_timeout_s=0.4) as cds:
+    async with running_cds(
+        redis.url, queue_size=10_000, send_timeout_s=0.4, v1_min_interval_s=0
+    ) as cds:
         stalled_sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         stalled_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stalled_sock.setblocking(False)
@@ -497,3 +507,55 @@ async def test_a_watcher_whose_send_blocks_too_long_is_dropped(
 
             await eventually(dropped, what="the blocked watcher dropped")
             assert await watchers(cds) == 1
+
+
+async def test_v1_watchers_get_a_config_at_most_once_per_interval_and_v2_every_change(
+    no_leaked_tasks: None, redis: RedisServer, publisher: ConfigPublisher
+) -> None:
+    await upsert(publisher, "ns/gw", "r-0")
+    async with running_cds(redis.url, v1_min_interval_s=0.3) as cds:
+        url = f"{cds.ws_url}/api/v1/configs/ns/gw?watch=true"
+        async with (
+            connect(url) as v1,
+            connect(url, subprotocols=[CDS_V2_SUBPROTOCOL]) as v2,  # type: ignore[list-item]
+        ):
+            state = DeltaState()
+            await recv_json(v1)
+            state.apply(parse_envelope(await recv_text(v2)))
+            loop = asyncio.get_running_loop()
+            updates = 20
+
+            async def v2_revisions() -> list[int]:
+                revisions = []
+                while state.configs["ns/gw"]["auth"]["realm"] != f"r-{updates}":
+                    envelope = parse_envelope(await recv_text(v2))
+                    state.apply(envelope)
+                    revisions.append(envelope.rev)
+                return revisions
+
+            async def v1_arrivals() -> list[tuple[float, int]]:
+                seen: list[tuple[float, int]] = []
+                while not seen or seen[-1][1] != updates:
+                    realm = (await recv_json(v1))["auth"]["realm"]
+                    seen.append((loop.time(), int(realm[2:])))
+                return seen
+
+            reading = asyncio.gather(v2_revisions(), v1_arrivals())
+            started = loop.time()
+            for i in range(1, updates + 1):
+                await upsert(publisher, "ns/gw", f"r-{i}")
+            async with asyncio.timeout(10):
+                revisions, seen = await reading
+            elapsed = loop.time() - started
+            assert len(revisions) == updates  # every change, as a patch
+            numbers = [n for _, n in seen]
+            assert numbers == sorted(set(numbers))  # never an older state after a newer one
+            # the first change at once, then at most one frame per interval
+            assert len(seen) <= 2 + elapsed / 0.3, (seen, elapsed)
+            gaps = [b - a for (a, _), (b, _) in itertools.pairwise(seen)]
+            assert all(gap >= 0.15 for gap in gaps), gaps  # 0.3 s, less the jitter of delivery
+        metrics = (await http_get(cds, "/metrics")).text
+        held = next(
+            line for line in metrics.splitlines() if line.startswith("stunner_cds_v1_changes_held")
+        )
+        assert float(held.split()[-1]) >= updates - len(seen)

@@ -3,12 +3,13 @@ one still queued, and slow watchers dropped alone."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import deque
 
 import pytest
 
-from stunner_cds.store.hub import Hub, Mode, Topic
+from stunner_cds.store.hub import Hub, Mode, Topic, Watcher
 from stunner_cds.store.mirror import ConfigMirror
 from stunner_common.cds import DeltaState, encode_v1_delete, parse_envelope
 from stunner_common.io.store import Snapshot, StoreEvent
@@ -254,3 +255,135 @@ def test_a_node_watcher_resuming_gets_the_placeholder_filled() -> None:
     watcher, delta = hub.subscribe(Topic("a", "x"), Mode.V2, since=1, epoch=EPOCH, node="worker-1")
     assert delta
     assert '"address":"$STUNNER_ADDR"' in watcher.frames[0]
+
+
+# --- v1 frames at most once per interval (CDS_V1_MIN_INTERVAL_S) --------------------------------
+
+INTERVAL_S = 0.1
+
+
+def throttled_hub(configs: dict[str, dict[str, object]]) -> tuple[Hub, list[None]]:
+    hub = hub_with(configs)
+    hub.v1_min_interval_s = INTERVAL_S
+    held: list[None] = []
+    hub.on_v1_held = lambda: held.append(None)
+    return hub, held
+
+
+class Reader:
+    """A connection that takes every frame at once: what the watcher was sent, in order."""
+
+    def __init__(self, watcher: Watcher) -> None:
+        self.texts = [*watcher.frames]  # the initial frames, as its writer would send them
+        watcher.frames.clear()
+        watcher.sink = self
+
+    def ready(self) -> bool:
+        return True
+
+    def write(self, frame: bytes) -> None:
+        size = frame[1] & 0x7F
+        start = 2 if size < 126 else 4 if size == 126 else 10
+        self.texts.append(frame[start:].decode())
+
+
+def subscribed(hub: Hub, topic: Topic, mode: Mode) -> Reader:
+    return Reader(hub.subscribe(topic, mode)[0])
+
+
+def realms(texts: list[str]) -> list[str]:
+    return [json.loads(t)["auth"]["realm"] for t in texts]
+
+
+async def test_v1_watchers_get_a_burst_as_its_first_change_then_its_newest_state() -> None:
+    hub, held = throttled_hub({"a/x": cfg("a/x")})
+    v1 = subscribed(hub, Topic("a", "x"), Mode.V1)
+    v2 = subscribed(hub, Topic("a", "x"), Mode.V2)
+    v1.texts.clear()
+    v2.texts.clear()
+    for i in range(1, 11):
+        change(hub, "a/x", json.dumps(cfg("a/x", f"r{i}")))
+    assert realms(v1.texts) == ["r1"]  # the first at once, the rest held
+    assert len(v2.texts) == 10  # v2 patches are never held
+    await asyncio.sleep(INTERVAL_S * 2)
+    assert realms(v1.texts) == ["r1", "r10"]
+    assert len(held) == 8  # r2 .. r9, each replaced by a newer change before its turn
+    assert len(v2.texts) == 10
+
+
+async def test_a_change_after_a_quiet_interval_goes_at_once_and_configs_are_held_apart() -> None:
+    hub, _ = throttled_hub({"a/x": cfg("a/x"), "a/y": cfg("a/y")})
+    v1 = subscribed(hub, Topic("a"), Mode.V1)
+    v1.texts.clear()
+    change(hub, "a/x", json.dumps(cfg("a/x", "x1")))
+    change(hub, "a/y", json.dumps(cfg("a/y", "y1")))  # another config: not held by a/x's
+    assert realms(v1.texts) == ["x1", "y1"]
+    await asyncio.sleep(INTERVAL_S * 1.5)
+    change(hub, "a/x", json.dumps(cfg("a/x", "x2")))
+    assert realms(v1.texts) == ["x1", "y1", "x2"]
+    await asyncio.sleep(INTERVAL_S * 1.5)
+    assert realms(v1.texts) == ["x1", "y1", "x2"]  # nothing held, nothing sent again
+
+
+async def test_a_held_update_then_delete_reaches_v1_watchers_as_the_delete() -> None:
+    hub, _ = throttled_hub({"a/x": cfg("a/x")})
+    v1 = subscribed(hub, Topic("a", "x"), Mode.V1)
+    v1.texts.clear()
+    change(hub, "a/x", json.dumps(cfg("a/x", "r1")))
+    change(hub, "a/x", json.dumps(cfg("a/x", "r2")))
+    change(hub, "a/x", None)
+    await asyncio.sleep(INTERVAL_S * 2)
+    assert v1.texts[1:] == [encode_v1_delete("a/x")]
+    change(hub, "a/x", json.dumps(cfg("a/x", "back")))  # recreated, held behind the delete
+    await asyncio.sleep(INTERVAL_S * 2)
+    assert json.loads(v1.texts[-1])["auth"]["realm"] == "back"
+
+
+async def test_a_watcher_that_joins_while_a_change_is_held_gets_the_newest_state() -> None:
+    hub, _ = throttled_hub({"a/x": cfg("a/x")})
+    first = subscribed(hub, Topic("a", "x"), Mode.V1)
+    change(hub, "a/x", json.dumps(cfg("a/x", "r1")))
+    change(hub, "a/x", json.dumps(cfg("a/x", "r2")))  # held
+    late = subscribed(hub, Topic("a", "x"), Mode.V1)
+    assert realms(late.texts) == ["r2"]  # the snapshot is the mirror's: never older
+    await asyncio.sleep(INTERVAL_S * 2)
+    assert realms(first.texts)[-1] == "r2"
+    assert realms(late.texts) == ["r2", "r2"]  # the held change too: the same state again
+
+
+async def test_closing_the_hub_sends_no_held_change_afterwards() -> None:
+    hub, _ = throttled_hub({"a/x": cfg("a/x")})
+    v1 = subscribed(hub, Topic("a", "x"), Mode.V1)
+    v1.texts.clear()
+    change(hub, "a/x", json.dumps(cfg("a/x", "r1")))
+    change(hub, "a/x", json.dumps(cfg("a/x", "r2")))
+    hub.close_all("shutting down")
+    await asyncio.sleep(INTERVAL_S * 2)
+    assert realms(v1.texts) == ["r1"]
+
+
+async def test_with_no_v1_watcher_nothing_is_held_and_a_later_one_is_throttled() -> None:
+    hub, held = throttled_hub({"a/x": cfg("a/x")})
+    v1, _ = hub.subscribe(Topic("a", "x"), Mode.V1)
+    hub.unsubscribe(v1)
+    hub.unsubscribe(v1)  # twice: counted once
+    for i in range(1, 4):
+        change(hub, "a/x", json.dumps(cfg("a/x", f"r{i}")))
+    assert held == []
+    again = subscribed(hub, Topic(), Mode.V1)
+    again.texts.clear()
+    for i in range(4, 7):
+        change(hub, "a/x", json.dumps(cfg("a/x", f"r{i}")))
+    assert realms(again.texts) == ["r4"]
+    await asyncio.sleep(INTERVAL_S * 2)
+    assert realms(again.texts) == ["r4", "r6"]
+    assert len(held) == 1
+
+
+def test_without_an_interval_every_change_reaches_v1_watchers_and_no_loop_is_needed() -> None:
+    hub = hub_with({"a/x": cfg("a/x")})
+    v1 = subscribed(hub, Topic("a", "x"), Mode.V1)
+    v1.texts.clear()
+    for i in range(1, 4):
+        change(hub, "a/x", json.dumps(cfg("a/x", f"r{i}")))
+    assert realms(v1.texts) == ["r1", "r2", "r3"]

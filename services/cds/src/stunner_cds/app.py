@@ -56,8 +56,9 @@ def create_app(settings: CdsSettings) -> FastAPI:
         def observed(event: StoreEvent) -> None:
             metrics.event_lag.observe(event_lag_s(event))
 
-        hub = Hub(max_queue=settings.queue_size)
+        hub = Hub(max_queue=settings.queue_size, v1_min_interval_s=settings.v1_min_interval_s)
         hub.on_fanout = metrics.fanout.observe
+        hub.on_v1_held = metrics.v1_changes_held.inc
         redis = redis_client(
             settings.redis_url, timeout_s=settings.redis_timeout_s, block_ms=settings.redis_block_ms
         )

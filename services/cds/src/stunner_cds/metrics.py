@@ -31,6 +31,12 @@ class CdsMetrics:
             ["mode"],
             registry=self.registry,
         )
+        self.v1_changes_held = Counter(
+            "stunner_cds_v1_changes_held",
+            "Changes of a config its v1 watchers never got: a newer change came within"
+            " CDS_V1_MIN_INTERVAL_S and was sent in their place.",
+            registry=self.registry,
+        )
         self.watchers_dropped = Counter(
             "stunner_cds_watchers_dropped",
             "Watchers closed by the server.",

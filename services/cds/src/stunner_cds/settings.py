@@ -31,6 +31,12 @@ class CdsSettings(HttpServiceSettings):
     ping_interval_s: float = Field(5.0, gt=0)
     ping_timeout_s: float = Field(10.0, gt=0)
     queue_size: int = Field(256, ge=1)
+    v1_min_interval_s: float = Field(
+        0.25,
+        ge=0,
+        description="Least time between two frames of one config to a v1 watcher (0: none);"
+        " a change that comes sooner is held and the newest one sent when the time is up.",
+    )
     send_timeout_s: float = Field(10.0, gt=0)
     redis_block_ms: int = Field(1000, ge=1)
     redis_timeout_s: float = Field(5.0, gt=0)

@@ -28,6 +28,13 @@ straight to its socket, the WebSocket frame built once per change for every such
 (``stunner_cds.store.frames``): no task wakes, nothing is encoded per watcher. Any other watcher
 gets it queued, and its writer task sends the queue in order; frames are written directly again
 only once the queue is empty and the writer idle, so a watcher's frames never overtake each other.
+
+A v1 frame is the whole config, so with ``v1_min_interval_s`` a config's v1 watchers get it at most
+once per interval: a change that comes sooner is held, a newer one replaces it, and the newest is
+sent when the interval is up (upstream's operator throttles its renders the same way, 250 ms by
+default). A config of ten thousand endpoints changing ten times a second would otherwise cost each
+v1 watcher, and the CDS's network, ten whole configs a second. v2 watchers get a patch per change
+at once.
 """
 
 from __future__ import annotations
@@ -269,11 +276,26 @@ class _Encoded:
 
 
 class Hub:
-    """The mirror plus its watchers. Every method is synchronous and never blocks."""
+    """The mirror plus its watchers. Every method is synchronous and never blocks.
 
-    def __init__(self, mirror: ConfigMirror | None = None, *, max_queue: int = 256) -> None:
+    With ``v1_min_interval_s`` above 0, ``publish`` must run on an event loop: a held v1 change is
+    sent by a timer on it."""
+
+    def __init__(
+        self,
+        mirror: ConfigMirror | None = None,
+        *,
+        max_queue: int = 256,
+        v1_min_interval_s: float = 0.0,
+    ) -> None:
         self.mirror = mirror if mirror is not None else ConfigMirror()
         self.max_queue = max_queue
+        self.v1_min_interval_s = v1_min_interval_s
+        self._v1_watchers = 0
+        self._v1_sent: dict[str, float] = {}
+        """When each config's v1 watchers were last sent a change (the loop's clock)."""
+        self._v1_pending: dict[str, tuple[Change, asyncio.TimerHandle]] = {}
+        """The newest change of a config held back from its v1 watchers, and its timer."""
         self._all: set[Watcher] = set()
         self._by_namespace: dict[str, set[Watcher]] = {}
         self._by_id: dict[str, set[Watcher]] = {}
@@ -281,6 +303,8 @@ class Hub:
         """An epoch whose store was rolled back: its revisions no longer name one state."""
         self.on_fanout: Callable[[float], None] | None = None
         """Told, for each change published, the seconds it took to hand to every watcher."""
+        self.on_v1_held: Callable[[], None] | None = None
+        """Told of each change a config's v1 watchers never get, a newer one sent in its place."""
 
     # --- subscriptions -------------------------------------------------------------------------
 
@@ -343,6 +367,8 @@ class Hub:
                 frame = encode_snapshot(config_id, entry.rev, config, mirror.epoch)
                 watcher.frames.append(frame)
         watcher.max_queue += len(watcher.frames)
+        if mode is Mode.V1:
+            self._v1_watchers += 1
         if topic.namespace is None:
             self._all.add(watcher)
         elif topic.name is None:
@@ -353,6 +379,8 @@ class Hub:
 
     def unsubscribe(self, watcher: Watcher) -> None:
         topic = watcher.topic
+        if watcher.mode is Mode.V1 and watcher in self._group(watcher):
+            self._v1_watchers -= 1
         if topic.namespace is None:
             self._all.discard(watcher)
         elif topic.name is None:
@@ -369,6 +397,14 @@ class Hub:
                 if not group:
                     del self._by_id[key]
 
+    def _group(self, watcher: Watcher) -> set[Watcher]:
+        topic = watcher.topic
+        if topic.namespace is None:
+            return self._all
+        if topic.name is None:
+            return self._by_namespace.get(topic.namespace, set())
+        return self._by_id.get(f"{topic.namespace}/{topic.name}", set())
+
     def watchers(self) -> Iterable[Watcher]:
         yield from self._all
         for group in self._by_namespace.values():
@@ -384,6 +420,9 @@ class Hub:
         )
 
     def close_all(self, reason: str) -> None:
+        for _, timer in self._v1_pending.values():
+            timer.cancel()
+        self._v1_pending.clear()
         for watcher in list(self.watchers()):
             watcher.close(reason, code=CLOSE_GOING_AWAY, kind=None)
             self.unsubscribe(watcher)
@@ -410,26 +449,85 @@ class Hub:
 
     def publish(self, changes: Iterable[Change]) -> int:
         """Hand each change to every matching watcher (written, or queued); return how many
-        frames were. ``on_fanout`` is told each change's time, when it had a watcher."""
+        frames were. ``on_fanout`` is told each change's time, when it had a watcher. A change
+        held back from v1 watchers (``v1_min_interval_s``) goes to the v2 ones alone."""
         queued = 0
         clock = time.perf_counter
         for change in changes:
             started = clock()
-            encoded = _Encoded(change, self.mirror.epoch)
-            namespace = change.id.partition("/")[0]
-            targets = [
-                *self._all,
-                *self._by_namespace.get(namespace, ()),
-                *self._by_id.get(change.id, ()),
-            ]
-            for watcher in targets:
-                if watcher.offer(encoded):
-                    queued += 1
-                elif watcher.closed_reason is None:
-                    self._drop(watcher)
+            targets = self._targets(change.id)
+            skip = Mode.V1 if targets and self._hold_for_v1(change) else None
+            queued += self._hand_out(change, targets, skip=skip)
             if self.on_fanout is not None and targets:
                 self.on_fanout(clock() - started)
         return queued
+
+    def _targets(self, config_id: str) -> list[Watcher]:
+        namespace = config_id.partition("/")[0]
+        return [
+            *self._all,
+            *self._by_namespace.get(namespace, ()),
+            *self._by_id.get(config_id, ()),
+        ]
+
+    def _hand_out(
+        self,
+        change: Change,
+        targets: list[Watcher],
+        *,
+        skip: Mode | None = None,
+        only: Mode | None = None,
+    ) -> int:
+        encoded = _Encoded(change, self.mirror.epoch)
+        queued = 0
+        for watcher in targets:
+            if watcher.mode is skip or (only is not None and watcher.mode is not only):
+                continue
+            if watcher.offer(encoded):
+                queued += 1
+            elif watcher.closed_reason is None:
+                self._drop(watcher)
+        return queued
+
+    def _hold_for_v1(self, change: Change) -> bool:
+        """True when ``change`` is held back from the config's v1 watchers: they were sent one
+        less than ``v1_min_interval_s`` ago. The held change is sent when the interval is up, unless
+        a newer one replaces it first."""
+        if self.v1_min_interval_s <= 0 or not self._v1_watchers:
+            return False
+        config_id = change.id
+        pending = self._v1_pending.get(config_id)
+        if pending is not None:
+            self._v1_pending[config_id] = (change, pending[1])
+            if self.on_v1_held is not None:
+                self.on_v1_held()
+            return True
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        last = self._v1_sent.get(config_id)
+        if last is None or now - last >= self.v1_min_interval_s:
+            self._v1_sent[config_id] = now
+            self._forget_v1_times(now)
+            return False
+        timer = loop.call_at(last + self.v1_min_interval_s, self._release_v1, config_id)
+        self._v1_pending[config_id] = (change, timer)
+        return True
+
+    def _release_v1(self, config_id: str) -> None:
+        """The interval is up: the held change goes to the config's v1 watchers."""
+        pending = self._v1_pending.pop(config_id, None)
+        if pending is None:
+            return
+        self._v1_sent[config_id] = asyncio.get_running_loop().time()
+        self._hand_out(pending[0], self._targets(config_id), only=Mode.V1)
+
+    def _forget_v1_times(self, now: float) -> None:
+        """Keep ``_v1_sent`` as small as the configs: a time older than the interval holds
+        nothing back, so it goes once there are more times than configs."""
+        if len(self._v1_sent) > 2 * len(self.mirror.entries) + 64:
+            horizon = now - self.v1_min_interval_s
+            for config_id in [i for i, t in self._v1_sent.items() if t < horizon]:
+                del self._v1_sent[config_id]
 
     def reload(self, snapshot: Snapshot) -> int:
         """Load ``snapshot`` into the mirror and publish what differs; return how many v2
