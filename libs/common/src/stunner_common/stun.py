@@ -428,25 +428,126 @@ def encode(
     (name, value) pairs may repeat a name (a dual allocation's two XOR-RELAYED-ADDRESS,
     RFC 8656 §7.2).
     """
-    body = bytearray()
-    items = list(attributes.items()) if isinstance(attributes, Mapping) else list(attributes)
+    items = attributes.items() if isinstance(attributes, Mapping) else attributes
+    packers = _PACKERS
+    parts = [packers[name](value, transaction_id) for name, value in items]
     if software:
-        items.append(("SOFTWARE", software))
-    for name, value in items:
-        attr_type, _, pack_value, _ = ATTRIBUTES_BY_NAME[name]
-        if pack_value is _aioice.pack_xor_address:
-            packed = pack_xor_address(value, transaction_id)
-        else:
-            packed = pack_value(value)
-        body += ATTR_HEADER.pack(attr_type, len(packed))
-        body += packed
-        if len(packed) % 4:
-            body += bytes(-len(packed) % 4)
+        parts.append(_packed_software(software, transaction_id))
+    body = b"".join(parts)
     msg_type = method | klass
-    if key is not None:
-        header = HEADER.pack(msg_type, len(body) + 24, COOKIE, transaction_id)
-        body += _MI_HEADER + hmac.digest(key, header + body, "sha1")
-    return with_fingerprint(msg_type, transaction_id, body)
+    if key is None:
+        message = HEADER.pack(msg_type, len(body) + 8, COOKIE, transaction_id) + body
+    else:
+        length = len(body) + 24
+        signed = HEADER.pack(msg_type, length, COOKIE, transaction_id) + body
+        integrity = hmac.digest(key, signed, "sha1")
+        message = b"".join(
+            (HEADER.pack(msg_type, length + 8, COOKIE, transaction_id), body, _MI_HEADER, integrity)
+        )
+    return message + _FP_HEADER + _U32(binascii.crc32(message) ^ FINGERPRINT_XOR)
+
+
+# -- what encode packs with ------------------------------------------------------------------
+#
+# Each attribute name maps to a function (value, transaction id) -> the whole attribute: header,
+# value, padding. Values that repeat from answer to answer and do not depend on the transaction
+# (SOFTWARE, REALM, ERROR-CODE, IPv4 addresses) are packed once and kept in bounded tables, keyed
+# by exact type so that a value which would not pack (or packs otherwise) never meets a kept one.
+
+Packer = Callable[[Any, bytes], bytes]
+_packed_attributes: dict[tuple[int, Any], bytes] = {}
+_xor_ipv4: dict[str, int] = {}
+_XOR_IPV4_ATTRIBUTE = struct.Struct("!HHBBHI").pack
+
+
+def _attribute_packer(attr_type: int, pack_value: Callable[[Any], bytes]) -> Packer:
+    def pack(value: Any, transaction_id: bytes) -> bytes:
+        packed = pack_value(value)
+        n = len(packed)
+        return ATTR_HEADER.pack(attr_type, n) + packed + bytes(-n % 4)
+
+    return pack
+
+
+def _kept_string_packer(attr_type: int) -> Packer:
+    """A UTF-8 string attribute (SOFTWARE, REALM), packed once per value."""
+    plain = _attribute_packer(attr_type, _aioice.pack_string)
+
+    def pack(value: Any, transaction_id: bytes) -> bytes:
+        if type(value) is not str:
+            return plain(value, transaction_id)
+        key = (attr_type, value)
+        packed = _packed_attributes.get(key)
+        if packed is None:
+            packed = plain(value, transaction_id)
+            remember(_packed_attributes, key, packed)
+        return packed
+
+    return pack
+
+
+def _kept_error_code_packer(attr_type: int) -> Packer:
+    """ERROR-CODE (RFC 8489 §14.8): a few (code, reason) pairs, packed once each."""
+    plain = _attribute_packer(attr_type, _aioice.pack_error_code)
+
+    def pack(value: Any, transaction_id: bytes) -> bytes:
+        if type(value) is not tuple or len(value) != 2:
+            return plain(value, transaction_id)
+        code, reason = value
+        if type(code) is not int or type(reason) is not str:
+            return plain(value, transaction_id)
+        key = (attr_type, value)
+        packed = _packed_attributes.get(key)
+        if packed is None:
+            packed = plain(value, transaction_id)
+            remember(_packed_attributes, key, packed)
+        return packed
+
+    return pack
+
+
+def _xor_address_packer(attr_type: int) -> Packer:
+    """XOR-*-ADDRESS (RFC 8489 §14.2): IPv4 in one struct call, the XORed address kept."""
+
+    def pack(value: Any, transaction_id: bytes) -> bytes:
+        ip = value[0]
+        xored = _xor_ipv4.get(ip) if type(ip) is str else None
+        if xored is None:
+            packed = pack_xor_address(value, transaction_id)
+            if len(packed) == 8 and type(ip) is str:
+                remember(_xor_ipv4, ip, int.from_bytes(packed[4:], "big"))
+            return ATTR_HEADER.pack(attr_type, len(packed)) + packed
+        return _XOR_IPV4_ATTRIBUTE(attr_type, 8, 0, 1, value[1] ^ _PORT_XOR, xored)
+
+    return pack
+
+
+def _lifetime_packer(attr_type: int) -> Packer:
+    header = ATTR_HEADER.pack(attr_type, 4)
+
+    def pack(value: Any, transaction_id: bytes) -> bytes:
+        return header + _U32(value)
+
+    return pack
+
+
+def _packer(attr_type: int, name: str, pack_value: Callable[..., bytes]) -> Packer:
+    if pack_value is _aioice.pack_xor_address:
+        return _xor_address_packer(attr_type)
+    if name in ("SOFTWARE", "REALM"):
+        return _kept_string_packer(attr_type)
+    if name == "ERROR-CODE":
+        return _kept_error_code_packer(attr_type)
+    if name == "LIFETIME":
+        return _lifetime_packer(attr_type)
+    return _attribute_packer(attr_type, pack_value)
+
+
+_PACKERS: dict[str, Packer] = {
+    name: _packer(attr_type, name, pack_value)
+    for name, (attr_type, _, pack_value, _) in ATTRIBUTES_BY_NAME.items()
+}
+_packed_software = _PACKERS["SOFTWARE"]
 
 
 def with_fingerprint(msg_type: int, transaction_id: bytes, body: bytes | bytearray) -> bytes:
