@@ -14,7 +14,6 @@ EVEN-PORT the next port up is bound too and held for a later Allocate.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import struct
@@ -34,12 +33,16 @@ RX_PKTS, RX_BYTES, TX_PKTS, TX_BYTES = 0, 1, 2, 3
 CHANNEL_HEADER = struct.Struct("!HH").pack
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 EVEN_PORT_ATTEMPTS = 64
+_BUFFER_OPTIONS = (socket.SO_RCVBUF, socket.SO_SNDBUF)
+_NONBLOCKING_DGRAM = socket.SOCK_DGRAM | socket.SOCK_NONBLOCK  # no syscall apart to set it
 
 
 def tune_udp_socket(sock: socket.socket) -> None:
-    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-        with contextlib.suppress(OSError):  # the kernel caps it; never fatal
+    for opt in _BUFFER_OPTIONS:
+        try:
             sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+        except OSError:
+            continue  # the kernel caps it; never fatal
 
 
 def new_traffic() -> Traffic:
@@ -185,9 +188,8 @@ def bind_relay_socket(bind_host: str, family: int, even: bool, port: int = 0) ->
     """A non-blocking UDP socket for a relay (on an even port if asked, RFC 8656 §14.6)."""
     af, host = _relay_host(bind_host, family)
     for _ in range(EVEN_PORT_ATTEMPTS if even else 1):
-        sock = socket.socket(af, socket.SOCK_DGRAM)
+        sock = socket.socket(af, _NONBLOCKING_DGRAM)
         try:
-            sock.setblocking(False)
             if af == socket.AF_INET6:
                 # an IPv6 relay relays to IPv6 peers only: never to IPv4 through a mapped address
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
