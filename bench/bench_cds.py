@@ -10,7 +10,17 @@ fan-out can do: a bare ``websockets`` server that tails the stream and ``broadca
 JSON (no mirror, no per-watcher queues, no ASGI). Ratios are CDS / peer (latency) and CDS / peer
 (rate). Both servers run as their own processes; the 1000 clients share the bench process and
 are minimal raw-socket WebSocket readers, so the figures are the servers' and not the clients'.
-The goal for the CDS is p99 <= 50 ms.
+The goal for the CDS is p99 <= 50 ms. Fan-out is also given per paced update as the time from the
+first watcher's frame to the last one's (the churn goal: p99 <= 25 ms).
+
+`BENCH_CDS_ENDPOINTS` (default 1) gives the config that many endpoints, one of them changed by each
+update as well as the marker, so a config of 10,000 endpoints is the size `bench control`'s churn
+serves without its API server, etcd and operator on the same cores. `BENCH_CDS_PROTOCOLS`
+(default "v1") names the CDS's watch protocols to race: v1 sends each watcher the whole config, as
+the peer does; v2 (`stunner.cds.v2`, our stunnerd's) sends a JSON Patch of what changed. Every
+protocol's run is against the same peer. The CDS sends v1 watchers every update here
+(`BENCH_CDS_V1_MIN_INTERVAL_S`, default 0; the CDS's own default holds a config's v1 frames to one
+per 0.25 s).
 """
 
 from __future__ import annotations
@@ -37,6 +47,11 @@ STEP_TIMEOUT_S = 20.0
 ROUNDS = 2
 CONFIG_ID = "bench/gateway"
 MARKER = b'"u-'
+ENDPOINTS = int(os.environ.get("BENCH_CDS_ENDPOINTS", "1"))
+PROTOCOLS = [p for p in os.environ.get("BENCH_CDS_PROTOCOLS", "v1").split(",") if p]
+V1_MIN_INTERVAL_S = os.environ.get("BENCH_CDS_V1_MIN_INTERVAL_S", "0")
+"""The CDS's ``CDS_V1_MIN_INTERVAL_S``: 0 here, so that v1 watchers get every update and the
+bench measures the fan-out; at the default (0.25 s) an update within 250 ms of the last waits."""
 
 
 def _free_port() -> int:
@@ -91,6 +106,15 @@ def _process(argv: list[str], port: int, env: dict[str, str] | None = None) -> A
                 proc.wait(10)
 
 
+def _endpoints(n: int) -> list[str]:
+    """``ENDPOINTS`` addresses, the one at ``n % ENDPOINTS`` changed by update ``n``."""
+    if ENDPOINTS <= 1:
+        return ["10.0.0.0/24"]
+    addresses = [f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in range(ENDPOINTS)]
+    addresses[n % ENDPOINTS] = f"10.255.{n >> 8 & 255}.{n & 255}"
+    return addresses
+
+
 def _config(n: int) -> Any:
     from stunner_common.config import parse_config
 
@@ -106,7 +130,7 @@ def _config(n: int) -> Any:
             "listeners": [
                 {"name": f"{CONFIG_ID}/udp", "protocol": "TURN-UDP", "routes": ["bench/echo"]}
             ],
-            "clusters": [{"name": "bench/echo", "endpoints": ["10.0.0.0/24"]}],
+            "clusters": [{"name": "bench/echo", "endpoints": _endpoints(n)}],
         }
     )
 
@@ -233,9 +257,12 @@ def watcher_source(index: int) -> str:
 class Watchers:
     """``WATCHERS`` WebSocket clients that timestamp every marked frame they receive."""
 
-    def __init__(self, port: int, path: str, count: int, updates: int) -> None:
+    def __init__(
+        self, port: int, path: str, count: int, updates: int, subprotocol: str | None = None
+    ) -> None:
         self.port = port
         self.path = path
+        self.subprotocol = subprotocol
         self.count = count
         self.received: list[list[float]] = [[] for _ in range(updates + 1)]
         self.done = [asyncio.Event() for _ in range(updates + 1)]
@@ -257,8 +284,16 @@ class Watchers:
         loop = asyncio.get_running_loop()
         ready: asyncio.Future[None] = loop.create_future()
         host = f"127.0.0.1:{self.port}"
+
+        def factory() -> _RawWatcher:
+            watcher = _RawWatcher(host, self.path, self._frame, ready)
+            if self.subprotocol:
+                offer = f"\r\nSec-WebSocket-Protocol: {self.subprotocol}\r\n\r\n".encode()
+                watcher.request = watcher.request.replace(b"\r\n\r\n", offer)
+            return watcher
+
         transport, _ = await loop.create_connection(
-            lambda: _RawWatcher(host, self.path, self._frame, ready),
+            factory,
             "127.0.0.1",
             self.port,
             local_addr=(watcher_source(index), 0),
@@ -277,8 +312,14 @@ class Watchers:
         await asyncio.sleep(0)
 
 
-async def _measure(port: int, path: str, redis_url: str) -> tuple[list[float], float]:
-    """Latencies (ms) of LATENCY_UPDATES paced updates, then frames/s of a burst."""
+Measured = tuple[list[float], list[float], float]
+"""Propagation latencies (ms), fan-outs first to last watcher (ms), burst frames/s."""
+
+
+async def _measure(
+    port: int, path: str, redis_url: str, subprotocol: str | None, configs: list[Any]
+) -> Measured:
+    """Latencies and fan-outs (ms) of LATENCY_UPDATES paced updates, then frames/s of a burst."""
     import redis.asyncio as aioredis
 
     from stunner_common.io.store import ConfigPublisher
@@ -286,8 +327,7 @@ async def _measure(port: int, path: str, redis_url: str) -> tuple[list[float], f
     redis = aioredis.Redis.from_url(redis_url)
     publisher = ConfigPublisher(redis)
     total = LATENCY_UPDATES + BURST_UPDATES
-    watchers = Watchers(port, path, WATCHERS, total)
-    configs = [_config(n) for n in range(total + 1)]
+    watchers = Watchers(port, path, WATCHERS, total, subprotocol)
     try:
         await watchers.open()
         try:
@@ -297,12 +337,14 @@ async def _measure(port: int, path: str, redis_url: str) -> tuple[list[float], f
             got = len(watchers.received[0])
             raise RuntimeError(f"only {got} of {WATCHERS} watchers got the snapshot") from None
         latencies: list[float] = []
+        fanouts: list[float] = []
         for n in range(1, LATENCY_UPDATES + 1):
             started = time.perf_counter()
             await publisher.upsert(CONFIG_ID, configs[n])
             async with asyncio.timeout(STEP_TIMEOUT_S):
                 await watchers.done[n].wait()
             latencies += [(t - started) * 1000 for t in watchers.received[n]]
+            fanouts.append((max(watchers.received[n]) - min(watchers.received[n])) * 1000)
             await asyncio.sleep(0.02)
         started = time.perf_counter()
         for n in range(LATENCY_UPDATES + 1, total + 1):
@@ -314,15 +356,18 @@ async def _measure(port: int, path: str, redis_url: str) -> tuple[list[float], f
         # next one (latest wins), so the rate counts the frames delivered, not the updates.
         burst = range(LATENCY_UPDATES + 1, total + 1)
         rate = sum(len(watchers.received[n]) for n in burst) / elapsed
-        return latencies, rate
+        return latencies, fanouts, rate
     finally:
         await watchers.close()
         await redis.aclose()
 
 
-def _run(redis_url: str, cds: bool) -> tuple[list[float], float]:
+def _run(redis_url: str, protocol: str | None, configs: list[Any]) -> Measured:
+    """One server's run: the CDS with watchers of ``protocol``, or the peer (None)."""
+    from stunner_common.cds.wire import CDS_V2_SUBPROTOCOL
+
     port = _free_port()
-    if cds:
+    if protocol is not None:
         script = Path(sys.executable).parent / "stunner-cds"
         argv = [str(script)] if script.exists() else [sys.executable, "-m", "stunner_cds"]
         argv += ["--host", "127.0.0.1", "--port", str(port), "--redis-url", redis_url]
@@ -333,8 +378,10 @@ def _run(redis_url: str, cds: bool) -> tuple[list[float], float]:
         argv += [redis_url, str(port)]
         path = "/"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
+    env["CDS_V1_MIN_INTERVAL_S"] = V1_MIN_INTERVAL_S
+    subprotocol = CDS_V2_SUBPROTOCOL if protocol == "v2" else None
     with _process(argv, port, env):
-        return asyncio.run(_measure(port, path, redis_url))
+        return asyncio.run(_measure(port, path, redis_url, subprotocol, configs))
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -342,18 +389,36 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _report(results: dict[str, tuple[list[float], float]]) -> None:
-    (cds_lat, cds_rate), (peer_lat, peer_rate) = results["cds"], results["peer"]
-    print(f"{'':<34}{'stunner-cds':>14}{'bare websockets':>18}{'ratio':>10}")
-    for label, q in (("propagation latency p50 (ms)", 0.5), ("propagation latency p99 (ms)", 0.99)):
-        ours, peer = _pct(cds_lat, q), _pct(peer_lat, q)
-        print(f"{label:<34}{ours:>14.1f}{peer:>18.1f}{ours / peer:>9.2f}x")
-    ours, peer = statistics.fmean(cds_lat), statistics.fmean(peer_lat)
-    print(f"{'mean latency (ms)':<34}{ours:>14.1f}{peer:>18.1f}{ours / peer:>9.2f}x")
-    rate_ratio = cds_rate / peer_rate
-    print(f"{'fan-out (frames/s)':<34}{cds_rate:>14.0f}{peer_rate:>18.0f}{rate_ratio:>9.2f}x")
-    verdict = "meets" if _pct(cds_lat, 0.99) <= 50 else "misses"
-    print(f"CDS p99 {verdict} the 50 ms goal")
+def _report(results: dict[str, Measured]) -> None:
+    peer_lat, peer_fan, peer_rate = results["peer"]
+    for protocol in PROTOCOLS:
+        cds_lat, cds_fan, cds_rate = results[protocol]
+        head = f"stunner-cds {protocol}"
+        print(f"{'':<34}{head:>16}{'bare websockets':>18}{'ratio':>10}")
+        rows = (
+            ("propagation latency p50 (ms)", cds_lat, peer_lat, 0.5),
+            ("propagation latency p99 (ms)", cds_lat, peer_lat, 0.99),
+            ("fan-out first to last p50 (ms)", cds_fan, peer_fan, 0.5),
+            ("fan-out first to last p99 (ms)", cds_fan, peer_fan, 0.99),
+        )
+        for label, ours_all, peer_all, q in rows:
+            ours, peer = _pct(ours_all, q), _pct(peer_all, q)
+            print(f"{label:<34}{ours:>16.1f}{peer:>18.1f}{ours / peer:>9.2f}x")
+        ours, peer = statistics.fmean(cds_lat), statistics.fmean(peer_lat)
+        print(f"{'mean latency (ms)':<34}{ours:>16.1f}{peer:>18.1f}{ours / peer:>9.2f}x")
+        rate_ratio = cds_rate / peer_rate
+        print(f"{'fan-out (frames/s)':<34}{cds_rate:>16.0f}{peer_rate:>18.0f}{rate_ratio:>9.2f}x")
+        p99 = _pct(cds_lat, 0.99)
+        fan99 = _pct(cds_fan, 0.99)
+        print(
+            f"RATIO cds {protocol} endpoints={ENDPOINTS} propagation_p99 cds/peer = "
+            f"{p99 / _pct(peer_lat, 0.99):.2f}; fanout_p99 cds/peer = "
+            f"{fan99 / _pct(peer_fan, 0.99):.2f}"
+        )
+        print(
+            f"CDS {protocol} propagation p99 {'meets' if p99 <= 50 else 'misses'} the 50 ms goal; "
+            f"fan-out p99 {'meets' if fan99 <= 25 else 'misses'} the 25 ms goal"
+        )
 
 
 def main() -> None:
@@ -361,7 +426,11 @@ def main() -> None:
     if binary is None:
         print("cds fan-out: skipped (no redis-server)")
         return
-    print(f"{WATCHERS} watchers, {LATENCY_UPDATES} paced updates, burst of {BURST_UPDATES}")
+    print(
+        f"{WATCHERS} watchers, {LATENCY_UPDATES} paced updates, burst of {BURST_UPDATES}; "
+        f"a config of {ENDPOINTS} endpoint(s); CDS protocols {','.join(PROTOCOLS)}"
+    )
+    configs = [_config(n) for n in range(LATENCY_UPDATES + BURST_UPDATES + 1)]
     with tempfile.TemporaryDirectory() as workdir:
         port = _free_port()
         argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir]
@@ -370,24 +439,25 @@ def main() -> None:
             redis_url = f"redis://127.0.0.1:{port}/0"
             import redis as sync_redis
 
-            # Alternate the two servers so that load from elsewhere hits both alike.
+            # Alternate the servers so that load from elsewhere hits them alike.
             for round_no in range(1, ROUNDS + 1):
                 results = {}
-                for name, is_cds in (("cds", True), ("peer", False)):
+                for name in (*PROTOCOLS, "peer"):
                     sync_redis.Redis.from_url(redis_url).flushall()
-                    asyncio.run(_seed(redis_url))
-                    results[name] = _run(redis_url, is_cds)
+                    asyncio.run(_seed(redis_url, configs[0]))
+                    protocol = None if name == "peer" else name
+                    results[name] = _run(redis_url, protocol, configs)
                 print(f"round {round_no}:")
                 _report(results)
 
 
-async def _seed(redis_url: str) -> None:
+async def _seed(redis_url: str, config: Any) -> None:
     import redis.asyncio as aioredis
 
     from stunner_common.io.store import ConfigPublisher
 
     redis = aioredis.Redis.from_url(redis_url)
-    await ConfigPublisher(redis).upsert(CONFIG_ID, _config(0))
+    await ConfigPublisher(redis).upsert(CONFIG_ID, config)
     await redis.aclose()
 
 
