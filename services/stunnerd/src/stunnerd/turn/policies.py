@@ -48,15 +48,16 @@ class StaticAuthenticator:
     username: str
     password: str
     enabled: bool = True
-    _key: bytes = field(init=False, repr=False)
+    _credential: Credential = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_key", long_term_key(self.username, self.realm, self.password))
+        key = long_term_key(self.username, self.realm, self.password)
+        object.__setattr__(self, "_credential", Credential(self.username, key, self.username))
 
     def lookup(self, username: str, unix_now: float) -> Credential | None:
         if username != self.username:
             return None
-        return Credential(username, self._key, username)
+        return self._credential
 
 
 @dataclass(frozen=True, slots=True)
