@@ -30,7 +30,7 @@ class AllocationState(enum.Enum):
     DELETED = "deleted"  # gone: refreshed to 0, expired, its client gone, or shut down
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, as the effects (`stunnerd.turn.effects`)
 class Pending:
     """An authenticated Allocate in state PENDING: what the answer needs once the relay is open."""
 
