@@ -229,6 +229,42 @@ def test_unknown_comprehension_required_attributes_are_listed_optional_ones_not(
     assert stun.parse(raw).unknown_required == (0x7FFF, 0x001A)
 
 
+def _spans(raw: bytes) -> list[tuple[int, int, int]]:
+    spans, pos = [], stun.HEADER_LENGTH
+    while pos < len(raw):
+        attr_type, attr_len = stun.ATTR_HEADER.unpack_from(raw, pos)
+        spans.append((attr_type, pos, pos + 4 + attr_len))
+        pos += 4 + attr_len + -attr_len % 4
+    return spans
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        RFC5769_REQUEST,
+        RFC5769_IPV6_RESPONSE,
+        RFC5769_LONG_TERM_REQUEST,
+        stun.encode(0x00D, stun.Class.REQUEST, TID, {"LIFETIME": 1}),
+        b"\x00\x03\x00\x08" + stun.MAGIC + TID + b"\x00\x18\x00\x02\x80\x00\x00\x00",
+        b"\x00\x01\x00\x08" + stun.MAGIC + TID + b"\x00\x12\x00\x04\x00\x07\x00\x01",
+    ],
+)
+def test_a_message_walked_already_parses_as_parse_does(raw: bytes) -> None:
+    msg_type, tid = int.from_bytes(raw[:2], "big"), raw[8:20]
+    for known_methods_only in (False, True):
+        try:
+            expected: Any = stun.parse(raw, known_methods_only=known_methods_only)
+        except stun.StunFormatError as exc:
+            expected = (str(exc), exc.method, exc.is_request, exc.transaction_id)
+        try:
+            walked: Any = stun.parse_walked(
+                raw, msg_type, tid, _spans(raw), known_methods_only=known_methods_only
+            )
+        except stun.StunFormatError as exc:
+            walked = (str(exc), exc.method, exc.is_request, exc.transaction_id)
+        assert walked == expected
+
+
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [

@@ -324,20 +324,26 @@ def parse(data: bytes, *, known_methods_only: bool = False) -> Parsed:
         raise ValueError("STUN length does not match the datagram")
     walk = _Walk(data, msg_type, tid)
     walk.run()
-    method = msg_type & 0x3EEF
-    if known_methods_only and method not in KNOWN_METHODS:
-        raise StunFormatError("unknown method", msg_type, tid)
-    if walk.error is not None:
-        raise StunFormatError(walk.error, msg_type, tid)
-    message = Message(
-        _METHOD_BY_NUMBER.get(method, method),
-        _CLASS_BY_BITS[msg_type & 0x0110],
-        tid,
-        walk.attributes,
-        walk.integrity_data,
-        data,
-    )
-    return Parsed(message, tuple(walk.unknown), tuple(walk.peers))
+    return walk.parsed(known_methods_only)
+
+
+def parse_walked(
+    data: bytes,
+    msg_type: int,
+    transaction_id: bytes,
+    spans: Iterable[tuple[int, int, int]],
+    *,
+    known_methods_only: bool = False,
+) -> Parsed:
+    """`parse` of a message whose header and attribute framing the caller has checked already:
+    `spans` lists its attributes as (type, offset, end of value), in order, none overrunning
+    the message and none after MESSAGE-INTEGRITY but FINGERPRINT. For such a message the
+    result, and the error raised, are `parse`'s; it spares the server a second walk."""
+    walk = _Walk(data, msg_type, transaction_id)
+    attribute = walk._attribute
+    for attr_type, pos, stop in spans:
+        attribute(attr_type, pos, stop)
+    return walk.parsed(known_methods_only)
 
 
 class _Walk:
@@ -375,6 +381,25 @@ class _Walk:
             if self.integrity_data is None or attr_type == ATTR_FINGERPRINT:
                 self._attribute(attr_type, pos, stop)
             pos = stop + (-attr_len % 4)
+
+    def parsed(self, known_methods_only: bool) -> Parsed:
+        """The message walked, or StunFormatError: an unknown method (with
+        `known_methods_only`) before the first attribute that did not unpack."""
+        msg_type, tid = self.msg_type, self.tid
+        method = msg_type & 0x3EEF
+        if known_methods_only and method not in KNOWN_METHODS:
+            raise StunFormatError("unknown method", msg_type, tid)
+        if self.error is not None:
+            raise StunFormatError(self.error, msg_type, tid)
+        message = Message(
+            _METHOD_BY_NUMBER.get(method, method),
+            _CLASS_BY_BITS[msg_type & 0x0110],
+            tid,
+            self.attributes,
+            self.integrity_data,
+            self.data,
+        )
+        return Parsed(message, tuple(self.unknown), tuple(self.peers))
 
     def _attribute(self, attr_type: int, pos: int, stop: int) -> None:
         data = self.data

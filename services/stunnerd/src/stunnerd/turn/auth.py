@@ -5,9 +5,10 @@ the auth type must not be `none`, the request must carry MESSAGE-INTEGRITY, USER
 nonce this listener minted and that has not gone stale, and the `Authenticator` policy must know
 the user and the integrity must verify under its key. It works on the raw bytes with
 `stunnerd.turn.precheck` (nothing is decoded for a request that fails), and answers with the
-credential or raises a `TurnError`; the engine turns it into the error answer. A challenge (401,
-438) carries REALM and a fresh NONCE, is not cached (a retransmission gets a new nonce), and is
-sent only while the source IP has challenge budget left (`stunnerd.turn.guard`).
+credential and the request's scan (which its decode reuses) or raises a `TurnError`; the engine
+turns it into the error answer. A challenge (401, 438) carries REALM and a fresh NONCE, is not
+cached (a retransmission gets a new nonce), and is sent only while the source IP has challenge
+budget left (`stunnerd.turn.guard`).
 
 Failed checks are budgeted per source and per username (`FailedAuthBudget`): over budget, the
 credentials are not checked at all and the answer is 401 with the reason phrase
@@ -72,7 +73,7 @@ class Gatekeeper:
         unix_now: float,
         auth: Authenticator,
         client: Address = ("", 0),
-    ) -> Credential:
+    ) -> tuple[Credential, precheck.Scan]:
         """`now` is the engine's clock (nonces); `unix_now` the wall clock (TURN REST expiry).
 
         Raises `TurnError` for a request that may not proceed: 401 or 438 (a challenge; `detail`
@@ -118,7 +119,7 @@ class Gatekeeper:
             self.failures.failed(client[0], username, now)
             why = "wrong password (MESSAGE-INTEGRITY does not verify)"
             raise UnauthorizedError(user=username, detail=why)
-        return credential
+        return credential, found
 
     def challenge(
         self, refused: TurnError, client: Address, now: float, auth: Authenticator

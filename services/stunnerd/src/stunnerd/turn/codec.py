@@ -72,6 +72,21 @@ def decode(data: bytes) -> Decoded:
         raise StunDecodeError(str(exc)) from exc
 
 
+def decode_scanned(
+    data: bytes, msg_type: int, transaction_id: bytes, spans: list[tuple[int, int, int]]
+) -> Decoded:
+    """`decode` of a request whose header and attributes `precheck` has walked (`spans`, the
+    attributes it found): the same result and errors, without walking the message again."""
+    try:
+        return stun.parse_walked(data, msg_type, transaction_id, spans, known_methods_only=True)
+    except stun.StunFormatError as exc:
+        if exc.is_request:
+            raise StunBadRequestError(exc.method, exc.transaction_id, str(exc)) from exc
+        raise StunDecodeError(str(exc)) from exc
+    except ValueError as exc:
+        raise StunDecodeError(str(exc)) from exc
+
+
 _SEND_INDICATION_TYPE = 0x0016
 _DATA_INDICATION_TYPE = 0x0017
 _ATTR_HEADER = stun.ATTR_HEADER

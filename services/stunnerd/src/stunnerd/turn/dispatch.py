@@ -110,14 +110,17 @@ class Dispatcher:
         now: float,
         out: list[Effect],
     ) -> None:
-        """Authenticate on the raw bytes (RFC 8489 §9.2.4), then decode and dispatch."""
+        """Authenticate on the raw bytes (RFC 8489 §9.2.4), then decode (from the gate's scan,
+        without a second walk) and dispatch."""
         auth = policies.authenticator
         try:
-            credential = self.gate.check(data, head, now, now + self.clock_offset_s, auth, client)
+            credential, found = self.gate.check(
+                data, head, now, now + self.clock_offset_s, auth, client
+            )
         except TurnError as error:
             self._gate_refused(error, head, client, policies, now, out)
             return
-        decoded = codec.decode(data)
+        decoded = codec.decode_scanned(data, head.msg_type, head.transaction_id, found.spans)
         if decoded.unknown_required:
             # RFC 8489 §6.3.1: unknown comprehension-required attributes, after authentication
             raise UnknownAttributeError(decoded.unknown_required)

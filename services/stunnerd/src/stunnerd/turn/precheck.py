@@ -11,7 +11,8 @@ message fully (aioice) only after its sender proved the credentials:
   without looking at its attributes at all.
 * `scan`: one pass over the attribute headers, stopping past `max_attributes`, keeping only what
   authentication needs (USERNAME, REALM, NONCE and the MESSAGE-INTEGRITY offset) and the unknown
-  comprehension-required types; values are sliced, never decoded.
+  comprehension-required types; values are sliced, never decoded. It keeps where each attribute
+  lies, so that the decode of a request that passes (`codec.decode_scanned`) does not walk again.
 * `integrity_ok`: HMAC-SHA1 over the raw bytes (RFC 8489 §14.5), no message object.
 """
 
@@ -70,6 +71,8 @@ class Scan:
     nonce: bytes | None
     integrity_at: int  # offset of the MESSAGE-INTEGRITY attribute, -1 when absent
     unknown_required: tuple[int, ...]
+    spans: list[tuple[int, int, int]]
+    """Every attribute walked, in order, as (type, offset, end of value)."""
 
 
 def header(data: bytes, max_bytes: int) -> Header:
@@ -102,6 +105,7 @@ def scan(data: bytes, head: Header, max_attributes: int = MAX_ATTRIBUTES) -> Sca
     username = realm = nonce = None  # the first of each counts
     integrity_at = -1
     unknown: list[int] = []
+    spans: list[tuple[int, int, int]] = []
     pos, end, count = HEADER_LENGTH, len(data), 0
     while pos + 4 <= end:
         count += 1
@@ -126,10 +130,11 @@ def scan(data: bytes, head: Header, max_attributes: int = MAX_ATTRIBUTES) -> Sca
             integrity_at = pos
         elif attr_type < 0x8000 and attr_type not in KNOWN_ATTRIBUTE_TYPES:
             unknown.append(attr_type)
+        spans.append((attr_type, pos, stop))
         pos = stop + (-attr_len % 4)
     if pos != end:
         _bad(head, "trailing bytes after the last attribute")
-    return Scan(username, realm, nonce, integrity_at, tuple(unknown))
+    return Scan(username, realm, nonce, integrity_at, tuple(unknown), spans)
 
 
 def integrity_ok(data: bytes, integrity_at: int, key: bytes) -> bool:
