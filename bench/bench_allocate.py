@@ -21,13 +21,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench import callgrind as cg
 from bench.alloc_storm import allocate_request, long_term_key
 from stunnerd import fastpath
 from stunnerd.net.guard import ClientLimits
@@ -49,12 +47,6 @@ REALM, USER, PASSWORD = "stunner.l7mp.io", "user1", "pass1"
 
 Client = tuple[str, int]
 Pair = tuple[bytes, bytes, Client]
-
-
-def _room_for_fds(count: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = min(hard, max(soft, 2 * count + 256))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 async def _listener() -> UdpListener:
@@ -119,7 +111,7 @@ async def one_round(count: int, batch: int) -> float:
 
 
 def timings(count: int = ALLOCATIONS, batch: int = BATCH, rounds: int = ROUNDS) -> None:
-    _room_for_fds(count)
+    cg.room_for_fds(count)
     best = min(asyncio.run(one_round(count, batch)) for _ in range(rounds))
     print(
         f"allocate, {count} allocations (401, then authenticated) in batches of {batch}: "
@@ -139,39 +131,14 @@ async def count_run(prepare: int, count: int, batch: int) -> None:
         await _close(listener)
 
 
-def _instructions(path: Path) -> int:
-    for line in path.read_text().splitlines():
-        if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1])
-    raise ValueError(f"no totals in {path}")
-
-
 def callgrind(prepare: int, batch: int) -> None:
     """Instructions per allocation, from two runs under callgrind."""
     totals = []
     with tempfile.TemporaryDirectory() as tmp:
         for count in (0, prepare):
             out = Path(tmp, f"cg.{count}")
-            subprocess.run(
-                [
-                    "valgrind",
-                    "--tool=callgrind",
-                    f"--callgrind-out-file={out}",
-                    sys.executable,
-                    "-m",
-                    "bench.bench_allocate",
-                    "--prepare",
-                    str(prepare),
-                    "--count",
-                    str(count),
-                    "--batch",
-                    str(batch),
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            totals.append(_instructions(out))
+            cg.run("bench.bench_allocate", str(out), prepare, count, batch)
+            totals.append(cg.instructions(out))
     base, full = totals
     print(f"allocate: {(full - base) / prepare:.0f} instructions per allocation")
 
@@ -192,7 +159,7 @@ if __name__ == "__main__":
     if args.callgrind:
         callgrind(args.prepare, args.batch)
     elif args.count is not None:
-        _room_for_fds(args.prepare)
+        cg.room_for_fds(args.prepare)
         asyncio.run(count_run(args.prepare, args.count, args.batch))
     else:
         timings(args.allocations, args.batch, args.rounds)

@@ -193,11 +193,19 @@ class _RawWatcher(asyncio.Protocol):
     clients; this one costs a few microseconds per frame.
     """
 
-    def __init__(self, host: str, path: str, on_frame: Any, ready: asyncio.Future[None]) -> None:
+    def __init__(
+        self,
+        host: str,
+        path: str,
+        on_frame: Any,
+        ready: asyncio.Future[None],
+        headers: str = "",
+    ) -> None:
+        """``headers``: more request header lines, each ending in CRLF."""
         self.request = (
             f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
             "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-            "Sec-WebSocket-Version: 13\r\n\r\n"
+            f"Sec-WebSocket-Version: 13\r\n{headers}\r\n"
         ).encode()
         self.on_frame = on_frame
         self.ready = ready
@@ -285,15 +293,9 @@ class Watchers:
         ready: asyncio.Future[None] = loop.create_future()
         host = f"127.0.0.1:{self.port}"
 
-        def factory() -> _RawWatcher:
-            watcher = _RawWatcher(host, self.path, self._frame, ready)
-            if self.subprotocol:
-                offer = f"\r\nSec-WebSocket-Protocol: {self.subprotocol}\r\n\r\n".encode()
-                watcher.request = watcher.request.replace(b"\r\n\r\n", offer)
-            return watcher
-
+        offer = f"Sec-WebSocket-Protocol: {self.subprotocol}\r\n" if self.subprotocol else ""
         transport, _ = await loop.create_connection(
-            factory,
+            lambda: _RawWatcher(host, self.path, self._frame, ready, offer),
             "127.0.0.1",
             self.port,
             local_addr=(watcher_source(index), 0),

@@ -372,10 +372,7 @@ async def _open_watchers(
         ready: asyncio.Future[None] = loop.create_future()
 
         def factory(i: int = i, ready: asyncio.Future[None] = ready) -> _RawWatcher:
-            proto = _RawWatcher(host, path, watchers.on_frame(i), ready)
-            if extra:
-                proto.request = proto.request.replace(b"\r\n\r\n", f"\r\n{extra}\r\n".encode())
-            return proto
+            return _RawWatcher(host, path, watchers.on_frame(i), ready, extra)
 
         transport, _ = await loop.create_connection(
             factory, "127.0.0.1", port, local_addr=(watcher_source(i), 0)

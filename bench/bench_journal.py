@@ -19,15 +19,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import select
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench import callgrind as cg
 from stunnerd.handoff.transport.journal import Journal, JournalWriter
 from stunnerd.handoff.transport.records import RecordJournal
 from stunnerd.turn.allocation import Allocation
@@ -53,12 +52,6 @@ def allocations(count: int, now: float) -> list[Allocation]:
         )
         for i in range(count)
     ]
-
-
-def _room_for_fds(count: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = min(hard, max(soft, 2 * count + 256))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 def one_round(allocs: list[Allocation], now: float, batch: int) -> tuple[float, float]:
@@ -89,7 +82,7 @@ def one_round(allocs: list[Allocation], now: float, batch: int) -> tuple[float, 
 
 
 def timings(count: int = ALLOCATIONS, batch: int = BATCH, rounds: int = ROUNDS) -> None:
-    _room_for_fds(count)
+    cg.room_for_fds(count)
     now = time.monotonic()
     allocs = allocations(count, now)
     results = [one_round(allocs, now, batch) for _ in range(rounds)]
@@ -104,7 +97,7 @@ def timings(count: int = ALLOCATIONS, batch: int = BATCH, rounds: int = ROUNDS) 
 
 def count_run(prepare: int, count: int, batch: int) -> None:
     """Fork: the child journals `count` of `prepare` allocations, the parent reads them."""
-    _room_for_fds(prepare)
+    cg.room_for_fds(prepare)
     now = time.monotonic()
     allocs = allocations(prepare, now)
     ours, theirs = FdChannel.pair()
@@ -138,39 +131,14 @@ def count_run(prepare: int, count: int, batch: int) -> None:
     print(f"supervisor {os.getpid()}", file=sys.stderr, flush=True)
 
 
-def _instructions(path: Path) -> int:
-    for line in path.read_text().splitlines():
-        if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1])
-    raise ValueError(f"no totals in {path}")
-
-
 def callgrind(prepare: int, batch: int) -> None:
     """Instructions per allocation of each side, from two runs under callgrind."""
     side: dict[str, list[int]] = {"worker": [], "supervisor": []}
     with tempfile.TemporaryDirectory() as tmp:
         for count in (0, prepare):
-            run = subprocess.run(
-                [
-                    "valgrind",
-                    "--tool=callgrind",
-                    f"--callgrind-out-file={tmp}/cg.{count}.%p",
-                    sys.executable,
-                    "-m",
-                    "bench.bench_journal",
-                    "--prepare",
-                    str(prepare),
-                    "--count",
-                    str(count),
-                    "--batch",
-                    str(batch),
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            for name, pid in re.findall(r"^(worker|supervisor) (\d+)$", run.stderr, re.M):
-                side[name].append(_instructions(Path(tmp, f"cg.{count}.{pid}")))
+            stderr = cg.run("bench.bench_journal", f"{tmp}/cg.{count}.%p", prepare, count, batch)
+            for name, pid in re.findall(r"^(worker|supervisor) (\d+)$", stderr, re.M):
+                side[name].append(cg.instructions(Path(tmp, f"cg.{count}.{pid}")))
     for name, (base, full) in side.items():
         print(f"journal, {name}: {(full - base) / prepare:.0f} instructions per allocation")
 

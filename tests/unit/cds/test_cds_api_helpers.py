@@ -68,11 +68,26 @@ def test_settings_read_cds_prefixed_env_and_plain_redis_url(
 
 @pytest.mark.parametrize(
     "bad",
-    [{"port": 70000}, {"queue_size": 0}, {"ping_interval_s": 0}, {"tls_cert_file": "c.pem"}],
+    [
+        {"port": 70000},
+        {"queue_size": 0},
+        {"ping_interval_s": 0},
+        {"tls_cert_file": "c.pem"},
+        {"v1_min_interval_s": -0.1},
+        {"v1_min_interval_s": "soon"},
+    ],
 )
 def test_bad_settings_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         CdsSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_v1_frames_are_held_a_quarter_second_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert CdsSettings().v1_min_interval_s == 0.25  # upstream's render throttle
+    monkeypatch.setenv("CDS_V1_MIN_INTERVAL_S", "0")
+    assert CdsSettings().v1_min_interval_s == 0
 
 
 def test_cli_flags_match_the_documented_command() -> None:

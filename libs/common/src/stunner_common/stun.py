@@ -496,32 +496,25 @@ def _attribute_packer(attr_type: int, pack_value: Callable[[Any], bytes]) -> Pac
     return pack
 
 
-def _kept_string_packer(attr_type: int) -> Packer:
-    """A UTF-8 string attribute (SOFTWARE, REALM), packed once per value."""
-    plain = _attribute_packer(attr_type, _aioice.pack_string)
+def _is_string(value: Any) -> bool:
+    return type(value) is str
+
+
+def _is_code_and_reason(value: Any) -> bool:
+    return (
+        type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is str
+    )
+
+
+def _kept_packer(
+    attr_type: int, pack_value: Callable[[Any], bytes], keepable: Callable[[Any], bool]
+) -> Packer:
+    """An attribute whose few values repeat (SOFTWARE, REALM: `_is_string`; ERROR-CODE,
+    RFC 8489 §14.8: `_is_code_and_reason`), packed once per value that is `keepable`."""
+    plain = _attribute_packer(attr_type, pack_value)
 
     def pack(value: Any, transaction_id: bytes) -> bytes:
-        if type(value) is not str:
-            return plain(value, transaction_id)
-        key = (attr_type, value)
-        packed = _packed_attributes.get(key)
-        if packed is None:
-            packed = plain(value, transaction_id)
-            remember(_packed_attributes, key, packed)
-        return packed
-
-    return pack
-
-
-def _kept_error_code_packer(attr_type: int) -> Packer:
-    """ERROR-CODE (RFC 8489 §14.8): a few (code, reason) pairs, packed once each."""
-    plain = _attribute_packer(attr_type, _aioice.pack_error_code)
-
-    def pack(value: Any, transaction_id: bytes) -> bytes:
-        if type(value) is not tuple or len(value) != 2:
-            return plain(value, transaction_id)
-        code, reason = value
-        if type(code) is not int or type(reason) is not str:
+        if not keepable(value):
             return plain(value, transaction_id)
         key = (attr_type, value)
         packed = _packed_attributes.get(key)
@@ -562,9 +555,9 @@ def _packer(attr_type: int, name: str, pack_value: Callable[..., bytes]) -> Pack
     if pack_value is _aioice.pack_xor_address:
         return _xor_address_packer(attr_type)
     if name in ("SOFTWARE", "REALM"):
-        return _kept_string_packer(attr_type)
+        return _kept_packer(attr_type, _aioice.pack_string, _is_string)
     if name == "ERROR-CODE":
-        return _kept_error_code_packer(attr_type)
+        return _kept_packer(attr_type, _aioice.pack_error_code, _is_code_and_reason)
     if name == "LIFETIME":
         return _lifetime_packer(attr_type)
     return _attribute_packer(attr_type, pack_value)

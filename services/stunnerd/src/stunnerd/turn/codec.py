@@ -11,6 +11,7 @@ Both are re-exported here so that the engine reaches the wire through this one m
 from __future__ import annotations
 
 import binascii
+from collections.abc import Callable
 from typing import Any
 
 from stunner_common import stun
@@ -62,14 +63,7 @@ class StunBadRequestError(ValueError):
 
 def decode(data: bytes) -> Decoded:
     """Parse one STUN message. Raises StunDecodeError (drop) or StunBadRequestError (answer 400)."""
-    try:
-        return stun.parse(data, known_methods_only=True)
-    except stun.StunFormatError as exc:
-        if exc.is_request:
-            raise StunBadRequestError(exc.method, exc.transaction_id, str(exc)) from exc
-        raise StunDecodeError(str(exc)) from exc
-    except ValueError as exc:
-        raise StunDecodeError(str(exc)) from exc
+    return _sorted(stun.parse, data)
 
 
 def decode_scanned(
@@ -77,8 +71,13 @@ def decode_scanned(
 ) -> Decoded:
     """`decode` of a request whose header and attributes `precheck` has walked (`spans`, the
     attributes it found): the same result and errors, without walking the message again."""
+    return _sorted(stun.parse_walked, data, msg_type, transaction_id, spans)
+
+
+def _sorted(parse: Callable[..., Decoded], *args: Any) -> Decoded:
+    """`parse(*args)` for known methods only, its failures sorted into drop and answer 400."""
     try:
-        return stun.parse_walked(data, msg_type, transaction_id, spans, known_methods_only=True)
+        return parse(*args, known_methods_only=True)
     except stun.StunFormatError as exc:
         if exc.is_request:
             raise StunBadRequestError(exc.method, exc.transaction_id, str(exc)) from exc
