@@ -28,6 +28,8 @@ def publisher(store: aioredis.Redis) -> ConfigPublisher:
 
 @pytest.fixture
 async def cds(no_leaked_tasks: None, redis: RedisServer) -> AsyncIterator[RunningCds]:
-    """A CDS on the test's Redis; the test fails if tasks outlive it."""
-    async with running_cds(redis.url) as running:
+    """A CDS on the test's Redis; the test fails if tasks outlive it. It sends v1 watchers every
+    change (``CDS_V1_MIN_INTERVAL_S`` 0): these tests check frames one by one and their order
+    across configs, which the interval changes by design; its own tests set it."""
+    async with running_cds(redis.url, v1_min_interval_s=0) as running:
         yield running
