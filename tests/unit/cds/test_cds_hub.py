@@ -311,6 +311,22 @@ async def test_v1_watchers_get_a_burst_as_its_first_change_then_its_newest_state
     assert len(v2.texts) == 10
 
 
+async def test_fan_out_is_timed_per_hand_out_and_a_held_change_is_timed_when_released() -> None:
+    hub, _ = throttled_hub({"a/x": cfg("a/x")})
+    timed: list[float] = []
+    hub.on_fanout = timed.append
+    v1 = subscribed(hub, Topic("a", "x"), Mode.V1)
+    v1.texts.clear()
+    for i in range(1, 4):
+        change(hub, "a/x", json.dumps(cfg("a/x", f"r{i}")))
+    assert realms(v1.texts) == ["r1"]
+    assert len(timed) == 1  # r2 and r3 reached nobody yet: no fan-out to time
+    await asyncio.sleep(INTERVAL_S * 2)
+    assert realms(v1.texts) == ["r1", "r3"]
+    assert len(timed) == 2  # the release of r3 is a fan-out of its own
+    assert all(t >= 0 for t in timed)
+
+
 async def test_a_change_after_a_quiet_interval_goes_at_once_and_configs_are_held_apart() -> None:
     hub, _ = throttled_hub({"a/x": cfg("a/x"), "a/y": cfg("a/y")})
     v1 = subscribed(hub, Topic("a"), Mode.V1)

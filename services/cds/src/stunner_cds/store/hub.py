@@ -449,17 +449,19 @@ class Hub:
 
     def publish(self, changes: Iterable[Change]) -> int:
         """Hand each change to every matching watcher (written, or queued); return how many
-        frames were. ``on_fanout`` is told each change's time, when it had a watcher. A change
-        held back from v1 watchers (``v1_min_interval_s``) goes to the v2 ones alone."""
+        frames were. ``on_fanout`` is told the time of each hand-out that reached a watcher. A
+        change held back from v1 watchers (``v1_min_interval_s``) goes to the v2 ones alone, and
+        to the v1 ones when it is released (a hand-out timed of its own)."""
         queued = 0
         clock = time.perf_counter
         for change in changes:
             started = clock()
             targets = self._targets(change.id)
             skip = Mode.V1 if targets and self._hold_for_v1(change) else None
-            queued += self._hand_out(change, targets, skip=skip)
-            if self.on_fanout is not None and targets:
+            handed = self._hand_out(change, targets, skip=skip)
+            if self.on_fanout is not None and handed:
                 self.on_fanout(clock() - started)
+            queued += handed
         return queued
 
     def _targets(self, config_id: str) -> list[Watcher]:
@@ -519,7 +521,9 @@ class Hub:
         if pending is None:
             return
         self._v1_sent[config_id] = asyncio.get_running_loop().time()
-        self._hand_out(pending[0], self._targets(config_id), only=Mode.V1)
+        started = time.perf_counter()
+        if self._hand_out(pending[0], self._targets(config_id), only=Mode.V1) and self.on_fanout:
+            self.on_fanout(time.perf_counter() - started)
 
     def _forget_v1_times(self, now: float) -> None:
         """Keep ``_v1_sent`` as small as the configs: a time older than the interval holds
