@@ -45,6 +45,7 @@ from typing import Any
 
 from bench import control_report as cr
 from bench.bench_turn import cpu_seconds
+from stunner_common.runtime import run as run_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 for _p in (ROOT / "tests",):
@@ -414,7 +415,7 @@ async def _churn(
                 slot = (seq // CHURN_SERVICES) % CHURN_ENDPOINTS
                 addresses[service][slot] = cr.marker_address(seq)
                 writes[seq] = time.perf_counter()
-                side.admin.apply(_slice(service, addresses[service]))
+                side.admin.replace(_slice(service, addresses[service]))
             return time.perf_counter() - start
 
         cpu_before = cpu_seconds(side.operator_pid)
@@ -523,7 +524,7 @@ def churn(name: str, workdir: Path) -> None:
             return
         first = 0
         for protocol in protocols:
-            lines, first = asyncio.run(_churn(side, addresses, protocol, first))
+            lines, first = run_loop(_churn(side, addresses, protocol, first))
             for line in lines:
                 print(line)
     finally:
