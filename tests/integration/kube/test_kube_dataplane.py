@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -26,6 +26,8 @@ from support.turncat_harness import turncat, udp_client
 
 GATEWAY = "udp-gateway"
 LISTENER = "udp-listener"
+RELAY_WAIT_S = 30.0
+"""How long a change of route may take to start or stop the relaying through a pod."""
 LB_ANNOTATION = ("service.beta.kubernetes.io/aws-load-balancer-type", "nlb")
 
 
@@ -66,6 +68,17 @@ async def _relays(local_port: int) -> bool:
     return True
 
 
+async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> bool:
+    """Whether ``check`` came true within ``timeout_s`` (tried again and again until then)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        if await check():
+            return True
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.1)
+
+
 async def _relays_until_the_route_goes(
     stack: KubeStack, running: RunningPod, echo: tuple[str, int], what: str
 ) -> None:
@@ -80,17 +93,17 @@ async def _relays_until_the_route_goes(
         f"udp://{echo[0]}:{echo[1]}",
         env={"CDS_TOKEN": stack.cds_token},
     ):
-        for _ in range(30):
-            if await _relays(local):
-                break
-        else:
+        if not await _until(lambda: _relays(local), RELAY_WAIT_S):
             pytest.fail(f"no echo through {what}:\n{running.proc.output()[-2000:]}")
         stack.admin.delete("stunner.l7mp.io/v1", "UDPRoute", "echo-route", NAMESPACE)
-        for _ in range(30):
-            if not await _relays(local):
-                break
-        else:
-            pytest.fail(f"{what} kept relaying after its UDPRoute was deleted")
+
+        async def stopped() -> bool:
+            return not await _relays(local)
+
+        # Bounded by time, not by tries: a try that relays returns in milliseconds, so thirty
+        # of them gave the change less than a second to reach the pod on a busy machine.
+        if not await _until(stopped, RELAY_WAIT_S):
+            pytest.fail(f"{what} kept relaying {RELAY_WAIT_S:g} s after its UDPRoute was deleted")
 
 
 async def test_a_gateway_gets_its_deployment_service_pod_and_relays_until_its_route_goes(
