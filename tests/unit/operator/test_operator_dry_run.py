@@ -203,3 +203,15 @@ spec:
     (config_map,) = [d for d in result.documents if d["kind"] == "ConfigMap"]
     rendered = json.loads(config_map["data"]["stunnerd.conf"])
     assert [ls["name"] for ls in rendered["listeners"]] == ["stunner/gw/udp"]
+
+
+def test_the_operator_process_collects_its_youngest_generation_less_often() -> None:
+    # The threshold is set when the entry point is imported, in the operator's process only.
+    code = (
+        "import gc, stunner_operator.__main__ as m; "
+        "print(gc.get_threshold()[0] == m.GC_YOUNG_THRESHOLD > 700, gc.isenabled())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["True", "True"]
