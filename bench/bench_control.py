@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from array import array
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -311,6 +312,10 @@ def churn_objects() -> tuple[list[dict[str, Any]], list[list[str]]]:
     return docs, addresses
 
 
+RECENT_FRAMES = 8
+"""Distinct frames whose markers the watchers keep: a few versions of a config are in flight."""
+
+
 class _Watchers:
     """The CDS watchers: the newest update number each has seen, and when it saw each one."""
 
@@ -319,29 +324,39 @@ class _Watchers:
         self.writes = writes
         self.newest = [-1] * count
         self.frames = [0] * count
-        self.lags: list[float] = []
+        # An array, not a list: twelve million float objects in a list made each full
+        # collection of the bench's own garbage collector walk them, a stall of the watchers'
+        # loop that grew with every run on the same stack.
+        self.lags = array("d")
         self.seen_first: dict[int, float] = {}
         self.seen_last: dict[int, float] = {}
         self.seen_by: dict[int, int] = {}
         self.changed = asyncio.Event()
-        self._markers: dict[bytes, int] = {}
-        """The newest marker of each recent frame: every watcher receives the same bytes, and
-        scanning a frame of 10k endpoints costs far more than looking it up."""
+        self._recent: list[tuple[bytes, int]] = []
+        """The newest marker of each of the last few distinct frames: every watcher receives
+        the same bytes, and scanning a frame of 10k endpoints costs far more than comparing it
+        (a comparison, too, costs a fifth of hashing it)."""
 
     async def until(self, done: Callable[[], bool]) -> None:
         while not done():
             self.changed.clear()
             await self.changed.wait()
 
+    def _marker(self, payload: bytes) -> int:
+        for seen, marker in reversed(self._recent):
+            if seen == payload:
+                return marker
+        marker = cr.newest_marker(payload)
+        self._recent.append((payload, marker))
+        if len(self._recent) > RECENT_FRAMES:
+            del self._recent[0]
+        return marker
+
     def on_frame(self, index: int) -> Callable[[bytes], None]:
         def frame(payload: bytes) -> None:
             at = time.perf_counter()
             self.frames[index] += 1
-            newest = self._markers.get(payload)
-            if newest is None:
-                if len(self._markers) >= 64:
-                    self._markers.clear()
-                newest = self._markers[payload] = cr.newest_marker(payload)
+            newest = self._marker(payload)
             for seq in range(self.newest[index] + 1, newest + 1):
                 written = self.writes.get(seq)
                 if written is not None:
