@@ -15,7 +15,8 @@ while, and then how long one more combo takes in the settled cluster of N.
 and N; `BENCH_CONTROL_SIDES` (ours,upstream); `BENCH_CONTROL_TIMEOUT_S` bounds each convergence.
 
 Churn (each side of `BENCH_CONTROL_SIDES`): one Gateway with `BENCH_CHURN_SERVICES` UDPRoutes to
-Services of `BENCH_CHURN_ENDPOINTS` endpoints each (EndpointSlices written by the bench),
+Services of `BENCH_CHURN_ENDPOINTS` endpoints each (EndpointSlices the bench writes by update, as
+Kubernetes' EndpointSlice controller does),
 `BENCH_CHURN_WATCHERS` WebSocket watchers of the CDS, then `BENCH_CHURN_RATE` EndpointSlice writes
 per second for `BENCH_CHURN_SECONDS`; each write puts a numbered address in. Printed: the lag from
 a write to a watcher seeing it (p50/p99/max over every write and watcher), the CDS fan-out (first
