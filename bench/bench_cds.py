@@ -244,8 +244,8 @@ class _RawWatcher(asyncio.Protocol):
             end = offset + length
             if len(buf) < end:
                 return
-            # Through a view: slicing the bytearray itself copies twice and costs 30x as much
-            # for a whole config (130 kB at the churn's full size).
+            # Through a view: slicing the bytearray itself copies a whole config (130 kB at
+            # the churn's full size) twice, once into a bytearray and once into the bytes.
             with memoryview(buf) as view:
                 payload = bytes(view[offset:end])
             if len(buf) == end:
