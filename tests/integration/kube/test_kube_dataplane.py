@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from support.cds import eventually
 from support.echo import udp_echo
 from support.kube_stack import NAMESPACE, KubeStack, echo_gateway, echo_route
 from support.kubelet import PodRunner, RunningPod, pod_runner
@@ -68,17 +69,6 @@ async def _relays(local_port: int) -> bool:
     return True
 
 
-async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> bool:
-    """Whether ``check`` came true within ``timeout_s`` (tried again and again until then)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        if await check():
-            return True
-        if asyncio.get_running_loop().time() >= deadline:
-            return False
-        await asyncio.sleep(0.1)
-
-
 async def _relays_until_the_route_goes(
     stack: KubeStack, running: RunningPod, echo: tuple[str, int], what: str
 ) -> None:
@@ -93,7 +83,11 @@ async def _relays_until_the_route_goes(
         f"udp://{echo[0]}:{echo[1]}",
         env={"CDS_TOKEN": stack.cds_token},
     ):
-        if not await _until(lambda: _relays(local), RELAY_WAIT_S):
+        try:
+            await eventually(
+                lambda: _relays(local), timeout_s=RELAY_WAIT_S, what=f"an echo through {what}"
+            )
+        except (AssertionError, TimeoutError):
             pytest.fail(f"no echo through {what}:\n{running.proc.output()[-2000:]}")
         stack.admin.delete("stunner.l7mp.io/v1", "UDPRoute", "echo-route", NAMESPACE)
 
@@ -102,8 +96,9 @@ async def _relays_until_the_route_goes(
 
         # Bounded by time, not by tries: a try that relays returns in milliseconds, so thirty
         # of them gave the change less than a second to reach the pod on a busy machine.
-        if not await _until(stopped, RELAY_WAIT_S):
-            pytest.fail(f"{what} kept relaying {RELAY_WAIT_S:g} s after its UDPRoute was deleted")
+        await eventually(
+            stopped, timeout_s=RELAY_WAIT_S, what=f"{what} to stop relaying once its UDPRoute went"
+        )
 
 
 async def test_a_gateway_gets_its_deployment_service_pod_and_relays_until_its_route_goes(
