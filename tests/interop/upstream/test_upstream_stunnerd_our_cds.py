@@ -10,6 +10,7 @@ config while our CDS is away and catches up when it returns.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,10 @@ async def relays(upstream: Path, uri: str, peer: str, *flags: str) -> bool:
         return False
     finally:
         client.close()
-        await tc.stop()
+        # How upstream's turncat shuts down is not under test: one that has not exited 15 s
+        # after SIGINT (it deallocates first) is killed, and the relaying still counts.
+        with contextlib.suppress(TimeoutError):
+            await tc.stop()
 
 
 @pytest.mark.parametrize(("auth", "uclient_auth"), [
