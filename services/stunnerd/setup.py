@@ -13,6 +13,7 @@ setup(
             ["src/stunnerd/fastpath/_fastpath.c"],
             depends=[
                 "src/stunnerd/fastpath/binding.h",
+                "src/stunnerd/fastpath/challenge.h",
                 "src/stunnerd/fastpath/relay.h",
                 "src/stunnerd/fastpath/routes.h",
             ],

@@ -131,3 +131,45 @@ async def test_junk_is_dropped_in_c_while_stun_and_channels_keep_working(
         assert after["dropped"] - before["dropped"] == len(junk)
         assert after["missed"] == before["missed"]  # the Binding request was answered in C
         assert after["answered"] - before["answered"] == 1
+
+
+async def test_the_first_allocate_is_challenged_in_c_with_the_realm_in_force(
+    no_leaked_tasks: None,
+) -> None:
+    """Each allocation's first Allocate (no credentials yet) is answered by C, and the client
+    allocates with its nonce; a config that changes the realm, or turns TURN off, applies to the
+    very next one."""
+    config = make_config()
+    async with (
+        running_server(config, fastpath=True) as server,
+        UdpTurnClient(("127.0.0.1", config.listeners[0].port)) as client,
+    ):
+        before = server.fastpath_stats
+        assert before is not None
+        await client.allocate()  # 401 from C, then the signed Allocate through the engine
+        after = server.fastpath_stats
+        assert after is not None
+        assert after["challenged"] - before["challenged"] == 1
+        assert after["missed"] - before["missed"] == 1  # only the signed Allocate
+
+        async def challenge() -> stun.Message:
+            request = stun.Message(stun.Method.ALLOCATE, stun.Class.REQUEST)
+            request.attributes["REQUESTED-TRANSPORT"] = 17 << 24
+            client.send_raw(bytes(request))
+            answer = stun.parse_message(await client.recv_raw())
+            assert answer.transaction_id == request.transaction_id
+            return answer
+
+        data = json.loads(config.canonical_json())
+        data["auth"]["realm"] = "elsewhere.example"
+        server.apply_policies(parse_config(data))
+        answer = await challenge()
+        assert answer.attributes["ERROR-CODE"] == (401, "Unauthorized")
+        assert answer.attributes["REALM"] == "elsewhere.example"
+        stats = server.fastpath_stats
+        assert stats is not None
+        assert stats["challenged"] - after["challenged"] == 1
+
+        data["auth"] = {"type": "none"}
+        server.apply_policies(parse_config(data))
+        assert (await challenge()).attributes["ERROR-CODE"][0] == 400  # the engine's refusal

@@ -489,3 +489,66 @@ async def test_a_stun_message_over_the_size_limit_is_dropped_and_counted(
         assert limits_refused(dataplane) == {"message_bytes": 1}
     finally:
         await dataplane.close()
+
+
+@pytest.mark.parametrize("fastpath", [False, True])
+async def test_a_source_over_its_challenge_budget_is_not_challenged_whoever_answers(
+    no_leaked_tasks: None, fastpath: bool
+) -> None:
+    """401s (answered in C where it runs) and 438s (always the engine's) spend one budget per
+    source; over it the source gets nothing, counted as the `challenge_rate` limit, while
+    another source is still challenged."""
+    from stunnerd import fastpath as c_relay
+
+    if fastpath and not c_relay.available():
+        pytest.skip("stunnerd._fastpath is not built")
+    config = make_config()
+    limits = ClientLimits(RequestLimits(challenge_rate_per_s=0.001, challenge_burst=2))
+    tuning = ServerTuning(fastpath=fastpath)
+    dataplane = LocalDataplane(
+        TurnServer(ServerOptions(bind_host="127.0.0.1", limits=limits, tuning=tuning))
+    )
+    server = ("127.0.0.1", config.listeners[0].port)
+    loop = asyncio.get_running_loop()
+
+    def unsigned() -> bytes:
+        request = stun.Message(stun.Method.ALLOCATE, stun.Class.REQUEST)
+        request.attributes["REQUESTED-TRANSPORT"] = 17 << 24
+        return bytes(request)
+
+    def stale(realm: str) -> bytes:
+        request = stun.Message(stun.Method.ALLOCATE, stun.Class.REQUEST)
+        request.attributes.update(
+            {"REQUESTED-TRANSPORT": 17 << 24, "USERNAME": USER, "REALM": realm}
+        )
+        request.attributes["NONCE"] = b"A" * 24  # not one this listener minted: 438
+        request.add_message_integrity(os.urandom(16))
+        return bytes(request)
+
+    async def answer_code(sock: socket.socket, request: bytes) -> int | None:
+        await loop.sock_sendto(sock, request, server)
+        try:
+            async with asyncio.timeout(0.5):
+                return int(
+                    stun.parse_message(await loop.sock_recv(sock, 2048)).attributes["ERROR-CODE"][0]
+                )
+        except TimeoutError:
+            return None
+
+    try:
+        await dataplane.reconciler.apply(config)
+        with (
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as attacker,
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as other,
+        ):
+            for sock, host in ((attacker, ATTACKER), (other, "127.0.0.3")):
+                sock.setblocking(False)
+                sock.bind((host, 0))
+            assert await answer_code(attacker, unsigned()) == 401
+            assert await answer_code(attacker, stale(config.auth.realm)) == 438
+            assert await answer_code(attacker, unsigned()) is None
+            assert await answer_code(attacker, stale(config.auth.realm)) is None
+            assert await answer_code(other, unsigned()) == 401
+        assert limits_refused(dataplane) == {"challenge_rate": 2}
+    finally:
+        await dataplane.close()

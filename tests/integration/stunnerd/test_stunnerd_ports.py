@@ -27,6 +27,7 @@ from stunnerd.net.server import ServerOptions, TurnServer
 from stunnerd.net.tuning import ServerTuning
 from stunnerd.route_table.table import NOT_ROUTED, Address, ChannelRoute, RouteView, Traffic
 from stunnerd.turn.allocation import Allocation
+from stunnerd.turn.guard import ChallengeBudget
 from stunnerd.workers.local import LocalDataplane
 from support.stunnerd_process import USER
 
@@ -202,6 +203,19 @@ class PythonFastPath:
 
     def answer_binding(self, sock: socket.socket, software: str | None) -> None:
         return None
+
+    def answer_challenges(
+        self, listener: socket.socket, template: bytes | None, valid_s: float
+    ) -> None:
+        return None
+
+    def challenge_budget(
+        self, listener: socket.socket, rate_per_s: float, burst: int, sources: int
+    ) -> ChallengeBudget:
+        return ChallengeBudget(rate_per_s, burst, sources)
+
+    def take_challenges(self, listener: socket.socket) -> tuple[int, int]:
+        return 0, 0
 
     def watch_relay(self, sock: socket.socket, counts: list[int], handler: Datagram) -> None:
         self.watched[sock.fileno()] = "relay"

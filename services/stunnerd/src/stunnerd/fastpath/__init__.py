@@ -7,11 +7,12 @@ extension `stunnerd._fastpath` instead: the loop watches one epoll descriptor, a
 drains every ready socket with recvmmsg, relays the datagrams of bound channels (sendto to the
 peer, sendmmsg of ChannelData to clients) and gives Python only the rest, which goes through
 the engine as before, except junk the engine would drop unread (`watch_listener`'s
-`max_stun_bytes`), which C drops itself, and plain STUN Binding requests, which C answers as the
-engine would (`answer_binding`). The tables are fed from the same channel-route effects
-as the Python routes. Counters are kept in C per slot (a listener's or a cluster's `Traffic`
-list) and folded into those lists by `fold()`. `STUNNERD_FASTPATH=0` turns it off
-(`ServerTuning.fastpath`).
+`max_stun_bytes`), which C drops itself, plain STUN Binding requests, which C answers as the
+engine would (`answer_binding`), and an Allocate without credentials, the first request of every
+allocation, which C answers with the engine's own 401 (`answer_challenges`). The tables are
+fed from the same channel-route effects as the Python routes. Counters are kept in C per slot
+(a listener's or a cluster's `Traffic` list) and folded into those lists by `fold()`.
+`STUNNERD_FASTPATH=0` turns it off (`ServerTuning.fastpath`).
 """
 
 from __future__ import annotations
@@ -123,6 +124,37 @@ class FastPath:
             if handler is not None:
                 handler(data, addr)
 
+    def answer_challenges(
+        self, listener: socket.socket, template: bytes | None, valid_s: float
+    ) -> None:
+        """Answer an Allocate without MESSAGE-INTEGRITY on a watched listener in C for `valid_s`
+        seconds, with `template`: the engine's 401 to such a request (`TurnEngine
+        .challenge_template`, its nonce fresh); None: the engine answers every one. Past
+        `valid_s` the engine answers them until this is called again.
+
+        Where the engine differs: it gives a retransmission the answer it cached for its
+        transaction, and a request that reuses the transaction id of an authenticated one
+        without its credentials gets that cached answer from it but a 401 from C."""
+        self.relay.answer_challenges(listener.fileno(), template or b"", valid_s)
+
+    def challenge_budget(
+        self, listener: socket.socket, rate_per_s: float, burst: int, sources: int
+    ) -> ListenerBudget:
+        """The challenges of a watched listener, budgeted per source IP in C (`rate_per_s` 0: no
+        limit): C's own and, through the budget returned, the engine's."""
+        fd = listener.fileno()
+        self.relay.challenge_budget(fd, rate_per_s, float(burst), sources)
+        return ListenerBudget(self, fd)
+
+    def take_challenges(self, listener: socket.socket) -> tuple[int, int]:
+        """Challenges C answered on a watched listener since the last call, and those it did not
+        send (their source over budget)."""
+        fd = listener.fileno()
+        if fd < 0 or self.closed:
+            return 0, 0
+        answered, suppressed = self.relay.take_challenges(fd)
+        return answered, suppressed
+
     def routes(self, listener: socket.socket) -> FastPathRoutes:
         """The channel routes of the listener reading `listener`, as this relay's `RouteTable`."""
         return FastPathRoutes(self, listener)
@@ -158,3 +190,23 @@ class FastPath:
         self.closed = True
         self.loop.remove_reader(self.relay.fileno())
         self.relay.close()
+
+
+class ListenerBudget:
+    """The challenge budget of one listener, kept in C (`FastPath.challenge_budget`): the
+    engine spends from it for the challenges it sends itself (`stunnerd.turn.guard
+    .SourceBudget`), so a source has one bucket whoever answers."""
+
+    __slots__ = ("fastpath", "fd")
+
+    def __init__(self, fastpath: FastPath, fd: int) -> None:
+        self.fastpath = fastpath
+        self.fd = fd
+
+    def allow(self, ip: str, now: float) -> bool:
+        if self.fastpath.closed:
+            return True
+        try:  # a link-local address's zone is not part of the key, as C reads the datagram's
+            return self.fastpath.relay.challenge_allow(self.fd, ip.partition("%")[0])
+        except ValueError:  # the listener is gone
+            return True

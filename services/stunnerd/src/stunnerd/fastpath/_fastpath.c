@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -54,7 +55,7 @@ static PyObject *FastRelay_watch(FastRelay *self, PyObject *args) {
     if (epoll_ctl(self->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 &&
         (errno != EEXIST || epoll_ctl(self->epfd, EPOLL_CTL_MOD, fd, &ev) < 0))
         return PyErr_SetFromErrno(PyExc_OSError);
-    forget_binding(&self->fds[fd]); /* a new socket under a reused number */
+    forget_answers(&self->fds[fd]); /* a new socket under a reused number */
     self->fds[fd].kind = (uint8_t)kind;
     self->fds[fd].slot = slot;
     self->fds[fd].max_stun = kind == KIND_LISTENER ? (uint32_t)max_stun : 0;
@@ -100,6 +101,103 @@ static PyObject *FastRelay_answer_binding(FastRelay *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static FdInfo *listener_info(FastRelay *self, int fd) {
+    if (fd < 0 || (size_t)fd >= self->nfds || self->fds[fd].kind != KIND_LISTENER) {
+        PyErr_SetString(PyExc_ValueError, "not a watched listener");
+        return NULL;
+    }
+    return &self->fds[fd];
+}
+
+static PyObject *FastRelay_answer_challenges(FastRelay *self, PyObject *args) {
+    int fd;
+    const char *t;
+    Py_ssize_t n;
+    double valid_s;
+    if (!PyArg_ParseTuple(args, "iy#d", &fd, &t, &n, &valid_s))
+        return NULL;
+    FdInfo *info = listener_info(self, fd);
+    if (info == NULL)
+        return NULL;
+    if (n > 0 && !challenge_template_ok((const uint8_t *)t, (size_t)n)) {
+        PyErr_SetString(PyExc_ValueError, "not a 401 template to an Allocate with FINGERPRINT");
+        return NULL;
+    }
+    forget_challenge(info);
+    if (n > 0 && valid_s > 0) {
+        info->challenge = PyMem_Malloc((size_t)n);
+        if (info->challenge == NULL)
+            return PyErr_NoMemory();
+        memcpy(info->challenge, t, (size_t)n);
+        info->challenge_len = (size_t)n;
+        info->challenge_until = monotonic_s() + valid_s;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *FastRelay_challenge_budget(FastRelay *self, PyObject *args) {
+    int fd;
+    double rate, burst;
+    Py_ssize_t sources;
+    if (!PyArg_ParseTuple(args, "iddn", &fd, &rate, &burst, &sources))
+        return NULL;
+    FdInfo *info = listener_info(self, fd);
+    if (info == NULL)
+        return NULL;
+    forget_budget(info);
+    if (rate <= 0)
+        Py_RETURN_NONE;
+    size_t slots = 64;
+    while (slots < (size_t)(sources > 0 ? sources : 1) && slots < ((size_t)1 << 24))
+        slots *= 2;
+    Budget *b = PyMem_Calloc(1, sizeof(Budget));
+    BudgetSlot *table = b != NULL ? PyMem_Calloc(slots, sizeof(BudgetSlot)) : NULL;
+    if (table == NULL) {
+        PyMem_Free(b);
+        return PyErr_NoMemory();
+    }
+    b->rate = rate;
+    b->burst = burst < 1 ? 1 : burst;
+    b->mask = slots - 1;
+    b->slots = table;
+    if (getrandom(&b->seed, sizeof(b->seed), 0) != (ssize_t)sizeof(b->seed))
+        b->seed = (uint64_t)(uintptr_t)table ^ (uint64_t)(monotonic_s() * 1e9);
+    info->budget = b;
+    Py_RETURN_NONE;
+}
+
+static PyObject *FastRelay_challenge_allow(FastRelay *self, PyObject *args) {
+    int fd;
+    PyObject *host;
+    if (!PyArg_ParseTuple(args, "iU", &fd, &host))
+        return NULL;
+    FdInfo *info = listener_info(self, fd);
+    if (info == NULL)
+        return NULL;
+    if (info->budget == NULL)
+        Py_RETURN_TRUE;
+    struct sockaddr_storage from;
+    socklen_t len;
+    uint8_t key[17];
+    if (parse_addr(host, 0, &from, &len) < 0)
+        return NULL;
+    budget_key(key, &from);
+    return PyBool_FromLong(budget_allow(info->budget, key, monotonic_s()));
+}
+
+static PyObject *FastRelay_take_challenges(FastRelay *self, PyObject *args) {
+    int fd;
+    if (!PyArg_ParseTuple(args, "i", &fd))
+        return NULL;
+    if (fd < 0 || (size_t)fd >= self->nfds)
+        return Py_BuildValue("(KK)", 0ULL, 0ULL);
+    FdInfo *info = &self->fds[fd];
+    PyObject *out = Py_BuildValue("(KK)", (unsigned long long)info->challenged,
+                                  (unsigned long long)info->suppressed);
+    info->challenged = info->suppressed = 0;
+    return out;
+}
+
 static PyObject *FastRelay_forget(FastRelay *self, PyObject *args) {
     int fd;
     if (!PyArg_ParseTuple(args, "i", &fd))
@@ -118,7 +216,7 @@ static PyObject *FastRelay_unwatch(FastRelay *self, PyObject *args) {
     if (fd >= 0 && (size_t)fd < self->nfds && self->fds[fd].kind != KIND_NONE) {
         epoll_ctl(self->epfd, EPOLL_CTL_DEL, fd, NULL); /* fails harmlessly if already closed */
         self->fds[fd].kind = KIND_NONE;
-        forget_binding(&self->fds[fd]);
+        forget_answers(&self->fds[fd]);
     }
     return FastRelay_forget(self, args);
 }
@@ -229,10 +327,11 @@ static PyObject *FastRelay_fileno(FastRelay *self, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *FastRelay_stats(FastRelay *self, PyObject *Py_UNUSED(ignored)) {
-    return Py_BuildValue("{sKsKsKsKsnsn}", "relayed", (unsigned long long)self->relayed, "missed",
-                         (unsigned long long)self->missed, "dropped",
+    return Py_BuildValue("{sKsKsKsKsKsnsn}", "relayed", (unsigned long long)self->relayed,
+                         "missed", (unsigned long long)self->missed, "dropped",
                          (unsigned long long)self->dropped, "answered",
-                         (unsigned long long)self->answered, "client_routes",
+                         (unsigned long long)self->answered, "challenged",
+                         (unsigned long long)self->challenged, "client_routes",
                          (Py_ssize_t)self->clients.used, "peer_routes",
                          (Py_ssize_t)self->peers.used);
 }
@@ -282,7 +381,7 @@ static void FastRelay_dealloc(FastRelay *self) {
     PyMem_Free(self->clients.entries);
     PyMem_Free(self->peers.entries);
     for (size_t fd = 0; fd < self->nfds; fd++)
-        PyMem_Free(self->fds[fd].software);
+        forget_answers(&self->fds[fd]);
     PyMem_Free(self->fds);
     PyMem_Free(self->counters);
     PyMem_Free(self->rx_buf);
@@ -309,6 +408,18 @@ static PyMethodDef FastRelay_methods[] = {
      "answer_binding(listener_fd, software): answer plain STUN Binding requests on this "
      "listener here, as the engine would (SOFTWARE: bytes, empty for none); the rest still "
      "comes back from poll()."},
+    {"answer_challenges", (PyCFunction)FastRelay_answer_challenges, METH_VARARGS,
+     "answer_challenges(listener_fd, template, valid_s): answer an Allocate without "
+     "MESSAGE-INTEGRITY on this listener here for valid_s seconds with the engine's 401, "
+     "`template` with its transaction id zeroed (b'': the engine answers every one)."},
+    {"challenge_budget", (PyCFunction)FastRelay_challenge_budget, METH_VARARGS,
+     "challenge_budget(listener_fd, rate_per_s, burst, sources): challenges per source IP, a "
+     "token bucket each in a table of about `sources` (rate 0: no limit)."},
+    {"challenge_allow", (PyCFunction)FastRelay_challenge_allow, METH_VARARGS,
+     "challenge_allow(listener_fd, host): spend one challenge of host's bucket; False when it "
+     "is empty (a challenge the engine sends)."},
+    {"take_challenges", (PyCFunction)FastRelay_take_challenges, METH_VARARGS,
+     "take_challenges(listener_fd): (answered, suppressed) challenges since the last call."},
     {"forget", (PyCFunction)FastRelay_forget, METH_VARARGS,
      "forget(fd): forget every route through fd, still watching it."},
 #define ROUTE_ENTRY(op, side, doc)                                                             \
@@ -332,7 +443,8 @@ static PyMethodDef FastRelay_methods[] = {
      "take_drops(listener_fd): (over the STUN size limit, over the datagram limit) datagrams "
      "dropped on it since the last call."},
     {"stats", (PyCFunction)FastRelay_stats, METH_NOARGS,
-     "Relayed, missed (given to Python) and dropped datagrams, and the route counts."},
+     "Relayed, missed (given to Python) and dropped datagrams, Binding requests answered, "
+     "challenges answered, and the route counts."},
     {"close", (PyCFunction)FastRelay_close, METH_NOARGS, "Close the epoll descriptor."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,7 +1,8 @@
 /*
  * The relay itself, for `_fastpath.c`: the `FastRelay` object's state, its counters and send
  * batch, and the hot path (drain a ready listener or relay socket with recvmmsg, relay what a
- * route covers, answer plain Binding requests, hand the rest to Python).
+ * route covers, answer plain Binding requests and the first Allocate of each allocation, hand
+ * the rest to Python).
  */
 #ifndef STUNNERD_FASTPATH_RELAY_H
 #define STUNNERD_FASTPATH_RELAY_H
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "binding.h"
+#include "challenge.h"
 #include "routes.h"
 
 
@@ -34,6 +36,12 @@ typedef struct {
     int binding;           /* listener: plain Binding requests are answered here */
     uint8_t *software;     /* ... with this SOFTWARE (software_len bytes, none when 0) */
     size_t software_len;
+    uint8_t *challenge;     /* listener: the 401 to an Allocate without credentials (challenge.h) */
+    size_t challenge_len;
+    double challenge_until; /* ... until then (CLOCK_MONOTONIC); the engine answers after it */
+    Budget *budget;         /* listener: challenges per source IP; NULL: no limit */
+    uint64_t challenged;    /* listener: challenges answered here, since the last take_challenges */
+    uint64_t suppressed;    /* listener: challenges not sent, the source over its budget, ditto */
     uint64_t oversized; /* listener: dropped over max_stun, since the last take_drops */
     uint64_t truncated; /* listener: dropped over max_datagram, since the last take_drops */
 } FdInfo;
@@ -61,7 +69,7 @@ typedef struct {
     uint8_t *tx_buf;
     int tx_count;
     int tx_fd;
-    uint64_t relayed, missed, dropped, answered;
+    uint64_t relayed, missed, dropped, answered, challenged;
 } FastRelay;
 
 
@@ -186,6 +194,29 @@ static void forget_binding(FdInfo *info) {
     info->binding = 0;
 }
 
+static void forget_challenge(FdInfo *info) {
+    PyMem_Free(info->challenge);
+    info->challenge = NULL;
+    info->challenge_len = 0;
+    info->challenge_until = 0;
+}
+
+static void forget_budget(FdInfo *info) {
+    if (info->budget != NULL)
+        PyMem_Free(info->budget->slots);
+    PyMem_Free(info->budget);
+    info->budget = NULL;
+}
+
+/* Everything a listener answers here, for a socket no longer watched (or a new one under its
+ * number). */
+static void forget_answers(FdInfo *info) {
+    forget_binding(info);
+    forget_challenge(info);
+    forget_budget(info);
+    info->challenged = info->suppressed = 0;
+}
+
 static int miss(PyObject *out, int fd, const uint8_t *data, size_t len,
                 const struct sockaddr_storage *from) {
     PyObject *addr = addr_tuple(from);
@@ -243,11 +274,35 @@ static void answer_binding(FastRelay *self, int fd, const uint8_t *req,
     self->answered++;
 }
 
+/* An Allocate without credentials (challenge.h): its 401 through the listener's sendmmsg batch
+ * while the source has challenge budget left, else nothing (counted as suppressed). */
+static void answer_challenge(FastRelay *self, int fd, const uint8_t *req,
+                             const struct sockaddr_storage *from, double now) {
+    FdInfo *info = &self->fds[fd];
+    uint8_t key[17];
+    if (info->budget != NULL && (!budget_key(key, from) || !budget_allow(info->budget, key, now))) {
+        info->suppressed++;
+        return;
+    }
+    int j = tx_slot(self, fd);
+    size_t n = challenge_answer(self->tx_iov[j].iov_base, req, info->challenge,
+                                info->challenge_len);
+    self->tx_iov[j].iov_len = n;
+    socklen_t len = from->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                : sizeof(struct sockaddr_in);
+    memcpy(&self->tx_addr[j], from, len);
+    self->tx[j].msg_hdr.msg_namelen = len;
+    count(self, info->slot, TX_PKTS, n);
+    info->challenged++;
+    self->challenged++;
+}
+
 static int drain_listener(FastRelay *self, int fd, PyObject *out) {
     int lslot = self->fds[fd].slot;
     uint32_t max_stun = self->fds[fd].max_stun;
     /* a longer datagram is cut there (MSG_TRUNC) and dropped below: no copy past this */
     size_t read_bytes = self->fds[fd].max_datagram ? self->fds[fd].max_datagram : BUF_BYTES;
+    double now = 0; /* read once per drain, when a challenge needs it */
     for (int round = 0; round < DRAIN_ROUNDS; round++) {
         int got = receive(self, fd, read_bytes);
         if (got <= 0)
@@ -270,6 +325,15 @@ static int drain_listener(FastRelay *self, int fd, PyObject *out) {
             if (d[0] == 0x00 && self->fds[fd].binding && plain_binding(d, size)) {
                 answer_binding(self, fd, d, &self->rx_addr[i]);
                 continue;
+            }
+            if (d[0] == 0x00 && self->fds[fd].challenge != NULL && max_stun > 0 &&
+                unsigned_allocate(d, size)) {
+                if (now == 0)
+                    now = monotonic_s();
+                if (now < self->fds[fd].challenge_until) {
+                    answer_challenge(self, fd, d, &self->rx_addr[i], now);
+                    continue;
+                }
             }
             if (size >= 4 && d[0] >= 0x40 && d[0] <= 0x7F) {
                 Key k;

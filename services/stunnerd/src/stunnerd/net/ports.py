@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from stunnerd.route_table.table import Address, RouteTable, Traffic
 from stunnerd.turn.allocation import Allocation
+from stunnerd.turn.guard import SourceBudget
 
 Datagram = Callable[[bytes, Any], None]
 """A socket's handler: `(data, address)` for what the C relay does not route."""
@@ -99,6 +100,21 @@ class FastPathPort(Protocol):
 
     def answer_binding(self, sock: socket.socket, software: str | None) -> None:
         """Answer plain STUN Binding requests on a watched listener in C."""
+
+    def answer_challenges(
+        self, listener: socket.socket, template: bytes | None, valid_s: float
+    ) -> None:
+        """Answer an Allocate without credentials on a watched listener in C with `template`
+        (the engine's 401) for `valid_s` seconds; None: the engine answers."""
+
+    def challenge_budget(
+        self, listener: socket.socket, rate_per_s: float, burst: int, sources: int
+    ) -> SourceBudget:
+        """Budget the listener's challenges per source IP in C; what the engine spends from."""
+
+    def take_challenges(self, listener: socket.socket) -> tuple[int, int]:
+        """Challenges answered in C on a watched listener since the last call, and those not
+        sent (the source over budget)."""
 
     def watch_relay(self, sock: socket.socket, counts: list[int], handler: Datagram) -> None:
         """Read an allocation's relay socket in C."""

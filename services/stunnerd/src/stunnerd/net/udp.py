@@ -12,6 +12,8 @@ worker processes serve one port, and closed only once the kernel released the po
 `UdpListenerProtocol.datagram_received` is the hottest function of the server: a ChannelData
 datagram (first byte 0x40-0x7F) whose (client address, channel) has a route is counted and handed
 to the `SendBatcher` for the relay socket with one dict lookup; everything else goes to the engine.
+With the C relay, the first Allocate of each allocation (no credentials yet) is answered there
+with the engine's 401, renewed every second with a fresh nonce (`_renew_challenge`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,16 @@ from stunnerd.net.relay import (
     UdpRelayProtocol,
     tune_udp_socket,
 )
+from stunnerd.turn.guard import CHALLENGE_SOURCES_MAX
+from stunnerd.turn.policies import Policies
 
 log = logging.getLogger(__name__)
+
+CHALLENGE_RENEW_S = 1.0
+"""How often the C relay's 401 (`FastPath.answer_challenges`) is given a fresh nonce..."""
+CHALLENGE_VALID_S = 5.0
+"""...and how long it answers with one not renewed (the event loop busy or stopped): then the
+engine answers, each challenge with a nonce of its own, as a listener without the C relay."""
 
 
 class ClosingDatagramProtocol(asyncio.DatagramProtocol):
@@ -170,6 +180,7 @@ class UdpListener(Listener):
         self.protocol: UdpListenerProtocol | None = None
         self.sock: socket.socket | None = None
         self._sendto: SendTo | None = None
+        self._challenge_timer: asyncio.TimerHandle | None = None
         self.offload = offload  # the kernel fast path mirrors this listener's channel routes
 
     async def start(self) -> None:
@@ -191,6 +202,12 @@ class UdpListener(Listener):
                     max_datagram_bytes=self.limits.request.max_udp_datagram_bytes,
                 )
                 self.fastpath.answer_binding(sock, self.engine.software)
+                limits = self.engine.limits
+                budget = self.fastpath.challenge_budget(
+                    sock, limits.challenge_rate_per_s, limits.challenge_burst, CHALLENGE_SOURCES_MAX
+                )
+                self.engine.use_challenge_budget(budget)
+                self._renew_challenge()
                 self.channel_routes.add_table(self.fastpath.routes(sock))
             if self.offload is not None:
                 listener_addr = (self.spec.bind_host, self.bound_port)
@@ -207,6 +224,23 @@ class UdpListener(Listener):
                 self.sock = self._sendto = None
                 sock.close()
             raise
+
+    def _renew_challenge(self) -> None:
+        """Give the C relay the engine's 401 with a fresh nonce (`FastPath.answer_challenges`),
+        and again in `CHALLENGE_RENEW_S`."""
+        if self._challenge_timer is not None:
+            self._challenge_timer.cancel()
+            self._challenge_timer = None
+        if self.fastpath is None or self.sock is None or self.closed:
+            return
+        template = self.engine.challenge_template(self.loop.time())
+        self.fastpath.answer_challenges(self.sock, template, CHALLENGE_VALID_S)
+        self._challenge_timer = self.loop.call_later(CHALLENGE_RENEW_S, self._renew_challenge)
+
+    def set_policies(self, policies: Policies) -> None:
+        super().set_policies(policies)
+        if self._challenge_timer is not None:  # the realm, or auth turned off, applies at once
+            self._renew_challenge()
 
     @property
     def bound_port(self) -> int:
@@ -245,8 +279,14 @@ class UdpListener(Listener):
                 refusals.limited("message_bytes", oversized)
             if truncated:
                 refusals.limited("udp_datagram_bytes", truncated)
+            _answered, suppressed = self.fastpath.take_challenges(self.sock)
+            if suppressed:
+                self.engine.count_suppressed_challenges(suppressed)
 
     async def _close_transport(self) -> None:
+        if self._challenge_timer is not None:
+            self._challenge_timer.cancel()
+            self._challenge_timer = None
         if self.fastpath is not None and self.sock is not None:
             self.fold_refusals()
             self.fastpath.unwatch(self.sock)

@@ -69,7 +69,14 @@ class Answerer:
         key: bytes | None = None,
         now: float | None = None,
     ) -> None:
-        answer = codec.error_response(
+        answer = self.error_bytes(method, transaction_id, error, key=key)
+        self._send(out, client, transaction_id, answer, now)
+
+    def error_bytes(
+        self, method: int, transaction_id: bytes, error: TurnError, *, key: bytes | None = None
+    ) -> bytes:
+        """The error answer as `error` sends it, encoded."""
+        return codec.error_response(
             method,
             transaction_id,
             error.code,
@@ -78,7 +85,6 @@ class Answerer:
             key=key,
             software=self.software,
         )
-        self._send(out, client, transaction_id, answer, now)
 
     def indication(
         self, out: list[Effect], client: Address, method: int, attributes: Attributes

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from stunnerd.turn import codec, precheck
 from stunnerd.turn.effects import Address
 from stunnerd.turn.errors import BadRequestError, StaleNonceError, TurnError, UnauthorizedError
-from stunnerd.turn.guard import ChallengeBudget, FailedAuthBudget, RequestLimits
+from stunnerd.turn.guard import FailedAuthBudget, RequestLimits, SourceBudget
 from stunnerd.turn.policies import Authenticator, Credential, NonceMint
 
 
@@ -56,7 +56,7 @@ class Gatekeeper:
     def __init__(
         self,
         nonces: NonceMint,
-        budget: ChallengeBudget,
+        budget: SourceBudget,
         max_attributes: int,
         failures: FailedAuthBudget | None = None,
     ) -> None:
@@ -128,5 +128,10 @@ class Gatekeeper:
         up its challenge budget."""
         if not self.budget.allow(client[0], now):
             return None
+        return self.challenge_error(refused, now, auth)
+
+    def challenge_error(self, refused: TurnError, now: float, auth: Authenticator) -> TurnError:
+        """The 401/438 to send for `refused`, with REALM and a NONCE issued at `now`, budget
+        aside."""
         attributes = {"REALM": auth.realm, "NONCE": self.nonces.issue(now)}
         return TurnError(refused.code, refused.reason, attributes=attributes)

@@ -24,8 +24,13 @@ from stunnerd.turn.answers import Answerer
 from stunnerd.turn.auth import AuthenticatedRequest, Gatekeeper
 from stunnerd.turn.codec import Method
 from stunnerd.turn.effects import Address, Effect, SendToClient
-from stunnerd.turn.errors import BadRequestError, TurnError, UnknownAttributeError
-from stunnerd.turn.policies import Policies
+from stunnerd.turn.errors import (
+    BadRequestError,
+    TurnError,
+    UnauthorizedError,
+    UnknownAttributeError,
+)
+from stunnerd.turn.policies import Authenticator, Policies
 from stunnerd.turn.refusals import RefusalLog, forbidden_detail, method_name
 
 Handler = Callable[[AuthenticatedRequest, Policies, float, list[Effect]], None]
@@ -169,6 +174,21 @@ class Dispatcher:
                 return
             error = challenge
         self._refuse(out, client, head, error)
+
+    def challenge_template(self, method: int, auth: Authenticator, now: float) -> bytes | None:
+        """The 401 this path answers a `method` request without MESSAGE-INTEGRITY with, its
+        nonce issued at `now` and its transaction id zeroed: what the C relay sends in its place
+        (`stunnerd.fastpath.FastPath.answer_challenges`). None when TURN is off (such a request
+        gets 400)."""
+        if not auth.enabled:
+            return None
+        error = self.gate.challenge_error(UnauthorizedError(), now, auth)
+        return self.answers.error_bytes(method, bytes(12), error)
+
+    def suppressed_elsewhere(self, count: int) -> None:
+        """Challenges the C relay did not send for this listener: their source was over budget."""
+        self.challenges_suppressed += count
+        self.refusals.limited("challenge_rate", count)
 
     def _refuse(
         self, out: list[Effect], client: Address, head: precheck.Header, error: TurnError

@@ -54,7 +54,7 @@ from stunnerd.turn.codec import Class, Method, TcpMethod
 from stunnerd.turn.dispatch import Dispatcher
 from stunnerd.turn.effects import Address, Effect, SendToClient, SendToPeer
 from stunnerd.turn.errors import TurnError
-from stunnerd.turn.guard import ChallengeBudget, FailedAuthBudget, RequestLimits
+from stunnerd.turn.guard import ChallengeBudget, FailedAuthBudget, RequestLimits, SourceBudget
 from stunnerd.turn.methods import AllocationHandlers
 from stunnerd.turn.policies import (
     AllowAllPeers,
@@ -194,6 +194,19 @@ class TurnEngine:
     def stats_challenges_suppressed(self) -> int:
         """401/438 answers not sent: their source was over its challenge budget."""
         return self.requests.challenges_suppressed
+
+    def challenge_template(self, now: float) -> bytes | None:
+        """The 401 to an Allocate without credentials, nonce issued at `now`, transaction id
+        zeroed (None: TURN is off): for the C relay to answer such requests with."""
+        return self.requests.challenge_template(Method.ALLOCATE, self.policies.authenticator, now)
+
+    def use_challenge_budget(self, budget: SourceBudget) -> None:
+        """Spend challenges from `budget` (the C relay's, which answers some of them itself)."""
+        self.requests.gate.budget = budget
+
+    def count_suppressed_challenges(self, count: int) -> None:
+        """Challenges the C relay did not send: their source was over budget."""
+        self.requests.suppressed_elsewhere(count)
 
     def next_deadline(self) -> float | None:
         return self.table.deadlines.next()

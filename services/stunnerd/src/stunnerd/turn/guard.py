@@ -19,7 +19,7 @@ from __future__ import annotations
 import ipaddress
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Protocol
 
 from stunnerd.bounds import Ge, Interval
 
@@ -65,6 +65,15 @@ class RequestLimits:
     would install more gets 508 (RFC 8656 §9.2, §11.2) and installs nothing."""
     max_channels_per_allocation: Annotated[int, Ge(1)] = MAX_CHANNELS_PER_ALLOCATION
     """Channels one allocation may bind (RFC 8656 §12 allows 4096); past it ChannelBind gets 508."""
+
+
+class SourceBudget(Protocol):
+    """Challenges per source IP: a `ChallengeBudget`, or the C relay's buckets of a listener
+    whose first challenges C answers (`stunnerd.fastpath.ListenerBudget`)."""
+
+    def allow(self, ip: str, now: float) -> bool:
+        """Spend one challenge for `ip` at `now`; False when its bucket is empty."""
+        ...
 
 
 class ChallengeBudget:
