@@ -27,6 +27,7 @@ from pathlib import Path
 
 from bench import callgrind as cg
 from bench.alloc_storm import allocate_request, long_term_key
+from bench.fds import room_for_fds
 from stunnerd import fastpath
 from stunnerd.net.guard import ClientLimits
 from stunnerd.net.listener import ListenerContext, ListenerOptions, ListenerSpec
@@ -111,7 +112,7 @@ async def one_round(count: int, batch: int) -> float:
 
 
 def timings(count: int = ALLOCATIONS, batch: int = BATCH, rounds: int = ROUNDS) -> None:
-    cg.room_for_fds(count)
+    room_for_fds(count)
     best = min(asyncio.run(one_round(count, batch)) for _ in range(rounds))
     print(
         f"allocate, {count} allocations (401, then authenticated) in batches of {batch}: "
@@ -159,7 +160,7 @@ if __name__ == "__main__":
     if args.callgrind:
         callgrind(args.prepare, args.batch)
     elif args.count is not None:
-        cg.room_for_fds(args.prepare)
+        room_for_fds(args.prepare)
         asyncio.run(count_run(args.prepare, args.count, args.batch))
     else:
         timings(args.allocations, args.batch, args.rounds)

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from bench import callgrind as cg
+from bench.fds import room_for_fds
 from stunnerd.handoff.transport.journal import Journal, JournalWriter
 from stunnerd.handoff.transport.records import RecordJournal
 from stunnerd.turn.allocation import Allocation
@@ -82,7 +83,7 @@ def one_round(allocs: list[Allocation], now: float, batch: int) -> tuple[float, 
 
 
 def timings(count: int = ALLOCATIONS, batch: int = BATCH, rounds: int = ROUNDS) -> None:
-    cg.room_for_fds(count)
+    room_for_fds(count)
     now = time.monotonic()
     allocs = allocations(count, now)
     results = [one_round(allocs, now, batch) for _ in range(rounds)]
@@ -97,7 +98,7 @@ def timings(count: int = ALLOCATIONS, batch: int = BATCH, rounds: int = ROUNDS) 
 
 def count_run(prepare: int, count: int, batch: int) -> None:
     """Fork: the child journals `count` of `prepare` allocations, the parent reads them."""
-    cg.room_for_fds(prepare)
+    room_for_fds(prepare)
     now = time.monotonic()
     allocs = allocations(prepare, now)
     ours, theirs = FdChannel.pair()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import resource
 import signal
 import socket
 import sys
@@ -34,6 +33,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from bench.fds import room_for_fds
 from stunnerd.handoff.transport.journal import Journal, JournalWriter
 from stunnerd.handoff.transport.records import record_json
 from stunnerd.turn.allocation import Allocation, Channel
@@ -71,8 +71,7 @@ def allocation(i: int, now: float) -> Allocation:
 
 
 def journal_cost() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * ALLOCATIONS)), hard))
+    room_for_fds(2 * ALLOCATIONS)  # a relay socket each, and the journal's duplicate of it
     ours, theirs = FdChannel.pair()
     writer, journal = JournalWriter(FdChannel(theirs)), Journal()
     now = time.monotonic()

@@ -40,6 +40,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.fds import room_for_fds
+
 USER, PASSWORD, REALM = "user1", "passwd1", "stunner.l7mp.io"
 SESSIONS = 10
 MESSAGES = int(os.environ.get("BENCH_TURN_MESSAGES", "20000"))  # per session
@@ -422,14 +424,6 @@ STORM_TIMEOUT_S = float(os.environ.get("BENCH_TURN_STORM_TIMEOUT_S", "300"))
 STORM_ENV = {"STUNNERD_CHALLENGE_RATE_PER_S": "0"}  # all clients are 127.0.0.1: no per-IP budget
 
 
-def raise_fd_limit() -> None:
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 NO_JOURNAL = "stunnerd -u 2, no journal"
 """Workers that journal no allocation to the supervisor (`STUNNERD_WORKER_JOURNAL=false`): a
 crashed worker's allocations end with it, as all of upstream's do when its process dies."""
@@ -558,7 +552,7 @@ def storm_profile(stunnerd: str, tmp: Path) -> None:
 def storm_main(turnserver: str, stunnerd: str) -> None:
     from bench import alloc_storm
 
-    raise_fd_limit()
+    room_for_fds(STORM_ALLOCATIONS)  # the storm holds every client socket to its end
     print(
         f"allocation storm: {STORM_ALLOCATIONS} allocations from {STORM_CLIENTS} clients "
         "(401 then authenticated Allocate, a fresh socket each, all held to the end), "

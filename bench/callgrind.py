@@ -1,21 +1,13 @@
-"""What the in-process microbenchmarks (`bench allocate`, `bench journal`) share: room for the
-fds a run holds, and their `--callgrind` mode, which runs the bench module twice under
+"""What the in-process microbenchmarks (`bench allocate`, `bench journal`) share: their
+`--callgrind` mode, which runs the bench module twice under
 `valgrind --tool=callgrind` (K = 0 and K = the prepared count) so that the difference of the
 instruction counts over K is the cost of one item."""
 
 from __future__ import annotations
 
-import resource
 import subprocess
 import sys
 from pathlib import Path
-
-
-def room_for_fds(count: int) -> None:
-    """Raise the soft fd limit (up to the hard one) for a run that holds about 2 per item."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = min(hard, max(soft, 2 * count + 256))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 def instructions(path: Path) -> int:
