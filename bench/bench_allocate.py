@@ -5,7 +5,9 @@ it shares with its clients. This drives one TURN-UDP listener the way a stunnerd
 (`UdpListener` with the C relay where it was built, static credentials, no challenge budget),
 without the clients: per allocation, the storm's two requests go straight to
 `client_slow_path` (where the C relay hands them over), an unauthenticated Allocate answered
-401 and an authenticated one answered once its relay socket is open. The answers go out of the
+401 and an authenticated one answered once its relay socket is open. (Over UDP the C relay
+answers the first itself, `stunnerd.fastpath.FastPath.answer_challenges`; the engine's 401 fed
+here is what a TCP, TLS or DTLS listener runs, and a UDP one without the C relay.) The answers go out of the
 listener's socket to addresses nobody reads. Requests are built beforehand, each with a nonce of
 its own, so the figures are the server's: CPU per allocation (`time.process_time`, best of
 `ROUNDS`).
