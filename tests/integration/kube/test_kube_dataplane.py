@@ -20,6 +20,7 @@ import pytest
 
 from support.cds import eventually
 from support.echo import udp_echo
+from support.kube import KubeError
 from support.kube_stack import NAMESPACE, KubeStack, echo_gateway, echo_route
 from support.kubelet import PodRunner, RunningPod, pod_runner
 from support.ports import LOOPBACK, free_port, free_udp_tcp_port
@@ -246,3 +247,100 @@ async def test_a_dataplane_with_only_an_image_follows_route_edits(
         client.delete("gateway.networking.k8s.io/v1", "Gateway", GATEWAY, NAMESPACE)
         client.apply_all(_objects(free_udp_tcp_port())[:2])  # the GatewayConfig without it
         client.delete("stunner.l7mp.io/v1", "Dataplane", IMAGE_ONLY, None)
+
+
+SLICE_GATEWAY = "slice-gateway"
+
+
+def _slice(addresses: list[str], resource_version: str | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": "slice-svc-manual",
+        "namespace": NAMESPACE,
+        "labels": {
+            "kubernetes.io/service-name": "slice-svc",
+            "endpointslice.kubernetes.io/managed-by": "tests.stunner.l7mp.io",
+        },
+    }
+    if resource_version is not None:
+        metadata["resourceVersion"] = resource_version
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": metadata,
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [a], "conditions": {"ready": True}} for a in addresses],
+        "ports": [{"name": "media", "port": 9001, "protocol": "UDP"}],
+    }
+
+
+def _served_endpoints(stack: KubeStack) -> set[str]:
+    config = stack.cds_configs(f"{NAMESPACE}/{SLICE_GATEWAY}").get(f"{NAMESPACE}/{SLICE_GATEWAY}")
+    clusters = (config or {}).get("clusters") or []
+    return {e for c in clusters for e in c.get("endpoints") or []}
+
+
+def test_an_endpointslice_updated_as_its_controller_does_reaches_the_config(
+    stack: KubeStack,
+) -> None:
+    """Kubernetes' EndpointSlice controller updates a slice with a PUT (`KubeClient.replace`,
+    which the churn of `bench control` writes with): the operator follows each update into the
+    config the CDS serves, and an update naming a resourceVersion that is no longer current is
+    refused (409) and changes nothing."""
+    client = stack.admin
+    objects = _objects(free_udp_tcp_port())
+    for obj in objects:
+        if obj["kind"] == "Gateway":
+            obj["metadata"]["name"] = SLICE_GATEWAY
+    client.apply_all(
+        [
+            *objects,
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "slice-svc", "namespace": NAMESPACE},
+                "spec": {"ports": [{"name": "media", "port": 9001, "protocol": "UDP"}]},
+            },
+            _slice(["10.30.0.1", "10.30.0.2"]),
+            {
+                "apiVersion": "stunner.l7mp.io/v1",
+                "kind": "UDPRoute",
+                "metadata": {"name": "slice-route", "namespace": NAMESPACE},
+                "spec": {
+                    "parentRefs": [{"name": SLICE_GATEWAY}],
+                    "rules": [{"backendRefs": [{"name": "slice-svc"}]}],
+                },
+            },
+        ]
+    )
+    try:
+        client.wait_for(
+            "the slice's endpoints in the config",
+            lambda: {"10.30.0.1", "10.30.0.2"} <= _served_endpoints(stack),
+            timeout_s=60.0,
+        )
+        updated = client.replace(_slice(["10.30.0.3"]))
+        assert updated["endpoints"] == [{"addresses": ["10.30.0.3"], "conditions": {"ready": True}}]
+        client.wait_for(
+            "the updated endpoints in the config",
+            lambda: (
+                "10.30.0.3" in _served_endpoints(stack)
+                and not {"10.30.0.1", "10.30.0.2"} & _served_endpoints(stack)
+            ),
+        )
+        stale = updated["metadata"]["resourceVersion"]
+        client.replace(_slice(["10.30.0.4"], stale))  # current: accepted
+        with pytest.raises(KubeError) as refused:
+            client.replace(_slice(["10.30.0.5"], stale))
+        assert refused.value.status == 409
+        client.wait_for(
+            "the accepted update in the config", lambda: "10.30.0.4" in _served_endpoints(stack)
+        )
+        assert "10.30.0.5" not in _served_endpoints(stack)
+        current = client.get("discovery.k8s.io/v1", "EndpointSlice", "slice-svc-manual", NAMESPACE)
+        assert current is not None
+        assert current["endpoints"][0]["addresses"] == ["10.30.0.4"]
+    finally:
+        client.delete("gateway.networking.k8s.io/v1", "Gateway", SLICE_GATEWAY, NAMESPACE)
+        client.delete("stunner.l7mp.io/v1", "UDPRoute", "slice-route", NAMESPACE)
+        client.delete("discovery.k8s.io/v1", "EndpointSlice", "slice-svc-manual", NAMESPACE)
+        client.delete("v1", "Service", "slice-svc", NAMESPACE)
