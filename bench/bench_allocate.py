@@ -7,10 +7,10 @@ without the clients: per allocation, the storm's two requests go straight to
 `client_slow_path` (where the C relay hands them over), an unauthenticated Allocate answered
 401 and an authenticated one answered once its relay socket is open. (Over UDP the C relay
 answers the first itself, `stunnerd.fastpath.FastPath.answer_challenges`; the engine's 401 fed
-here is what a TCP, TLS or DTLS listener runs, and a UDP one without the C relay.) The answers go out of the
-listener's socket to addresses nobody reads. Requests are built beforehand, each with a nonce of
-its own, so the figures are the server's: CPU per allocation (`time.process_time`, best of
-`ROUNDS`).
+here is what a TCP, TLS or DTLS listener runs, and a UDP one without the C relay.) The answers
+go out of the listener's socket to addresses nobody reads. Requests are built beforehand, each
+with a nonce of its own, so the figures are the server's: CPU per allocation
+(`time.process_time`, best of `ROUNDS`).
 
 For figures that do not depend on a noisy machine, `--count K` makes K of `--prepare`
 allocations: run it under `valgrind --tool=callgrind` with K = 0 and K = the prepared count, and
