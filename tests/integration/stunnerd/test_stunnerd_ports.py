@@ -214,9 +214,6 @@ class PythonFastPath:
     ) -> ChallengeBudget:
         return ChallengeBudget(rate_per_s, burst, sources)
 
-    def take_challenges(self, listener: socket.socket) -> tuple[int, int]:
-        return 0, 0
-
     def watch_relay(self, sock: socket.socket, counts: list[int], handler: Datagram) -> None:
         self.watched[sock.fileno()] = "relay"
         self.loop.add_reader(sock.fileno(), self._read, sock, handler)
@@ -233,8 +230,8 @@ class PythonFastPath:
     def fold(self) -> None:
         self.folds += 1
 
-    def take_drops(self, listener: socket.socket) -> tuple[int, int]:
-        return 0, 0
+    def take_drops(self, listener: socket.socket) -> tuple[int, int, int]:
+        return 0, 0, 0
 
     def stats(self) -> dict[str, int]:
         return {"watched": len(self.watched)}

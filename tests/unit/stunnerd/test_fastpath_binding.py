@@ -5,7 +5,6 @@ to the engine, untouched. Real sockets on the loopback addresses, ports chosen b
 from __future__ import annotations
 
 import os
-import select
 import socket
 import struct
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from aioice import stun
 
 from stunner_common.stun import Class, encode
 from stunnerd import fastpath
+from support.c_relay import fast_relay, poll, udp_socket, watched_listener
 
 pytestmark = pytest.mark.skipif(not fastpath.available(), reason="stunnerd._fastpath not built")
 
@@ -26,38 +26,17 @@ BINDING = 0x0001
 
 @pytest.fixture
 def relay() -> Iterator[Any]:
-    from stunnerd import _fastpath
-
-    r = _fastpath.FastRelay()
-    yield r
-    r.close()
-
-
-def _socket(host: str) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_DGRAM)
-    s.bind((host, 0))
-    s.settimeout(2)
-    return s
+    with fast_relay() as r:
+        yield r
 
 
 def _listener(
     relay: Any, host: str = "127.0.0.1", software: str | None = SOFTWARE
 ) -> socket.socket:
-    from stunnerd import _fastpath
-
-    sock = _socket(host)
-    sock.setblocking(False)
-    relay.watch(sock.fileno(), _fastpath.LISTENER, 0, MAX_STUN)
+    sock = watched_listener(relay, host, MAX_STUN)
     if software is not None:
         relay.answer_binding(sock.fileno(), software.encode())
     return sock
-
-
-def _poll(relay: Any) -> list[tuple[int, bytes, Any]]:
-    select.select([relay.fileno()], [], [], 2)
-    misses: list[tuple[int, bytes, Any]] = relay.poll()
-    return misses
 
 
 def _request(*attrs: tuple[int, bytes]) -> bytes:
@@ -67,14 +46,14 @@ def _request(*attrs: tuple[int, bytes]) -> bytes:
 
 def _exchange(relay: Any, listener: socket.socket, client: socket.socket, request: bytes) -> bytes:
     client.sendto(request, listener.getsockname()[:2])
-    assert _poll(relay) == []
+    assert poll(relay) == []
     answer, source = client.recvfrom(2048)
     assert source[:2] == listener.getsockname()[:2]
     return answer
 
 
 def test_a_plain_binding_gets_the_engine_s_answer_from_c(relay: Any) -> None:
-    listener, client = _listener(relay), _socket("127.0.0.1")
+    listener, client = _listener(relay), udp_socket("127.0.0.1")
     request = _request()
     answer = _exchange(relay, listener, client, request)
     message = stun.parse_message(answer)  # raises on a wrong FINGERPRINT
@@ -90,7 +69,7 @@ def test_a_plain_binding_gets_the_engine_s_answer_from_c(relay: Any) -> None:
 
 
 def test_an_ipv6_client_gets_its_address_xored_with_the_transaction_id(relay: Any) -> None:
-    listener, client = _listener(relay, "::1"), _socket("::1")
+    listener, client = _listener(relay, "::1"), udp_socket("::1")
     request = _request()
     answer = _exchange(relay, listener, client, request)
     assert stun.parse_message(answer).attributes["XOR-MAPPED-ADDRESS"] == (
@@ -105,17 +84,17 @@ def test_an_ipv4_client_of_a_dual_stack_listener_is_answered_with_its_ipv4_addre
     relay: Any,
 ) -> None:
     listener = _listener(relay, "::")
-    client = _socket("127.0.0.1")
+    client = udp_socket("127.0.0.1")
     request = _request()
     client.sendto(request, ("127.0.0.1", listener.getsockname()[1]))
-    assert _poll(relay) == []
+    assert poll(relay) == []
     answer = client.recv(2048)
     mapped = {"XOR-MAPPED-ADDRESS": client.getsockname()}
     assert answer == encode(BINDING, Class.RESPONSE, request[8:20], mapped, software=SOFTWARE)
 
 
 def test_optional_attributes_are_read_past_and_no_software_means_none(relay: Any) -> None:
-    listener, client = _listener(relay, software=""), _socket("127.0.0.1")
+    listener, client = _listener(relay, software=""), udp_socket("127.0.0.1")
     message = stun.Message(stun.Method.BINDING, stun.Class.REQUEST)
     message.attributes["SOFTWARE"] = "a client"
     message.add_fingerprint()
@@ -141,36 +120,36 @@ def test_optional_attributes_are_read_past_and_no_software_means_none(relay: Any
 def test_what_c_does_not_answer_reaches_the_engine_untouched(
     relay: Any, request_bytes: bytes
 ) -> None:
-    listener, client = _listener(relay), _socket("127.0.0.1")
+    listener, client = _listener(relay), udp_socket("127.0.0.1")
     fixed = bytearray(request_bytes)
     fixed[2:4] = struct.pack("!H", len(fixed) - 20)
     client.sendto(bytes(fixed), listener.getsockname())
-    assert _poll(relay) == [(listener.fileno(), bytes(fixed), client.getsockname())]
+    assert poll(relay) == [(listener.fileno(), bytes(fixed), client.getsockname())]
     assert relay.stats()["answered"] == 0
 
 
 def test_a_listener_not_asked_to_answer_leaves_binding_to_the_engine(relay: Any) -> None:
-    listener, client = _listener(relay, software=None), _socket("127.0.0.1")
+    listener, client = _listener(relay, software=None), udp_socket("127.0.0.1")
     request = _request()
     client.sendto(request, listener.getsockname())
-    assert _poll(relay) == [(listener.fileno(), request, client.getsockname())]
+    assert poll(relay) == [(listener.fileno(), request, client.getsockname())]
 
 
 def test_watching_the_socket_number_again_forgets_the_answering(relay: Any) -> None:
     from stunnerd import _fastpath
 
-    listener, client = _listener(relay), _socket("127.0.0.1")
+    listener, client = _listener(relay), udp_socket("127.0.0.1")
     relay.unwatch(listener.fileno())
     relay.watch(listener.fileno(), _fastpath.LISTENER, 0, MAX_STUN)
     request = _request()
     client.sendto(request, listener.getsockname())
-    assert _poll(relay) == [(listener.fileno(), request, client.getsockname())]
+    assert poll(relay) == [(listener.fileno(), request, client.getsockname())]
 
 
 def test_the_size_limit_still_drops_an_oversized_binding_unanswered(relay: Any) -> None:
-    listener, client = _listener(relay), _socket("127.0.0.1")
+    listener, client = _listener(relay), udp_socket("127.0.0.1")
     client.sendto(_request((0x8022, b"x" * MAX_STUN)), listener.getsockname())
-    assert _poll(relay) == []
+    assert poll(relay) == []
     stats = relay.stats()
     assert (stats["dropped"], stats["answered"]) == (1, 0)
     client.settimeout(0.2)
@@ -179,7 +158,7 @@ def test_the_size_limit_still_drops_an_oversized_binding_unanswered(relay: Any) 
 
 
 def test_the_answer_counts_as_sent_on_the_listener(relay: Any) -> None:
-    listener, client = _listener(relay), _socket("127.0.0.1")
+    listener, client = _listener(relay), udp_socket("127.0.0.1")
     request = _request()
     answer = _exchange(relay, listener, client, request)
     (slot, rx_pkts, rx_bytes, tx_pkts, tx_bytes), *_ = relay.take_counters()
@@ -190,7 +169,7 @@ def test_a_long_software_is_refused() -> None:
     from stunnerd import _fastpath
 
     r: Any = _fastpath.FastRelay()
-    sock = _socket("127.0.0.1")
+    sock = udp_socket("127.0.0.1")
     r.watch(sock.fileno(), _fastpath.LISTENER, 0, MAX_STUN)
     with pytest.raises(ValueError, match="SOFTWARE too long"):
         r.answer_binding(sock.fileno(), b"x" * 764)

@@ -6,7 +6,6 @@ with the engine. Real sockets on the loopback addresses, ports chosen by the ker
 from __future__ import annotations
 
 import hashlib
-import select
 import socket
 import struct
 import time
@@ -20,6 +19,7 @@ from stunnerd import fastpath
 from stunnerd.turn import effects as fx
 from stunnerd.turn.engine import Policies, TurnEngine
 from stunnerd.turn.policies import AllowAllPeers, NoAuthenticator, StaticAuthenticator, UserQuota
+from support.c_relay import fast_relay, poll, udp_socket, watched_listener
 
 pytestmark = pytest.mark.skipif(not fastpath.available(), reason="stunnerd._fastpath not built")
 
@@ -32,11 +32,8 @@ ALLOCATE, REFRESH = 0x0003, 0x0004
 
 @pytest.fixture
 def relay() -> Iterator[Any]:
-    from stunnerd import _fastpath
-
-    r = _fastpath.FastRelay()
-    yield r
-    r.close()
+    with fast_relay() as r:
+        yield r
 
 
 def _engine(auth: Any = None) -> TurnEngine:
@@ -48,28 +45,10 @@ def _engine(auth: Any = None) -> TurnEngine:
     )
 
 
-def _socket(host: str) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_DGRAM)
-    s.bind((host, 0))
-    s.settimeout(2)
-    return s
-
-
 def _listener(relay: Any, engine: TurnEngine, host: str = "127.0.0.1") -> socket.socket:
-    from stunnerd import _fastpath
-
-    sock = _socket(host)
-    sock.setblocking(False)
-    relay.watch(sock.fileno(), _fastpath.LISTENER, 0, MAX_STUN)
+    sock = watched_listener(relay, host, MAX_STUN)
     relay.answer_challenges(sock.fileno(), engine.challenge_template(NOW) or b"", 30.0)
     return sock
-
-
-def _poll(relay: Any) -> list[tuple[int, bytes, Any]]:
-    select.select([relay.fileno()], [], [], 2)
-    misses: list[tuple[int, bytes, Any]] = relay.poll()
-    return misses
 
 
 def _allocate(**attributes: Any) -> stun.Message:
@@ -89,10 +68,10 @@ def test_an_allocate_without_credentials_gets_the_engine_s_401_from_c(
     relay: Any, aioice_turn_attributes: None
 ) -> None:
     engine = _engine()
-    listener, client = _listener(relay, engine), _socket("127.0.0.1")
+    listener, client = _listener(relay, engine), udp_socket("127.0.0.1")
     request = bytes(_allocate())
     client.sendto(request, listener.getsockname())
-    assert _poll(relay) == []
+    assert poll(relay) == []
     answer, source = client.recvfrom(2048)
     assert source == listener.getsockname()
     message = stun.parse_message(answer)  # raises on a wrong FINGERPRINT
@@ -105,17 +84,16 @@ def test_an_allocate_without_credentials_gets_the_engine_s_401_from_c(
     assert message.attributes["REALM"] == REALM
     assert answer == _engine_answer(engine, request, client.getsockname())
     assert relay.stats()["challenged"] == 1
-    assert relay.take_challenges(listener.fileno()) == (1, 0)
-    assert relay.take_challenges(listener.fileno()) == (0, 0)
+    assert relay.take_drops(listener.fileno()) == (0, 0, 0)
 
 
 def test_the_nonce_c_hands_out_is_one_the_engine_accepts(
     relay: Any, aioice_turn_attributes: None
 ) -> None:
     engine = _engine()
-    listener, client = _listener(relay, engine, "::1"), _socket("::1")
+    listener, client = _listener(relay, engine, "::1"), udp_socket("::1")
     client.sendto(bytes(_allocate()), listener.getsockname()[:2])
-    assert _poll(relay) == []
+    assert poll(relay) == []
     challenge = stun.parse_message(client.recv(2048))
     key = hashlib.md5(f"user1:{REALM}:pass1".encode()).digest()
     signed = _allocate(USERNAME="user1", REALM=REALM, NONCE=challenge.attributes["NONCE"])
@@ -136,7 +114,7 @@ def test_the_nonce_c_hands_out_is_one_the_engine_accepts(
 def test_what_c_does_not_challenge_reaches_the_engine_untouched(
     relay: Any, build: str, aioice_turn_attributes: None
 ) -> None:
-    listener, client = _listener(relay, _engine()), _socket("127.0.0.1")
+    listener, client = _listener(relay, _engine()), udp_socket("127.0.0.1")
     message = _allocate(USERNAME="user1", REALM=REALM, NONCE=b"x" * 24)
     if build.startswith("integrity"):
         message.add_message_integrity(b"k" * 16)
@@ -148,27 +126,27 @@ def test_what_c_does_not_challenge_reaches_the_engine_untouched(
     else:
         request = struct.pack("!HHI", 0x0013, 0, stun.COOKIE) + bytes(12)
     client.sendto(request, listener.getsockname())
-    assert _poll(relay) == [(listener.fileno(), request, client.getsockname())]
+    assert poll(relay) == [(listener.fileno(), request, client.getsockname())]
     assert relay.stats()["challenged"] == 0
 
 
 def test_an_allocate_whose_length_is_wrong_is_dropped_unanswered(
     relay: Any, aioice_turn_attributes: None
 ) -> None:
-    listener, client = _listener(relay, _engine()), _socket("127.0.0.1")
+    listener, client = _listener(relay, _engine()), udp_socket("127.0.0.1")
     client.sendto(bytes(_allocate()) + bytes(4), listener.getsockname())  # 4 past its length
-    assert _poll(relay) == []
+    assert poll(relay) == []
     assert (relay.stats()["dropped"], relay.stats()["challenged"]) == (1, 0)
 
 
 def test_a_fingerprint_without_integrity_is_still_a_request_without_credentials(
     relay: Any, aioice_turn_attributes: None
 ) -> None:
-    listener, client = _listener(relay, _engine()), _socket("127.0.0.1")
+    listener, client = _listener(relay, _engine()), udp_socket("127.0.0.1")
     message = _allocate()
     message.add_fingerprint()
     client.sendto(bytes(message), listener.getsockname())
-    assert _poll(relay) == []
+    assert poll(relay) == []
     assert stun.parse_message(client.recv(2048)).attributes["ERROR-CODE"][0] == 401
 
 
@@ -176,14 +154,14 @@ def test_no_template_a_stale_one_or_turn_off_leave_every_allocate_to_the_engine(
     relay: Any, aioice_turn_attributes: None
 ) -> None:
     engine = _engine()
-    listener, client = _listener(relay, engine), _socket("127.0.0.1")
+    listener, client = _listener(relay, engine), udp_socket("127.0.0.1")
     assert _engine(NoAuthenticator()).challenge_template(NOW) is None  # 400 is the engine's
     for template, valid_s in ((b"", 30.0), (engine.challenge_template(NOW), 0.05)):
         relay.answer_challenges(listener.fileno(), template, valid_s)
         time.sleep(0.1)
         request = bytes(_allocate())
         client.sendto(request, listener.getsockname())
-        assert _poll(relay) == [(listener.fileno(), request, client.getsockname())]
+        assert poll(relay) == [(listener.fileno(), request, client.getsockname())]
 
 
 def test_a_source_over_its_budget_gets_no_challenge_and_shares_it_with_the_engine(
@@ -191,10 +169,10 @@ def test_a_source_over_its_budget_gets_no_challenge_and_shares_it_with_the_engin
 ) -> None:
     listener = _listener(relay, _engine())
     relay.challenge_budget(listener.fileno(), 0.001, 2.0, 16)
-    a, b = _socket("127.0.0.1"), _socket("127.0.0.2")
+    a, b = udp_socket("127.0.0.1"), udp_socket("127.0.0.2")
     for _ in range(3):
         a.sendto(bytes(_allocate()), listener.getsockname())
-        assert _poll(relay) == []
+        assert poll(relay) == []
     assert [stun.parse_message(a.recv(2048)).attributes["ERROR-CODE"][0] for _ in range(2)] == [
         401,
         401,
@@ -202,12 +180,14 @@ def test_a_source_over_its_budget_gets_no_challenge_and_shares_it_with_the_engin
     a.settimeout(0.2)
     with pytest.raises(TimeoutError):
         a.recv(2048)
-    assert relay.take_challenges(listener.fileno()) == (2, 1)
+    assert relay.stats()["challenged"] == 2
+    assert relay.take_drops(listener.fileno()) == (0, 0, 1)  # not sent: the source over budget
+    assert relay.take_drops(listener.fileno()) == (0, 0, 0)
     # The engine's own challenges (a 438, another method) spend from the same buckets.
     assert relay.challenge_allow(listener.fileno(), "127.0.0.1") is False
     assert relay.challenge_allow(listener.fileno(), "127.0.0.2") is True
     b.sendto(bytes(_allocate()), listener.getsockname())
-    assert _poll(relay) == []
+    assert poll(relay) == []
     assert stun.parse_message(b.recv(2048)).attributes["ERROR-CODE"][0] == 401
     relay.challenge_budget(listener.fileno(), 0.0, 1.0, 16)  # no limit
     assert all(relay.challenge_allow(listener.fileno(), "127.0.0.1") for _ in range(5))
@@ -217,7 +197,7 @@ def test_a_template_c_cannot_fill_is_refused(relay: Any) -> None:
     from stunnerd import _fastpath
 
     engine = _engine()
-    sock = _socket("127.0.0.1")
+    sock = udp_socket("127.0.0.1")
     relay.watch(sock.fileno(), _fastpath.LISTENER, 0, MAX_STUN)
     template = engine.challenge_template(NOW)
     assert template is not None
@@ -236,9 +216,9 @@ def test_watching_the_socket_number_again_forgets_the_challenge(
 ) -> None:
     from stunnerd import _fastpath
 
-    listener, client = _listener(relay, _engine()), _socket("127.0.0.1")
+    listener, client = _listener(relay, _engine()), udp_socket("127.0.0.1")
     relay.unwatch(listener.fileno())
     relay.watch(listener.fileno(), _fastpath.LISTENER, 0, MAX_STUN)
     request = bytes(_allocate())
     client.sendto(request, listener.getsockname())
-    assert _poll(relay) == [(listener.fileno(), request, client.getsockname())]
+    assert poll(relay) == [(listener.fileno(), request, client.getsockname())]

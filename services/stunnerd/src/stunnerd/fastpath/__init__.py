@@ -146,15 +146,6 @@ class FastPath:
         self.relay.challenge_budget(fd, rate_per_s, float(burst), sources)
         return ListenerBudget(self, fd)
 
-    def take_challenges(self, listener: socket.socket) -> tuple[int, int]:
-        """Challenges C answered on a watched listener since the last call, and those it did not
-        send (their source over budget)."""
-        fd = listener.fileno()
-        if fd < 0 or self.closed:
-            return 0, 0
-        answered, suppressed = self.relay.take_challenges(fd)
-        return answered, suppressed
-
     def routes(self, listener: socket.socket) -> FastPathRoutes:
         """The channel routes of the listener reading `listener`, as this relay's `RouteTable`."""
         return FastPathRoutes(self, listener)
@@ -171,14 +162,14 @@ class FastPath:
             counts[2] += tx_pkts
             counts[3] += tx_bytes
 
-    def take_drops(self, listener: socket.socket) -> tuple[int, int]:
+    def take_drops(self, listener: socket.socket) -> tuple[int, int, int]:
         """Datagrams dropped on a watched listener since the last call: (over its STUN message
-        size limit, over its datagram limit)."""
+        size limit, over its datagram limit, challenges not sent: the source over budget)."""
         fd = listener.fileno()
         if fd < 0 or self.closed:
-            return 0, 0
-        oversized, truncated = self.relay.take_drops(fd)
-        return oversized, truncated
+            return 0, 0, 0
+        oversized, truncated, suppressed = self.relay.take_drops(fd)
+        return oversized, truncated, suppressed
 
     def stats(self) -> dict[str, int]:
         return dict(self.relay.stats())

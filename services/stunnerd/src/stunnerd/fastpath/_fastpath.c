@@ -15,7 +15,8 @@
  *
  * A listener socket may be given a STUN size limit: then what the engine would drop unread is
  * dropped here, before any Python object exists (counted in `stats()["dropped"]`, and per
- * listener, those over the size limit and those truncated, in `take_drops(fd)`): a datagram
+ * listener, those over the size limit and those truncated, in `take_drops(fd)`, beside the
+ * challenges not sent, challenge.h): a datagram
  * that is neither ChannelData (first byte 0x40-0x7F) nor a STUN message with a valid header
  * (two zero bits, the magic cookie, a length matching the datagram and a multiple of 4, at most
  * the limit), and anything truncated: a listener may also be given a datagram limit, and then
@@ -69,11 +70,12 @@ static PyObject *FastRelay_take_drops(FastRelay *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "i", &fd))
         return NULL;
     if (fd < 0 || (size_t)fd >= self->nfds)
-        return Py_BuildValue("(KK)", 0ULL, 0ULL);
+        return Py_BuildValue("(KKK)", 0ULL, 0ULL, 0ULL);
     FdInfo *info = &self->fds[fd];
-    PyObject *out = Py_BuildValue("(KK)", (unsigned long long)info->oversized,
-                                  (unsigned long long)info->truncated);
-    info->oversized = info->truncated = 0;
+    PyObject *out = Py_BuildValue("(KKK)", (unsigned long long)info->oversized,
+                                  (unsigned long long)info->truncated,
+                                  (unsigned long long)info->suppressed);
+    info->oversized = info->truncated = info->suppressed = 0;
     return out;
 }
 
@@ -183,19 +185,6 @@ static PyObject *FastRelay_challenge_allow(FastRelay *self, PyObject *args) {
         return NULL;
     budget_key(key, &from);
     return PyBool_FromLong(budget_allow(info->budget, key, monotonic_s()));
-}
-
-static PyObject *FastRelay_take_challenges(FastRelay *self, PyObject *args) {
-    int fd;
-    if (!PyArg_ParseTuple(args, "i", &fd))
-        return NULL;
-    if (fd < 0 || (size_t)fd >= self->nfds)
-        return Py_BuildValue("(KK)", 0ULL, 0ULL);
-    FdInfo *info = &self->fds[fd];
-    PyObject *out = Py_BuildValue("(KK)", (unsigned long long)info->challenged,
-                                  (unsigned long long)info->suppressed);
-    info->challenged = info->suppressed = 0;
-    return out;
 }
 
 static PyObject *FastRelay_forget(FastRelay *self, PyObject *args) {
@@ -418,8 +407,6 @@ static PyMethodDef FastRelay_methods[] = {
     {"challenge_allow", (PyCFunction)FastRelay_challenge_allow, METH_VARARGS,
      "challenge_allow(listener_fd, host): spend one challenge of host's bucket; False when it "
      "is empty (a challenge the engine sends)."},
-    {"take_challenges", (PyCFunction)FastRelay_take_challenges, METH_VARARGS,
-     "take_challenges(listener_fd): (answered, suppressed) challenges since the last call."},
     {"forget", (PyCFunction)FastRelay_forget, METH_VARARGS,
      "forget(fd): forget every route through fd, still watching it."},
 #define ROUTE_ENTRY(op, side, doc)                                                             \
@@ -440,7 +427,8 @@ static PyMethodDef FastRelay_methods[] = {
     {"take_counters", (PyCFunction)FastRelay_take_counters, METH_NOARGS,
      "[(slot, rx_pkts, rx_bytes, tx_pkts, tx_bytes)] since the last call."},
     {"take_drops", (PyCFunction)FastRelay_take_drops, METH_VARARGS,
-     "take_drops(listener_fd): (over the STUN size limit, over the datagram limit) datagrams "
+     "take_drops(listener_fd): (over the STUN size limit, over the datagram limit, challenges "
+     "over the source's budget) datagrams "
      "dropped on it since the last call."},
     {"stats", (PyCFunction)FastRelay_stats, METH_NOARGS,
      "Relayed, missed (given to Python) and dropped datagrams, Binding requests answered, "

@@ -53,14 +53,18 @@ static inline uint8_t *put32(uint8_t *p, uint32_t v) {
     return put16(p + 2, v);
 }
 
+/* A STUN message of type `type` whose header is valid (the magic cookie, a length matching the
+ * datagram and a multiple of 4), as `engine_reads` checks it. */
+static int stun_message_of(const uint8_t *d, size_t size, uint16_t type) {
+    return size >= STUN_HEADER && be16(d) == type && !(d[3] & 3) && d[4] == 0x21 &&
+           d[5] == 0x12 && d[6] == 0xA4 && d[7] == 0x42 &&
+           (size_t)be16(d + 2) + STUN_HEADER == size;
+}
+
 /* A Binding request (a valid STUN header, as `engine_reads` checks) that the engine would
  * answer with plain success. */
 static int plain_binding(const uint8_t *d, size_t size) {
-    if (size < STUN_HEADER || be16(d) != 0x0001 || (d[3] & 3))
-        return 0;
-    if (d[4] != 0x21 || d[5] != 0x12 || d[6] != 0xA4 || d[7] != 0x42)
-        return 0;
-    if ((size_t)be16(d + 2) + STUN_HEADER != size)
+    if (!stun_message_of(d, size, 0x0001))
         return 0;
     size_t pos = STUN_HEADER;
     for (int count = 0; pos + 4 <= size; count++) {

@@ -97,11 +97,7 @@ static int budget_allow(Budget *b, const uint8_t key[17], double now) {
 /* An Allocate request with a valid header (as `engine_reads` checks it) and no
  * MESSAGE-INTEGRITY where one may be: the engine challenges it without reading further. */
 static int unsigned_allocate(const uint8_t *d, size_t size) {
-    if (size < STUN_HEADER || be16(d) != ALLOCATE_REQUEST || (d[3] & 3))
-        return 0;
-    if (d[4] != 0x21 || d[5] != 0x12 || d[6] != 0xA4 || d[7] != 0x42)
-        return 0;
-    if ((size_t)be16(d + 2) + STUN_HEADER != size)
+    if (!stun_message_of(d, size, ALLOCATE_REQUEST))
         return 0;
     size_t end = size;
     if (end >= STUN_HEADER + 32 && be16(d + end - 8) == 0x8028 && be16(d + end - 6) == 4)

@@ -40,8 +40,7 @@ typedef struct {
     size_t challenge_len;
     double challenge_until; /* ... until then (CLOCK_MONOTONIC); the engine answers after it */
     Budget *budget;         /* listener: challenges per source IP; NULL: no limit */
-    uint64_t challenged;    /* listener: challenges answered here, since the last take_challenges */
-    uint64_t suppressed;    /* listener: challenges not sent, the source over its budget, ditto */
+    uint64_t suppressed; /* listener: challenges not sent, the source over budget, ditto below */
     uint64_t oversized; /* listener: dropped over max_stun, since the last take_drops */
     uint64_t truncated; /* listener: dropped over max_datagram, since the last take_drops */
 } FdInfo;
@@ -214,7 +213,7 @@ static void forget_answers(FdInfo *info) {
     forget_binding(info);
     forget_challenge(info);
     forget_budget(info);
-    info->challenged = info->suppressed = 0;
+    info->suppressed = 0;
 }
 
 static int miss(PyObject *out, int fd, const uint8_t *data, size_t len,
@@ -258,19 +257,27 @@ static inline int engine_reads(const uint8_t *d, size_t size, uint32_t max_stun)
     return ((size_t)d[2] << 8 | d[3]) + 20 == size;
 }
 
-/* A plain Binding request (see binding.h), answered through the listener's sendmmsg batch. */
-static void answer_binding(FastRelay *self, int fd, const uint8_t *req,
-                           const struct sockaddr_storage *from) {
-    FdInfo *info = &self->fds[fd];
-    int j = tx_slot(self, fd);
-    size_t n = binding_answer(self->tx_iov[j].iov_base, req, from, info->software,
-                              info->software_len);
+/* Slot `j` of the listener's sendmmsg batch, its `n` bytes written, goes back to `from`; it
+ * counts as sent on the listener. */
+static void send_answer(FastRelay *self, int fd, int j, size_t n,
+                        const struct sockaddr_storage *from) {
     self->tx_iov[j].iov_len = n;
     socklen_t len = from->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
                                                 : sizeof(struct sockaddr_in);
     memcpy(&self->tx_addr[j], from, len);
     self->tx[j].msg_hdr.msg_namelen = len;
-    count(self, info->slot, TX_PKTS, n);
+    count(self, self->fds[fd].slot, TX_PKTS, n);
+}
+
+/* A plain Binding request (see binding.h), answered through the listener's sendmmsg batch. */
+static void answer_binding(FastRelay *self, int fd, const uint8_t *req,
+                           const struct sockaddr_storage *from) {
+    FdInfo *info = &self->fds[fd];
+    int j = tx_slot(self, fd);
+    send_answer(self, fd, j,
+                binding_answer(self->tx_iov[j].iov_base, req, from, info->software,
+                               info->software_len),
+                from);
     self->answered++;
 }
 
@@ -285,15 +292,10 @@ static void answer_challenge(FastRelay *self, int fd, const uint8_t *req,
         return;
     }
     int j = tx_slot(self, fd);
-    size_t n = challenge_answer(self->tx_iov[j].iov_base, req, info->challenge,
-                                info->challenge_len);
-    self->tx_iov[j].iov_len = n;
-    socklen_t len = from->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                                : sizeof(struct sockaddr_in);
-    memcpy(&self->tx_addr[j], from, len);
-    self->tx[j].msg_hdr.msg_namelen = len;
-    count(self, info->slot, TX_PKTS, n);
-    info->challenged++;
+    send_answer(self, fd, j,
+                challenge_answer(self->tx_iov[j].iov_base, req, info->challenge,
+                                 info->challenge_len),
+                from);
     self->challenged++;
 }
 

@@ -112,10 +112,6 @@ class FastPathPort(Protocol):
     ) -> SourceBudget:
         """Budget the listener's challenges per source IP in C; what the engine spends from."""
 
-    def take_challenges(self, listener: socket.socket) -> tuple[int, int]:
-        """Challenges answered in C on a watched listener since the last call, and those not
-        sent (the source over budget)."""
-
     def watch_relay(self, sock: socket.socket, counts: list[int], handler: Datagram) -> None:
         """Read an allocation's relay socket in C."""
 
@@ -128,9 +124,9 @@ class FastPathPort(Protocol):
     def fold(self) -> None:
         """Add what C counted since the last fold into the traffic counters."""
 
-    def take_drops(self, listener: socket.socket) -> tuple[int, int]:
+    def take_drops(self, listener: socket.socket) -> tuple[int, int, int]:
         """Datagrams dropped on a watched listener since the last call: (over its STUN message
-        size limit, over its datagram limit)."""
+        size limit, over its datagram limit, challenges not sent: the source over budget)."""
 
     def stats(self) -> dict[str, int]:
         """Its counters, for `/status`."""

@@ -273,13 +273,12 @@ class UdpListener(Listener):
 
     def fold_refusals(self) -> None:
         if self.fastpath is not None and self.sock is not None:
-            oversized, truncated = self.fastpath.take_drops(self.sock)
+            oversized, truncated, suppressed = self.fastpath.take_drops(self.sock)
             refusals = self.engine.refusals
             if oversized:
                 refusals.limited("message_bytes", oversized)
             if truncated:
                 refusals.limited("udp_datagram_bytes", truncated)
-            _answered, suppressed = self.fastpath.take_challenges(self.sock)
             if suppressed:
                 self.engine.count_suppressed_challenges(suppressed)
 
